@@ -1,0 +1,40 @@
+"""The drafter interface: propose gamma tokens with their q, then learn from the verification."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, G] drafted token ids
+    probs: torch.Tensor | None  # [B, G, V_target] q of each drafted position; None = deterministic drafter
+
+
+class Drafter(ABC):
+    """A source of draft tokens for a batch of rows.
+
+    The engine calls, per batch: `start` once with the prompts; then per round `propose` with each
+    row's last committed token, `commit` with the verification result, and `select_rows` when rows
+    finish. A new drafting method (n-gram prompt lookup, early exit, adaptive gamma) is one subclass.
+    """
+
+    forwards: int = 0  # model forwards spent drafting, for the records
+
+    @abstractmethod
+    def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+        """prompt_ids, prompt_mask [B, P], left padded."""
+
+    @abstractmethod
+    def propose(self, last_tokens: torch.Tensor, num_tokens: int) -> Proposal:
+        """last_tokens [B]: each row's last committed token. Returns num_tokens drafts per row."""
+
+    @abstractmethod
+    def commit(self, accepted_len: torch.Tensor, accepted_len_host: list[int]) -> None:
+        """accepted_len [B] (and the same on the host): how many of the last proposal each row kept."""
+
+    @abstractmethod
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these rows [B'] from now on."""

@@ -1,0 +1,203 @@
+"""Autoregressive baseline and speculative decoding over a left-padded batch.
+
+Both share `prefill`, `choose_next`, the KV bookkeeping of decode/kv.py and the row bookkeeping
+below, so the baseline and the speculative path count tokens, forwards and time the same way.
+Metrics are not computed here: every row returns a `RowRecord` of raw facts (eval/ derives figures).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from decode.drafters.base import Drafter, Proposal
+from decode.kv import KVState
+from decode.sampling import accept_greedy, accept_sampled, logits_to_probs, sample
+from decode.settings import Generation, Sampling
+
+
+class Clock:
+    """perf_counter after synchronising the device, so that a reading includes queued kernels."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+@dataclass
+class RowRecord:
+    """What happened to one prompt: its new tokens and where time and forwards went."""
+    output_ids: list[int] = field(default_factory=list)
+    stop_reason: str = ""  # "eos" | "length"
+    prefill_s: float = 0.0  # time to first token
+    latency_s: float = 0.0  # from the batch's start until this row's last token
+    target_forwards: int = 0  # prefill included
+    draft_forwards: int = 0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    rounds: list[dict] = field(default_factory=list)  # speculative only: {"drafted", "accepted", "emitted"}
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[KVState, torch.Tensor]:
+    """prompt_ids, prompt_mask [B, P] -> (the model's KV state, fp32 logits [B, V] of the next token)."""
+    state = KVState()
+    logits = state.forward(model, prompt_ids, prompt_mask, last_only=True)
+    return state, logits[:, -1]
+
+
+def choose_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
+    """[..., V] logits -> [...] tokens: argmax, or a draw from the warped distribution."""
+    if not sampling.do_sample:
+        return logits.argmax(dim=-1)
+    return sample(logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p), generator)
+
+
+def _append(records: list[RowRecord], active: list[int], emitted: list[list[int]], generation: Generation,
+            elapsed_s: float) -> tuple[list[int], list[int]]:
+    """Append each active row's emitted tokens, cut at EOS and at max_new_tokens.
+
+    Returns the local indices of rows still running and how many tokens each row really took.
+    """
+    still_running, taken = [], []
+    for local, tokens in enumerate(emitted):
+        record = records[active[local]]
+        tokens = tokens[: generation.max_new_tokens - record.new_tokens]
+        for position, token in enumerate(tokens):
+            if token in generation.eos_token_ids:
+                tokens = tokens[: position + 1]
+                record.stop_reason = "eos"
+                break
+        record.output_ids.extend(tokens)
+        taken.append(len(tokens))
+        if not record.stop_reason and record.new_tokens >= generation.max_new_tokens:
+            record.stop_reason = "length"
+        if record.stop_reason:
+            record.latency_s = elapsed_s
+        else:
+            still_running.append(local)
+    return still_running, taken
+
+
+def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation: Generation,
+                      generator: torch.Generator | None = None, clock: Clock | None = None) -> list[RowRecord]:
+    """The target alone: prefill, then one forward per token. prompt_ids, prompt_mask [B, P]."""
+    clock = clock or Clock(prompt_ids.device)
+    records = [RowRecord() for _ in range(prompt_ids.shape[0])]
+    active = list(range(len(records)))
+    start = clock.now()
+    state, logits = prefill(model, prompt_ids, prompt_mask)
+    token = choose_next(logits, generation.sampling, generator)  # [B]
+    # host sync, once per step: the loop needs each row's token to stop it at its own EOS
+    emitted = [[t] for t in token.tolist()]
+    elapsed = clock.now() - start
+    for record in records:
+        record.prefill_s = elapsed
+        record.target_forwards = 1
+    running, _ = _append(records, active, emitted, generation, elapsed)
+    while running:
+        if len(running) < len(active):
+            rows = torch.tensor(running, device=token.device)
+            state.select_rows(rows)
+            token, active = token[rows], [active[i] for i in running]
+        logits = state.forward(model, token[:, None], last_only=True)[:, -1]
+        token = choose_next(logits, generation.sampling, generator)
+        emitted = [[t] for t in token.tolist()]  # host sync, as above
+        elapsed = clock.now() - start
+        for row in active:
+            records[row].target_forwards += 1
+        running, _ = _append(records, active, emitted, generation, elapsed)
+    for record in records:
+        record.target_s = record.latency_s
+    return records
+
+
+def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         generation: Generation, gamma: int, generator: torch.Generator | None = None,
+                         clock: Clock | None = None) -> list[RowRecord]:
+    """Speculative decoding: per round the drafter proposes up to gamma tokens per row, the target
+    scores them all in one forward, and each row keeps its own accepted prefix plus one target token.
+
+    prompt_ids, prompt_mask [B, P], left padded. Output equals the target's own (greedy: the same
+    tokens; sampling: the same distribution).
+    """
+    clock = clock or Clock(prompt_ids.device)
+    sampling = generation.sampling
+    records = [RowRecord() for _ in range(prompt_ids.shape[0])]
+    active = list(range(len(records)))
+    start = clock.now()
+    state, logits = prefill(target, prompt_ids, prompt_mask)
+    token = choose_next(logits, sampling, generator)  # [B]
+    emitted = [[t] for t in token.tolist()]  # host sync: the first token may already be EOS
+    elapsed = clock.now() - start
+    for record in records:
+        record.prefill_s = elapsed
+        record.target_forwards = 1
+        record.target_s = elapsed
+    running, _ = _append(records, active, emitted, generation, elapsed)
+    if running:
+        drafter.start(prompt_ids, prompt_mask)
+        draft_prefill_s = clock.now() - start - elapsed
+        for record in records:
+            record.draft_s += draft_prefill_s
+            record.draft_forwards += 1
+    while running:
+        if len(running) < len(active):
+            rows = torch.tensor(running, device=token.device)
+            state.select_rows(rows)
+            drafter.select_rows(rows)
+            token, active = token[rows], [active[i] for i in running]
+        # gamma clipped per row so that a round never emits past max_new_tokens
+        draft_limit_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
+        num_drafted = max(draft_limit_host)
+        draft_limit = torch.tensor(draft_limit_host, device=token.device)
+
+        # 1. propose
+        round_start = clock.now()
+        draft_forwards_before = drafter.forwards
+        if num_drafted > 0:
+            proposal = drafter.propose(token, num_drafted)
+        else:  # every row has one token left: a plain target step
+            proposal = Proposal(token.new_zeros(len(active), 0), None)
+        drafted_at = clock.now()
+
+        # 2. verify: one target forward over [last token, d_1 .. d_G]
+        target_logits = state.forward(target, torch.cat([token[:, None], proposal.tokens], dim=1))  # [B, G+1, V]
+
+        # 3. select the accepted prefix and the next token
+        if sampling.do_sample:
+            target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            accepted_len, token = accept_sampled(proposal.tokens, proposal.probs, target_probs, draft_limit, generator)
+        else:
+            accepted_len, token = accept_greedy(proposal.tokens, target_logits, draft_limit)
+        # host sync, once per round: each row's accepted length decides which tokens it appends,
+        # whether it stopped at EOS, and how far the caches roll back
+        host = torch.cat([accepted_len[:, None], token[:, None], proposal.tokens], dim=1).tolist()
+        accepted_host = [row[0] for row in host]
+
+        # 4. roll both caches back to each row's accepted prefix
+        state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1)
+        if num_drafted > 0:
+            drafter.commit(accepted_len, accepted_host)
+        verified_at = clock.now()
+
+        emitted = [row[2: 2 + row[0]] + [row[1]] for row in host]
+        running, taken = _append(records, active, emitted, generation, verified_at - start)
+        draft_forwards = drafter.forwards - draft_forwards_before
+        for local, row in enumerate(active):
+            record = records[row]
+            record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
+                                  "emitted": taken[local]})
+            record.target_forwards += 1
+            record.draft_forwards += draft_forwards
+            record.draft_s += drafted_at - round_start
+            record.target_s += verified_at - drafted_at
+    return records

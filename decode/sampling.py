@@ -1,0 +1,106 @@
+"""Warping, sampling and the two acceptance rules of speculative decoding.
+
+Letters follow Leviathan et al. 2023: p is the target's distribution, q the draft's.
+Every distribution here is the *warped* one (temperature, top-k, top-p), in fp32.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None) -> torch.Tensor:
+    """[..., V] logits -> [..., V] fp32 probabilities after temperature, top-k and top-p."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        # keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """[..., V] probabilities -> [...] token ids; argmax(p / Exp(1)) is an exact draw, with no host sync."""
+    exponential = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return torch.argmax(probs / exponential, dim=-1)
+
+
+def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) for a drafted token x; q(x) > 0 whenever x was drafted from q."""
+    return torch.where(q_x > 0, p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.ones_like(p_x)).clamp(max=1.0)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) over the last dim: what to sample from after a rejection.
+
+    Where p == q exactly a rejection has probability 0; if rounding makes one happen anyway the
+    residual is empty and p itself is returned.
+    """
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
+
+
+def _leading_run(accepted: torch.Tensor) -> torch.Tensor:
+    """[B, G] bool -> [B] length of the all-True prefix of each row."""
+    return accepted.long().cumprod(dim=1).sum(dim=1)
+
+
+def accept_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                  draft_limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification.
+
+    draft_tokens [B, G]; target_logits [B, G+1, V] (position i scores the token after draft i);
+    draft_limit [B]: how many of the G drafts each row may accept (gamma clipped to its budget).
+    Returns accepted_len [B] and next_token [B]: the target's own argmax after the accepted prefix
+    (the correction, or the bonus token after a full accept).
+    """
+    num_drafted = draft_tokens.shape[1]
+    target_tokens = target_logits.argmax(dim=-1)  # [B, G+1]
+    positions = torch.arange(num_drafted, device=draft_tokens.device)
+    accepted = (draft_tokens == target_tokens[:, :num_drafted]) & (positions < draft_limit[:, None])
+    accepted_len = _leading_run(accepted)
+    next_token = target_tokens.gather(1, accepted_len[:, None]).squeeze(1)
+    return accepted_len, next_token
+
+
+def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                   draft_limit: torch.Tensor, generator: torch.Generator | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
+
+    draft_tokens [B, G] drawn from draft_probs q [B, G, V] (None: a deterministic drafter, q one-hot);
+    target_probs p [B, G+1, V]. Draft i is accepted with probability min(1, p(x)/q(x)); at the first
+    rejection the next token is drawn from norm(max(0, p - q)); after a full accept from p.
+    The output is distributed exactly as p.
+    """
+    batch, num_drafted = draft_tokens.shape
+    if draft_probs is None:
+        draft_probs = torch.zeros(batch, num_drafted, target_probs.shape[-1], device=target_probs.device)
+        draft_probs.scatter_(-1, draft_tokens[..., None], 1.0)
+    p_x = target_probs[:, :num_drafted].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, G]
+    q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, G]
+    uniform = torch.rand(p_x.shape, generator=generator, device=p_x.device)
+    positions = torch.arange(num_drafted, device=draft_tokens.device)
+    accepted = (uniform < acceptance_probability(p_x, q_x)) & (positions < draft_limit[:, None])
+    accepted_len = _leading_run(accepted)  # [B]
+
+    vocab = target_probs.shape[-1]
+    p_next = target_probs.gather(1, accepted_len[:, None, None].expand(batch, 1, vocab)).squeeze(1)  # [B, V]
+    if num_drafted > 0:
+        at_rejection = accepted_len.clamp(max=num_drafted - 1)
+        q_next = draft_probs.gather(1, at_rejection[:, None, None].expand(batch, 1, vocab)).squeeze(1)
+        rejected = (accepted_len < draft_limit)[:, None]
+        next_probs = torch.where(rejected, residual_distribution(p_next, q_next), p_next)
+    else:
+        next_probs = p_next
+    return accepted_len, sample(next_probs, generator)
