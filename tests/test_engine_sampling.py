@@ -1,0 +1,54 @@
+"""End to end: speculative sampling draws from the target's distribution, not the draft's."""
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.sampling import logits_to_probs
+from stats import chi_square
+from tiny_models import tiny_model
+
+V = 12
+PROMPT = torch.tensor([[3, 7, 5, 9]])
+
+
+def exact_joint_of_tokens_2_and_3(model, sampling: Sampling) -> torch.Tensor:
+    """P(t2, t3) = sum_t1 P(t1) P(t2 | t1) P(t3 | t1, t2) under the warped target, [V * V]."""
+    with torch.inference_mode():
+        p1 = logits_to_probs(model(PROMPT).logits[0, -1], sampling.temperature, sampling.top_k, sampling.top_p)
+        t1 = torch.arange(V)[:, None]
+        seq1 = torch.cat([PROMPT.expand(V, -1), t1], 1)
+        p2 = logits_to_probs(model(seq1).logits[:, -1], sampling.temperature, sampling.top_k, sampling.top_p)
+        seq2 = torch.cat([seq1.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], 1)
+        p3 = logits_to_probs(model(seq2).logits[:, -1], sampling.temperature, sampling.top_k,
+                             sampling.top_p).view(V, V, V)
+    joint = p1[:, None, None].double() * p2[:, :, None].double() * p3.double()  # [t1, t2, t3]
+    return joint.sum(0).flatten()
+
+
+def joint_counts(records) -> torch.Tensor:
+    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
+    return torch.bincount(pairs, minlength=V * V)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(True, 1.0), Sampling(True, 0.7, top_p=0.9)], ids=["t1.0", "t0.7-top_p0.9"])
+def test_speculative_sampling_matches_target_distribution(sampling):
+    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
+    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    rows = 20_000
+    ids = PROMPT.expand(rows, -1).contiguous()
+    mask = torch.ones_like(ids)
+    generation = Generation(max_new_tokens=4, sampling=sampling)  # tokens 2..4 come from one round of 2 drafts
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        spec = generate_speculative(target, DraftModelDrafter(draft, V, sampling, generator), ids, mask,
+                                    generation, gamma=2, generator=generator)
+        draft_alone = generate_baseline(draft, ids, mask, generation, generator)
+    assert all(r.rounds[0]["drafted"] == 2 for r in spec)
+    acceptance = sum(r.rounds[0]["accepted"] for r in spec) / (2 * rows)
+    assert 0.05 < acceptance < 0.95, "draft and target should disagree sometimes for the test to bite"
+    expected = exact_joint_of_tokens_2_and_3(target, sampling)
+    statistic, critical = chi_square(joint_counts(spec), expected)
+    assert statistic < critical, f"speculative sampling is off the target's distribution: chi2 {statistic:.1f} > {critical:.1f}"
+    # the same test does reject the draft's own distribution: it has the power to catch a wrong kernel
+    statistic_draft, _ = chi_square(joint_counts(draft_alone), expected)
+    assert statistic_draft > 3 * critical
