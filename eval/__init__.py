@@ -1,0 +1,1 @@
+"""Raw per-sample records -> figures, tables, files and plots. Never times or decodes."""

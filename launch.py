@@ -1,0 +1,69 @@
+"""python launch.py --config configs/default.yaml [--set KEY=VALUE ...] [--output-dir DIR] [--resume DIR]"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, like every other bad input
+        print(f"error: {message}; see python launch.py --help", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(description="Benchmark speculative decoding from a YAML experiment.")
+    parser.add_argument("--config", help="experiment YAML (configs/default.yaml is the offline demo)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key by its dotted path, value in YAML (repeatable)")
+    parser.add_argument("--output-dir", help="write the report exactly here (default results/<name>-<time>/)")
+    parser.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR; finished batches are kept")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    from rich.console import Console
+
+    from utils import UserError
+    from utils.config import load_config
+
+    console = Console(stderr=True)
+    try:
+        if args.resume and args.output_dir:
+            raise UserError("--resume DIR already names the folder; drop --output-dir")
+        if not args.config and not args.resume:
+            raise UserError("--config FILE is required (try --config configs/default.yaml)")
+        config_path = args.config or Path(args.resume) / "config.yaml"
+        config, raw = load_config(config_path, args.overrides)
+        if args.resume:
+            out_dir = Path(args.resume)
+        elif args.output_dir:
+            out_dir = Path(args.output_dir)
+        else:
+            out_dir = Path(__file__).parent / "results" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        from runner import Experiment
+
+        code = Experiment(config, raw, out_dir, console, resume=bool(args.resume)).run()
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # before the run started: nothing measured yet
+        print("interrupted before any measurement", file=sys.stderr)
+        return 130
+    print(out_dir)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

