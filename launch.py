@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from utils import UserError
     from utils.config import load_config
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     try:
         if args.resume and args.output_dir:
             raise UserError("--resume DIR already names the folder; drop --output-dir")

@@ -1,0 +1,148 @@
+"""Bad input: one line on stderr naming what is wrong, exit code 2, no traceback, before any model loads."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import base_config, save_tiny_pair, write_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    target, draft = save_tiny_pair(root)
+    other_target, _ = save_tiny_pair(root, arch="gpt2")
+    return root, target, draft, write_prompts(root / "prompts.jsonl"), other_target
+
+
+def good(tiny) -> dict:
+    root, target, draft, data, _ = tiny
+    return base_config(target, draft, data)
+
+
+def edit(config: dict, path: str, value) -> dict:
+    node = config
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[key]
+    if value is DELETE:
+        del node[keys[-1]]
+    elif isinstance(value, dict) and isinstance(node.get(keys[-1]), dict):
+        node[keys[-1]].update(value)
+    else:
+        node[keys[-1]] = value
+    return config
+
+
+DELETE = object()
+
+# (case id, edit path, value, the key the message must name)
+CASES = [
+    ("unknown-top-key", "generaton", {}, "generaton"),
+    ("unknown-nested-key", "target.dtpye", "float32", "target.dtpye"),
+    ("gamma-zero", "speculative.gamma", [0, 2], "speculative.gamma"),
+    ("gamma-empty", "speculative.gamma", [], "speculative.gamma"),
+    ("gamma-duplicated", "speculative.gamma", [2, 2], "speculative.gamma"),
+    ("gamma-string", "speculative.gamma", "four", "speculative.gamma"),
+    ("batch-zero", "batch_size", 0, "batch_size"),
+    ("batch-duplicated", "batch_size", [1, 1], "batch_size"),
+    ("temperature-negative", "generation.temperature", -0.5, "generation.temperature"),
+    ("top-p-above-one", "generation.top_p", 1.5, "generation.top_p"),
+    ("top-p-zero", "generation.top_p", 0, "generation.top_p"),
+    ("top-k-zero", "generation.top_k", 0, "generation.top_k"),
+    ("max-new-tokens-zero", "generation.max_new_tokens", 0, "generation.max_new_tokens"),
+    ("max-new-tokens-text", "generation.max_new_tokens", "many", "generation.max_new_tokens"),
+    ("num-samples-zero", "dataset.num_samples", 0, "dataset.num_samples"),
+    ("bad-dtype", "target.dtype", "float8", "target.dtype"),
+    ("bad-quantization", "draft.quantization", "3bit", "draft.quantization"),
+    ("bad-device", "device", "tpu", "device"),
+    ("cuda-absent", "device", "cuda:0", "device"),
+    ("bad-method", "methods", ["baseline", "medusa"], "methods"),
+    ("missing-target", "target", DELETE, "target"),
+    ("missing-model-path", "target.model", "/nonexistent/model-folder", "target.model"),
+    ("missing-dataset-file", "dataset.path", "/nonexistent/data.jsonl", "dataset.path"),
+    ("unknown-data-format", "dataset.path", "__DATA_TXT__", "dataset.path"),
+    ("missing-prompt-field", "dataset.prompt_field", "question", "dataset.prompt_field"),
+    ("no-prompts-left", "dataset", {"max_prompt_tokens": 1, "prompt_overflow": "skip"}, "dataset"),
+    ("flash-attn-absent", "target.attn_implementation", "flash_attention_2", "target.attn_implementation"),
+    ("vocab-mismatch", "draft.model", "__OTHER_TOKENIZER__", "draft.model"),
+    ("hub-id-offline", "draft.model", "nobody/no-such-model-xyz", "draft.model"),
+    ("warmup-negative", "warmup", -1, "warmup"),
+    ("repeats-zero", "repeats", 0, "repeats"),
+    ("bad-name", "name", "my run/1", "name"),
+]
+
+
+def run_launch(args, env_extra=None, timeout=180):
+    import os
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env_extra or {}))
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def assert_one_clean_line(result, fragment):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert fragment in lines[0], lines[0]
+    assert lines[0].startswith("error: ")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_malformed_config(tiny, tmp_path, case):
+    name, path, value, fragment = case
+    root, *_, other_target = tiny
+    if value == "__DATA_TXT__":
+        value = str(tmp_path / "data.txt")
+        Path(value).write_text("hello\n")
+    if value == "__OTHER_TOKENIZER__":
+        value = str(other_target)
+        from helpers import word_tokenizer
+        tokenizer = word_tokenizer()
+        tokenizer.add_tokens(["extra-token"])
+        tokenizer.save_pretrained(other_target)
+    config = edit(good(tiny), path, value)
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(config))
+    result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])
+    assert_one_clean_line(result, fragment)
+    if name not in ("vocab-mismatch", "hub-id-offline", "missing-prompt-field", "no-prompts-left"):
+        assert not (tmp_path / "out" / "env.json").exists(), "refused only after starting the run"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("target: [unclosed", "not valid YAML"),
+    ("- a\n- b\n", "mapping"),
+    ("", "empty"),
+    ("just a string", "mapping"),
+])
+def test_config_file_that_is_not_a_yaml_mapping(tmp_path, text, fragment):
+    file = tmp_path / "config.yaml"
+    file.write_text(text)
+    assert_one_clean_line(run_launch(["--config", file]), fragment)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--config", "/nonexistent.yaml"], "does not exist"),
+    ([], "--config"),
+    (["--config", "X", "--bogus"], "unrecognized"),
+])
+def test_bad_command_line(args, fragment):
+    assert_one_clean_line(run_launch(args), fragment)
+
+
+@pytest.mark.parametrize("assignment, fragment", [
+    ("speculative.gamma", "KEY=VALUE"),
+    ("speculative.gamma.deep=1", "not a mapping"),
+    ("speculative.gama=3", "did you mean 'gamma'"),
+    ("generation.top_p=[unclosed", "not valid YAML"),
+])
+def test_bad_set(tiny, tmp_path, assignment, fragment):
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(good(tiny)))
+    assert_one_clean_line(run_launch(["--config", file, "--set", assignment]), fragment)
