@@ -217,13 +217,23 @@ class Experiment:
             if progress.is_file():
                 saved_progress = json.loads(progress.read_text())
                 self.progress.costs = saved_progress.get("costs", {})
-            read_jsonl(self.samples_path, repair=True)
+            self.drop_incomplete_batches()
         else:
             if self.samples_path.exists():
                 raise UserError(f"--output-dir {self.out_dir} already holds a run; use --resume {self.out_dir} "
                                 "to continue it, or another folder")
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(self.out_dir / "config.yaml", yaml.safe_dump(self.raw, sort_keys=False))
+
+    def drop_incomplete_batches(self) -> None:
+        """A kill can tear the write of a batch: keep only batches whose every row is on disk."""
+        samples = read_jsonl(self.samples_path, repair=True)
+        counts: dict[tuple, int] = {}
+        for s in samples:
+            counts[batch_key(s)] = counts.get(batch_key(s), 0) + 1
+        complete = [s for s in samples if counts[batch_key(s)] == s["batch_rows"]]
+        if len(complete) < len(samples):
+            write_atomic(self.samples_path, "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in complete))
 
     def save_progress(self) -> None:
         write_json(self.out_dir / "progress.json", asdict(self.progress))
@@ -300,8 +310,7 @@ class Experiment:
         pad_id = target.tokenizer.pad_token_id
         clock = Clock(device)
         methods = Methods(target.model, draft.model, generation, pad_id, target.vocab_size, clock)
-        done = {(s["method"], s.get("gamma"), s["batch_size"], s.get("repeat", 0), s["batch_index"])
-                for s in read_jsonl(self.samples_path)}
+        done = {batch_key(s) for s in read_jsonl(self.samples_path)}
         self.progress.failures = []
 
         total = sum(len(points_for(config, b)) * -(-len(prompt_set.prompts) // b) * config.repeats for b in config.batch_size)
@@ -373,6 +382,8 @@ class Experiment:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         try:
+            if os.environ.get("SPECULATE_INJECT_FAILURE") == point.label:  # fault injection for the tests
+                raise RuntimeError("injected failure")
             records = methods.run(point, ids, mask, generator)
         except torch.cuda.OutOfMemoryError as error:
             torch.cuda.empty_cache()
@@ -384,7 +395,7 @@ class Experiment:
         rows = []
         for prompt, record in zip(batch, records):
             row = {"sample_id": prompt.sample_id, "method": point.method, "gamma": point.gamma,
-                   "batch_size": point.batch_size, "repeat": repeat, "batch_index": batch_index,
+                   "batch_size": point.batch_size, "repeat": repeat, "batch_index": batch_index, "batch_rows": len(batch),
                    "prompt_tokens": len(prompt.token_ids), "preset": self.config.dataset.preset,
                    **asdict(record), "new_tokens": record.new_tokens,
                    "output_text": tokenizer_decode(record.output_ids), "reference": prompt.reference,
@@ -400,6 +411,10 @@ class Experiment:
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True) if self._tokenizer else ""
+
+
+def batch_key(sample: dict) -> tuple:
+    return sample["method"], sample.get("gamma"), sample["batch_size"], sample.get("repeat", 0), sample["batch_index"]
 
 
 def _one_line(error: BaseException) -> str:

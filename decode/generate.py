@@ -50,8 +50,11 @@ class RowRecord:
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[KVState, torch.Tensor]:
     """prompt_ids, prompt_mask [B, P] -> (the model's KV state, fp32 logits [B, V] of the next token)."""
     state = KVState()
-    logits = state.forward(model, prompt_ids, prompt_mask, last_only=True)
-    return state, logits[:, -1]
+    logits = state.forward(model, prompt_ids, prompt_mask, last_only=True)[:, -1]
+    # one check per batch (a host sync): broken weights or an fp16 overflow show up here
+    if not bool(torch.isfinite(logits).all()):
+        raise FloatingPointError("the model returned NaN or inf logits at prefill")
+    return state, logits
 
 
 def choose_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:

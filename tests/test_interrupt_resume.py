@@ -1,0 +1,143 @@
+"""Nothing lost: failed points, Ctrl-C, SIGKILL, and --resume giving the uninterrupted run's report."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import base_config, save_tiny_pair, write_prompts
+from utils.io import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    target, draft = save_tiny_pair(root)
+    data = write_prompts(root / "prompts.jsonl", count=8)
+    config = base_config(target, draft, data, batch_size=[1, 2], speculative={"gamma": [1, 3]},
+                         generation={"max_new_tokens": 40})
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    reference = root / "reference"
+    result = launch(["--config", path, "--output-dir", reference])
+    assert result.returncode == 0, result.stderr
+    return root, path, reference
+
+
+def launch(args, env=None, **kwargs):
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})}, **kwargs)
+
+
+def outputs(folder: Path) -> dict:
+    samples = read_jsonl(folder / "samples.jsonl")
+    keys = [(s["method"], s["gamma"], s["batch_size"], s["repeat"], s["sample_id"]) for s in samples]
+    assert len(keys) == len(set(keys)), "a sample appears twice"
+    return {k: s["output_ids"] for k, s in zip(keys, samples)}
+
+
+def points(folder: Path) -> set:
+    summary = json.loads((folder / "summary.json").read_text())
+    return {(r["method"], r["gamma"], r["batch_size"], r["status"]) for r in summary["runs"]}
+
+
+def start_and_kill(config: Path, out: Path, sig: int, after_lines: int) -> int:
+    process = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "--config", str(config), "--output-dir", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    samples = out / "samples.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if samples.exists() and samples.read_bytes().count(b"\n") >= after_lines:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    process.send_signal(sig)
+    process.communicate(timeout=60)
+    return process.returncode
+
+
+@pytest.mark.parametrize("sig, after_lines", [(signal.SIGINT, 0), (signal.SIGINT, 7), (signal.SIGKILL, 3),
+                                              (signal.SIGKILL, 30), (signal.SIGINT, 45)])
+def test_interrupt_then_resume_equals_uninterrupted(setup, tmp_path, sig, after_lines):
+    _, config, reference = setup
+    out = tmp_path / "run"
+    code = start_and_kill(config, out, sig, after_lines)
+    if sig == signal.SIGINT:
+        assert code == 130
+        assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+    else:
+        assert code == -signal.SIGKILL
+    # whatever is on disk is valid: complete JSON lines, valid JSON files
+    kept = read_jsonl(out / "samples.jsonl")
+    for name in ["config.yaml", "progress.json", "summary.json"]:
+        if (out / name).exists():
+            (yaml.safe_load if name.endswith("yaml") else json.loads)((out / name).read_text())
+    result = launch(["--resume", out])
+    assert result.returncode == 0, result.stderr
+    assert outputs(out) == outputs(reference)
+    assert points(out) == points(reference)
+    resumed = read_jsonl(out / "samples.jsonl")
+    complete_before = [s for s in kept if sum(1 for t in kept if t["batch_index"] == s["batch_index"] and
+                                              t["method"] == s["method"] and t["gamma"] == s["gamma"] and
+                                              t["batch_size"] == s["batch_size"]) == s["batch_rows"]]
+    # finished batches were kept as they were, not rerun
+    assert resumed[:len(complete_before)] == complete_before
+
+
+def test_resume_refuses_a_different_config(setup, tmp_path):
+    _, config, reference = setup
+    out = tmp_path / "run"
+    start_and_kill(config, out, signal.SIGINT, 2)
+    result = launch(["--resume", out, "--config", config, "--set", "generation.max_new_tokens=7"])
+    assert result.returncode == 2 and "config differs" in result.stderr
+
+
+def test_existing_output_dir_is_not_overwritten(setup):
+    _, config, reference = setup
+    result = launch(["--config", config, "--output-dir", reference])
+    assert result.returncode == 2 and "--resume" in result.stderr
+
+
+def test_failed_point_is_reported_and_the_sweep_goes_on(setup, tmp_path):
+    _, config, reference = setup
+    out = tmp_path / "run"
+    result = launch(["--config", config, "--output-dir", out],
+                    env={"SPECULATE_INJECT_FAILURE": "speculative gamma=3 batch=1"})
+    assert result.returncode == 3, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    failed = [r for r in summary["runs"] if r["status"] == "failed"]
+    assert [(r["method"], r["gamma"], r["batch_size"]) for r in failed] == [("speculative", 3, 1)]
+    assert "injected failure" in failed[0]["error"]
+    ok = {(r["method"], r["gamma"], r["batch_size"]) for r in summary["runs"] if r["status"] == "ok"}
+    assert ok == {("baseline", None, 1), ("speculative", 1, 1), ("baseline", None, 2), ("speculative", 1, 2),
+                  ("speculative", 3, 2)}
+    assert "failed" in (out / "summary.md").read_text()
+
+
+def test_nan_model_fails_its_points_not_the_process(setup, tmp_path):
+    root, config, _ = setup
+    import torch
+    from transformers import AutoModelForCausalLM
+    broken = tmp_path / "broken-target"
+    model = AutoModelForCausalLM.from_pretrained(yaml.safe_load(config.read_text())["target"]["model"])
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]:
+        source = Path(yaml.safe_load(config.read_text())["target"]["model"]) / name
+        if source.exists():
+            (broken / name).write_bytes(source.read_bytes())
+    result = launch(["--config", config, "--output-dir", tmp_path / "out", "--set", f"target.model={broken}",
+                     "--set", "batch_size=1"])
+    assert result.returncode == 3, result.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["runs"] and all(r["status"] == "failed" and "NaN" in r["error"] for r in summary["runs"])
+    assert "Traceback" not in result.stderr
