@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from utils import UserError
     from utils.config import load_config
 
+    out_dir = None
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     try:
         if args.resume and args.output_dir:
@@ -61,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the run started: nothing measured yet
         print("interrupted before any measurement", file=sys.stderr)
         return 130
+    except Exception as error:  # a bug, not bad input: one line here, the traceback in a file
+        import traceback
+
+        log = (out_dir if out_dir and out_dir.is_dir() else Path.cwd()) / "error.log"
+        log.write_text(traceback.format_exc())
+        print(f"internal error: {type(error).__name__}: {' '.join(str(error).split())[:300]} "
+              f"(traceback in {log}; please report it)", file=sys.stderr)
+        return 1
     print(out_dir)
     return code
 

@@ -192,10 +192,22 @@ def preflight(config: Config) -> torch.device:
     check_model_config(config.target, "target")
     check_model_config(config.draft, "draft")
     resolve_path(config.dataset.path)
-    if config.draft.quantization != "none" or config.target.quantization != "none":
-        if device.type == "cpu" and config.target.dtype in ("float16",):
-            raise UserError("target.dtype: float16 with bitsandbytes on a CPU is not supported; use float32 or bfloat16")
+    if config.engine.cpu_linear == "onednn_packed":
+        for role, cfg in (("target", config.target), ("draft", config.draft)):
+            if device.type != "cpu" or cfg.dtype not in ("auto", "float32") or cfg.quantization != "none":
+                raise UserError(f"engine.cpu_linear: onednn_packed needs device cpu, float32 and no quantization "
+                                f"({role} is {config.device}, {cfg.dtype}, quantization {cfg.quantization}); use auto")
     return device
+
+
+def apply_engine(config: Config, loaded) -> str:
+    """Swap in the CPU linear kernels the config asks for; returns what was done, for the notes."""
+    from utils.cpu_linear import pack_linears, usable
+
+    if config.engine.cpu_linear == "default" or loaded.quantization != "none" or not usable(loaded.model):
+        return "nn.Linear"
+    count = pack_linears(loaded.model, config.engine.pack_batch_hint)
+    return f"oneDNN prepacked linear x{count} (batch hint {config.engine.pack_batch_hint})"
 
 
 class Experiment:
@@ -286,6 +298,7 @@ class Experiment:
             check_vocab_compatible(target.tokenizer, draft.tokenizer, target.vocab_size, draft.vocab_size)
         except VocabMismatch as error:
             raise UserError(f"draft.model: {error}") from None
+        target.kernels, draft.kernels = apply_engine(self.config, target), apply_engine(self.config, draft)
         return target, draft
 
     def _run(self, device: torch.device) -> None:
@@ -299,8 +312,8 @@ class Experiment:
         self.progress.prompts = {"source": prompt_set.source, "count": len(prompt_set.prompts),
                                  "truncated": prompt_set.truncated, "skipped_too_long": prompt_set.skipped_too_long,
                                  "mean_tokens": sum(len(p.token_ids) for p in prompt_set.prompts) / len(prompt_set.prompts)}
-        self.progress.notes = [f"target: {target.source} ({target.dtype}, {target.attn_implementation}, quantization {target.quantization})",
-                               f"draft: {draft.source} ({draft.dtype}, {draft.attn_implementation}, quantization {draft.quantization})"]
+        self.progress.notes = [f"{role}: {m.source} ({m.dtype}, {m.attn_implementation}, quantization {m.quantization}, "
+                               f"{m.kernels})" for role, m in (("target", target), ("draft", draft))]
         if "hf_assisted" in config.methods and any(b > 1 for b in config.batch_size):
             self.progress.notes.append("hf_assisted runs at batch size 1 only (transformers' assisted generation has no batching)")
         if {"hf_generate", "hf_assisted"} & set(config.methods):

@@ -81,6 +81,12 @@ class SpeculativeConfig(Strict):
         return _sweep(value, "gamma")
 
 
+class EngineConfig(Strict):
+    cpu_linear: Literal["auto", "default", "onednn_packed"] = Field(
+        "auto", description="auto: oneDNN prepacked linears on a CPU in float32 without quantization; default: nn.Linear")
+    pack_batch_hint: int = Field(4, ge=1, le=64)
+
+
 class ReportConfig(Strict):
     summary_file_name: str | None = Field(None, description="an extra copy of summary.json under this name")
     plots: bool = True
@@ -99,6 +105,7 @@ class Config(Strict):
     methods: list[Literal["baseline", "speculative", "hf_generate", "hf_assisted"]] = ["baseline", "speculative"]
     warmup: int = Field(1, ge=0)
     repeats: int = Field(1, ge=1)
+    engine: EngineConfig = EngineConfig()
     report: ReportConfig = ReportConfig()
 
     @field_validator("batch_size", mode="before")

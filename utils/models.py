@@ -25,10 +25,8 @@ class LoadedModel:
     dtype: str
     attn_implementation: str
     quantization: str
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+    vocab_size: int  # output rows of the LM head (may exceed the tokenizer: padded rows)
+    kernels: str = "nn.Linear"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -122,7 +120,8 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization)
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size)
 
 
 def _explain(role: str, cfg: ModelConfig, source: str, error: Exception) -> str:
