@@ -39,7 +39,8 @@ class RowRecord:
     target_forwards: int = 0  # prefill included
     draft_forwards: int = 0
     target_s: float = 0.0
-    draft_s: float = 0.0
+    draft_s: float = 0.0  # draft prefill included
+    draft_prefill_s: float = 0.0
     rounds: list[dict] = field(default_factory=list)  # speculative only: {"drafted", "accepted", "emitted"}
 
     @property
@@ -151,6 +152,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         draft_prefill_s = clock.now() - start - elapsed
         for record in records:
             record.draft_s += draft_prefill_s
+            record.draft_prefill_s = draft_prefill_s
             record.draft_forwards += 1
     while running:
         if len(running) < len(active):

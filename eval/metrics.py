@@ -19,6 +19,7 @@ LEGEND = {
     "ttft_s": "time to first token: the prefill",
     "throughput_tok_s": "sum(N) / sum(batch wall times)",
     "speedup": "throughput(method) / throughput(baseline), same prompts, batch size and run",
+    "prefill_share": "(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot speed up",
     "exact_match": "share of greedy samples whose tokens equal the baseline's; first_mismatch lists where others differ",
     "accuracy": "GSM8K: share of answers (after the last '####', else the last number) equal to the reference",
     "draft_cost_ratio_c": "one 1-token draft forward / one 1-token target forward, measured in the run",
@@ -154,6 +155,8 @@ def summarize(samples: list[dict], failures: list[dict] = (), costs: dict | None
         per_repeat = [throughput([s for s in group if s.get("repeat", 0) == r]) for r in repeats]
         metrics["throughput_tok_s_repeats"] = per_repeat
         metrics["throughput_tok_s_std"] = statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0
+        if all(s.get("prefill_s") is not None for s in group):
+            metrics["prefill_share"] = sum(s["prefill_s"] + s.get("draft_prefill_s", 0.0) for s in group) / max(sum(latencies), 1e-12)
         if method == "speculative":
             metrics.update(speculation_figures(group, gamma))
             metrics["draft_time_share"] = sum(s["draft_s"] for s in group) / max(sum(latencies), 1e-12)

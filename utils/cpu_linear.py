@@ -39,3 +39,4 @@ def pack_linears(model: nn.Module, batch_hint: int = 4) -> int:
                 setattr(parent, name, PackedLinear(child, batch_hint))
                 replaced += 1
     return replaced
+

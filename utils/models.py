@@ -70,14 +70,21 @@ def check_model_config(cfg: ModelConfig, role: str) -> None:
     if cfg.attn_implementation == "flash_attention_2" and not flash_attn_available():
         raise UserError(f"{role}.attn_implementation: flash_attention_2 asked but flash-attn is not installed; "
                         "pip install -r requirements-gpu.txt on a GPU machine, or use auto/sdpa")
-    if cfg.model not in OFFLINE_MODELS and _looks_local(cfg.model) and not Path(cfg.model).exists():
+    if cfg.model.startswith("synthetic:"):
+        from utils.synthetic import parse
+
+        try:
+            parse(cfg.model)
+        except ValueError as error:
+            raise UserError(f"{role}.model: {error}") from None
+    elif cfg.model not in OFFLINE_MODELS and _looks_local(cfg.model) and not Path(cfg.model).exists():
         raise UserError(f"{role}.model: {cfg.model} does not exist; give an existing folder or .gguf file, a hub id, "
                         f"or an offline model ({', '.join(OFFLINE_MODELS)})")
 
 
 def _looks_local(model: str) -> bool:
-    return model.startswith((".", "/", "~")) or model.endswith(".gguf") or os.sep in model.strip("/") and Path(model).exists() \
-        or model.count("/") > 1
+    """A path rather than a hub id ('org/name'); existing folders load as folders whatever their shape."""
+    return model.startswith((".", "/", "~")) or model.endswith(".gguf") or model.count("/") > 1
 
 
 def locate(cfg: ModelConfig) -> tuple[str, str | None, str]:
@@ -97,9 +104,11 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     check_model_config(cfg, role)
-    where, gguf_file, source = locate(cfg)
     dtype = resolve_dtype(cfg.dtype, device)
     attention = resolve_attention(cfg.attn_implementation, device, dtype)
+    if cfg.model.startswith("synthetic:"):
+        return _load_synthetic(cfg, device, dtype, attention, role)
+    where, gguf_file, source = locate(cfg)
     kwargs = dict(dtype=dtype, attn_implementation=attention, revision=cfg.revision)
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
@@ -122,6 +131,21 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
     return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size)
+
+
+def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) -> LoadedModel:
+    from utils.synthetic import build_model
+
+    if cfg.quantization != "none":
+        raise ModelLoadError(f"{role}.quantization: synthetic models are not quantized; set quantization: none")
+    try:
+        model, tokenizer = build_model(cfg.model, dtype, attention)
+    except ValueError as error:
+        raise ModelLoadError(f"{role}.model: {error}") from None
+    model = model.to(device).eval().requires_grad_(False)
+    tokenizer.padding_side = "left"
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, "none", vocab_size)
 
 
 def _explain(role: str, cfg: ModelConfig, source: str, error: Exception) -> str:
