@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # one warning per int8 matmul otherwise
     from rich.console import Console
 
     from utils import UserError

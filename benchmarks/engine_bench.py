@@ -61,10 +61,12 @@ def ratios(best: dict, plain: dict) -> tuple[list[tuple], list[tuple]]:
         (TARGETS[2], spec1.get("efficiency", float("nan")),
          f"gamma {g1}: measured {spec1['speedup']:.3f}x, predicted {spec1.get('predicted_speedup', float('nan')):.3f}x "
          f"(alpha {spec1['alpha']:.3f}, c {spec1.get('draft_cost_ratio_c', float('nan')):.3f}, "
-         f"v {spec1.get('verify_cost_ratio_v', float('nan')):.3f})"),
+         f"v {spec1.get('verify_cost_ratio_v', float('nan')):.3f}); decode phase alone: "
+         f"{spec1.get('decode_speedup', float('nan')):.3f}x = {spec1.get('decode_efficiency', float('nan')):.3f} of predicted"),
         (TARGETS[3], metrics(best, "speculative", 4, g4)["speedup"],
-         f"gamma {g4}; prefill is {metrics(best, 'speculative', 4, g4).get('prefill_share', float('nan')):.0%} of its "
-         f"latency, {metrics(best, 'baseline', 4).get('prefill_share', float('nan')):.0%} of the baseline's"),
+         f"gamma {g4}; decode-only speedup {metrics(best, 'speculative', 4, g4).get('decode_speedup', float('nan')):.3f}; "
+         f"prefill (target + draft) is {metrics(best, 'speculative', 4, g4).get('prefill_share', float('nan')):.0%} of "
+         f"its latency, {metrics(best, 'baseline', 4).get('prefill_share', float('nan')):.0%} of the baseline's"),
     ]
     gains = []
     for method, batch_size in [("baseline", 1), ("speculative", 1), ("baseline", 4), ("speculative", 4)]:
@@ -98,8 +100,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "benchmarks" / "engine.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--plain-gamma", type=int, default=4, help="gamma for the nn.Linear comparison run")
+    parser.add_argument("--plain-gamma", type=int, default=6, help="gamma for the nn.Linear comparison run")
     parser.add_argument("--out", default=str(ROOT / "results" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"))
+    parser.add_argument("--from", dest="existing", help="recompute the table from an earlier benchmark folder")
     args = parser.parse_args()
     import platform
 
@@ -108,13 +111,19 @@ def main() -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    out = Path(args.out)
-    best = run(Path(args.config), args.overrides, out / "onednn_packed")
-    plain = run(Path(args.config), args.overrides + ["engine.cpu_linear=default", "methods=[baseline,speculative]",
-                                                    f"speculative.gamma=[{args.plain_gamma}]"], out / "nn_linear")
+    if args.existing:  # every figure is derived from the raw records: rebuild them with the current code
+        from eval.__main__ import rebuild
+
+        out = Path(args.existing)
+        best, plain = rebuild(out / "onednn_packed"), rebuild(out / "nn_linear")
+    else:
+        out = Path(args.out)
+        best = run(Path(args.config), args.overrides, out / "onednn_packed")
+        plain = run(Path(args.config), args.overrides + ["engine.cpu_linear=default", "methods=[baseline,speculative]",
+                                                        f"speculative.gamma=[{args.plain_gamma}]"], out / "nn_linear")
     rows, gains = ratios(best, plain)
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    command = "python benchmarks/engine_bench.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/engine_bench.py " + " ".join(a for a in sys.argv[1:])
     text = table(rows, gains, machine, command.strip())
     (out / "BENCH.md").write_text(text)
     print(text)

@@ -165,7 +165,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         num_drafted = max(draft_limit_host)
         draft_limit = torch.tensor(draft_limit_host, device=token.device)
 
-        # 1. propose
+        # 1. propose (each clock read syncs a CUDA device: the price of splitting time into draft and target)
         round_start = clock.now()
         draft_forwards_before = drafter.forwards
         if num_drafted > 0:

@@ -19,6 +19,8 @@ LEGEND = {
     "ttft_s": "time to first token: the prefill",
     "throughput_tok_s": "sum(N) / sum(batch wall times)",
     "speedup": "throughput(method) / throughput(baseline), same prompts, batch size and run",
+    "decode_speedup": "decode throughput(method) / decode throughput(baseline): sum(N - 1) / sum(batch wall - target "
+                      "prefill - draft prefill), the part speculation can speed up",
     "prefill_share": "(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot speed up",
     "exact_match": "share of greedy samples whose tokens equal the baseline's; first_mismatch lists where others differ",
     "accuracy": "GSM8K: share of answers (after the last '####', else the last number) equal to the reference",
@@ -26,6 +28,7 @@ LEGEND = {
     "verify_cost_ratio_v": "one (gamma+1)-token target forward / one 1-token target forward, measured in the run",
     "predicted_speedup": "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma*c + v)); predicted_speedup_v1 uses v = 1 (Leviathan Thm 3.8)",
     "efficiency": "measured speedup / predicted speedup",
+    "decode_efficiency": "decode speedup / predicted speedup: the same, with both prefills (outside the formula) left out",
 }
 
 
@@ -76,6 +79,19 @@ def throughput(samples: list[dict]) -> float:
         walls[key] = max(walls[key], s["latency_s"])
     total = sum(walls.values())
     return sum(s["new_tokens"] for s in samples) / total if total > 0 else float("nan")
+
+
+def decode_throughput(samples: list[dict]) -> float | None:
+    """Tokens after the first / batch time after both prefills; None where a method has no prefill time."""
+    if any(s.get("prefill_s") is None for s in samples):
+        return None
+    walls: dict[tuple, float] = {}
+    for s in samples:
+        key = (s.get("repeat", 0), s["batch_index"])
+        after_prefill = s["latency_s"] - s["prefill_s"] - s.get("draft_prefill_s", 0.0)
+        walls[key] = max(walls.get(key, 0.0), after_prefill)
+    total = sum(walls.values())
+    return sum(max(s["new_tokens"] - 1, 0) for s in samples) / total if total > 0 else None
 
 
 def block_efficiency(samples: list[dict]) -> float | None:
@@ -163,6 +179,9 @@ def summarize(samples: list[dict], failures: list[dict] = (), costs: dict | None
         base = baselines.get(batch_size)
         if base is not None:
             metrics["speedup"] = metrics["throughput_tok_s"] / throughput(base)
+            decode, base_decode = decode_throughput(group), decode_throughput(base)
+            if decode and base_decode:
+                metrics["decode_speedup"] = decode / base_decode
             if len(per_repeat) > 1:
                 base_repeats = [throughput([s for s in base if s.get("repeat", 0) == r]) for r in repeats]
                 ratios = [a / b for a, b in zip(per_repeat, base_repeats) if b]
@@ -184,6 +203,8 @@ def summarize(samples: list[dict], failures: list[dict] = (), costs: dict | None
             metrics["predicted_speedup_v1"] = predicted_speedup(metrics["alpha"], gamma, c, 1.0)
             if "speedup" in metrics:
                 metrics["efficiency"] = metrics["speedup"] / metrics["predicted_speedup"]
+            if "decode_speedup" in metrics:
+                metrics["decode_efficiency"] = metrics["decode_speedup"] / metrics["predicted_speedup"]
         runs.append({"method": method, "gamma": gamma, "batch_size": batch_size, "status": "ok", "metrics": metrics})
     for failure in failures:
         runs.append({"method": failure["method"], "gamma": failure.get("gamma"), "batch_size": failure["batch_size"],

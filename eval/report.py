@@ -9,11 +9,11 @@ from utils.io import write_atomic, write_json
 
 COLUMNS = [  # (header, metric path, format)
     ("method", "method", "{}"), ("gamma", "gamma", "{}"), ("batch", "batch_size", "{}"),
-    ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup", "speedup", "{:.3f}"),
+    ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup", "speedup", "{:.3f}"), ("dec speedup", "decode_speedup", "{:.3f}"),
     ("accept", "acceptance_rate", "{:.3f}"), ("tau", "block_efficiency", "{:.3f}"),
     ("MAT", "mean_accepted_tokens", "{:.3f}"), ("alpha", "alpha", "{:.3f}"),
     ("c", "draft_cost_ratio_c", "{:.3f}"), ("v", "verify_cost_ratio_v", "{:.3f}"),
-    ("pred", "predicted_speedup", "{:.3f}"), ("eff", "efficiency", "{:.3f}"),
+    ("pred", "predicted_speedup", "{:.3f}"), ("eff", "efficiency", "{:.3f}"), ("dec eff", "decode_efficiency", "{:.3f}"),
     ("lat p50 s", "latency_s.p50", "{:.3f}"), ("lat p90 s", "latency_s.p90", "{:.3f}"),
     ("TTFT s", "ttft_s.mean", "{:.3f}"), ("prefill %", "prefill_share", "{:.0%}"), ("TPOT ms", "tpot_s.mean", "{:.1f}"),
     ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
@@ -124,7 +124,7 @@ def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | N
         plots(summary, out_dir)
 
 
-TERMINAL = ["method", "gamma", "batch", "tok/s", "speedup", "accept", "tau", "pred", "eff", "lat p50 s", "exact", "acc"]
+TERMINAL = ["method", "gamma", "batch", "tok/s", "speedup", "dec speedup", "accept", "tau", "pred", "eff", "lat p50 s", "exact", "acc"]
 
 
 def print_table(summary: dict, console) -> None:

@@ -110,3 +110,29 @@ def test_seed_style_flat_config(tiny, tmp_path):
     assert {(r["method"], r["gamma"], r["batch_size"]) for r in summary["runs"]} == {("baseline", None, 2), ("speculative", 2, 2)}
     saved = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
     assert saved["dataset"]["max_prompt_tokens"] == 58 and saved["dataset"]["num_samples"] == 2
+
+
+SHARED = ROOT.parent / "shared" / "data"
+
+
+@pytest.mark.parametrize("preset, file", [("gsm8k", "gsm8k_test.jsonl"), ("mt_bench", "mt_bench_question.jsonl")])
+def test_presets_on_the_shared_data(tiny, tmp_path, preset, file):
+    if not (SHARED / file).exists():
+        pytest.skip("../shared/data is absent (a clone outside this workplace)")
+    _, target, draft, _ = tiny
+    config = base_config(target, draft, SHARED / file, batch_size=[2], speculative={"gamma": [2]})
+    config["dataset"] = {"path": str(SHARED / file), "preset": preset, "num_samples": 3, "chat_template": "auto",
+                         "max_prompt_tokens": 20}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = launch("--config", path, "--output-dir", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    samples = read_jsonl(tmp_path / "out" / "samples.jsonl")
+    assert summary["prompts"]["count"] == 3 and summary["prompts"]["truncated"] >= 1
+    assert all(s["prompt_tokens"] <= 20 for s in samples)
+    if preset == "gsm8k":
+        assert all(s["reference"] and "####" in s["reference"] for s in samples)
+        assert all(0.0 <= r["metrics"]["accuracy"] <= 1.0 for r in summary["runs"])
+    else:
+        assert all("accuracy" not in r["metrics"] for r in summary["runs"])

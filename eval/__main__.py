@@ -1,0 +1,33 @@
+"""python -m eval DIR: rebuild a report folder's summary, tables and plots from its samples.jsonl."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from eval.metrics import summarize
+from eval.report import write_report
+from utils.io import read_jsonl
+
+
+def rebuild(folder: Path) -> dict:
+    progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    greedy = not (config.get("generation") or {}).get("do_sample", False)
+    summary = summarize(read_jsonl(folder / "samples.jsonl"), progress.get("failures", []), progress.get("costs"), greedy)
+    old = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
+    for key in ("notes", "status", "prompts", "order"):
+        if key in old:
+            summary[key] = old[key]
+    write_report(folder, summary, config.get("name", folder.name), (config.get("report") or {}).get("summary_file_name"))
+    return summary
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "samples.jsonl").exists():
+        print("usage: python -m eval REPORT_DIR (a folder with samples.jsonl)", file=sys.stderr)
+        sys.exit(2)
+    rebuild(Path(sys.argv[1]))
+    print(sys.argv[1])
