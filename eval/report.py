@@ -62,7 +62,13 @@ def markdown(summary: dict, title: str = "") -> str:
             text += f"; predicted best gamma {best['predicted_best_gamma']} ({best['predicted_best_speedup']:.3f}x " \
                     f"at alpha {best['alpha_used']:.3f})"
         lines.append(text)
-    notes = summary.get("notes", [])
+    notes = list(summary.get("notes", []))
+    if summary.get("order"):
+        notes.append(f"order: {summary['order']}")
+    prompts = summary.get("prompts") or {}
+    if prompts:
+        notes.append(f"prompts: {prompts.get('count')} from {prompts.get('source')}, mean {prompts.get('mean_tokens', 0):.0f} "
+                     f"tokens; {prompts.get('truncated', 0)} truncated, {prompts.get('skipped_too_long', 0)} skipped as too long")
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     lines += ["", "Legend:"] + [f"- {k}: {v}" for k, v in summary["legend"].items()]
