@@ -106,9 +106,7 @@ def run_hf(target, draft, ids, mask, generation: Generation, gamma, pad_id, cloc
         for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
             setattr(draft.generation_config, key, getattr(config, key))
     start = clock.now()
-    output = target.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                             assistant_model=draft) if draft is not None else \
-        target.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    output = target.generate(input_ids=ids, attention_mask=mask, generation_config=config, assistant_model=draft)
     elapsed = clock.now() - start
     records = []
     for row in output[:, ids.shape[1]:].tolist():
@@ -140,24 +138,31 @@ class Methods:
         raise ValueError(point.method)
 
 
-def measure_costs(target, draft, ids, mask, gammas: list[int], clock: Clock, reps: int = 5) -> dict:
+def measure_costs(target, draft, ids, mask, gammas: list[int], clock: Clock, reps: int = 7) -> dict:
     """c = t(1-token draft forward) / t(1-token target forward); v_gamma = t((gamma+1)-token target
-    forward) / t(1-token target forward), each the median of reps at this batch's cache length."""
-    def timed(model, width: int) -> float:
-        state = KVState()
-        state.forward(model, ids, mask, last_only=True)
-        tokens = ids[:, -1:].expand(-1, width).contiguous()
-        samples = []
-        for _ in range(reps + 1):  # the first is a warm-up
+    forward) / t(1-token target forward), at this batch's cache length. The forwards are interleaved,
+    one of each per repetition (after one untimed pass), so that drift of the machine touches every ratio
+    alike; each time is the median over the repetitions."""
+    states = {}
+    for name, model in (("target", target), ("draft", draft)):
+        states[name] = KVState()
+        states[name].forward(model, ids, mask, last_only=True)
+    probes = [("draft", draft, 1), ("target", target, 1)] + [("target", target, g + 1) for g in gammas]
+    times: dict[tuple, list[float]] = {(name, width): [] for name, _, width in probes}
+    no_rows_kept = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
+    for rep in range(reps + 1):
+        for name, model, width in probes:
+            tokens = ids[:, -1:].expand(-1, width).contiguous()
             start = clock.now()
-            state.forward(model, tokens)
-            samples.append(clock.now() - start)
-            state.keep_prefix_of_last(width, torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device), 0)
-        samples = sorted(samples[1:])
-        return samples[len(samples) // 2]
-
-    target_one = timed(target, 1)
-    return {"c": timed(draft, 1) / target_one, "v": {str(g): timed(target, g + 1) / target_one for g in gammas},
+            states[name].forward(model, tokens)
+            elapsed = clock.now() - start
+            states[name].keep_prefix_of_last(width, no_rows_kept, 0)  # back to the prompt's cache
+            if rep:
+                times[(name, width)].append(elapsed)
+    median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+    target_one = median[("target", 1)]
+    return {"c": median[("draft", 1)] / target_one,
+            "v": {str(g): median[("target", g + 1)] / target_one for g in gammas},
             "target_forward_s": target_one}
 
 
@@ -214,6 +219,7 @@ class Experiment:
     def __init__(self, config: Config, raw: dict, out_dir: Path, console, resume: bool = False):
         self.config, self.raw, self.out_dir, self.console, self.resume = config, raw, out_dir, console, resume
         self.samples_path = out_dir / "samples.jsonl"
+        self.samples: list[dict] = []  # what samples.jsonl holds, kept in memory to rebuild the summary per batch
         self.progress = Progress()
 
     # -- folder ---------------------------------------------------------------------------------
@@ -243,16 +249,15 @@ class Experiment:
         counts: dict[tuple, int] = {}
         for s in samples:
             counts[batch_key(s)] = counts.get(batch_key(s), 0) + 1
-        complete = [s for s in samples if counts[batch_key(s)] == s["batch_rows"]]
-        if len(complete) < len(samples):
-            write_atomic(self.samples_path, "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in complete))
+        self.samples = [s for s in samples if counts[batch_key(s)] == s["batch_rows"]]
+        if len(self.samples) < len(samples):
+            write_atomic(self.samples_path, "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in self.samples))
 
     def save_progress(self) -> None:
         write_json(self.out_dir / "progress.json", asdict(self.progress))
 
     def write_summary(self, plots: bool = False) -> dict:
-        samples = read_jsonl(self.samples_path)
-        summary = summarize(samples, self.progress.failures, self.progress.costs, greedy=not self.config.generation.do_sample)
+        summary = summarize(self.samples, self.progress.failures, self.progress.costs, greedy=not self.config.generation.do_sample)
         summary["notes"] = self.progress.notes
         summary["status"] = self.progress.status
         summary["prompts"] = self.progress.prompts
@@ -328,7 +333,7 @@ class Experiment:
         pad_id = target.tokenizer.pad_token_id
         clock = Clock(device)
         methods = Methods(target.model, draft.model, generation, pad_id, target.vocab_size, clock)
-        done = {batch_key(s) for s in read_jsonl(self.samples_path)}
+        done = {batch_key(s) for s in self.samples}
         self.progress.failures = []
 
         total = sum(len(points_for(config, b)) * -(-len(prompt_set.prompts) // b) * config.repeats for b in config.batch_size)
@@ -418,6 +423,7 @@ class Experiment:
                 row["prefill_s"] = None
             rows.append(row)
         append_jsonl(self.samples_path, rows)
+        self.samples.extend(rows)
         wall = max(r.latency_s for r in records)
         return sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0
 

@@ -71,13 +71,18 @@ def predicted_speedup(alpha: float, gamma: int, c: float, v: float) -> float:
     return expected_tokens / (gamma * c + v)
 
 
-def throughput(samples: list[dict]) -> float:
-    """sum(N) / sum(batch wall times); a batch's wall time is its slowest row's latency."""
-    walls = defaultdict(float)
+def batch_wall_time(samples: list[dict], elapsed) -> float:
+    """Sum over batches of the batch's wall time: its slowest row's elapsed(sample)."""
+    walls: dict[tuple, float] = {}
     for s in samples:
         key = (s.get("repeat", 0), s["batch_index"])
-        walls[key] = max(walls[key], s["latency_s"])
-    total = sum(walls.values())
+        walls[key] = max(walls.get(key, 0.0), elapsed(s))
+    return sum(walls.values())
+
+
+def throughput(samples: list[dict]) -> float:
+    """sum(N) / sum(batch wall times)."""
+    total = batch_wall_time(samples, lambda s: s["latency_s"])
     return sum(s["new_tokens"] for s in samples) / total if total > 0 else float("nan")
 
 
@@ -85,12 +90,7 @@ def decode_throughput(samples: list[dict]) -> float | None:
     """Tokens after the first / batch time after both prefills; None where a method has no prefill time."""
     if any(s.get("prefill_s") is None for s in samples):
         return None
-    walls: dict[tuple, float] = {}
-    for s in samples:
-        key = (s.get("repeat", 0), s["batch_index"])
-        after_prefill = s["latency_s"] - s["prefill_s"] - s.get("draft_prefill_s", 0.0)
-        walls[key] = max(walls.get(key, 0.0), after_prefill)
-    total = sum(walls.values())
+    total = batch_wall_time(samples, lambda s: s["latency_s"] - s["prefill_s"] - s.get("draft_prefill_s", 0.0))
     return sum(max(s["new_tokens"] - 1, 0) for s in samples) / total if total > 0 else None
 
 
