@@ -39,13 +39,15 @@ def run(config_path: Path, overrides: list[str], out_dir: Path) -> dict:
 
 def metrics(summary: dict, method: str, batch_size: int, gamma=None) -> dict:
     for r in summary["runs"]:
-        if r["method"] == method and r["batch_size"] == batch_size and r["gamma"] == gamma and r["status"] == "ok":
+        if (r["method"] == method and r["batch_size"] == batch_size and r["gamma"] == gamma and r["status"] == "ok"
+                and r.get("group") is None):
             return r["metrics"]
     return {}
 
 
 def best_gamma(summary: dict, batch_size: int) -> int | None:
-    spec = [r for r in summary["runs"] if r["method"] == "speculative" and r["batch_size"] == batch_size and r["status"] == "ok"]
+    spec = [r for r in summary["runs"] if r["method"] == "speculative" and r["batch_size"] == batch_size
+            and r["status"] == "ok" and r.get("group") is None]
     return max(spec, key=lambda r: r["metrics"]["throughput_tok_s"])["gamma"] if spec else None
 
 

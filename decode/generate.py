@@ -18,14 +18,16 @@ from decode.settings import Generation, Sampling
 
 
 class Clock:
-    """perf_counter after synchronising the device, so that a reading includes queued kernels."""
+    """perf_counter after synchronising every CUDA device the models use (a model split by a device map
+    spans several), so that a reading includes queued kernels."""
 
-    def __init__(self, device: torch.device | str):
-        self.device = torch.device(device)
+    def __init__(self, device: torch.device | str, extra_devices: tuple = ()):
+        devices = [torch.device(device), *map(torch.device, extra_devices)]
+        self.cuda_devices = [d for i, d in enumerate(devices) if d.type == "cuda" and d not in devices[:i]]
 
     def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        for device in self.cuda_devices:
+            torch.cuda.synchronize(device)
         return time.perf_counter()
 
 
@@ -161,17 +163,20 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
             drafter.select_rows(rows)
             token, active = token[rows], [active[i] for i in running]
         # gamma clipped per row so that a round never emits past max_new_tokens
-        draft_limit_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
-        num_drafted = max(draft_limit_host)
-        draft_limit = torch.tensor(draft_limit_host, device=token.device)
+        budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
 
-        # 1. propose (each clock read syncs a CUDA device: the price of splitting time into draft and target)
+        # 1. propose: the drafter decides each row's length (its schedule), within the budget; it may be 0
+        #    (each clock read syncs a CUDA device: the price of splitting time into draft and target)
         round_start = clock.now()
         draft_forwards_before = drafter.forwards
-        if num_drafted > 0:
-            proposal = drafter.propose(token, num_drafted)
+        if max(budget_host) > 0:
+            proposal = drafter.propose(token, max(budget_host), row_limits=budget_host)
         else:  # every row has one token left: a plain target step
             proposal = Proposal(token.new_zeros(len(active), 0), None)
+        num_drafted = proposal.tokens.shape[1]  # G: the widest row's draft
+        draft_limit = torch.tensor(budget_host, device=token.device).clamp(max=num_drafted)  # [B]
+        if proposal.lengths is not None:
+            draft_limit = torch.minimum(draft_limit, proposal.lengths)
         drafted_at = clock.now()
 
         # 2. verify: one target forward over [last token, d_1 .. d_G]
@@ -185,16 +190,17 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
             accepted_len, token = accept_greedy(proposal.tokens, target_logits, draft_limit)
         # host sync, once per round: each row's accepted length decides which tokens it appends,
         # whether it stopped at EOS, and how far the caches roll back
-        host = torch.cat([accepted_len[:, None], token[:, None], proposal.tokens], dim=1).tolist()
+        host = torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], proposal.tokens], dim=1).tolist()
         accepted_host = [row[0] for row in host]
+        draft_limit_host = [row[2] for row in host]
 
         # 4. roll both caches back to each row's accepted prefix
         state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1)
-        if num_drafted > 0:
+        if max(budget_host) > 0:
             drafter.commit(accepted_len, accepted_host)
         verified_at = clock.now()
 
-        emitted = [row[2: 2 + row[0]] + [row[1]] for row in host]
+        emitted = [row[3: 3 + row[0]] + [row[1]] for row in host]
         running, taken = _append(records, active, emitted, generation, verified_at - start)
         draft_forwards = drafter.forwards - draft_forwards_before
         for local, row in enumerate(active):

@@ -13,14 +13,10 @@ from utils.io import read_jsonl
 
 
 def rebuild(folder: Path) -> dict:
+    """Every figure again from the raw records and progress.json: the same function the run used."""
     progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
-    config = yaml.safe_load((folder / "config.yaml").read_text())
-    greedy = not (config.get("generation") or {}).get("do_sample", False)
-    summary = summarize(read_jsonl(folder / "samples.jsonl"), progress.get("failures", []), progress.get("costs"), greedy)
-    old = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
-    for key in ("notes", "status", "prompts", "order"):
-        if key in old:
-            summary[key] = old[key]
+    config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
+    summary = summarize(read_jsonl(folder / "samples.jsonl"), progress)
     write_report(folder, summary, config.get("name", folder.name), (config.get("report") or {}).get("summary_file_name"))
     return summary
 

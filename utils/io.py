@@ -25,14 +25,15 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
+    """Strict JSON: a NaN or an infinity is a bug upstream (a missing figure is None), so refuse it here."""
+    write_atomic(path, json.dumps(obj, indent=2, default=str, allow_nan=False) + "\n")
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     """One write of whole lines, then fsync: a kill loses at most these rows, and readers skip a torn tail."""
     if not rows:
         return
-    payload = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+    payload = "".join(json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n" for row in rows)
     with open(path, "a") as handle:
         handle.write(payload)
         handle.flush()

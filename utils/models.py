@@ -43,23 +43,92 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+_FLASH_ATTN: dict[str, str | None] = {}  # cached: None = importable, else why not
+
+
+def flash_attn_problem() -> str | None:
+    """Why flash-attn 2 cannot be used here, or None. Installed is not enough: a wheel built for another
+    torch or CUDA fails at import (an undefined symbol), so try the import itself, once."""
+    if "result" not in _FLASH_ATTN:
+        if importlib.util.find_spec("flash_attn") is None:
+            _FLASH_ATTN["result"] = "flash-attn is not installed"
+        else:
+            try:
+                import flash_attn  # noqa: F401
+                _FLASH_ATTN["result"] = None
+            except (ImportError, OSError, RuntimeError) as error:
+                _FLASH_ATTN["result"] = f"flash-attn is installed but does not import ({' '.join(str(error).split())[:160]})"
+    return _FLASH_ATTN["result"]
+
+
 def flash_attn_available() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    return flash_attn_problem() is None
+
+
+def compute_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """bf16 in hardware (Ampere, compute capability 8.0, and later). Older GPUs report bf16 as supported
+    through emulation, which is slow: a benchmark must not pick it by itself."""
+    return device.type == "cuda" and compute_capability(device) >= (8, 0)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         if device.type == "cpu":
             return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if native_bf16(device) else torch.float16
     return getattr(torch, name)
+
+
+def flash_attention_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why flash_attention_2 cannot run this model here, or None."""
+    if device.type != "cuda":
+        return f"it needs a CUDA device, not {device}"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"it needs float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    if compute_capability(device) < (8, 0):
+        major, minor = compute_capability(device)
+        return f"it needs compute capability 8.0 or later; this GPU has {major}.{minor}"
+    return flash_attn_problem()
 
 
 def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> str:
     if name == "auto":
-        usable = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_attn_available()
-        return "flash_attention_2" if usable else "sdpa"
+        return "flash_attention_2" if flash_attention_problem(device, dtype) is None else "sdpa"
     return name
+
+
+def model_devices(model) -> list[torch.device]:
+    """Every device the model's parameters live on, in order of first use (several with a device_map)."""
+    devices: list[torch.device] = []
+    for parameter in model.parameters():
+        if parameter.device not in devices:
+            devices.append(parameter.device)
+    return devices
+
+
+def _check_device_map(cfg: ModelConfig, role: str) -> None:
+    device_map = getattr(cfg, "device_map", None)
+    if device_map is None:
+        return
+    if isinstance(device_map, str):
+        if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+            raise UserError(f"{role}.device_map: {device_map!r} is not known; use auto, balanced, sequential or a "
+                            "mapping of module names to devices")
+        return
+    for module, where in device_map.items():
+        if where == "disk":
+            raise UserError(f"{role}.device_map: {module} on disk would time the disk, not the model; "
+                            "give it a cpu or cuda:N device")
+        if isinstance(where, int) and not isinstance(where, bool):
+            where = f"cuda:{where}"
+        if not isinstance(where, str) or not (where == "cpu" or where.startswith("cuda")):
+            raise UserError(f"{role}.device_map: {module}: {where!r} is not a device; use cpu, cuda:N or an integer")
+        if where.startswith("cuda"):
+            resolve_device(where)
 
 
 def check_model_config(cfg: ModelConfig, role: str) -> None:
@@ -68,8 +137,9 @@ def check_model_config(cfg: ModelConfig, role: str) -> None:
         raise UserError(f"{role}.quantization: {cfg.quantization} needs bitsandbytes, which is not installed; "
                         "pip install bitsandbytes, or set quantization: none")
     if cfg.attn_implementation == "flash_attention_2" and not flash_attn_available():
-        raise UserError(f"{role}.attn_implementation: flash_attention_2 asked but flash-attn is not installed; "
-                        "pip install -r requirements-gpu.txt on a GPU machine, or use auto/sdpa")
+        raise UserError(f"{role}.attn_implementation: flash_attention_2 asked but {flash_attn_problem()}; "
+                        "pip install -r requirements-gpu.txt on a GPU machine (a wheel for this torch), or use auto/sdpa")
+    _check_device_map(cfg, role)
     if cfg.model.startswith("synthetic:"):
         from utils.synthetic import parse
 
@@ -106,6 +176,10 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
     check_model_config(cfg, role)
     dtype = resolve_dtype(cfg.dtype, device)
     attention = resolve_attention(cfg.attn_implementation, device, dtype)
+    if attention == "flash_attention_2":
+        problem = flash_attention_problem(device, dtype)
+        if problem:
+            raise ModelLoadError(f"{role}.attn_implementation: flash_attention_2 cannot run here: {problem}; use auto or sdpa")
     if cfg.model.startswith("synthetic:"):
         return _load_synthetic(cfg, device, dtype, attention, role)
     where, gguf_file, source = locate(cfg)
@@ -117,12 +191,17 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
             load_in_4bit=cfg.quantization == "4bit", load_in_8bit=cfg.quantization == "8bit",
             bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
         kwargs["device_map"] = {"": device}
+    device_map = getattr(cfg, "device_map", None)
+    if device_map is not None:  # one model over several devices, placed by accelerate as transformers does
+        kwargs["device_map"] = device_map
+        if getattr(cfg, "max_memory", None):
+            kwargs["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in cfg.max_memory.items()}
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=gguf_file, revision=cfg.revision)
         model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
         raise ModelLoadError(_explain(role, cfg, source, error)) from None
-    if cfg.quantization == "none":
+    if cfg.quantization == "none" and device_map is None:
         model = model.to(device)
     model.eval()
     model.requires_grad_(False)
@@ -159,3 +238,28 @@ def _explain(role: str, cfg: ModelConfig, source: str, error: Exception) -> str:
     if "gguf" in text.lower() and "architecture" in text.lower():
         return f"{role}.model: transformers cannot load this GGUF architecture ({text[:200]}); convert it or use another model"
     return f"{role}.model: cannot load '{cfg.model}': {text[:300]}"
+
+
+def release_file_mappings(model) -> int:
+    """Copy every CPU parameter and buffer that still lives in a memory-mapped weight file into memory of
+    its own, one tensor at a time, so the mapping closes.
+
+    transformers loads safetensors by mmap: on a CPU the weights stay pages of the file. Once the oneDNN
+    packing has made its own copies of the linear weights, the file's pages (all of them were read) are
+    still mapped through the tensors left behind (embeddings, norms), and a resident set of weights x 2
+    is what `top` and a container's accounting show. Copying the small rest frees the mapping; the peak
+    extra memory is one tensor. Returns how many tensors were copied.
+    """
+    copied = 0
+    with torch.no_grad():
+        for module in model.modules():
+            for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
+                if tensor is None or tensor.device.type != "cpu":
+                    continue
+                owned = tensor.data.clone()
+                tensor.data = owned
+                copied += 1
+    import gc
+
+    gc.collect()
+    return copied

@@ -1,4 +1,4 @@
-"""The drafter interface: propose gamma tokens with their q, then learn from the verification."""
+"""The drafter interface: propose up to gamma tokens per row with their q, then learn from the verification."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -9,16 +9,24 @@ import torch
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor  # [B, G] drafted token ids
-    probs: torch.Tensor | None  # [B, G, V_target] q of each drafted position; None = deterministic drafter
+    tokens: torch.Tensor  # [B, G] drafted token ids (G may be 0: every row takes a plain target step)
+    probs: torch.Tensor | None  # [B, G, V_target] q of each drafted position; None = deterministic drafter (point mass)
+    lengths: torch.Tensor | None = None  # [B] long: row b's drafts are tokens[b, :lengths[b]]; None = all G
+
+    def row_lengths(self) -> list[int]:
+        """Each row's number of valid drafts, on the host."""
+        if self.lengths is None:
+            return [self.tokens.shape[1]] * self.tokens.shape[0]
+        return self.lengths.tolist()
 
 
 class Drafter(ABC):
     """A source of draft tokens for a batch of rows.
 
-    The engine calls, per batch: `start` once with the prompts; then per round `propose` with each
-    row's last committed token, `commit` with the verification result, and `select_rows` when rows
-    finish. A new drafting method (n-gram prompt lookup, early exit, adaptive gamma) is one subclass.
+    The engine calls, per batch: `start` once with the prompts; then per round `propose` with each row's
+    last committed token, `commit` with the verification result, and `select_rows` when rows finish.
+    The drafter owns the length of each row's draft (its schedule); a row may draft nothing. A new
+    drafting method is one subclass (draft model, prompt lookup, early exit).
     """
 
     forwards: int = 0  # model forwards spent drafting, for the records
@@ -28,8 +36,8 @@ class Drafter(ABC):
         """prompt_ids, prompt_mask [B, P], left padded."""
 
     @abstractmethod
-    def propose(self, last_tokens: torch.Tensor, num_tokens: int) -> Proposal:
-        """last_tokens [B]: each row's last committed token. Returns num_tokens drafts per row."""
+    def propose(self, last_tokens: torch.Tensor, max_tokens: int) -> Proposal:
+        """last_tokens [B]: each row's last committed token. Returns at most max_tokens drafts per row."""
 
     @abstractmethod
     def commit(self, accepted_len: torch.Tensor, accepted_len_host: list[int]) -> None:

@@ -1,28 +1,32 @@
-"""A smaller causal LM as the drafter (Leviathan et al. 2023)."""
+"""A smaller causal LM as the drafter (Leviathan et al. 2023), with a draft-length schedule."""
 from __future__ import annotations
 
 import torch
 
 from decode.drafters.base import Drafter, Proposal
+from decode.drafters.schedules import ConstantSchedule, Schedule
 from decode.kv import KVState
 from decode.sampling import logits_to_probs, sample
 from decode.settings import Sampling
 
 
 class DraftModelDrafter(Drafter):
-    """Drafts autoregressively with its own KV cache.
+    """Drafts autoregressively with its own KV cache, each row as many tokens as its schedule says.
 
-    Cache invariant between rounds: it holds every committed token of a row except the last one,
-    and, after a row accepted all G drafts, except also the last draft (which was never fed); that
-    draft is fed first in the next round as a "catch-up" slot, masked in rows that do not need it.
+    Cache invariant between rounds: the cache holds every committed token of a row except its `pending`
+    ones: the last committed token always (it arrives as `last_tokens`), plus, after a round in which the
+    row accepted all its drafts, the last draft (never fed), plus every token committed in rounds the row
+    did not draft. The next round that drafts feeds a row's pending tokens first, in one forward, masked
+    where a row has fewer than another.
     """
 
-    def __init__(self, model, target_vocab_size: int, sampling: Sampling,
-                 generator: torch.Generator | None = None):
+    def __init__(self, model, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
+                 schedule: Schedule | None = None):
         self.model = model
         self.target_vocab_size = target_vocab_size
         self.sampling = sampling
         self.generator = generator
+        self.schedule = schedule
         self.state = KVState()
         self.input_vocab_size = model.get_input_embeddings().num_embeddings
 
@@ -33,9 +37,10 @@ class DraftModelDrafter(Drafter):
     def start(self, prompt_ids, prompt_mask):
         self.state = KVState()
         self.state.forward(self.model, prompt_ids, prompt_mask, last_only=True)
-        self.catchup_tokens = prompt_ids[:, -1]  # unused until a round fully accepts
-        self.catchup_mask = torch.zeros_like(prompt_ids[:, -1])
-        self.catchup_any = False
+        self.pending: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]  # committed, not yet fed
+        self.device = prompt_ids.device
+        if self.schedule is not None:
+            self.schedule.start(prompt_ids.shape[0])
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""
@@ -44,40 +49,80 @@ class DraftModelDrafter(Drafter):
             return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
         return logits[..., : self.target_vocab_size]
 
-    def propose(self, last_tokens, num_tokens):
+    def _lengths(self, max_tokens: int, row_limits: list[int] | None) -> list[int]:
+        rows = len(self.pending)
+        wanted = self.schedule.lengths() if self.schedule is not None else [max_tokens] * rows
+        limits = row_limits if row_limits is not None else [max_tokens] * rows
+        return [max(0, min(w, limit, max_tokens)) for w, limit in zip(wanted, limits)]
+
+    def _catch_up_inputs(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, P] ids and mask: each row's pending tokens, then its last token, right-aligned."""
+        last = last_tokens.tolist()
+        width = 1 + max(len(p) for p in self.pending)
+        if width == 1:
+            return last_tokens[:, None], None
+        ids = torch.zeros(len(last), width, dtype=torch.long)
+        mask = torch.zeros(len(last), width, dtype=torch.long)
+        for row, tokens in enumerate(self.pending):
+            row_tokens = tokens + [last[row]]
+            ids[row, width - len(row_tokens):] = torch.tensor(row_tokens)
+            mask[row, width - len(row_tokens):] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def propose(self, last_tokens, max_tokens, row_limits=None):
+        lengths = self._lengths(max_tokens, row_limits)
+        self.last_lengths = lengths
+        num_tokens = max(lengths, default=0)
+        if num_tokens == 0:  # no row drafts: a plain target step; the last token waits to be fed
+            last = last_tokens.tolist()
+            for row in range(len(self.pending)):
+                self.pending[row].append(last[row])
+            self.last_proposal = last_tokens.new_zeros(len(last), 0)
+            return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
         # an id the draft cannot embed (a padded row of a bigger target) only costs acceptance
         last_tokens = last_tokens.clamp(max=self.input_vocab_size - 1)
-        if self.catchup_any:
-            input_ids = torch.stack([self.catchup_tokens, last_tokens], dim=1)  # [B, 2]
-            input_mask = torch.stack([self.catchup_mask, torch.ones_like(last_tokens)], dim=1)
-        else:
-            input_ids, input_mask = last_tokens[:, None], None
+        input_ids, input_mask = self._catch_up_inputs(last_tokens)
+        self.pending = [[] for _ in self.pending]
+        drafting = torch.tensor(lengths, device=last_tokens.device)  # [B] drafts each row still wants
         tokens, probs = [], []
-        for _ in range(num_tokens):
+        for step in range(num_tokens):
             logits = self._to_target_vocab(self.state.forward(self.model, input_ids, input_mask, last_only=True)[:, -1])
-            if self.sampling.do_sample:
-                q = logits_to_probs(logits, self.sampling.temperature, self.sampling.top_k, self.sampling.top_p)
-                token = sample(q, self.generator)
-                probs.append(q)
-            else:
-                token = logits.argmax(dim=-1)
+            q = logits_to_probs(logits, self.sampling.temperature, self.sampling.top_k, self.sampling.top_p) \
+                if self.sampling.do_sample else None
+            token = sample(q, self.generator) if q is not None else logits.argmax(dim=-1)  # [B]
             tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            keep = self.schedule.keep_drafting(q if q is not None else torch.softmax(logits, dim=-1), token) \
+                if self.schedule is not None else None
+            if keep is not None:  # the schedule ends a row's draft after this token
+                drafting = torch.where(keep, drafting, torch.minimum(drafting, torch.full_like(drafting, step + 1)))
+                if step + 1 < num_tokens and not bool((drafting > step + 1).any()):  # a host sync, only with such a schedule
+                    break
             input_ids, input_mask = token[:, None], None
         drafted = torch.stack(tokens, dim=1)  # [B, G]
+        lengths_t = drafting.clamp(max=drafted.shape[1])
         self.last_proposal = drafted
-        return Proposal(drafted, torch.stack(probs, dim=1) if probs else None)
+        return Proposal(drafted, torch.stack(probs, dim=1) if probs else None, lengths_t)
 
     def commit(self, accepted_len, accepted_len_host):
         drafted = self.last_proposal.shape[1]
-        # this round fed [last token, d_1 .. d_{G-1}] (after the catch-up slot, if any)
+        if self.schedule is not None:
+            self.schedule.update([min(n, drafted) for n in self.last_lengths], accepted_len_host)
+        if drafted == 0:
+            return
+        # this round fed [pending.., last token, d_1 .. d_{G-1}]: of the last G slots keep the last token and
+        # the accepted drafts that were fed
         kept = accepted_len.clamp(max=drafted - 1) + 1
         self.state.keep_prefix_of_last(drafted, kept, min(max(accepted_len_host), drafted - 1) + 1)
-        full = accepted_len == drafted
-        self.catchup_tokens = self.last_proposal[:, -1]
-        self.catchup_mask = full.long()
-        self.catchup_any = any(a == drafted for a in accepted_len_host)
+        last_draft = self.last_proposal[:, -1].tolist()
+        for row, accepted in enumerate(accepted_len_host):
+            if accepted == drafted:  # every draft accepted: the last one was never fed
+                self.pending[row].append(last_draft[row])
 
     def select_rows(self, rows):
         self.state.select_rows(rows)
-        self.catchup_tokens = self.catchup_tokens[rows]
-        self.catchup_mask = self.catchup_mask[rows]
+        kept = rows.tolist()
+        self.pending = [self.pending[r] for r in kept]
+        if self.schedule is not None:
+            self.schedule.select_rows(kept)

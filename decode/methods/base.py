@@ -1,0 +1,42 @@
+"""What a method is to the rest of the tool: one MethodSpec in the registry (decode/methods/__init__.py).
+
+Config validation, the sweep plan, the runner, eval, the table and the plots ask the spec; nothing
+else names a method.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+# sweep axes a method may use besides batch_size and temperature (which every method has)
+OPTIONAL_AXES = ("draft", "gamma", "schedule", "exit_layer")
+
+
+@dataclass
+class RunContext:
+    """What a method's run function may use. Passed explicitly; nothing reaches a method through globals."""
+    target: object  # the target nn.Module
+    tokenizer: object
+    drafts: dict  # draft label -> nn.Module
+    target_vocab_size: int  # output rows of the target's LM head
+    pad_id: int
+    clock: object  # decode.Clock
+    costs: dict = field(default_factory=dict)  # measured cost ratios of this batch size (cost_model schedule)
+    options: dict = field(default_factory=dict)  # config.speculative as a dict (confidence, ngram sizes, ...)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    description: str  # one line, for the README and the report legend
+    axes: tuple[str, ...]  # which OPTIONAL_AXES apply
+    run: Callable  # (ctx: RunContext, point, prompt_ids [B,P], prompt_mask [B,P], generation, generator) -> list[RowRecord]
+    has_rounds: bool = False  # records carry per-round drafted/accepted/emitted: speculation figures apply
+    is_reference: bool = False  # the autoregressive baseline every ratio is computed against
+    per_row_timing: bool = True  # False: one wall time per batch, no TTFT or forward counts (transformers' peers)
+    max_batch_size: int | None = None  # None: any; 1: batch size 1 only (other sizes are reported as skipped)
+    peer: bool = False  # transformers' implementation, run for comparison
+
+    @property
+    def needs_draft(self) -> bool:
+        return "draft" in self.axes

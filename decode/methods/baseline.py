@@ -1,0 +1,10 @@
+"""The target alone, one forward per token: the reference every ratio is computed against."""
+from decode.generate import generate_baseline
+from decode.methods.base import MethodSpec
+
+
+def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    return generate_baseline(ctx.target, prompt_ids, prompt_mask, generation, generator, ctx.clock)
+
+
+SPEC = MethodSpec("baseline", "the target alone, autoregressive (our engine)", axes=(), run=run, is_reference=True)

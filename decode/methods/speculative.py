@@ -1,0 +1,31 @@
+"""Speculative decoding with a draft model (Leviathan et al. 2023), our engine, with a draft-length
+schedule: constant, heuristic, confidence or cost_model (decode/drafters/schedules.py)."""
+from decode.drafters import DraftModelDrafter
+from decode.generate import generate_speculative
+from decode.methods.base import MethodSpec
+
+
+def schedule_for(ctx, point, draft_label: str | None):
+    """The point's schedule; cost_model reads the c and v measured in this run (runner/probes.py)."""
+    from decode.drafters.schedules import make_schedule
+
+    name = point.schedule or "constant"
+    if name != "cost_model":
+        return make_schedule(name, point.gamma, confidence=ctx.options.get("confidence", 0.4))
+    costs = ctx.costs or {}
+    c = (costs.get("c_by_draft") or {}).get(draft_label, costs.get("c"))
+    if c is None or not costs.get("v"):
+        raise ValueError("the cost_model schedule needs the measured costs c and v, and the cost probes did not run")
+    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()})
+
+
+def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
+                                schedule=schedule_for(ctx, point, point.draft))
+    return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
+                                ctx.clock)
+
+
+SPEC = MethodSpec("speculative", "a draft model proposes up to gamma tokens a round (its schedule decides how many), "
+                  "the target verifies them in one forward (our engine)",
+                  axes=("draft", "gamma", "schedule"), run=run, has_rounds=True)

@@ -1,0 +1,100 @@
+"""Probes of a model's numerics on the engine's own cache path (decode/kv.py).
+
+- `position_bias_probe`: does a row's output depend on where its slots sit in the cache? Architectures
+  that build their position bias from slot indices rather than from position ids or the mask (MPT's
+  ALiBi) see left padding and rollback holes as distance, an O(1) logit error in ragged batches.
+- `numerics_probe`: how far the engine's batched paths drift from the plain ones by rounding alone.
+- `ragged_batch_problem`: the reason to refuse batch > 1 for a model, or None.
+"""
+from __future__ import annotations
+
+import torch
+
+from decode.kv import KVState
+
+PAD_SLOTS = 48  # left padding of the short row: long enough that a slot-index bias is O(1)
+HOLE_SLOTS = 8  # rollback holes left inside the short row
+# a slot-position bias must exceed rounding by this factor (and a floor relative to the logits' scale)
+BIAS_OVER_DRIFT = 100.0
+BIAS_OVER_SCALE = 1e-2
+
+
+def _probe_ids(model, length: int, seed: int) -> torch.Tensor:
+    vocab = model.get_input_embeddings().num_embeddings
+    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    return torch.randint(3, max(4, min(vocab, 1000)), (1, length), generator=generator).to(device)  # [1, S]
+
+
+def _alone(model, ids: torch.Tensor, continuation: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [1, C, V] of continuation [1, C] after prompt ids [1, P], with no padding and no holes."""
+    state = KVState()
+    state.forward(model, ids, last_only=True)
+    return state.forward(model, continuation)
+
+
+@torch.inference_mode()
+def position_bias_probe(model, pad_slots: int = PAD_SLOTS, hole_slots: int = HOLE_SLOTS) -> float:
+    """Max |logit difference| on real positions between a ragged two-row batch and each row alone.
+
+    Row 0 is long; row 1 is short, left padded by pad_slots, and then carries hole_slots rollback holes
+    (tokens fed and rolled back through KVState, as a rejected draft is). Both rows then feed the same
+    continuation. Slot-independent models agree up to rounding; a slot-index position bias does not.
+    """
+    long_ids, short_ids = _probe_ids(model, pad_slots + 6, 11), _probe_ids(model, 6, 12)
+    continuation = _probe_ids(model, 4, 13)  # [1, C]
+    width = long_ids.shape[1]
+    ids = torch.cat([long_ids, torch.cat([long_ids.new_zeros(1, width - short_ids.shape[1]), short_ids], 1)])  # [2, P]
+    mask = torch.ones_like(ids)
+    mask[1, : width - short_ids.shape[1]] = 0
+    state = KVState()
+    state.forward(model, ids, mask, last_only=True)
+    rejected = _probe_ids(model, hole_slots, 14).expand(2, -1)
+    state.forward(model, rejected)
+    state.keep_prefix_of_last(hole_slots, torch.tensor([hole_slots, 0], device=ids.device), hole_slots)
+    together = state.forward(model, continuation.expand(2, -1))  # [2, C, V]
+    rows = [_alone(model, torch.cat([long_ids, rejected[:1]], 1), continuation), _alone(model, short_ids, continuation)]
+    return max(float((together[row] - alone[0]).abs().max()) for row, alone in enumerate(rows))
+
+
+@torch.inference_mode()
+def numerics_probe(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_tokens: int = 5) -> dict:
+    """Rounding drift of the engine's paths on the given left-padded prompts [B, P].
+
+    verify_vs_stepwise_max_logit_diff: one num_tokens-token forward after a prefill (a verification) vs
+    the same tokens fed one by one. batched_vs_single_max_logit_diff: each row's logits in the ragged
+    batch vs the row forwarded alone (prompt and the same tokens).
+    """
+    tokens = _probe_ids(model, num_tokens, 21).expand(prompt_ids.shape[0], -1).to(prompt_ids.device)  # [B, T]
+    verify = KVState()
+    verify.forward(model, prompt_ids, prompt_mask, last_only=True)
+    verified = verify.forward(model, tokens)  # [B, T, V]
+    stepwise = KVState()
+    stepwise.forward(model, prompt_ids, prompt_mask, last_only=True)
+    stepped = torch.cat([stepwise.forward(model, tokens[:, i:i + 1]) for i in range(num_tokens)], dim=1)
+    batched_diff = 0.0
+    for row in range(prompt_ids.shape[0]):
+        real = prompt_ids[row:row + 1, prompt_mask[row].bool()]
+        alone = _alone(model, real, tokens[row:row + 1])
+        batched_diff = max(batched_diff, float((verified[row] - alone[0]).abs().max()))
+    return {"verify_vs_stepwise_max_logit_diff": float((verified - stepped).abs().max()),
+            "batched_vs_single_max_logit_diff": batched_diff, "tokens": num_tokens}
+
+
+@torch.inference_mode()
+def ragged_batch_problem(model) -> str | None:
+    """A one-line reason to refuse batch > 1 for this model, or None.
+
+    A slot-position bias is told from rounding by comparing the ragged-batch error with the drift of the
+    same model's verify-vs-stepwise forwards (pure rounding) and with the scale of its logits.
+    """
+    bias = position_bias_probe(model)
+    ids = _probe_ids(model, 12, 31)
+    drift = numerics_probe(model, ids, torch.ones_like(ids))
+    rounding = drift["verify_vs_stepwise_max_logit_diff"]
+    scale = float(_alone(model, ids[:, :-1], ids[:, -1:]).std())
+    if bias > max(BIAS_OVER_DRIFT * rounding, BIAS_OVER_SCALE * scale):
+        arch = type(model).__name__
+        return (f"{arch} builds its position bias from cache slots, not positions: a row in a ragged batch "
+                f"gets other logits than alone (max diff {bias:.3g}, rounding {rounding:.2g}); use batch_size 1")
+    return None

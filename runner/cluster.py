@@ -1,0 +1,187 @@
+"""The same units of work on a Ray cluster.
+
+Each worker is a Ray actor holding one Session on one device (its own models, its own cost, drift and
+numerics probes); a unit (one batch, every point of its comparison back to back) runs on one worker, so
+the pairing of methods and the rotation of their order are the single-process run's. Records stream
+back to the driver as units finish, and the driver alone writes the report folder (Experiment.accept:
+atomic writes, a batch already on disk is never written twice), so the folder looks exactly like a
+single-process run's, with each record's `worker` filled in.
+
+Faults: a worker that dies mid-unit is restarted by Ray (max_restarts) and its unit retried on it
+(max_task_retries): Ray's own actor fault tolerance, so a lost node or a killed process needs no
+bookkeeping here; records reach the driver only with a finished unit, so nothing is half-written.
+A driver killed at any moment is continued with --resume, which submits only units not on disk.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from utils import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check_ray(config) -> None:
+    """What can be refused before anything starts."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError("cluster.backend: ray needs the ray package, which is not installed here; "
+                        "pip install ray (or set cluster.backend: none)") from None
+    if config.cluster.num_gpus > 0 and not config.device.startswith("cuda"):
+        raise UserError(f"cluster.num_gpus: {config.cluster.num_gpus} GPUs per worker but device is {config.device}; "
+                        "set device: cuda, or cluster.num_gpus: 0")
+    if config.cluster.num_gpus == 0 and config.device.startswith("cuda"):
+        raise UserError("cluster.num_gpus: 0 with device cuda would put every worker on the same GPU; "
+                        "set cluster.num_gpus: 1 (one GPU per worker)")
+
+
+def _kill_hook(label: str) -> None:
+    """Fault injection for the tests: die in the middle of a unit, once (a marker file says it happened)."""
+    if os.environ.get("SPECULATE_KILL_WORKER_AT") != label:
+        return
+    marker = Path(os.environ.get("SPECULATE_KILL_MARKER", "/tmp/speculate-kill-marker"))
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os._exit(1)
+
+
+class _Worker:
+    """A Ray actor: one Session on one device."""
+
+    def __init__(self, raw_config: dict, device: str, worker_id: str):
+        import torch
+
+        from runner.session import Session
+        from utils.config import validate
+
+        if os.environ.get("SPECULATE_WORKER_THREADS"):
+            torch.set_num_threads(int(os.environ["SPECULATE_WORKER_THREADS"]))
+        self.worker_id = worker_id
+        self.session = Session(validate(raw_config), torch.device(device), worker=worker_id)
+        self.session.load()
+
+    def info(self) -> dict:
+        from runner.probes import device_name
+
+        session = self.session
+        return {"worker": self.worker_id, "hostname": socket.gethostname(), "device": str(session.device),
+                "device_name": device_name(session.device), "prompt_set": session.prompt_set,
+                "notes": session.notes, "numerics": session.numerics}
+
+    def run_unit(self, unit, done: set):
+        return self.session.run_unit(unit, done, on_point=lambda point, outcome: _kill_hook(point.label))
+
+
+class RayExecutor:
+    """Runs units on Ray workers, as many at once as there are workers."""
+
+    def __init__(self, experiment, device):
+        self.experiment, self.device = experiment, device
+        self.cluster = experiment.config.cluster
+
+    def __enter__(self):
+        import ray
+
+        cluster = self.cluster
+        workers = cluster.num_workers or 1
+        # the workers import this project: locally through PYTHONPATH, on a remote cluster as Ray's working_dir
+        env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "TOKENIZERS_PARALLELISM": "false"}
+        for key in ("SPECULATE_KILL_WORKER_AT", "SPECULATE_KILL_MARKER", "SPECULATE_INJECT_FAILURE",
+                    "SPECULATE_WORKER_THREADS", "SPECULATE_CACHE", "HF_HUB_OFFLINE"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        if cluster.address == "local":
+            runtime_env = {"env_vars": env}
+            ray.init(num_cpus=max(1, int(workers * cluster.num_cpus + 0.999)), num_gpus=int(workers * cluster.num_gpus),
+                     include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, configure_logging=False)
+        else:
+            runtime_env = {"env_vars": {k: v for k, v in env.items() if k != "PYTHONPATH"},
+                           "working_dir": str(ROOT), "excludes": [".venv", ".git", "results", "docs"]}
+            ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False, configure_logging=False)
+        if cluster.num_workers is None:  # as many as the cluster's resources fit
+            resources = ray.cluster_resources()
+            fits = [resources.get("CPU", 1) // cluster.num_cpus]
+            if cluster.num_gpus:
+                fits.append(resources.get("GPU", 0) // cluster.num_gpus)
+            workers = max(1, int(min(fits)))
+        actor = ray.remote(_Worker).options(num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus,
+                                            max_restarts=cluster.max_retries, max_task_retries=cluster.max_retries)
+        device = "cuda:0" if self.device.type == "cuda" else "cpu"  # Ray gives each worker its own GPU as cuda:0
+        raw = self.experiment.folder.raw_config
+        self.workers = {f"w{i}": actor.remote(raw, device, f"w{i}") for i in range(workers)}
+        with self.experiment.console.status(f"starting {workers} Ray worker(s) (each loads the models)"):
+            infos = ray.get([w.info.remote() for w in self.workers.values()])
+        self._describe(infos)
+        self.num_prompts = len(infos[0]["prompt_set"].prompts)
+        return self
+
+    def _describe(self, infos: list[dict]) -> None:
+        experiment = self.experiment
+        experiment.describe_load(SimpleNamespace(**{k: infos[0][k] for k in ("prompt_set", "notes", "numerics")}))
+        progress = experiment.progress
+        for info in infos:
+            progress.workers[info["worker"]] = {k: info[k] for k in ("hostname", "device", "device_name", "numerics")}
+        names = sorted({info["device_name"] for info in infos})
+        progress.notes.append(f"ran on a Ray cluster: {len(infos)} workers ({self.cluster.num_cpus} CPU, "
+                              f"{self.cluster.num_gpus} GPU each) on {', '.join(names)}")
+        if len(names) > 1:
+            progress.notes.append("workers ran on different hardware (" + "; ".join(
+                f"{i['worker']}: {i['device_name']}" for i in infos) + "): a ratio pairs each batch with its own "
+                "baseline on one worker, but throughputs and costs mix machines")
+        experiment.folder.save_progress()
+
+    def __exit__(self, *exc):
+        import ray
+
+        ray.shutdown()
+        return False
+
+    def execute(self, units: list, done: set) -> None:
+        import ray
+
+        from runner.plan import points_of
+
+        experiment = self.experiment
+        queue = list(units)
+        idle = list(self.workers)
+        running = {}  # object ref -> (worker id, unit)
+        while queue or running:
+            while queue and idle:
+                worker, unit = idle.pop(0), queue.pop(0)
+                keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(experiment.config, unit.batch_size,
+                                                                                   unit.temperature)}
+                ref = self.workers[worker].run_unit.remote(unit, done & keys)
+                running[ref] = (worker, unit)
+            ready, _ = ray.wait(list(running), num_returns=1)
+            worker, unit = running.pop(ready[0])
+            idle.append(worker)
+            result = ray.get(ready[0])  # a worker that died is restarted and the unit retried by Ray
+            self._keep_worker_costs(worker, unit, result)
+            where = f"batch {unit.batch_index + 1}/{-(-self.num_prompts // unit.batch_size)} repeat {unit.repeat}"
+            for label in result.rates:
+                rows = [r for r in result.rows if _label(r) == label]
+                experiment.display.point_done(label, rows, where, worker)
+            experiment.accept(unit, result)
+
+    def _keep_worker_costs(self, worker: str, unit, result) -> None:
+        entry = self.experiment.progress.workers.setdefault(worker, {})
+        if result.costs:
+            entry.setdefault("costs", {}).setdefault(str(unit.batch_size), result.costs)
+        if result.drift_probe_s is not None:
+            entry.setdefault("drift_probes_s", []).append(result.drift_probe_s)
+
+
+def _label(record: dict) -> str:
+    from eval.records import Point
+
+    return Point.of(record).label
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("runner/cluster.py is used by launch.py (cluster.backend: ray)")

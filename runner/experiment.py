@@ -1,0 +1,239 @@
+"""The experiment: refuse bad input early, open the report folder, run the sweep unit by unit (here or
+on a Ray cluster), keep every finished batch on disk, and rebuild the report from the raw records."""
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from decode.methods import REGISTRY
+from eval.records import Point
+from eval.report import print_table
+from runner.display import Display
+from runner.plan import Unit, comparisons, points_of, units_of
+from runner.probes import environment
+from runner.session import Session, UnitResult
+from runner.storage import ReportFolder
+from utils import UserError
+from utils.config import Config
+from utils.data import resolve_path
+from utils.memory import PeakSampler
+from utils.models import check_model_config, resolve_device
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+
+
+def preflight(config: Config) -> torch.device:
+    """Everything that can be refused before a model loads."""
+    device = resolve_device(config.device)
+    check_model_config(config.target, "target")
+    for index, draft in enumerate(config.draft):
+        check_model_config(draft, "draft" if len(config.draft) == 1 else f"draft[{index}]")
+    resolve_path(config.dataset.path)
+    if config.engine.cpu_linear == "onednn_packed":
+        for role, cfg in [("target", config.target)] + [("draft", d) for d in config.draft]:
+            if device.type != "cpu" or cfg.dtype not in ("auto", "float32") or cfg.quantization != "none":
+                raise UserError(f"engine.cpu_linear: onednn_packed needs device cpu, float32 and no quantization "
+                                f"({role} is {config.device}, {cfg.dtype}, quantization {cfg.quantization}); use auto")
+    if config.cluster.backend == "ray":
+        from runner.cluster import check_ray
+
+        check_ray(config)
+    return device
+
+
+def apply_engine(config: Config, loaded) -> str:
+    """Swap in the CPU linear kernels the config asks for; returns what was done, for the notes."""
+    from utils.cpu_linear import pack_linears, usable
+
+    if config.engine.cpu_linear == "default" or loaded.quantization != "none" or not usable(loaded.model):
+        return "nn.Linear"
+    count = pack_linears(loaded.model, config.engine.pack_batch_hint)
+    return f"oneDNN prepacked linear x{count} (batch hint {config.engine.pack_batch_hint})"
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Experiment:
+    def __init__(self, config: Config, raw: dict, out_dir: Path, console, resume: bool = False):
+        self.config, self.console, self.resume = config, console, resume
+        self.folder = ReportFolder(out_dir, raw, config.name, config.report.summary_file_name, config.report.plots)
+        self.out_dir = Path(out_dir)
+        self.display: Display | None = None
+
+    @property
+    def progress(self):
+        return self.folder.progress
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        device = preflight(self.config)
+        self.folder.reopen() if self.resume else self.folder.create()
+        self.folder.write_env(environment(device))
+        self.progress.status = "running"
+        self.progress.group_by = self.config.dataset.group_by
+        self.folder.save_progress()
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt)}
+        self.memory = PeakSampler().start()
+        try:
+            self._run(device)
+        except KeyboardInterrupt:
+            self.record_memory(device)
+            self.progress.status = "interrupted"
+            self.folder.save_progress()
+            self.folder.write_summary(plots=True)
+            self.console.print(f"[yellow]interrupted: the report holds every batch that finished; "
+                               f"continue with --resume {self.out_dir}[/yellow]")
+            return EXIT_INTERRUPTED
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        self.record_memory(device)
+        failed = any(f.get("status") == "failed" for f in self.progress.failures)
+        self.progress.status = "finished with failures" if failed else "finished"
+        self.folder.save_progress()
+        summary = self.folder.write_summary(plots=True)
+        print_table(summary, self.console)
+        return EXIT_POINTS_FAILED if failed else EXIT_OK
+
+    def _run(self, device: torch.device) -> None:
+        self.progress.failures = []  # failed points are retried on resume
+        if self.config.cluster.backend == "ray":
+            from runner.cluster import RayExecutor
+
+            executor = RayExecutor(self, device)
+        else:
+            executor = LocalExecutor(self, device)
+        with executor:
+            self.sweep(executor)
+
+    def record_memory(self, device: torch.device) -> None:
+        """The run's peak host memory (resident and anonymous), next to the GPU's peak."""
+        memory = self.memory.stop()
+        peaks = [s["peak_memory_bytes"] for s in self.folder.samples if s.get("peak_memory_bytes") is not None]
+        if device.type == "cuda":  # the stats are reset per batch: the run's peak is the largest batch peak
+            memory["gpu_peak_allocated_bytes"] = max(peaks, default=None)
+        self.progress.memory = memory
+
+    def describe_load(self, session: Session) -> None:
+        """What the loaded session tells the report: prompts, models, numerics."""
+        prompts = session.prompt_set
+        self.progress.prompts = {"source": prompts.source, "count": len(prompts.prompts), "truncated": prompts.truncated,
+                                 "skipped_too_long": prompts.skipped_too_long, "prompt_field": prompts.field_name,
+                                 "mean_tokens": sum(len(p.token_ids) for p in prompts.prompts) / len(prompts.prompts)}
+        self.progress.notes = list(session.notes)
+        self.progress.numerics = session.numerics
+        self.folder.save_progress()
+
+    # -- the sweep ----------------------------------------------------------------------------------
+    def sweep(self, executor) -> None:
+        """Repeat by repeat, every unit not yet on disk; `repeats: auto` stops a comparison once every
+        speedup CI in it is narrow enough (or at max_repeats, or past time_budget_s)."""
+        config = self.config
+        num_prompts = executor.num_prompts
+        pending = comparisons(config)
+        started = time.monotonic()
+        done = self.folder.done_batches()
+        total = sum(len(points_of(config, b, t)) * -(-num_prompts // b) for b, t in pending) * config.max_repeats_planned
+        with Display(self.console, total) as display:
+            self.display = display
+            for repeat in range(config.max_repeats_planned):
+                units: list[Unit] = []
+                for batch_size, temperature in pending:
+                    for point in points_of(config, batch_size, temperature):
+                        self.progress.planned[point.label] = -(-num_prompts // batch_size) * (repeat + 1)
+                    for unit in units_of(batch_size, temperature, num_prompts, repeat):
+                        points = points_of(config, batch_size, temperature)
+                        if all(p.key + (repeat, unit.batch_index) in done for p in points):
+                            display.skip(len(points))
+                        else:
+                            units.append(unit)
+                self.folder.save_progress()
+                executor.execute(units, done)
+                if config.repeats != "auto":
+                    continue
+                pending = [c for c in pending if not self._converged(c)]
+                over_budget = config.time_budget_s is not None and time.monotonic() - started > config.time_budget_s
+                if not pending or over_budget:
+                    reason = "every speedup CI is within the target" if not pending else "the time budget is spent"
+                    self.progress.notes.append(f"repeats: auto stopped after {repeat + 1} repeat(s): {reason}")
+                    for batch_size, temperature in pending:
+                        for point in points_of(config, batch_size, temperature):
+                            self.progress.planned[point.label] = -(-num_prompts // batch_size) * (repeat + 1)
+                    break
+
+    def _converged(self, comparison: tuple) -> bool:
+        batch_size, temperature = comparison
+        summary = self.folder.summary()
+        for run in summary["runs"]:
+            if (run.get("batch_size"), run.get("temperature")) != comparison or run.get("group") is not None:
+                continue
+            if run["status"] not in ("ok", "partial") or REGISTRY[run["method"]].is_reference:
+                continue
+            speedup, interval = run["metrics"].get("speedup"), run["metrics"].get("speedup_ci95")
+            if speedup is None:
+                continue
+            if not interval or (interval[1] - interval[0]) / 2 > self.config.ci_target * speedup:
+                return False
+        return True
+
+    # -- what a unit brings back ----------------------------------------------------------------------
+    def accept(self, unit: Unit, result: UnitResult) -> None:
+        """Keep a finished unit: its records (a batch already on disk is not written twice), its failures,
+        the comparison's costs and the drift probe; then rebuild the summary."""
+        self.folder.append(result.rows)
+        known = {(tuple(Point.of(f).key), f["status"]) for f in self.progress.failures}
+        for entry in result.failures:
+            if (Point.of(entry).key, entry["status"]) not in known:
+                self.progress.failures.append(entry)
+                known.add((Point.of(entry).key, entry["status"]))
+                if entry["status"] == "failed":
+                    self.console.print(f"[red]{Point.of(entry).label} failed: {entry['error']}; the sweep goes on[/red]")
+        for note in result.notes:
+            if note not in self.progress.notes:
+                self.progress.notes.append(note)
+        key = str(unit.batch_size)
+        if result.costs and key not in self.progress.costs:
+            self.progress.costs[key] = result.costs
+        if result.drift_probe_s is not None and result.worker is None:  # a Ray worker keeps its own (cluster.py)
+            drift = self.progress.drift.setdefault(key, {"start_s": result.drift_probe_s, "probes_s": []})
+            drift["probes_s"].append(result.drift_probe_s)
+            drift["end_s"] = result.drift_probe_s
+        self.folder.save_progress()
+        self.folder.write_summary()
+        if self.display:
+            self.display.unit_done(result.worker or "local")
+
+
+class LocalExecutor:
+    """Runs the units in this process, one after another."""
+
+    def __init__(self, experiment: Experiment, device: torch.device):
+        self.experiment, self.device = experiment, device
+        self.session = Session(experiment.config, device, worker=None, status=experiment.console.status)
+
+    def __enter__(self):
+        self.session.load()
+        self.experiment.describe_load(self.session)
+        self.num_prompts = len(self.session.prompt_set.prompts)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def execute(self, units: list[Unit], done: set) -> None:
+        experiment = self.experiment
+
+        def on_point(point, outcome):
+            rows = outcome[0] if isinstance(outcome, tuple) else None
+            experiment.display.point_done(point.label, rows, where)
+
+        for unit in units:
+            where = f"batch {unit.batch_index + 1}/{-(-self.num_prompts // unit.batch_size)} repeat {unit.repeat}"
+            result = self.session.run_unit(unit, done, on_point)
+            experiment.accept(unit, result)

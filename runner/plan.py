@@ -1,0 +1,85 @@
+"""The sweep plan: which points run, on which batches, in which units of work.
+
+A point is a set of named axes (eval/records.py: method, draft, gamma, schedule, exit_layer, batch_size,
+temperature); the registry says which axes apply to a method, so a new axis is a new entry in AXES and
+here, not a new code path. A unit of work is one batch of prompts at one (batch_size, temperature) in one
+repeat: every point of that comparison runs on it back to back, in an order that rotates by one from
+unit to unit, so drift of the machine favours no method and every ratio pairs the same prompts.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from decode.methods import REGISTRY
+from eval.records import Point
+
+
+@dataclass(frozen=True)
+class Unit:
+    batch_size: int
+    temperature: float | None
+    repeat: int
+    batch_index: int
+
+    @property
+    def comparison(self) -> tuple:
+        return self.batch_size, self.temperature
+
+    @property
+    def label(self) -> str:
+        temperature = "greedy" if self.temperature is None else f"T={self.temperature}"
+        return f"batch={self.batch_size} {temperature} repeat={self.repeat} batch#{self.batch_index}"
+
+
+def axis_values(config, method: str) -> dict[str, list]:
+    """The values each axis takes for one method: the registry says which axes apply."""
+    axes = REGISTRY[method].axes
+    speculative = config.speculative
+    return {
+        "draft": [d.name for d in config.draft] if "draft" in axes else [None],
+        "gamma": list(speculative.gamma) if "gamma" in axes else [None],
+        "schedule": list(speculative.schedule) if "schedule" in axes else [None],
+        "exit_layer": list(speculative.exit_layer or []) if "exit_layer" in axes else [None],
+    }
+
+
+def points_of(config, batch_size: int, temperature: float | None) -> list[Point]:
+    points = []
+    for method in config.methods:
+        values = axis_values(config, method)
+        for draft, gamma, schedule, exit_layer in itertools.product(*values.values()):
+            points.append(Point(method=method, batch_size=batch_size, draft=draft, gamma=gamma, schedule=schedule,
+                                exit_layer=exit_layer, temperature=temperature))
+    return points
+
+
+def comparisons(config) -> list[tuple[int, float | None]]:
+    """(batch_size, temperature) pairs, in the order they run; each has its own baseline."""
+    return [(b, t) for t in config.generation.temperatures() for b in config.batch_size]
+
+
+def skipped_reason(point: Point) -> str | None:
+    limit = REGISTRY[point.method].max_batch_size
+    if limit is not None and point.batch_size > limit:
+        return f"{point.method} supports batch size {limit} only (transformers has no batched version of it)"
+    return None
+
+
+def batches_of(prompts: list, batch_size: int) -> list[list]:
+    return [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+
+
+def units_of(batch_size: int, temperature, num_prompts: int, repeat: int) -> list[Unit]:
+    count = -(-num_prompts // batch_size)
+    return [Unit(batch_size, temperature, repeat, index) for index in range(count)]
+
+
+def rotation(points: list[Point], unit: Unit) -> list[Point]:
+    shift = (unit.batch_index + unit.repeat) % len(points)
+    return points[shift:] + points[:shift]
+
+
+def shard(units: list[Unit], worker: int, workers: int) -> list[Unit]:
+    """Round-robin: each worker gets every workers-th unit."""
+    return units[worker::workers]

@@ -1,0 +1,111 @@
+"""Measurements of the machine rather than of a method: the environment, the cost ratios c and v of
+Leviathan's model, the drift probe, and the numerics probe of each model."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from decode.kv import KVState
+
+
+def environment(device: torch.device) -> dict:
+    import importlib.metadata as md
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": version("transformers"),
+        "bitsandbytes": version("bitsandbytes"), "flash_attn": version("flash-attn"), "datasets": version("datasets"),
+        "ray": version("ray"), "device": str(device), "device_name": device_name(device), "cuda": torch.version.cuda,
+        "git_commit": commit,
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:  # the CPU model: a run on an EPYC and one on a Xeon are different machines
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _prefilled(model, ids, mask) -> KVState:
+    state = KVState()
+    state.forward(model, ids, mask, last_only=True)
+    return state
+
+
+def _timed_forward(state: KVState, model, tokens: torch.Tensor, clock) -> float:
+    """One forward of tokens [B, W] on top of the prompt's cache, then back to the prompt's cache."""
+    width = tokens.shape[1]
+    start = clock.now()
+    state.forward(model, tokens)
+    elapsed = clock.now() - start
+    state.keep_prefix_of_last(width, torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device), 0)
+    return elapsed
+
+
+def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7) -> dict:
+    """c = t(1-token draft forward) / t(1-token target forward) per draft; v_k = t((k+1)-token target forward)
+    / t(1-token target forward) for each draft length k = width - 1, at this batch's cache length.
+
+    The forwards are interleaved, one of each per repetition (after one untimed pass), so that drift of the
+    machine touches every ratio alike; each time is the median over the repetitions, and the repetitions
+    are kept (reps_s) so the report can say when they disagree.
+    """
+    states = {"target": _prefilled(target, ids, mask)}
+    models = {"target": target}
+    for label, model in drafts.items():
+        states[f"draft:{label}"] = _prefilled(model, ids, mask)
+        models[f"draft:{label}"] = model
+    probes = [(f"draft:{label}", 1) for label in drafts] + [("target", w) for w in sorted({1, *widths})]
+    times: dict[tuple, list[float]] = {probe: [] for probe in probes}
+    for rep in range(reps + 1):
+        for name, width in probes:
+            tokens = ids[:, -1:].expand(-1, width).contiguous()
+            elapsed = _timed_forward(states[name], models[name], tokens, clock)
+            if rep:
+                times[(name, width)].append(elapsed)
+    median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+    target_one = median[("target", 1)]
+    c_by_draft = {label: median[(f"draft:{label}", 1)] / target_one for label in drafts}
+    first = next(iter(drafts), None)
+    reps_s = {}
+    for (name, width), values in times.items():
+        label = name.removeprefix("draft:")
+        key = f"target_{width}" if name == "target" else "draft_1" if label == first else f"draft_{label}_1"
+        reps_s[key] = values
+    return {
+        "c": next(iter(c_by_draft.values()), None),  # the first draft's; c_by_draft has each
+        "c_by_draft": c_by_draft,
+        "v": {str(w - 1): median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
+        "target_forward_s": target_one,
+        "reps_s": reps_s,
+    }
+
+
+def drift_probe(target, ids, mask, clock, reps: int = 3) -> float:
+    """Median time of a 1-token target forward at this batch's cache: identical work each time it is
+    measured, so a change means the machine changed speed, not the method."""
+    state = _prefilled(target, ids, mask)
+    tokens = ids[:, -1:].contiguous()
+    times = [_timed_forward(state, target, tokens, clock) for _ in range(reps + 1)][1:]
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,306 @@
+"""One process's models, prompts and settings, and how it runs a unit of work.
+
+The single-process runner and every Ray worker hold one Session each: load once, then `prepare` a
+(batch size, temperature) comparison (warm-up, cost probes) and `run_unit` for each batch assigned to
+it. A Session returns records and events; it never writes the report folder.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from decode import Clock, Generation, Sampling, check_vocab_compatible
+from decode.methods import REGISTRY, RunContext
+from decode.vocab import VocabMismatch
+from eval.records import Point, SampleRecord
+from runner.plan import Unit, batches_of, points_of, rotation, skipped_reason
+from runner.probes import drift_probe, measure_costs
+from utils import UserError
+from utils.data import load_prompts
+from utils.models import load_model, model_devices, release_file_mappings
+
+# errors of a point at run time (the point fails, the sweep goes on); anything else is a bug
+RUNTIME_ERRORS = (RuntimeError, FloatingPointError, ValueError, IndexError)
+
+
+@dataclass
+class UnitResult:
+    rows: list[dict] = field(default_factory=list)  # records of every point that finished this batch
+    failures: list[dict] = field(default_factory=list)  # {point axes, status, error}
+    rates: dict = field(default_factory=dict)  # point label -> tok/s on this batch
+    drift_probe_s: float | None = None
+    costs: dict | None = None  # the comparison's measured costs (sent with every unit; the driver keeps the first)
+    notes: list[str] = field(default_factory=list)
+    worker: str | None = None
+
+
+def left_pad(token_lists: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ids, mask [B, P], left padded."""
+    width = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+    for row, tokens in enumerate(token_lists):
+        ids[row, width - len(tokens):] = torch.tensor(tokens)
+        mask[row, width - len(tokens):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def eos_ids(tokenizer, model) -> tuple[int, ...]:
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return tuple(sorted(eos))
+
+
+def failure(point: Point, status: str, error: str) -> dict:
+    return {**asdict(point), "status": status, "error": error}
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
+
+
+class Session:
+    def __init__(self, config, device: torch.device, worker: str | None = None, status=None):
+        self.config, self.device, self.worker = config, device, worker
+        self._status = status  # a context-manager factory showing what loads (rich), or None
+        self.clock = Clock(device)  # replaced at load by one that syncs every device the models use
+        self.prepared: dict[tuple, dict] = {}  # comparison -> {"failed": set of points, "costs": {...}}
+        self.notes: list[str] = []
+
+    # -- loading ----------------------------------------------------------------------------------
+    def _loading(self, what: str):
+        import contextlib
+
+        return self._status(f"loading {what}") if self._status else contextlib.nullcontext()
+
+    def load(self) -> None:
+        config = self.config
+        torch.manual_seed(config.seed)
+        with self._loading("target model"):
+            self.target = load_model(config.target, self.device, "target")
+        self.drafts = {}
+        for index, draft_config in enumerate(config.draft):
+            role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
+            if not any(REGISTRY[m].needs_draft for m in config.methods):
+                break  # a draft no method uses is not loaded
+            with self._loading(f"draft model {draft_config.name}"):
+                draft = load_model(draft_config, self.device, role)
+            try:
+                check_vocab_compatible(self.target.tokenizer, draft.tokenizer, self.target.vocab_size, draft.vocab_size)
+            except VocabMismatch as error:
+                raise UserError(f"{role}.model: {error}") from None
+            self.drafts[draft_config.name] = draft
+        from runner.experiment import apply_engine  # the CPU kernels, the same for every model of the run
+
+        for loaded in [self.target, *self.drafts.values()]:
+            loaded.kernels = apply_engine(config, loaded)
+            release_file_mappings(loaded.model)  # weights in memory of their own: the mmap'd files close
+        devices = {d for loaded in [self.target, *self.drafts.values()] for d in model_devices(loaded.model)}
+        others = tuple(sorted((d for d in devices if d.type == "cuda" and d != self.device), key=str))
+        if others:  # a model split over several GPUs: every clock read synchronises all of them
+            self.clock = Clock(self.device, extra_devices=others)
+        self.tokenizer = self.target.tokenizer
+        self.prompt_set = load_prompts(config.dataset, self.tokenizer)
+        self.eos = eos_ids(self.tokenizer, self.target.model)
+        self.pad_id = self.tokenizer.pad_token_id
+        self._refuse_ragged_batches_if_wrong()
+        self.notes = self._notes()
+        self.numerics = self._probe_numerics()
+        self.context = RunContext(target=self.target.model, tokenizer=self.tokenizer,
+                                  drafts={label: d.model for label, d in self.drafts.items()},
+                                  target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
+                                  options=config.speculative.model_dump())
+
+    def _refuse_ragged_batches_if_wrong(self) -> None:
+        """A model whose position bias follows cache slots (ALiBi from slot indices) decodes a left-padded
+        row wrongly, silently: probe it once at load, and refuse batches of several prompts for it."""
+        if max(self.config.batch_size) == 1:
+            return
+        from decode.probes import ragged_batch_problem
+
+        for role, loaded in [("target", self.target)] + [(f"draft {label}", d) for label, d in self.drafts.items()]:
+            with torch.inference_mode():
+                problem = ragged_batch_problem(loaded.model)
+            if problem:
+                raise UserError(f"batch_size: {role} {loaded.source}: {problem}")
+
+    def _notes(self) -> list[str]:
+        loaded = [("target", self.target)] + [(f"draft {label}", d) for label, d in self.drafts.items()]
+        notes = [f"{role}: {m.source} ({m.dtype}, {m.attn_implementation}, quantization {m.quantization}, {m.kernels})"
+                 for role, m in loaded]
+        if self.prompt_set.guessed_field:
+            notes.append(f"dataset: no prompt_field given; the prompts are the '{self.prompt_set.field_name}' column "
+                         f"(the one common prompt name among the fields {', '.join(self.prompt_set.fields)})")
+        if any(not REGISTRY[m].per_row_timing for m in self.config.methods):
+            notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
+                         "no TTFT or forward counts")
+        return notes
+
+    def _probe_numerics(self) -> dict:
+        """Per model: how far one multi-token forward is from the same tokens fed one by one, and a row in
+        a ragged batch from the row alone. Greedy exactness rests on these being tiny (fp32); in bf16 or with
+        quantized kernels they are not, and the report uses them to explain any exact-match below 1.0."""
+        from decode.probes import numerics_probe
+
+        prompts = [p.token_ids for p in self.prompt_set.prompts[:2]]
+        if len(prompts) == 1 or len(prompts[0]) == len(prompts[1]):  # make the batch ragged
+            prompts = [prompts[0], prompts[0][: max(1, len(prompts[0]) // 2)]]
+        ids, mask = left_pad(prompts, self.pad_id, self.device)
+        result = {"drafts": {}}
+        with torch.inference_mode():
+            for role, loaded in [("target", self.target)] + [(label, d) for label, d in self.drafts.items()]:
+                try:
+                    probe = numerics_probe(loaded.model, ids, mask)
+                except RUNTIME_ERRORS as error:
+                    probe = {"error": one_line(error)}
+                for key, value in list(probe.items()):  # NaN logits (broken weights) give no difference to report
+                    if isinstance(value, float) and value != value:
+                        probe[key] = None
+                        probe["error"] = "the model returned NaN logits"
+                probe.update(dtype=loaded.dtype, quantization=loaded.quantization)
+                if role == "target":
+                    result["target"] = probe
+                else:
+                    result["drafts"][role] = probe
+        return result
+
+    def generation(self, temperature: float | None, max_new_tokens: int | None = None) -> Generation:
+        g = self.config.generation
+        sampling = Sampling(False) if temperature is None else Sampling(True, temperature, g.top_k, g.top_p)
+        return Generation(max_new_tokens or g.max_new_tokens, sampling, self.eos)
+
+    def batches(self, batch_size: int) -> list[list]:
+        return batches_of(self.prompt_set.prompts, batch_size)
+
+    def batch_tensors(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return left_pad([p.token_ids for p in batch], self.pad_id, self.device)
+
+    # -- per comparison ---------------------------------------------------------------------------
+    def prepare(self, batch_size: int, temperature, known_costs: dict | None = None) -> dict:
+        """Warm up every point on this comparison's first batch, then measure c and v there (once per
+        batch size). Returns {"failures": [...], "costs": {...} or None, "notes": [...]}."""
+        key = (batch_size, temperature)
+        if key in self.prepared:
+            return self.prepared[key]
+        points = points_of(self.config, batch_size, temperature)
+        state = {"failed": set(), "failures": [], "costs": known_costs, "notes": []}
+        for point in points:
+            reason = skipped_reason(point)
+            if reason:
+                state["failed"].add(point)
+                state["failures"].append(failure(point, "skipped", reason))
+        ids, mask = self.batch_tensors(self.batches(batch_size)[0])
+        with torch.inference_mode():
+            if state["costs"] is None:
+                state["costs"] = self._measure_costs(points, ids, mask, state)
+            self.context.costs = state["costs"] or {}
+            self._warm_up(points, state, ids, mask, temperature)
+        self.prepared[key] = state
+        return state
+
+    def _measure_costs(self, points, ids, mask, state) -> dict | None:
+        spec_points = [p for p in points if REGISTRY[p.method].has_rounds and p not in state["failed"]]
+        if not spec_points:
+            return None
+        gammas = sorted({p.gamma for p in spec_points if p.gamma})
+        widths = {g + 1 for g in gammas}
+        if any(p.schedule == "cost_model" for p in spec_points):  # it picks any draft length up to gamma
+            widths |= set(range(2, max(gammas) + 2))
+        try:
+            if os.environ.get("SPECULATE_INJECT_FAILURE") == "costs":  # fault injection for the tests
+                raise RuntimeError("injected failure in the cost probes")
+            return measure_costs(self.target.model, self.context.drafts, ids, mask, sorted(widths), self.clock)
+        except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory: the points may still run; no prediction
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            state["notes"].append(f"batch={ids.shape[0]}: cost probes failed ({type(error).__name__}: "
+                                  f"{one_line(error)}); no predicted speedup, and the cost_model schedule cannot run")
+            for point in spec_points:
+                if point.schedule == "cost_model":
+                    state["failed"].add(point)
+                    state["failures"].append(failure(point, "failed", "cost probes failed: " + one_line(error)))
+            return None
+
+    def _warm_up(self, points, state, ids, mask, temperature) -> None:
+        """Each point on the comparison's first batch, on the run's shapes, before any timing."""
+        if not self.config.warmup:
+            return
+        short = self.generation(temperature, min(self.config.generation.max_new_tokens,
+                                                 2 * max(self.config.speculative.gamma) + 2))
+        for point in points:
+            if point in state["failed"]:
+                continue
+            for _ in range(self.config.warmup):
+                try:
+                    REGISTRY[point.method].run(self.context, point, ids, mask, short,
+                                               torch.Generator(ids.device).manual_seed(0))
+                except RUNTIME_ERRORS as error:
+                    state["failed"].add(point)
+                    state["failures"].append(failure(point, "failed", f"{type(error).__name__}: {one_line(error)}"))
+                    break
+
+    # -- per unit ---------------------------------------------------------------------------------
+    def run_unit(self, unit: Unit, done: set[tuple] = frozenset(), on_point=None) -> UnitResult:
+        """Every point of the unit's comparison on the unit's batch, back to back, in rotated order.
+        done: batch keys already on disk (not rerun). on_point(point, rate): called after each point."""
+        state = self.prepare(unit.batch_size, unit.temperature)
+        batch = self.batches(unit.batch_size)[unit.batch_index]
+        ids, mask = self.batch_tensors(batch)
+        result = UnitResult(failures=list(state["failures"]), costs=state["costs"], notes=list(state["notes"]),
+                            worker=self.worker)
+        points = points_of(self.config, unit.batch_size, unit.temperature)
+        self.context.costs = state["costs"] or {}
+        with torch.inference_mode():
+            result.drift_probe_s = drift_probe(self.target.model, ids, mask, self.clock)
+            for point in rotation(points, unit):
+                if point in state["failed"] or point.key + (unit.repeat, unit.batch_index) in done:
+                    continue
+                outcome = self._run_point(point, unit, batch, ids, mask)
+                if isinstance(outcome, str):
+                    state["failed"].add(point)
+                    result.failures.append(failure(point, "failed", outcome))
+                else:
+                    rows, rate = outcome
+                    result.rows.extend(rows)
+                    result.rates[point.label] = rate
+                if on_point:
+                    on_point(point, outcome)
+        return result
+
+    def _run_point(self, point: Point, unit: Unit, batch, ids, mask) -> tuple[list[dict], float] | str:
+        """Run one point on one batch; returns its records and tok/s, or the error text."""
+        seed = self.config.seed * 1_000_003 + unit.batch_index * 101 + unit.repeat
+        generator = torch.Generator(self.device).manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            if os.environ.get("SPECULATE_INJECT_FAILURE") == point.label:  # fault injection for the tests
+                raise RuntimeError("injected failure")
+            records = REGISTRY[point.method].run(self.context, point, ids, mask, self.generation(point.temperature),
+                                                 generator)
+        except torch.cuda.OutOfMemoryError as error:
+            torch.cuda.empty_cache()
+            return "CUDA out of memory: " + one_line(error)
+        except RUNTIME_ERRORS as error:
+            return f"{type(error).__name__}: {one_line(error)}"
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        rows = []
+        for prompt, record in zip(batch, records):
+            prefill = record.prefill_s
+            rows.append(SampleRecord(
+                **asdict(point), sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
+                batch_rows=len(batch), group=prompt.group, prompt_tokens=len(prompt.token_ids),
+                preset=self.config.dataset.preset, reference=prompt.reference, output_ids=record.output_ids,
+                output_text=self.tokenizer.decode(record.output_ids, skip_special_tokens=True),
+                new_tokens=record.new_tokens, stop_reason=record.stop_reason, latency_s=record.latency_s,
+                prefill_s=None if prefill is None or prefill != prefill else prefill,
+                target_forwards=record.target_forwards, draft_forwards=record.draft_forwards,
+                target_s=record.target_s, draft_s=record.draft_s, draft_prefill_s=record.draft_prefill_s,
+                rounds=record.rounds if REGISTRY[point.method].has_rounds else None, peak_memory_bytes=peak,
+                worker=self.worker).to_json())
+        wall = max(r.latency_s for r in records)
+        return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)

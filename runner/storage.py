@@ -1,0 +1,104 @@
+"""The report folder: config.yaml, env.json, samples.jsonl (raw records, grown by whole batches),
+progress.json, and the summary files rebuilt from them. Only this module writes the folder."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from eval.metrics import summarize
+from eval.records import batch_key
+from eval.report import write_report
+from utils import UserError
+from utils.io import append_jsonl, read_jsonl, write_atomic, write_json
+
+
+@dataclass
+class Progress:
+    """progress.json: what the samples cannot say by themselves."""
+    status: str = "running"
+    failures: list[dict] = field(default_factory=list)  # {point axes..., status, error}
+    planned: dict = field(default_factory=dict)  # point label -> (repeat, batch) units planned
+    costs: dict = field(default_factory=dict)  # str(batch_size) -> measured cost ratios (see runner/probes.py)
+    drift: dict = field(default_factory=dict)  # str(batch_size) -> {"start_s", "end_s", "probes_s"}
+    numerics: dict = field(default_factory=dict)  # {"target": {...}, "drafts": {label: {...}}}
+    memory: dict = field(default_factory=dict)  # peak host (and GPU) memory of the run
+    workers: dict = field(default_factory=dict)  # worker id -> its device and hardware (a Ray run)
+    group_by: str | None = None
+    notes: list[str] = field(default_factory=list)
+    prompts: dict = field(default_factory=dict)
+    order: str = ("per batch, every point of a (batch size, temperature) runs on the same prompts back to back; the "
+                  "order of points rotates by one from batch to batch (and repeat to repeat)")
+
+
+class ReportFolder:
+    def __init__(self, path: Path, raw_config: dict, title: str, summary_copy: str | None, plots: bool):
+        self.path = Path(path)
+        self.raw_config, self.title, self.summary_copy, self.plots = raw_config, title, summary_copy, plots
+        self.samples_path = self.path / "samples.jsonl"
+        self.samples: list[dict] = []  # what samples.jsonl holds, in memory to rebuild the summary per batch
+        self.progress = Progress()
+
+    # -- opening ----------------------------------------------------------------------------------
+    def create(self) -> None:
+        if self.samples_path.exists():
+            raise UserError(f"--output-dir {self.path} already holds a run; use --resume {self.path} "
+                            "to continue it, or another folder")
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path / "config.yaml", yaml.safe_dump(self.raw_config, sort_keys=False))
+
+    def reopen(self) -> None:
+        """--resume: the same config, every finished batch kept, a torn last write dropped."""
+        saved = self.path / "config.yaml"
+        if not saved.is_file():
+            raise UserError(f"--resume {self.path}: no config.yaml there; is it a report folder of this tool?")
+        if yaml.safe_load(saved.read_text()) != self.raw_config:
+            raise UserError(f"--resume {self.path}: the config differs from the one this run started with; "
+                            "resume with the same config and --set values (or none: the saved one is used)")
+        progress = self.path / "progress.json"
+        if progress.is_file():
+            saved_progress = json.loads(progress.read_text())
+            for key in ("costs", "drift", "numerics", "workers"):
+                setattr(self.progress, key, saved_progress.get(key) or {})
+        self._drop_incomplete_batches()
+
+    def _drop_incomplete_batches(self) -> None:
+        """A kill can tear the write of a batch: keep only batches whose every row is on disk (once)."""
+        samples = read_jsonl(self.samples_path, repair=True)
+        rows: dict[tuple, dict] = {}
+        for s in samples:
+            rows.setdefault(batch_key(s), {})[s["sample_id"]] = s  # a row written twice counts once
+        kept = [s for key, by_id in rows.items() for s in by_id.values()
+                if len(by_id) == next(iter(by_id.values()))["batch_rows"]]
+        order = {id(s): i for i, s in enumerate(samples)}
+        self.samples = sorted(kept, key=lambda s: order[id(s)])
+        if len(self.samples) < len(samples):
+            write_atomic(self.samples_path, "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in self.samples))
+
+    def done_batches(self) -> set[tuple]:
+        return {batch_key(s) for s in self.samples}
+
+    # -- writing ----------------------------------------------------------------------------------
+    def append(self, rows: list[dict]) -> list[dict]:
+        """Append a batch's records unless that batch is already on disk (a retried unit); returns what was written."""
+        done = self.done_batches()
+        fresh = [r for r in rows if batch_key(r) not in done]
+        append_jsonl(self.samples_path, fresh)
+        self.samples.extend(fresh)
+        return fresh
+
+    def write_env(self, env: dict) -> None:
+        write_json(self.path / "env.json", env)
+
+    def save_progress(self) -> None:
+        write_json(self.path / "progress.json", asdict(self.progress))
+
+    def summary(self) -> dict:
+        return summarize(self.samples, asdict(self.progress))
+
+    def write_summary(self, plots: bool = False) -> dict:
+        summary = self.summary()
+        write_report(self.path, summary, self.title, self.summary_copy, with_plots=plots and self.plots)
+        return summary
