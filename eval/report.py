@@ -201,18 +201,21 @@ def plots(summary: dict, out_dir: Path) -> list[str]:
 
 
 def _bars(runs: list[dict], out_dir: Path, plt, name: str, title: str) -> str:
+    """One horizontal bar per point (labels are long), best at the top, with the CI as error bars."""
     runs = [r for r in runs if r["metrics"].get("speedup") is not None and not REGISTRY[r["method"]].is_reference]
-    figure, axes = plt.subplots(figsize=(max(5.0, 0.45 * len(runs) + 2), 4))
+    runs = sorted(runs, key=lambda r: r["metrics"]["speedup"])
+    figure, axes = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(runs))))
     if runs:
-        xs = list(range(len(runs)))
-        values = [r["metrics"]["speedup"] for r in runs]
+        ys = list(range(len(runs)))
+        errors = _errors(runs, "speedup")
         colors = ["white" if r["status"] == "partial" else "tab:blue" for r in runs]
-        axes.bar(xs, values, yerr=_errors(runs, "speedup"), color=colors, edgecolor="tab:blue", capsize=3)
-        axes.set_xticks(xs, [r["label"] + (" !" if r.get("flags") else "") for r in runs], rotation=70, ha="right",
-                        fontsize=6)
-    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    axes.set_ylabel("speedup vs baseline")
+        axes.barh(ys, [r["metrics"]["speedup"] for r in runs], xerr=errors, color=colors, edgecolor="tab:blue",
+                  capsize=3)
+        axes.set_yticks(ys, [r["label"] + (" !" if r.get("flags") else "") for r in runs], fontsize=7)
+    axes.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_xlabel("speedup vs baseline")
     axes.set_title(title, fontsize=9)
+    axes.grid(axis="x", alpha=0.3)
     return _save(figure, out_dir, name, plt)
 
 

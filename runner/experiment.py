@@ -24,6 +24,7 @@ from utils.memory import PeakSampler
 from utils.models import check_model_config, resolve_device
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+SUMMARY_EVERY_S = 30.0
 
 
 def preflight(config: Config) -> torch.device:
@@ -65,6 +66,7 @@ class Experiment:
         self.folder = ReportFolder(out_dir, raw, config.name, config.report.summary_file_name, config.report.plots)
         self.out_dir = Path(out_dir)
         self.display: Display | None = None
+        self._summary_at = float("-inf")
 
     @property
     def progress(self):
@@ -205,7 +207,11 @@ class Experiment:
             drift["probes_s"].append(result.drift_probe_s)
             drift["end_s"] = result.drift_probe_s
         self.folder.save_progress()
-        self.folder.write_summary()
+        # samples.jsonl is what resume and `python -m eval` read; the summary in between is for a person
+        # watching the folder, so it is rebuilt at most every SUMMARY_EVERY_S (and always at the end)
+        if time.monotonic() - self._summary_at > SUMMARY_EVERY_S:
+            self.folder.write_summary()
+            self._summary_at = time.monotonic()
         if self.display:
             self.display.unit_done(result.worker or "local")
 

@@ -36,8 +36,9 @@ class Drafter(ABC):
         """prompt_ids, prompt_mask [B, P], left padded."""
 
     @abstractmethod
-    def propose(self, last_tokens: torch.Tensor, max_tokens: int) -> Proposal:
-        """last_tokens [B]: each row's last committed token. Returns at most max_tokens drafts per row."""
+    def propose(self, last_tokens: torch.Tensor, max_tokens: int, row_limits: list[int] | None = None) -> Proposal:
+        """last_tokens [B]: each row's last committed token. Returns at most max_tokens drafts per row, and at
+        most row_limits[b] for row b (its budget before max_new_tokens) where given."""
 
     @abstractmethod
     def commit(self, accepted_len: torch.Tensor, accepted_len_host: list[int]) -> None:
