@@ -65,14 +65,17 @@ def run_assisted(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
 
 def run_assisted_default(ctx, point, prompt_ids, prompt_mask, generation, generator):
-    """What transformers' users actually run: its own default schedule (GenerationConfig's defaults for
-    num_assistant_tokens, its schedule and the confidence threshold)."""
+    """What transformers' users actually run: its own default schedule. transformers 5 leaves these keys None
+    in a GenerationConfig and fills them from its global defaults (20 tokens, schedule "constant",
+    confidence threshold 0.4 in 5.23); they are read from there, so a newer default follows the library."""
     from transformers import GenerationConfig
 
-    defaults = GenerationConfig()
-    return _with_assistant(ctx, point, prompt_ids, prompt_mask, generation,
-                           {key: getattr(defaults, key) for key in ("num_assistant_tokens", "num_assistant_tokens_schedule",
-                                                                    "assistant_confidence_threshold")})
+    keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    defaults = GenerationConfig._get_default_generation_params() if hasattr(
+        GenerationConfig, "_get_default_generation_params") else {}
+    fresh = GenerationConfig()
+    schedule = {key: getattr(fresh, key) if getattr(fresh, key, None) is not None else defaults.get(key) for key in keys}
+    return _with_assistant(ctx, point, prompt_ids, prompt_mask, generation, schedule)
 
 
 def run_prompt_lookup(ctx, point, prompt_ids, prompt_mask, generation, generator):
