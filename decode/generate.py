@@ -134,6 +134,11 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
 
     prompt_ids, prompt_mask [B, P], left padded. Output equals the target's own (greedy: the same
     tokens; sampling: the same distribution).
+
+    gamma caps a round's drafts; each row's draft_limit is the least of gamma, its budget before
+    max_new_tokens and its proposal length (its schedule, or no n-gram match). A row with draft_limit 0
+    takes a plain target step inside the batch's forward; a round in which no row drafts (G = 0) is one
+    target forward of the last tokens alone. Each row's draft_limit is recorded as the round's "drafted".
     """
     clock = clock or Clock(prompt_ids.device)
     sampling = generation.sampling
@@ -155,7 +160,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         for record in records:
             record.draft_s += draft_prefill_s
             record.draft_prefill_s = draft_prefill_s
-            record.draft_forwards += 1
+            record.draft_forwards += drafter.forwards  # the draft's prefill; 0 for a drafter without a model
     while running:
         if len(running) < len(active):
             rows = torch.tensor(running, device=token.device)
@@ -197,7 +202,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         # 4. roll both caches back to each row's accepted prefix
         state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1)
         if max(budget_host) > 0:
-            drafter.commit(accepted_len, accepted_host)
+            drafter.commit(accepted_len, accepted_host, draft_limit_host)
         verified_at = clock.now()
 
         emitted = [row[3: 3 + row[0]] + [row[1]] for row in host]

@@ -78,29 +78,37 @@ def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
 
-    draft_tokens [B, G] drawn from draft_probs q [B, G, V] (None: a deterministic drafter, q one-hot);
-    target_probs p [B, G+1, V]. Draft i is accepted with probability min(1, p(x)/q(x)); at the first
-    rejection the next token is drawn from norm(max(0, p - q)); after a full accept from p.
-    The output is distributed exactly as p.
+    draft_tokens [B, G] drawn from draft_probs q [B, G, V]; target_probs p [B, G+1, V]; draft_limit [B]:
+    how many of the G drafts row b may accept (positions past it are padding). Draft i is accepted with
+    probability min(1, p(x)/q(x)); at the first rejection the next token is drawn from norm(max(0, p - q));
+    after a full accept (or with no drafts) from p. The output is distributed exactly as p.
+
+    draft_probs None: a deterministic drafter (prompt lookup), q a point mass on x. Then x is accepted with
+    probability p(x), and a rejection draws from norm(max(0, p - onehot(x))), i.e. p with x removed:
+    P(next = y) = p(x) [y = x] + (1 - p(x)) p(y) / (1 - p(x)) [y != x] = p(y). Only the one-hot of the
+    rejected position is built ([B, V]), never q for all G positions.
     """
     batch, num_drafted = draft_tokens.shape
-    if draft_probs is None:
-        draft_probs = torch.zeros(batch, num_drafted, target_probs.shape[-1], device=target_probs.device)
-        draft_probs.scatter_(-1, draft_tokens[..., None], 1.0)
+    vocab = target_probs.shape[-1]
     p_x = target_probs[:, :num_drafted].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, G]
-    q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, G]
-    uniform = torch.rand(p_x.shape, generator=generator, device=p_x.device)
-    positions = torch.arange(num_drafted, device=draft_tokens.device)
-    accepted = (uniform < acceptance_probability(p_x, q_x)) & (positions < draft_limit[:, None])
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)  # [B, G]
+    else:
+        q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, G]
+    uniform = torch.rand(p_x.shape, generator=generator, device=p_x.device)  # [B, G]
+    positions = torch.arange(num_drafted, device=draft_tokens.device)  # [G]
+    accepted = (uniform < acceptance_probability(p_x, q_x)) & (positions < draft_limit[:, None])  # [B, G]
     accepted_len = _leading_run(accepted)  # [B]
 
-    vocab = target_probs.shape[-1]
     p_next = target_probs.gather(1, accepted_len[:, None, None].expand(batch, 1, vocab)).squeeze(1)  # [B, V]
-    if num_drafted > 0:
-        at_rejection = accepted_len.clamp(max=num_drafted - 1)
-        q_next = draft_probs.gather(1, at_rejection[:, None, None].expand(batch, 1, vocab)).squeeze(1)
-        rejected = (accepted_len < draft_limit)[:, None]
-        next_probs = torch.where(rejected, residual_distribution(p_next, q_next), p_next)
+    if num_drafted == 0:
+        return accepted_len, sample(p_next, generator)
+    at_rejection = accepted_len.clamp(max=num_drafted - 1)  # [B]; only read where a draft was rejected
+    if draft_probs is None:
+        rejected_token = draft_tokens.gather(1, at_rejection[:, None])  # [B, 1]
+        q_next = torch.zeros_like(p_next).scatter_(-1, rejected_token, 1.0)  # [B, V] point mass
     else:
-        next_probs = p_next
+        q_next = draft_probs.gather(1, at_rejection[:, None, None].expand(batch, 1, vocab)).squeeze(1)  # [B, V]
+    rejected = (accepted_len < draft_limit)[:, None]  # [B, 1]
+    next_probs = torch.where(rejected, residual_distribution(p_next, q_next), p_next)  # [B, V]
     return accepted_len, sample(next_probs, generator)

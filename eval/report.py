@@ -10,8 +10,8 @@ from utils.io import write_atomic, write_json
 
 COLUMNS = [  # (header, metric path, format)
     ("point", "label", "{}"), ("status", "status", "{}"),
-    ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup [95% CI]", "speedup", "{:.3f}"),
-    ("dec speedup [95% CI]", "decode_speedup", "{:.3f}"),
+    ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup [95% CI]", "speedup", "{:.2f}"),
+    ("dec speedup [95% CI]", "decode_speedup", "{:.2f}"),
     ("accept", "acceptance_rate", "{:.3f}"), ("tau", "block_efficiency", "{:.3f}"),
     ("MAT", "mean_accepted_tokens", "{:.3f}"), ("alpha", "alpha", "{:.3f}"),
     ("c", "draft_cost_ratio_c", "{:.3f}"), ("v", "verify_cost_ratio_v", "{:.3f}"),
@@ -39,7 +39,7 @@ def cell(run: dict, path: str, fmt: str) -> str:
     if path == "status":
         if value == "partial":
             b = run.get("batches") or {}
-            return f"partial {b.get('done')}/{b.get('planned')}"
+            return f"partial {b.get('done')}/{b.get('planned')}" if b.get("planned") else f"partial {b.get('done')}"
         return value or ""
     if run.get("status") in ("failed", "skipped") and path not in RUN_KEYS:
         return ""
@@ -53,7 +53,7 @@ def cell(run: dict, path: str, fmt: str) -> str:
         if interval:
             text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
         if path == "speedup" and run.get("flags"):
-            text += " !"
+            text += " !"  # the notes say why
     return text
 
 
@@ -75,16 +75,19 @@ def markdown(summary: dict, title: str = "") -> str:
     for group in summary.get("groups") or []:
         lines += ["", f"## {summary.get('group_by') or 'group'}: {group}", ""]
         lines += _table([r for r in summary["runs"] if r.get("group") == group])
+    if any(r.get("flags") for r in summary["runs"]):
+        lines += ["", "! = flagged: the notes say why (legend: flags)."]
     if summary.get("best"):
         lines += ["", "Best:"]
     for comparison, methods in (summary.get("best") or {}).items():
         for method, best in methods.items():
             interval = best.get("speedup_ci95")
-            text = f"- {comparison}, {method}: {best['label']} at {best['speedup']:.3f}x" + (
-                f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + (" (flagged)" if best["flagged"] else "")
+            text = f"- {comparison}, {method}: {best['label']} at {best['speedup']:.2f}x" + (
+                f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + (
+                f" (flagged: {', '.join(best.get('flags') or [])})" if best["flagged"] else " (unflagged)")
             if "predicted_best_gamma" in best:
                 text += (f"; the measured alpha {best['alpha_used']:.3f}, c and v predict gamma {best['predicted_best_gamma']} "
-                         f"best ({best['predicted_best_speedup']:.3f}x)")
+                         f"best ({best['predicted_best_speedup']:.2f}x)")
             lines.append(text)
     notes = list(summary.get("notes", []))
     if summary.get("order"):
@@ -104,9 +107,10 @@ def markdown(summary: dict, title: str = "") -> str:
     numerics = summary.get("numerics") or {}
     for role, probe in [("target", numerics.get("target"))] + list((numerics.get("drafts") or {}).items()):
         if probe and probe.get("verify_vs_stepwise_max_logit_diff") is not None:
+            batched = probe.get("batched_vs_single_max_logit_diff")
             notes.append(f"numerics {role} ({probe.get('dtype')}, quantization {probe.get('quantization')}): max |logit diff| "
                          f"multi-token vs token by token {probe['verify_vs_stepwise_max_logit_diff']:.2g}, ragged batch vs "
-                         f"alone {probe.get('batched_vs_single_max_logit_diff', float('nan')):.2g}")
+                         f"alone {'not measured' if batched is None else format(batched, '.2g')}")
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     lines += ["", "Legend:"] + [f"- {k}: {v}" for k, v in summary["legend"].items()]
@@ -142,7 +146,9 @@ def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
 
 
 def _line_key(run: dict) -> str:
-    parts = [run["method"]] + [str(run[k]) for k in ("draft", "schedule") if run.get(k)]
+    """One line per (method, draft, schedule, exit layer) and batch size (and temperature)."""
+    parts = [run["method"]] + [f"{shown}{run[k]}" for k, shown in (("draft", ""), ("schedule", ""), ("exit_layer", "exit="))
+                               if run.get(k) is not None]
     parts.append(f"batch {run['batch_size']}")
     if run.get("temperature") is not None:
         parts.append(f"T={run['temperature']}")
@@ -159,15 +165,18 @@ def _save(figure, out_dir: Path, name: str, plt) -> str:
 
 
 def plots(summary: dict, out_dir: Path) -> list[str]:
-    """Against gamma (one line per method/draft/schedule and batch size, CI error bars); every point side by
-    side (methods.png); per group (speedup_by_group.png). Partial points are hollow."""
+    """Against gamma (one line per method/draft/schedule/exit layer and batch size, CI error bars; methods without
+    gamma as dotted horizontal lines on the speedup plot); every point side by side (methods.png); per group
+    (speedup_by_group.png). Partial points are hollow, flagged ones marked '!'."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     measured = [r for r in summary["runs"] if r["status"] in ("ok", "partial") and r.get("group") is None]
-    swept = [r for r in measured if r.get("gamma") is not None and REGISTRY[r["method"]].has_rounds]
+    swept = [r for r in measured if r.get("gamma") is not None]
+    fixed = [r for r in measured if r.get("gamma") is None and not REGISTRY[r["method"]].is_reference
+             and r["metrics"].get("speedup") is not None]
     written = []
     for metric, label in [("speedup", "speedup vs baseline (95% CI)"), ("acceptance_rate", "acceptance rate"),
                           ("block_efficiency", "block efficiency (tokens / target forward)")]:
@@ -175,25 +184,41 @@ def plots(summary: dict, out_dir: Path) -> list[str]:
         lines: dict[str, list[dict]] = {}
         for run in swept:
             lines.setdefault(_line_key(run), []).append(run)
+        drawn = 0
         for key, runs in lines.items():
             runs = sorted((r for r in runs if r["metrics"].get(metric) is not None), key=lambda r: r["gamma"])
             if not runs:
                 continue
             xs, ys = [r["gamma"] for r in runs], [r["metrics"][metric] for r in runs]
             bars = _errors(runs, metric) if metric == "speedup" else None
-            container = axes.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, label=key)
-            hollow = [(x, y) for x, y, r in zip(xs, ys, runs) if r["status"] == "partial"]
-            if hollow:
-                axes.plot(*zip(*hollow), "o", markerfacecolor="white", color=container.lines[0].get_color())
+            container = axes.errorbar(xs, ys, yerr=bars, capsize=3, label=key)
+            color = container.lines[0].get_color()
+            for x, y, r in zip(xs, ys, runs):  # partial points hollow
+                axes.plot([x], [y], marker="o", linestyle="none", markeredgecolor=color,
+                          markerfacecolor="white" if r["status"] == "partial" else color, zorder=3)
+            if metric == "speedup":
+                for x, y, r in zip(xs, ys, runs):
+                    if r.get("flags"):
+                        axes.annotate("!", (x, y), textcoords="offset points", xytext=(4, 4), color=color)
+            drawn += 1
         if metric == "speedup":
             axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+            for run in fixed:  # a method without gamma: one speedup per batch size, a reference line
+                axes.axhline(run["metrics"]["speedup"], linewidth=1.0, linestyle=":", color=f"C{drawn % 10}",
+                             label=_line_key(run) + (" (partial)" if run["status"] == "partial" else "")
+                             + (" !" if run.get("flags") else ""))
+                drawn += 1
+        gammas = sorted({r["gamma"] for r in swept})
+        if gammas:
+            axes.set_xticks(gammas)
         axes.set_xlabel("gamma (max draft tokens per round)")
         axes.set_ylabel(label)
         axes.grid(alpha=0.3)
-        if lines:
+        if drawn:
             axes.legend(fontsize=7)
         written.append(_save(figure, out_dir, f"{metric}.png", plt))
-    written.append(_bars(measured, out_dir, plt, "methods.png", "speedup per point (95% CI; hollow = partial)"))
+    written.append(_bars(measured, out_dir, plt, "methods.png",
+                         "speedup per point (95% CI; hollow = partial, ! = flagged)"))
     groups = summary.get("groups") or []
     if groups:
         written.append(_group_bars(summary, groups, out_dir, plt))
@@ -211,7 +236,8 @@ def _bars(runs: list[dict], out_dir: Path, plt, name: str, title: str) -> str:
         colors = ["white" if r["status"] == "partial" else "tab:blue" for r in runs]
         axes.barh(ys, [r["metrics"]["speedup"] for r in runs], xerr=errors, color=colors, edgecolor="tab:blue",
                   capsize=3)
-        axes.set_yticks(ys, [r["label"] + (" !" if r.get("flags") else "") for r in runs], fontsize=7)
+        axes.set_yticks(ys, [r["label"] + (" (partial)" if r["status"] == "partial" else "") + (" !" if r.get("flags") else "")
+                             for r in runs], fontsize=7)
     axes.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
     axes.set_xlabel("speedup vs baseline")
     axes.set_title(title, fontsize=9)
@@ -229,8 +255,17 @@ def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
         chosen = {r["group"]: r for r in runs if r["label"] == label}
         present = [g for g in groups if g in chosen]
         xs = [groups.index(g) + index * width for g in present]
-        axes.bar(xs, [chosen[g]["metrics"]["speedup"] for g in present], width=width, label=label,
-                 yerr=_errors([chosen[g] for g in present], "speedup"), capsize=2)
+        partial = any(chosen[g]["status"] == "partial" for g in present)
+        bars = axes.bar(xs, [chosen[g]["metrics"]["speedup"] for g in present], width=width,
+                        label=label + (" (partial)" if partial else ""),
+                        yerr=_errors([chosen[g] for g in present], "speedup"), capsize=2)
+        for bar, group in zip(bars, present):
+            if chosen[group]["status"] == "partial":  # hollow, as in every plot
+                bar.set_edgecolor(bar.get_facecolor())
+                bar.set_facecolor("white")
+            if chosen[group].get("flags"):
+                axes.annotate("!", (bar.get_x() + bar.get_width() / 2, bar.get_height()), textcoords="offset points",
+                              xytext=(4, 2), fontsize=7)
     axes.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=30, ha="right", fontsize=8)
     axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     axes.set_ylabel("speedup vs baseline (95% CI)")

@@ -95,11 +95,18 @@ class Experiment:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        self.record_memory(device)
-        failed = any(f.get("status") == "failed" for f in self.progress.failures)
-        self.progress.status = "finished with failures" if failed else "finished"
-        self.folder.save_progress()
-        summary = self.folder.write_summary(plots=True)
+        # every point is measured: a Ctrl-C now would only leave a stale summary, so the final report is
+        # written with interrupts held off (it takes a moment)
+        held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.record_memory(device)
+            failed = any(f.get("status") == "failed" for f in self.progress.failures)
+            self.progress.status = "finished with failures" if failed else "finished"
+            self.folder.save_progress()
+            summary = self.folder.write_summary(plots=True)
+        finally:
+            for signum, handler in held.items():
+                signal.signal(signum, handler)
         print_table(summary, self.console)
         return EXIT_POINTS_FAILED if failed else EXIT_OK
 

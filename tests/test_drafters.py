@@ -118,10 +118,10 @@ def test_sampling_keeps_the_target_distribution(kind):
 
 # ---- pieces worked out by hand -------------------------------------------------------------------------
 
-def test_lookup_takes_the_latest_longest_match():
+def test_lookup_takes_the_first_longest_match():
     history = [1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 3]
-    # tail [1, 2, 3] occurs at 0 (then 9) and at 4 (then 8): the latest wins
-    assert lookup(history, 3, 1, 2) == [8, 1]
+    # tail [1, 2, 3] occurs at 0 (then 9) and at 4 (then 8): the first wins, as in transformers' prompt lookup
+    assert lookup(history, 3, 1, 2) == [9, 1]
     assert lookup([4, 5, 6], 3, 1, 2) == []  # nothing repeats
     assert lookup([7, 1, 7], 2, 1, 3) == [1, 7]  # only the unigram '7' matches
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode import (Clock, DraftModelDrafter, Drafter, Generation, Proposal, Sampling, generate_baseline,
+                    generate_speculative)
 from tiny_models import VOCAB, ragged_batch, tiny_model
 
 ARCHS = ["llama", "gpt2", "qwen2"]
@@ -98,3 +99,109 @@ def test_padded_draft_vocab_is_restricted_to_common():
         base = generate_baseline(target, ids, mask, generation)
         spec = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask, generation, 3)
     assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+
+
+class ScriptedDrafter(Drafter):
+    """Drafts, per round and row, a scripted number of the target's own next tokens (read from a baseline run),
+    one of them made wrong where the script says: each row's drafted and accepted lengths are known in advance."""
+
+    def __init__(self, outputs: list[list[int]], script):
+        self.outputs = outputs  # each row's baseline tokens
+        self.script = script  # (round, row) -> (length, wrong_at or None)
+        self.commits = []  # (rows, drafted_host, accepted_host) as the engine reported them
+
+    def start(self, prompt_ids, prompt_mask):
+        self.rows = list(range(prompt_ids.shape[0]))  # original row of each local row
+        self.known = [0] * len(self.rows)  # baseline tokens each row has committed
+        self.round = 0
+
+    def propose(self, last_tokens, max_tokens, row_limits=None):
+        drafts = []
+        for local, (row, token) in enumerate(zip(self.rows, last_tokens.tolist())):
+            assert token == self.outputs[row][self.known[local]], "the engine handed over a wrong last token"
+            self.known[local] += 1
+            length, wrong_at = self.script(self.round, row)
+            start = self.known[local]
+            draft = self.outputs[row][start: start + min(length, max_tokens, row_limits[local])]
+            if wrong_at is not None and wrong_at < len(draft):
+                draft[wrong_at] = (draft[wrong_at] + 1) % VOCAB
+            drafts.append(draft)
+        self.round += 1
+        tokens = torch.zeros(len(drafts), max(len(d) for d in drafts), dtype=torch.long)  # [B, G]
+        for local, draft in enumerate(drafts):
+            tokens[local, :len(draft)] = torch.tensor(draft, dtype=torch.long)
+        return Proposal(tokens, None, torch.tensor([len(d) for d in drafts]))
+
+    def commit(self, accepted_len, accepted_len_host, drafted_host):
+        self.commits.append((list(self.rows), list(drafted_host), list(accepted_len_host)))
+        self.known = [k + a for k, a in zip(self.known, accepted_len_host)]
+
+    def select_rows(self, rows):
+        kept = rows.tolist()
+        self.rows = [self.rows[r] for r in kept]
+        self.known = [self.known[r] for r in kept]
+
+
+LENGTHS = [[4, 1, 0], [2, 3, 4], [0, 0, 0], [3, 0, 2], [1, 4, 4]]  # round 2: no row drafts, a plain target step
+
+
+def script(round_index: int, row: int):
+    wrong_at = (round_index + row) % 4 if (round_index + row) % 3 == 0 else None
+    return LENGTHS[round_index % len(LENGTHS)][row], wrong_at
+
+
+def expected_rounds(rows: int, gamma: int, max_new_tokens: int) -> list[list[dict]]:
+    """Each row's rounds, worked out from the script: drafted = the scripted length clipped to the budget,
+    accepted = the drafts before the wrong one, emitted = accepted + 1."""
+    new_tokens, rounds = [1] * rows, [[] for _ in range(rows)]
+    round_index = 0
+    while any(n < max_new_tokens for n in new_tokens):
+        for row in range(rows):
+            if new_tokens[row] == max_new_tokens:
+                continue
+            length, wrong_at = script(round_index, row)
+            drafted = min(length, gamma, max_new_tokens - new_tokens[row] - 1)
+            accepted = drafted if wrong_at is None else min(wrong_at, drafted)
+            rounds[row].append({"drafted": drafted, "accepted": accepted, "emitted": accepted + 1})
+            new_tokens[row] += accepted + 1
+        round_index += 1
+    return rounds
+
+
+def test_variable_draft_lengths_are_recorded_per_row():
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = ragged_batch([5, 9, 2])
+    gamma, max_new = 4, 17
+    generation = Generation(max_new_tokens=max_new)
+    widths = []
+    target.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                     with_kwargs=True)
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        widths.clear()
+        drafter = ScriptedDrafter([b.output_ids for b in base], script)
+        spec = generate_speculative(target, drafter, ids, mask, generation, gamma)
+    expected = expected_rounds(3, gamma, max_new)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+    assert [s.rounds for s in spec] == expected
+    assert all(s.target_forwards == 1 + len(s.rounds) and s.draft_forwards == 0 for s in spec)
+    # the engine told the drafter each row's verified length; the target's forward was as wide as the widest
+    # row's draft plus one: one token alone in a round where no row drafted
+    reported = {}
+    for rows, drafted, accepted in drafter.commits:
+        for row, d, a in zip(rows, drafted, accepted):
+            reported.setdefault(row, []).append({"drafted": d, "accepted": a})
+    assert reported == {row: [{"drafted": r["drafted"], "accepted": r["accepted"]} for r in rounds]
+                        for row, rounds in enumerate(expected)}
+    by_round = [[rounds[i]["drafted"] for rounds in expected if i < len(rounds)]
+                for i in range(max(map(len, expected)))]
+    assert widths[1:] == [max(drafted) + 1 for drafted in by_round]
+    assert 1 in widths[1:]
+
+
+def test_clock_syncs_each_cuda_device_once():
+    """A model split by a device map spans several GPUs: the clock syncs every CUDA device the models use, each
+    once, and skips the CPU (no device is touched here: only the list the clock will synchronise)."""
+    clock = Clock("cuda:1", extra_devices=("cpu", "cuda:0", "cuda:1", torch.device("cuda:0")))
+    assert clock.cuda_devices == [torch.device("cuda:1"), torch.device("cuda:0")]
+    assert Clock("cpu").cuda_devices == [] and Clock("cpu").now() > 0

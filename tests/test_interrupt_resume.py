@@ -71,8 +71,10 @@ def test_interrupt_then_resume_equals_uninterrupted(setup, tmp_path, sig, after_
     out = tmp_path / "run"
     code = start_and_kill(config, out, sig, after_lines)
     if sig == signal.SIGINT:
-        assert code == 130
-        assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+        status = json.loads((out / "summary.json").read_text())["status"]
+        # 130 and an interrupted report; or, when the signal lands while the final report is written (every
+        # point measured), it is held off and the run ends normally
+        assert (code, status) in ((130, "interrupted"), (0, "finished")), (code, status)
     else:
         assert code == -signal.SIGKILL
     # whatever is on disk is valid: complete JSON lines, valid JSON files

@@ -1,224 +1,256 @@
 """Every figure against values worked out by hand on constructed records (never recomputed with the
-function under test), the paired bootstrap on enumerable cases, partial points, flags, strict JSON."""
-import json
+function under test): Leviathan's alpha and prediction, throughput, acceptance over variable draft lengths,
+exact match, GSM8K cut answers, points without rounds, groups."""
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-from eval.metrics import (bootstrap_ci, predicted_speedup, solve_alpha, solve_alpha_rounds, summarize, throughput)
-from utils.io import write_json
+from decode.methods import REGISTRY
+from eval.metrics import (LEGEND, constant_draft_length, expected_accepted, predicted_speedup, solve_alpha,
+                          solve_alpha_rounds, summarize, throughput)
 
-ROOT = Path(__file__).resolve().parents[1]
+SPEC_LABEL = "speculative draft=d gamma=2 constant batch=1 greedy"
 
 
 def record(method="baseline", sample_id=0, batch_index=0, repeat=0, batch_size=1, tokens=10, latency=1.0, prefill=0.1,
            rounds=None, gamma=None, output=None, group=None, draft=None, schedule=None, **extra):
-    speculative = method != "baseline"
-    return {"method": method, "batch_size": batch_size, "draft": draft if draft or not speculative else "d",
-            "gamma": gamma if gamma or not speculative else 2, "schedule": schedule if schedule or not speculative else "constant",
-            "exit_layer": None, "temperature": None, "sample_id": sample_id, "repeat": repeat,
-            "batch_index": batch_index, "batch_rows": batch_size, "group": group, "prompt_tokens": 5, "preset": "none",
-            "reference": None, "output_ids": output if output is not None else list(range(tokens)), "output_text": "",
-            "new_tokens": tokens, "stop_reason": "length", "latency_s": latency, "prefill_s": prefill,
-            "target_forwards": tokens if not speculative else 1 + len(rounds or []), "draft_forwards": 0,
-            "target_s": latency, "draft_s": 0.0, "draft_prefill_s": 0.0, "rounds": rounds if speculative else None,
-            "peak_memory_bytes": None, "worker": None, **extra}
+    """One line of samples.jsonl, shaped by what the registry says of the method (never its name): a draft axis gets
+    draft d, a schedule axis the constant schedule, a gamma axis gamma 2, unless told; a method with rounds counts
+    the prefill plus one target forward per round, one without one forward per token."""
+    spec = REGISTRY[method]
+    with_rounds = spec.has_rounds
+    row = {"method": method, "batch_size": batch_size, "draft": draft or ("d" if "draft" in spec.axes else None),
+           "gamma": gamma or (2 if "gamma" in spec.axes else None),
+           "schedule": schedule or ("constant" if "schedule" in spec.axes else None),
+           "exit_layer": None, "temperature": None, "sample_id": sample_id, "repeat": repeat,
+           "batch_index": batch_index, "batch_rows": batch_size, "group": group, "prompt_tokens": 5, "preset": "none",
+           "reference": None, "output_ids": output if output is not None else list(range(tokens)), "output_text": "",
+           "new_tokens": tokens, "stop_reason": "length", "latency_s": latency, "prefill_s": prefill,
+           "target_forwards": 1 + len(rounds or []) if with_rounds else tokens, "draft_forwards": 0,
+           "target_s": latency, "draft_s": 0.0, "draft_prefill_s": 0.0, "rounds": (rounds or []) if with_rounds else None,
+           "peak_memory_bytes": None, "worker": None}
+    row.update(extra)
+    return row
 
 
-def run(summary, method, group=None):
-    return next(r for r in summary["runs"] if r["method"] == method and r["group"] == group)
+def run(summary, method, group=None, **axes):
+    return next(r for r in summary["runs"] if r["method"] == method and r["group"] == group
+                and all(r[k] == v for k, v in axes.items()))
 
 
-# ---- formulas ------------------------------------------------------------------------------------------
+def paired_run(units=4, base_latency=2.0, spec_latency=1.0, jitter=0.0, repeats=1):
+    """Batch size 1: per unit a baseline row (4 tokens in base_latency) and a speculative row (4 tokens, one round
+    drafting 2 and accepting both, in spec_latency, alternately +-jitter)."""
+    samples = []
+    for repeat in range(repeats):
+        for i in range(units):
+            samples.append(record("baseline", i, i, repeat, tokens=4, latency=base_latency))
+            samples.append(record("speculative", i, i, repeat, tokens=4, latency=spec_latency * (1 + jitter * (-1) ** i),
+                                  rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}]))
+    return samples
+
+
+# ---- Leviathan's model -----------------------------------------------------------------------------------
 
 def test_solve_alpha_by_hand():
     assert solve_alpha(1.75, 2) == pytest.approx(0.5, abs=1e-9)  # 1 + .5 + .25
     assert solve_alpha(1 + 0.8 + 0.64 + 0.512, 3) == pytest.approx(0.8, abs=1e-9)
-    assert solve_alpha(1.0, 4) == 0.0 and solve_alpha(5.0, 4) == 1.0
+    assert solve_alpha(1.0, 4) == 0.0 and solve_alpha(5.0, 4) == 1.0  # no draft accepted / every draft accepted
 
 
 def test_solve_alpha_for_variable_lengths_by_hand():
+    assert expected_accepted(0.5, 3) == pytest.approx(0.875)  # .5 + .25 + .125 = .5 (1 - .5^3) / (1 - .5)
     # rounds drafting 1 and 2 tokens, 1 accepted in all: alpha + (alpha + alpha^2) = 1 -> alpha^2 + 2 alpha - 1 = 0
     rounds = [{"drafted": 1, "accepted": 0}, {"drafted": 2, "accepted": 1}, {"drafted": 0, "accepted": 0}]
     assert solve_alpha_rounds(rounds) == pytest.approx(math.sqrt(2) - 1, abs=1e-9)
-    assert solve_alpha_rounds([{"drafted": 0, "accepted": 0}]) is None
+    assert solve_alpha_rounds([{"drafted": 0, "accepted": 0}]) is None  # drafted nothing: no alpha
 
 
 def test_predicted_speedup_by_hand():
-    # alpha 0.5, gamma 2: (1 - 0.125) / 0.5 = 1.75 tokens; cost 2 * 0.25 + 1.5 = 2.0 -> 0.875
+    # alpha 0.5, gamma 2: (1 - 0.125) / 0.5 = 1.75 tokens a round; cost 2 * 0.25 + 1.5 = 2.0 -> 0.875
     assert predicted_speedup(0.5, 2, 0.25, 1.5) == pytest.approx(0.875)
-    # v = 1 (Leviathan Thm 3.8): 1.75 / 1.5
+    # v = 1 (Leviathan Thm 3.8): 1.75 / (0.5 + 1) = 1.1667
     assert predicted_speedup(0.5, 2, 0.25, 1.0) == pytest.approx(1.75 / 1.5)
+    # alpha 1: every round emits gamma + 1 = 4 tokens, at 3 * 0.1 + 1 = 1.3
     assert predicted_speedup(1.0, 3, 0.1, 1.0) == pytest.approx(4 / 1.3)
 
+
+# ---- throughput, speedup, acceptance ------------------------------------------------------------------------
 
 def test_throughput_over_two_batches_by_hand():
     samples = [record(sample_id=0, batch_index=0, batch_size=2, tokens=10, latency=2.0),
                record(sample_id=1, batch_index=0, batch_size=2, tokens=6, latency=1.0),
                record(sample_id=2, batch_index=1, batch_size=2, tokens=4, latency=3.0)]
-    # (10 + 6 + 4) tokens / (2.0 (the batch's slowest row) + 3.0) seconds = 4.0
+    # (10 + 6 + 4) tokens / (2.0 (batch 0's slowest row) + 3.0) seconds = 4.0
     assert throughput(samples) == pytest.approx(4.0)
 
 
-# ---- the paired bootstrap -------------------------------------------------------------------------------
-
-def test_bootstrap_of_identical_batches_has_zero_width():
-    pairs = [(10, 1.0, 10, 2.0)] * 5  # every batch: method 10 tok/s, baseline 5 tok/s
-    assert bootstrap_ci(pairs) == [pytest.approx(2.0), pytest.approx(2.0)]
-
-
-def test_bootstrap_needs_two_batches():
-    assert bootstrap_ci([(10, 1.0, 10, 2.0)]) is None
-
-
-def test_bootstrap_of_two_batches_by_hand():
-    # batch A: ratio 2 (10/1 over 10/2), batch B: ratio 1 (10/1 over 10/1). A resample of two is AA, AB, BA or BB
-    # with probability 1/4, 1/2, 1/4; ratio of totals: AA 2, AB/BA 20/2 over 20/3 = 1.5, BB 1.
-    # so the 2.5th percentile is 1 and the 97.5th is 2
-    pairs = [(10, 1.0, 10, 2.0), (10, 1.0, 10, 1.0)]
-    low, high = bootstrap_ci(pairs)
-    assert low == pytest.approx(1.0) and high == pytest.approx(2.0)
-
-
-# ---- summaries of constructed runs -----------------------------------------------------------------------
-
-def paired_run(units=4, base_latency=2.0, spec_latency=1.0, jitter=0.0):
-    samples = []
-    for i in range(units):
-        samples.append(record("baseline", i, i, latency=base_latency, output=[1, 2, 3, 4]))
-        samples.append(record("speculative", i, i, latency=spec_latency * (1 + jitter * (-1) ** i), output=[1, 2, 3, 4],
-                              tokens=4, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}]))
-    for s in samples:
-        s["new_tokens"], s["output_ids"] = 4, [1, 2, 3, 4]
-    return samples
-
-
 def test_speedup_acceptance_and_exact_match_by_hand():
-    samples = paired_run()
-    summary = summarize(samples, {"planned": {}})
+    summary = summarize(paired_run(), {"planned": {}})
     spec = run(summary, "speculative")["metrics"]
     assert spec["speedup"] == pytest.approx(2.0)  # 4 tokens / 1 s over 4 tokens / 2 s, every batch
-    assert spec["speedup_ci95"] == [pytest.approx(2.0), pytest.approx(2.0)]
+    # decode: (4 - 1) tokens / (1 - 0.1 prefill) s over 3 / (2 - 0.1) = 1.9 / 0.9
+    assert spec["decode_speedup"] == pytest.approx(1.9 / 0.9)
+    assert spec["speedup_ci95"] == [pytest.approx(2.0), pytest.approx(2.0)]  # identical batches: zero width
     assert spec["acceptance_rate"] == 1.0 and spec["mean_accepted_tokens"] == 3.0
     assert spec["per_position_acceptance"] == [1.0, 1.0] and spec["accepted_histogram"] == [0, 0, 4]
-    assert spec["exact_match"] == 1.0 and run(summary, "speculative")["flags"] == []
+    assert spec["block_efficiency"] == 2.0  # 4 tokens / (prefill + 1 round)
+    assert spec["exact_match"] == 1.0 and spec["mismatches"] == [] and run(summary, "speculative")["flags"] == []
+    assert spec["drafted_per_round"] == 2.0 and spec["zero_draft_rounds"] == 0.0
 
 
 def test_per_position_acceptance_with_variable_lengths_by_hand():
     rounds = [{"drafted": 3, "accepted": 1, "emitted": 2}, {"drafted": 1, "accepted": 1, "emitted": 2},
               {"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 2, "emitted": 3}]
-    samples = [record("baseline", 0, 0, tokens=9), record("speculative", 0, 0, tokens=9, rounds=rounds, gamma=3,
-                                                          schedule="heuristic")]
-    m = run(summarize(samples, {}), "speculative")["metrics"]
-    assert m["acceptance_rate"] == pytest.approx(4 / 6)  # (1 + 1 + 0 + 2) / (3 + 1 + 0 + 2)
+    samples = [record("baseline", 0, 0, tokens=9),
+               record("speculative", 0, 0, tokens=9, rounds=rounds, gamma=3, schedule="heuristic")]
+    summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"3": 1.2}}}})
+    m = run(summary, "speculative")["metrics"]
+    assert m["acceptance_rate"] == pytest.approx(4 / 6)  # (1 + 1 + 0 + 2) / (3 + 1 + 0 + 2): the empty round adds 0
     # position 1: drafted by 3 rounds, accepted in all 3; position 2: drafted by 2, accepted in 1; position 3: 1, 0
     assert m["per_position_acceptance"] == [pytest.approx(1.0), pytest.approx(0.5), pytest.approx(0.0)]
+    assert m["accepted_histogram"] == [0, 2, 1, 0]  # a_r of the 3 rounds that drafted: 1, 1, 2
     assert m["zero_draft_rounds"] == 0.25 and m["drafted_per_round"] == 1.5
-    assert m["predicted_speedup"] is None  # Leviathan's model is for a constant gamma
+    assert m["mean_accepted_tokens"] == 2.0  # (2 + 2 + 1 + 3) / 4 rounds
+    # variable lengths: alpha solves E[a | 3] + E[a | 1] + E[a | 2] = 4, i.e. 3 alpha + 2 alpha^2 + alpha^3 = 4
+    a = m["alpha"]
+    assert 3 * a + 2 * a ** 2 + a ** 3 == pytest.approx(4.0, abs=1e-9)
+    assert m["constant_draft_length"] is False
+    assert m["predicted_speedup"] is None and m["efficiency"] is None  # Leviathan's model is for a constant gamma
+    assert any("predicted speedup and efficiency are null" in n and "varied" in n for n in summary["notes"])
+
+
+def test_a_constant_schedule_cut_by_max_new_tokens_keeps_the_tau_alpha_and_the_prediction():
+    # gamma 2, max_new_tokens 6: round 1 drafts 2 after the prefill's token, accepts both, emits 3 (6 - 4 = 2 left);
+    # round 2 may draft only min(2, 6 - 4 - 1) = 1, accepts it, emits 2: 6 tokens, stop "length"
+    rounds = [{"drafted": 2, "accepted": 2, "emitted": 3}, {"drafted": 1, "accepted": 1, "emitted": 2}]
+    spec_row = record("speculative", 0, 0, tokens=6, rounds=rounds, latency=1.0)
+    assert constant_draft_length([spec_row], 2)
+    # a round drafting 1 in the middle of a row is a schedule's choice, not the budget's
+    assert not constant_draft_length([record("speculative", tokens=9, rounds=rounds[::-1] + rounds)], 2)
+    samples = [record("baseline", 0, 0, tokens=6, latency=2.0), spec_row]
+    m = run(summarize(samples, {"costs": {"1": {"c": 0.25, "v": {"2": 1.5}}}}), "speculative")["metrics"]
+    # tau = 6 tokens / 3 forwards = 2 = 1 + alpha + alpha^2 -> alpha = (sqrt(5) - 1) / 2 (the rounds alone say 1.0)
+    assert m["alpha"] == pytest.approx((math.sqrt(5) - 1) / 2, abs=1e-9)
+    # (1 + alpha + alpha^2) / (2 * 0.25 + 1.5) = 2 / 2 = 1.0; measured 6/1 over 6/2 = 2.0 -> efficiency 2.0
+    assert m["predicted_speedup"] == pytest.approx(1.0) and m["efficiency"] == pytest.approx(2.0)
+    assert m["predicted_speedup_v1"] == pytest.approx(2 / 1.5)
+
+
+def test_prompt_lookup_rounds_that_found_no_match():
+    rounds = [{"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 1, "emitted": 2},
+              {"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 0, "emitted": 1}]
+    samples = [record("baseline", 0, 0, tokens=6), record("prompt_lookup", 0, 0, tokens=6, rounds=rounds)]
+    m = run(summarize(samples, {}), "prompt_lookup")["metrics"]
+    assert m["acceptance_rate"] == pytest.approx(0.25)  # 1 accepted of 4 drafted
+    assert m["per_position_acceptance"] == [pytest.approx(0.5), pytest.approx(0.0)]
+    assert m["zero_draft_rounds"] == 0.5 and m["drafted_per_round"] == 1.0
+    # E[a | 2] twice = 2 (alpha + alpha^2) = 1 -> alpha = (sqrt(3) - 1) / 2
+    assert m["alpha"] == pytest.approx((math.sqrt(3) - 1) / 2, abs=1e-9)
+    assert m["predicted_speedup"] is None
 
 
 def test_exact_match_positions_by_hand():
     samples = [record("baseline", 0, 0, output=[5, 6, 7, 8], tokens=4), record("baseline", 1, 1, output=[1, 2], tokens=2),
-               record("speculative", 0, 0, output=[5, 6, 9, 8], tokens=4, rounds=[]),
-               record("speculative", 1, 1, output=[1, 2, 3], tokens=3, rounds=[])]
+               record("baseline", 2, 2, output=[3, 3], tokens=2),
+               record("speculative", 0, 0, output=[5, 6, 9, 8], tokens=4),  # differs at index 2
+               record("speculative", 1, 1, output=[1, 2, 3], tokens=3),  # the baseline's is a prefix: at its end, 2
+               record("speculative", 2, 2, output=[3, 3], tokens=2)]
     m = run(summarize(samples, {}), "speculative")["metrics"]
-    assert m["exact_match"] == 0.0
+    assert m["exact_match"] == pytest.approx(1 / 3)
     assert [(x["sample_id"], x["first_mismatch"]) for x in m["mismatches"]] == [(0, 2), (1, 2)]
 
 
-def test_ratios_pair_only_the_batches_both_finished():
-    samples = paired_run(units=4)
-    # the baseline also ran two more batches, slow ones, that the speculative point never finished
-    samples += [record("baseline", 10 + i, 10 + i, latency=40.0, tokens=4) for i in range(2)]
-    progress = {"planned": {"speculative draft=d gamma=2 constant batch=1 greedy": 6},
-                "failures": [{"method": "speculative", "batch_size": 1, "draft": "d", "gamma": 2, "schedule": "constant",
-                              "exit_layer": None, "temperature": None, "status": "failed", "error": "CUDA out of memory"}]}
-    summary = summarize(samples, progress)
-    spec = run(summary, "speculative")
-    assert spec["metrics"]["speedup"] == pytest.approx(2.0)  # over the 4 shared batches, not 4 / (4 * 2 + 2 * 40)
-    assert spec["status"] == "partial" and spec["batches"] == {"done": 4, "paired": 4, "planned": 6}
-    assert summary["best"] == {}  # a partial point is never best
-    assert any("partial (4 of 6 batches)" in n for n in summary["notes"])
-
+# ---- points without rounds ---------------------------------------------------------------------------------
 
 def test_no_rounds_gives_nulls_and_a_note():
+    # max_new_tokens 1: the prefill's token is the whole output, no round runs
     samples = [record("baseline", 0, 0, tokens=1), record("speculative", 0, 0, tokens=1, rounds=[])]
     summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"2": 1.2}}}})
     m = run(summary, "speculative")["metrics"]
-    assert m["alpha"] is None and m["acceptance_rate"] is None and m["predicted_speedup"] is None
-    assert m["efficiency"] is None
-    assert any("no speculation rounds" in n for n in summary["notes"])
-    json.dumps(summary, allow_nan=False)
+    assert m["rounds"] == 0
+    for key in ("alpha", "acceptance_rate", "per_position_acceptance", "mean_accepted_tokens", "predicted_speedup",
+                "efficiency", "decode_efficiency"):
+        assert m[key] is None, key
+    assert m["speedup"] is not None
+    assert any(n.startswith(SPEC_LABEL + ": no speculation rounds (every row ended at its first token)")
+               for n in summary["notes"])
 
 
 def test_a_round_that_drafted_nothing_predicts_nothing():
-    rounds = [{"drafted": 0, "accepted": 0, "emitted": 1}]  # max_new_tokens 2: the only round had no budget
+    rounds = [{"drafted": 0, "accepted": 0, "emitted": 1}]  # max_new_tokens 2: the only round had no budget to draft
     samples = [record("baseline", 0, 0, tokens=2), record("speculative", 0, 0, tokens=2, rounds=rounds)]
-    m = run(summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"2": 1.2}}}}), "speculative")["metrics"]
-    assert m["alpha"] is None and m["predicted_speedup"] is None and m["efficiency"] is None
+    summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"2": 1.2}}}})
+    m = run(summary, "speculative")["metrics"]
+    assert m["alpha"] is None and m["acceptance_rate"] is None and m["per_position_acceptance"] is None
+    assert m["predicted_speedup"] is None and m["efficiency"] is None
+    assert m["mean_accepted_tokens"] == 1.0 and m["zero_draft_rounds"] == 1.0  # a plain target step: 1 token
+    assert m["block_efficiency"] == 1.0  # 2 tokens / (prefill + 1 round)
+    assert any(n.startswith(SPEC_LABEL + ": no round drafted a token") for n in summary["notes"])
 
 
-def test_flags_on_an_unstable_run_and_none_on_a_stable_one():
-    stable = summarize(paired_run(units=6), {"drift": {"1": {"probes_s": [0.100, 0.101, 0.099]}},
-                                             "costs": {"1": {"c": 0.3, "v": {"2": 1.2}, "reps_s": {"target_1": [1.0, 1.02]}}}})
-    assert run(stable, "speculative")["flags"] == []
-    unstable = summarize(paired_run(units=6, jitter=0.5), {
-        "drift": {"1": {"probes_s": [0.100, 0.150]}},
-        "costs": {"1": {"c": 0.3, "v": {"2": 0.8}, "reps_s": {"target_1": [1.0, 2.0, 1.1]}}}})
-    codes = {f["code"] for f in run(unstable, "speculative")["flags"]}
-    assert codes == {"ci_wide", "drift", "cost_unstable", "cost_implausible"}
-    assert any("flagged ci_wide" in n for n in unstable["notes"])
-
-
-def test_greedy_mismatch_explained_or_flagged_by_the_numerics_probe():
-    samples = [record("baseline", 0, 0, output=[1, 2, 3], tokens=3), record("speculative", 0, 0, output=[1, 2, 4],
-                                                                             tokens=3, rounds=[])]
-    drifting = summarize(samples, {"numerics": {"target": {"verify_vs_stepwise_max_logit_diff": 0.03}, "drafts": {}}})
-    assert run(drifting, "speculative")["flags"] == []
-    assert any("explained by the numerics probe" in n and "0.03" in n for n in drifting["notes"])
-    exact = summarize(samples, {"numerics": {"target": {"verify_vs_stepwise_max_logit_diff": 2e-6}, "drafts": {}}})
-    assert [f["code"] for f in run(exact, "speculative")["flags"]] == ["possible_bug"]
-
-
-def test_groups_are_split_and_an_overall_run_kept():
-    samples = [record("baseline", i, i, group=g, latency=2.0) for i, g in enumerate("aabb")]
-    samples += [record("speculative", i, i, group=g, latency=1.0 if g == "a" else 4.0, rounds=[])
-                for i, g in enumerate("aabb")]
-    summary = summarize(samples, {"group_by": "category"})
-    assert summary["groups"] == ["a", "b"]
-    assert run(summary, "speculative", "a")["metrics"]["speedup"] == pytest.approx(2.0)
-    assert run(summary, "speculative", "b")["metrics"]["speedup"] == pytest.approx(0.5)
-    assert run(summary, "speculative")["metrics"]["speedup"] == pytest.approx((40 / 10) / (40 / 8))  # 10 s vs 8 s
-
+# ---- GSM8K -------------------------------------------------------------------------------------------------
 
 def test_gsm8k_accuracy_counts_cut_answers():
     base = dict(preset="gsm8k", reference="so #### 18")
-    samples = [record("baseline", 0, 0, output_text="... #### 18", **base),
-               record("baseline", 1, 1, output_text="we first compute", **base),
-               record("baseline", 2, 2, output_text="then half of", **base)]
+    samples = [record("baseline", 0, 0, output_text="... #### 18", stop_reason="eos", **base),
+               record("baseline", 1, 1, output_text="we first compute 18", **base),  # cut, graded on its last number
+               record("baseline", 2, 2, output_text="then half of", **base)]  # cut, no number
     summary = summarize(samples, {})
     m = run(summary, "baseline")["metrics"]
-    assert m["accuracy"] == pytest.approx(1 / 3) and m["accuracy_cut"] == 2
-    assert any("cut at max_new_tokens" in n for n in summary["notes"])
+    assert m["accuracy"] == pytest.approx(2 / 3) and m["accuracy_cut"] == 2 and m["accuracy_graded"] == 3
+    assert any("2 of 3 GSM8K answers were cut" in n and "not meaningful" in n and "max_new_tokens" in n
+               for n in summary["notes"])
+    few_cut = [dict(s, stop_reason="eos", output_text="#### 18") for s in samples[:2]] + samples[2:]
+    summary = summarize(few_cut, {})
+    assert run(summary, "baseline")["metrics"]["accuracy_cut"] == 1
+    assert not any("GSM8K" in n for n in summary["notes"])  # 1 of 3: the accuracy stands
 
 
-def test_strict_json_is_enforced(tmp_path):
-    with pytest.raises(ValueError):
-        write_json(tmp_path / "x.json", {"speedup": float("nan")})
+# ---- groups ----------------------------------------------------------------------------------------------
+
+def test_groups_at_batch_size_one_are_split_and_an_overall_run_kept():
+    samples = [record("baseline", i, i, group=g, latency=2.0) for i, g in enumerate("aabb")]
+    samples += [record("speculative", i, i, group=g, latency=1.0 if g == "a" else 4.0) for i, g in enumerate("aabb")]
+    summary = summarize(samples, {"group_by": "category"})
+    assert summary["groups"] == ["a", "b"] and summary["group_by"] == "category"
+    assert run(summary, "speculative", "a")["metrics"]["speedup"] == pytest.approx(2.0)  # 20/2 s over 20/4 s
+    assert run(summary, "speculative", "b")["metrics"]["speedup"] == pytest.approx(0.5)  # 20/8 s over 20/4 s
+    assert run(summary, "speculative")["metrics"]["speedup"] == pytest.approx((40 / 10) / (40 / 8))  # 10 s vs 8 s
+    assert run(summary, "speculative", "a")["batches"] == {"done": 2, "paired": 2, "planned": None}
 
 
-def test_eval_rebuilds_the_same_summary(tmp_path):
-    samples = paired_run(units=3)
-    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    progress = {"planned": {}, "notes": ["a note"]}
-    (tmp_path / "progress.json").write_text(json.dumps(progress))
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"name": "constructed"}))
-    result = subprocess.run([sys.executable, "-m", "eval", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    written = json.loads((tmp_path / "summary.json").read_text())
-    assert written["runs"] == json.loads(json.dumps(summarize(samples, progress)["runs"]))
-    assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "methods.png").exists()
+def test_a_group_of_a_shared_batch_takes_its_slowest_row():
+    # one batch of 2 rows, one per group: the group's wall is its own row's latency, the batch's the slower one
+    samples = [record("baseline", 0, 0, batch_size=2, group="a", latency=2.0),
+               record("baseline", 1, 0, batch_size=2, group="b", latency=2.0),
+               record("speculative", 0, 0, batch_size=2, group="a", latency=1.0),
+               record("speculative", 1, 0, batch_size=2, group="b", latency=3.0)]
+    summary = summarize(samples, {"group_by": "category"})
+    assert run(summary, "speculative", "a")["metrics"]["speedup"] == pytest.approx(2.0)  # 10/1 over 10/2
+    assert run(summary, "speculative", "b")["metrics"]["speedup"] == pytest.approx(2 / 3)  # 10/3 over 10/2
+    assert run(summary, "speculative")["metrics"]["speedup"] == pytest.approx(2 / 3)  # 20/3 over 20/2
+    assert "slowest row of that group" in LEGEND["group"]
+    assert not summarize(samples, {})["groups"]  # no group_by: overall runs only
+
+
+# ---- eval asks the registry, never a method's name -----------------------------------------------------------
+
+def test_a_new_method_is_measured_by_what_its_spec_says(monkeypatch):
+    from decode.methods import MethodSpec
+
+    # a drafter with rounds and a gamma axis, and a peer timed per batch only, under names eval has never seen
+    monkeypatch.setitem(REGISTRY, "zz_lookup", MethodSpec("zz_lookup", "test", axes=("gamma",), run=None,
+                                                          has_rounds=True))
+    monkeypatch.setitem(REGISTRY, "zz_peer", MethodSpec("zz_peer", "test", axes=(), run=None, per_row_timing=False))
+    rounds = [{"drafted": 2, "accepted": 1, "emitted": 2}, {"drafted": 2, "accepted": 2, "emitted": 3}]
+    samples = [record("baseline", 0, 0, tokens=6, latency=3.0),
+               record("zz_lookup", 0, 0, tokens=6, latency=1.0, rounds=rounds),
+               record("zz_peer", 0, 0, tokens=6, latency=2.0, prefill=None, target_forwards=None)]
+    summary = summarize(samples, {})
+    lookup, peer = run(summary, "zz_lookup")["metrics"], run(summary, "zz_peer")["metrics"]
+    assert lookup["acceptance_rate"] == pytest.approx(0.75)  # 3 accepted of 4 drafted
+    assert lookup["block_efficiency"] == pytest.approx(2.0)  # 6 tokens / (prefill + 2 rounds)
+    assert lookup["speedup"] == pytest.approx(3.0)  # 6/1 over 6/3
+    assert peer["speedup"] == pytest.approx(1.5) and peer["decode_speedup"] is None  # no prefill time
+    assert peer["block_efficiency"] is None and "acceptance_rate" not in peer

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -25,8 +26,26 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    """Strict JSON: a NaN or an infinity is a bug upstream (a missing figure is None), so refuse it here."""
-    write_atomic(path, json.dumps(obj, indent=2, default=str, allow_nan=False) + "\n")
+    """Strict JSON: a NaN or an infinity is a bug upstream (a missing figure is None, and eval's summary never
+    holds one), so refuse it here, naming where it is, rather than write a file strict readers reject."""
+    try:
+        text = json.dumps(obj, indent=2, default=str, allow_nan=False)
+    except ValueError as error:
+        where = non_finite_paths(obj)
+        raise ValueError(f"{path}: not strict JSON, a NaN or infinity at {', '.join(where[:5]) or '?'} "
+                         f"({error}); a figure that does not exist is None") from error
+    write_atomic(path, text + "\n")
+
+
+def non_finite_paths(obj, where: str = "") -> list[str]:
+    """Where obj holds a float NaN or infinity, as 'key.key[index]' paths."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [where or "(top)"]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in non_finite_paths(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, v in enumerate(obj) for p in non_finite_paths(v, f"{where}[{i}]")]
+    return []
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:

@@ -1,4 +1,4 @@
-"""The drafter interface: propose up to gamma tokens per row with their q, then learn from the verification."""
+"""The drafter interface: propose up to max_tokens drafts per row with their q, then learn from the verification."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -9,15 +9,11 @@ import torch
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor  # [B, G] drafted token ids (G may be 0: every row takes a plain target step)
+    """One round's drafts. G = tokens.shape[1] is the longest row's draft: a drafter trims its proposal to
+    max(lengths), so a round in which no row drafts has G = 0 and the engine takes a plain target step."""
+    tokens: torch.Tensor  # [B, G] drafted token ids; row b's entries past lengths[b] are padding (never accepted)
     probs: torch.Tensor | None  # [B, G, V_target] q of each drafted position; None = deterministic drafter (point mass)
-    lengths: torch.Tensor | None = None  # [B] long: row b's drafts are tokens[b, :lengths[b]]; None = all G
-
-    def row_lengths(self) -> list[int]:
-        """Each row's number of valid drafts, on the host."""
-        if self.lengths is None:
-            return [self.tokens.shape[1]] * self.tokens.shape[0]
-        return self.lengths.tolist()
+    lengths: torch.Tensor | None = None  # [B] long, each <= G: row b's drafts are tokens[b, :lengths[b]]; None = all G
 
 
 class Drafter(ABC):
@@ -29,7 +25,7 @@ class Drafter(ABC):
     drafting method is one subclass (draft model, prompt lookup, early exit).
     """
 
-    forwards: int = 0  # model forwards spent drafting, for the records
+    forwards: int = 0  # model forwards spent drafting since `start` (its prefill included), for the records
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
@@ -37,12 +33,15 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, last_tokens: torch.Tensor, max_tokens: int, row_limits: list[int] | None = None) -> Proposal:
-        """last_tokens [B]: each row's last committed token. Returns at most max_tokens drafts per row, and at
-        most row_limits[b] for row b (its budget before max_new_tokens) where given."""
+        """last_tokens [B]: each row's last committed token (the previous round's correction or bonus token,
+        or the prefill's token), not yet seen by the drafter. Returns at most max_tokens drafts per row (the
+        round's cap: min(gamma, the largest budget left)), and at most row_limits[b] for row b (its own budget
+        before max_new_tokens) where given."""
 
     @abstractmethod
-    def commit(self, accepted_len: torch.Tensor, accepted_len_host: list[int]) -> None:
-        """accepted_len [B] (and the same on the host): how many of the last proposal each row kept."""
+    def commit(self, accepted_len: torch.Tensor, accepted_len_host: list[int], drafted_host: list[int]) -> None:
+        """After verification: accepted_len [B] (and the same on the host), how many of the last proposal each
+        row kept; drafted_host, how many of its drafts the target verified (its length, clipped to its budget)."""
 
     @abstractmethod
     def select_rows(self, rows: torch.Tensor) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from decode.drafters.base import Drafter, Proposal
-from decode.drafters.schedules import ConstantSchedule, Schedule
+from decode.drafters.schedules import Schedule
 from decode.kv import KVState
 from decode.sampling import logits_to_probs, sample
 from decode.settings import Sampling
@@ -18,6 +18,9 @@ class DraftModelDrafter(Drafter):
     row accepted all its drafts, the last draft (never fed), plus every token committed in rounds the row
     did not draft. The next round that drafts feeds a row's pending tokens first, in one forward, masked
     where a row has fewer than another.
+
+    schedule: each row's length per round (decode/drafters/schedules.py); None drafts max_tokens every round,
+    the constant schedule at the engine's gamma (clipped to the budget).
     """
 
     def __init__(self, model, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
@@ -56,11 +59,12 @@ class DraftModelDrafter(Drafter):
         return [max(0, min(w, limit, max_tokens)) for w, limit in zip(wanted, limits)]
 
     def _catch_up_inputs(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, P] ids and mask: each row's pending tokens, then its last token, right-aligned."""
-        last = last_tokens.tolist()
+        """last_tokens [B] -> [B, P] ids and mask: each row's pending tokens, then its last token, right-aligned
+        (P = 1 and no mask when nothing is pending, the usual case: no copy through the host)."""
         width = 1 + max(len(p) for p in self.pending)
         if width == 1:
             return last_tokens[:, None], None
+        last = last_tokens.tolist()
         ids = torch.zeros(len(last), width, dtype=torch.long)
         mask = torch.zeros(len(last), width, dtype=torch.long)
         for row, tokens in enumerate(self.pending):
@@ -70,54 +74,71 @@ class DraftModelDrafter(Drafter):
         return ids.to(self.device), mask.to(self.device)
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
-        lengths = self._lengths(max_tokens, row_limits)
-        self.last_lengths = lengths
+        lengths = self._lengths(max_tokens, row_limits)  # each row's schedule, clipped to its budget
         num_tokens = max(lengths, default=0)
-        if num_tokens == 0:  # no row drafts: a plain target step; the last token waits to be fed
-            last = last_tokens.tolist()
-            for row in range(len(self.pending)):
-                self.pending[row].append(last[row])
-            self.last_proposal = last_tokens.new_zeros(len(last), 0)
-            return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
+        if num_tokens == 0:
+            return self._no_drafts(last_tokens)
         # an id the draft cannot embed (a padded row of a bigger target) only costs acceptance
         last_tokens = last_tokens.clamp(max=self.input_vocab_size - 1)
-        input_ids, input_mask = self._catch_up_inputs(last_tokens)
+        # 1. catch up: each row's pending tokens and its last token in one forward, whose last logits draft d_1
+        input_ids, input_mask = self._catch_up_inputs(last_tokens)  # [B, P]
         self.pending = [[] for _ in self.pending]
-        drafting = torch.tensor(lengths, device=last_tokens.device)  # [B] drafts each row still wants
+        remaining = torch.tensor(lengths, device=last_tokens.device)  # [B] each row's draft length so far allowed
         tokens, probs = [], []
         for step in range(num_tokens):
-            logits = self._to_target_vocab(self.state.forward(self.model, input_ids, input_mask, last_only=True)[:, -1])
+            # 2. one draft step for every row: rows that wanted fewer tokens (or stopped) draft on, ignored
+            #    past their length, since one batched forward costs the same
+            draft_logits = self.state.forward(self.model, input_ids, input_mask, last_only=True)[:, -1]  # [B, V_d]
+            logits = self._to_target_vocab(draft_logits)  # [B, V_t]
             q = logits_to_probs(logits, self.sampling.temperature, self.sampling.top_k, self.sampling.top_p) \
-                if self.sampling.do_sample else None
+                if self.sampling.do_sample else None  # [B, V_t] warped q under sampling
             token = sample(q, self.generator) if q is not None else logits.argmax(dim=-1)  # [B]
             tokens.append(token)
             if q is not None:
                 probs.append(q)
-            keep = self.schedule.keep_drafting(q if q is not None else torch.softmax(logits, dim=-1), token) \
-                if self.schedule is not None else None
-            if keep is not None:  # the schedule ends a row's draft after this token
-                drafting = torch.where(keep, drafting, torch.minimum(drafting, torch.full_like(drafting, step + 1)))
-                if step + 1 < num_tokens and not bool((drafting > step + 1).any()):  # a host sync, only with such a schedule
-                    break
+            # 3. a schedule may end a row's draft after this token (confidence); stop when every row has ended
+            #    (after the last step there is nothing to stop)
+            if step + 1 < num_tokens and self._all_rows_ended(step, logits, q, token, remaining):
+                break
             input_ids, input_mask = token[:, None], None
         drafted = torch.stack(tokens, dim=1)  # [B, G]
-        lengths_t = drafting.clamp(max=drafted.shape[1])
         self.last_proposal = drafted
-        return Proposal(drafted, torch.stack(probs, dim=1) if probs else None, lengths_t)
+        return Proposal(drafted, torch.stack(probs, dim=1) if probs else None, remaining.clamp(max=drafted.shape[1]))
 
-    def commit(self, accepted_len, accepted_len_host):
-        drafted = self.last_proposal.shape[1]
+    def _all_rows_ended(self, step: int, logits: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor,
+                        remaining: torch.Tensor) -> bool:
+        """Apply the schedule's mid-round stop to remaining [B] in place: a row that stops keeps this step's
+        token and no more. logits [B, V_t], q [B, V_t] or None in greedy (the schedule then sees the softmax of
+        the logits), token [B]. True when no row drafts past this step: a host sync, only with a schedule that
+        stops rows."""
+        if self.schedule is None or not self.schedule.stops_mid_round:
+            return False
+        keep = self.schedule.keep_drafting(q if q is not None else torch.softmax(logits, dim=-1), token)  # [B] bool
+        remaining.copy_(torch.where(keep, remaining, remaining.clamp(max=step + 1)))
+        return not bool((remaining > step + 1).any())
+
+    def _no_drafts(self, last_tokens: torch.Tensor) -> Proposal:
+        """No row drafts this round: the engine takes a plain target step; each last token waits to be fed."""
+        last = last_tokens.clamp(max=self.input_vocab_size - 1).tolist()
+        for row in range(len(self.pending)):
+            self.pending[row].append(last[row])
+        self.last_proposal = last_tokens.new_zeros(len(last), 0)  # [B, 0]
+        return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
+
+    def commit(self, accepted_len, accepted_len_host, drafted_host):
+        drafted = self.last_proposal.shape[1]  # G
         if self.schedule is not None:
-            self.schedule.update([min(n, drafted) for n in self.last_lengths], accepted_len_host)
+            self.schedule.update(drafted_host, accepted_len_host)
         if drafted == 0:
             return
         # this round fed [pending.., last token, d_1 .. d_{G-1}]: of the last G slots keep the last token and
         # the accepted drafts that were fed
-        kept = accepted_len.clamp(max=drafted - 1) + 1
+        kept = accepted_len.clamp(max=drafted - 1) + 1  # [B]
         self.state.keep_prefix_of_last(drafted, kept, min(max(accepted_len_host), drafted - 1) + 1)
-        last_draft = self.last_proposal[:, -1].tolist()
-        for row, accepted in enumerate(accepted_len_host):
-            if accepted == drafted:  # every draft accepted: the last one was never fed
+        full = [row for row, accepted in enumerate(accepted_len_host) if accepted == drafted]
+        if full:  # every one of G drafts accepted: the last one was never fed (its ids were in the engine's sync)
+            last_draft = self.last_proposal[:, -1].tolist()
+            for row in full:
                 self.pending[row].append(last_draft[row])
 
     def select_rows(self, rows):

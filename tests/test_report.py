@@ -1,0 +1,125 @@
+"""The report files: strict JSON, the tables' cells (CI, '!' for flagged, partial counts), the per-group tables,
+every plot, and `python -m eval DIR` rebuilding the same summary.json."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.metrics import summarize
+from eval.report import COLUMNS, cell, csv_text, markdown, write_report
+from test_metrics import SPEC_LABEL, paired_run, record, run
+from utils.io import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def refuse(constant):
+    raise ValueError(f"{constant} is not strict JSON")
+
+
+def speedup_cell(r):
+    return cell(r, "speedup", next(fmt for _, path, fmt in COLUMNS if path == "speedup"))
+
+
+def sweep() -> tuple[list[dict], dict]:
+    """Two groups, two gammas (gamma 4 partial), transformers' generate as a method without gamma."""
+    samples = []
+    for i, group in enumerate("aabb"):
+        samples.append(record("baseline", i, i, tokens=4, latency=2.0, group=group))
+        samples.append(record("speculative", i, i, tokens=4, latency=1.0, group=group,
+                              rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}]))
+        samples.append(record("hf_generate", i, i, tokens=4, latency=1.8, group=group, prefill=None,
+                              target_forwards=None))
+        if i < 3:
+            samples.append(record("speculative", i, i, tokens=4, latency=0.8, gamma=4, group=group,
+                                  rounds=[{"drafted": 3, "accepted": 3, "emitted": 4}]))
+    progress = {"group_by": "category", "status": "finished", "order": "fixed", "notes": ["from the runner"],
+                "planned": {SPEC_LABEL: 4, "speculative draft=d gamma=4 constant batch=1 greedy": 4},
+                "costs": {"1": {"c": 0.25, "v": {"2": 1.5, "4": 2.0}}},
+                "drift": {"1": {"start_s": 0.1, "end_s": 0.1}},
+                "numerics": {"target": {"verify_vs_stepwise_max_logit_diff": 3e-5, "dtype": "float32"}, "drafts": {}}}
+    return samples, progress
+
+
+# ---- strict JSON ----------------------------------------------------------------------------------------
+
+def test_write_json_refuses_nan_and_says_where(tmp_path):
+    with pytest.raises(ValueError, match=r"runs\[0\]\.speedup"):
+        write_json(tmp_path / "x.json", {"runs": [{"speedup": float("nan")}]})
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("rounds, tokens", [([], 1), ([{"drafted": 0, "accepted": 0, "emitted": 1}], 2)])
+def test_summaries_without_rounds_are_strict_json(tmp_path, rounds, tokens):
+    # max_new_tokens 1 (no round) and 2 (one round with no budget to draft)
+    samples = [record("baseline", 0, 0, tokens=tokens), record("speculative", 0, 0, tokens=tokens, rounds=rounds)]
+    summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"2": 1.2}}}})
+    write_report(tmp_path, summary, "t", with_plots=False)
+    written = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    assert run(written, "speculative")["metrics"]["alpha"] is None
+    assert "nan" not in (tmp_path / "summary.md").read_text().lower()
+
+
+def test_a_nan_from_progress_becomes_null_and_a_note():
+    summary = summarize(paired_run(units=2), {"costs": {"1": {"c": float("nan"), "v": {"2": 1.2}}}})
+    json.loads(json.dumps(summary, allow_nan=False), parse_constant=refuse)
+    assert run(summary, "speculative")["metrics"]["draft_cost_ratio_c"] is None
+    assert any("not a number" in n and "draft_cost_ratio_c" in n for n in summary["notes"])
+
+
+# ---- tables -----------------------------------------------------------------------------------------------
+
+def test_cells_show_the_interval_the_flag_and_partial_counts():
+    summary = summarize(paired_run(units=4), {"planned": {SPEC_LABEL: 5}})
+    spec = run(summary, "speculative")
+    assert speedup_cell(spec) == "2.00 [2.00, 2.00]"
+    assert cell(spec, "status", "{}") == "partial 4/5"
+    flagged = summarize(paired_run(units=4, jitter=0.5), {})
+    assert speedup_cell(run(flagged, "speculative")).endswith("] !")
+    one = summarize(paired_run(units=1), {})
+    assert speedup_cell(run(one, "speculative")) == "2.00"  # no interval to print
+
+
+def test_markdown_has_a_table_per_group_best_notes_and_legend():
+    samples, progress = sweep()
+    progress["drift"] = {"1": {"start_s": 0.1, "end_s": 0.2}}  # everything flagged drift
+    summary = summarize(samples, progress)
+    text = markdown(summary, "title")
+    assert "## category: a" in text and "## category: b" in text
+    assert f"| {SPEC_LABEL} | ok | " in text
+    assert "| speculative draft=d gamma=4 constant batch=1 greedy | partial 3/4 |" in text
+    assert "! = flagged" in text and "(flagged: drift)" in text
+    assert "- from the runner" in text and "order: fixed" in text
+    assert "- speedup_ci95: 95% paired bootstrap CI" in text and "- flags:" in text
+    lines = csv_text(summary).splitlines()
+    assert len(lines) == 1 + len(summary["runs"]) and "drift" in lines[2]
+
+
+# ---- plots and the rebuild ---------------------------------------------------------------------------------
+
+def test_every_plot_is_written(tmp_path):
+    samples, progress = sweep()
+    summary = summarize(samples, progress)
+    assert run(summary, "speculative", gamma=4)["status"] == "partial"
+    assert run(summary, "hf_generate")["metrics"]["speedup"] == pytest.approx(2.0 / 1.8)
+    write_report(tmp_path, summary, "t")
+    for name in ["speedup.png", "acceptance_rate.png", "block_efficiency.png", "methods.png", "speedup_by_group.png"]:
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG", name
+
+
+def test_eval_rebuilds_the_same_summary(tmp_path):
+    samples, progress = sweep()
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (tmp_path / "progress.json").write_text(json.dumps(progress))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"name": "constructed"}))
+    write_report(tmp_path, summarize(samples, progress), "constructed", with_plots=False)  # what the run wrote
+    before = (tmp_path / "summary.json").read_bytes()
+    result = subprocess.run([sys.executable, "-m", "eval", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "summary.json").read_bytes() == before  # bootstrap included: seeded
+    assert json.loads(before) == json.loads(json.dumps(summarize(samples, progress)))
+    assert (tmp_path / "summary.md").read_text().startswith("# constructed")
+    assert (tmp_path / "methods.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,300 @@
+"""Draft-length schedules: their arithmetic worked out by hand, the confidence stop at a constructed step, greedy
+output equal to the baseline under every schedule, and sampling that keeps the target's distribution when the
+confidence schedule cuts rows' drafts short."""
+import copy
+
+import pytest
+import torch
+
+import decode.sampling
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.drafters.schedules import (ConfidenceSchedule, ConstantSchedule, CostModelSchedule, HeuristicSchedule,
+                                       make_schedule)
+from stats import chi_square
+from test_engine_sampling import exact_joint_of_tokens_2_and_3
+from tiny_models import VOCAB, ragged_batch, tiny_model
+
+
+# ---- constant and heuristic ------------------------------------------------------------------------------
+
+def test_constant_schedule():
+    schedule = ConstantSchedule(3)
+    schedule.start(2)
+    schedule.update([3, 1], [0, 1])
+    assert schedule.lengths() == [3, 3] and not schedule.stops_mid_round
+
+
+def test_heuristic_lengths_by_hand():
+    schedule = HeuristicSchedule(gamma=5)
+    schedule.start(1)
+    seen = []
+    for accepted_all in [False, False, True, True, False, False, False, False, False]:
+        length = schedule.lengths()[0]
+        seen.append(length)
+        schedule.update([length], [length if accepted_all else 0])
+    # 5 -> reject: 4 -> reject: 3 -> all: 5 -> all: 5 (capped at gamma) -> reject: 4 -> 3 -> 2 -> 1 -> 1 (floor)
+    assert seen == [5, 4, 3, 5, 5, 4, 3, 2, 1] and schedule.lengths() == [1]
+
+
+def test_heuristic_rows_are_independent():
+    schedule = HeuristicSchedule(gamma=4)
+    schedule.start(3)
+    # row 0 accepts all of a draft its budget clipped to 2: +2 from 4, capped at 4; row 1 rejects: 3;
+    # row 2 drafted nothing (its budget was spent): no evidence, unchanged
+    schedule.update([2, 4, 0], [2, 1, 0])
+    assert schedule.lengths() == [4, 3, 4]
+    schedule.update([4, 3, 4], [0, 0, 4])
+    assert schedule.lengths() == [3, 2, 4]
+    schedule.select_rows([1, 2])  # row 0 finished
+    assert schedule.lengths() == [2, 4]
+
+
+# ---- cost model ------------------------------------------------------------------------------------------
+
+def test_cost_model_picks_by_hand():
+    # a = 0.5 (the prior: no evidence yet), c = 0.1, v = 1 at every width; tokens per cost E(k) / (k c + v(k)):
+    # k=0: 1/1 = 1; k=1: 1.5/1.1 = 1.364; k=2: 1.75/1.2 = 1.458; k=3: 1.875/1.3 = 1.442; k=4: 1.9375/1.4 = 1.384
+    schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0})
+    schedule.start(1)
+    assert schedule.alpha(0) == 0.5 and schedule.lengths() == [2]
+    # a = 10/11 after 9 drafts accepted in 3 full rounds, c = 0.3, v measured at k = 1 and 4 only:
+    # v(2) = 1.1, v(3) = 1.15 (interpolated), v(5) = 1.25, v(6) = 1.3 (the last slope, 0.05, extended)
+    # k=4: 4.1699/2.40 = 1.7374; k=5: 4.7908/2.75 = 1.7421; k=6: 5.3553/3.10 = 1.7275 -> k = 5
+    schedule = CostModelSchedule(gamma=6, c=0.3, v={1: 1.05, 4: 1.2})
+    schedule.start(1)
+    for _ in range(3):
+        schedule.update([3], [3])
+    assert schedule.alpha(0) == pytest.approx(10 / 11) and schedule.lengths() == [5]
+    assert [schedule.verify_cost(k) for k in range(7)] == pytest.approx([1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3])
+
+
+def test_cost_model_is_off_where_drafting_does_not_pay():
+    # c = 0.9, v(1) = 2: even at the prior a = 0.5, k=1 gives 1.5 / 2.9 = 0.52 tokens per cost < 1 (k=0)
+    schedule = CostModelSchedule(gamma=4, c=0.9, v={1: 2.0, 4: 5.0})
+    schedule.start(2)
+    assert schedule.lengths() == [0, 0]
+
+
+def test_cost_model_alpha_counts_only_tested_drafts():
+    schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0})
+    schedule.start(3)
+    # row 0: 1 accepted then a rejection (the 2 drafts after it were never tested): a = (1 + 1) / (1 + 1 + 2)
+    # row 1: all 4 accepted, no failure: a = (4 + 1) / (4 + 0 + 2); row 2: drafted nothing: the prior
+    schedule.update([4, 4, 0], [1, 4, 0])
+    assert [schedule.alpha(row) for row in range(3)] == pytest.approx([0.5, 5 / 6, 0.5])
+    schedule.select_rows([1, 2])
+    assert [schedule.alpha(row) for row in range(2)] == pytest.approx([5 / 6, 0.5])
+
+
+def test_cost_model_switches_off_and_recovers():
+    # c = 0.2, v(1) = 1.5, v(2) = 2 (v(3) = 2.5, v(4) = 3 by the last slope): k = 1 pays only when
+    # (1 + a) / 1.7 > 1, i.e. a > 0.7
+    schedule = CostModelSchedule(gamma=4, c=0.2, v={1: 1.5, 2: 2.0}, probe_every=8)
+    schedule.start(1)
+    schedule.update([4], [0])  # a = 1/3: off
+    seen = []
+    for _ in range(33):
+        length = schedule.lengths()[0]
+        seen.append(length)
+        schedule.update([length], [length])  # every draft is accepted from now on
+    # idle rounds draft nothing, every 8th probes one token; after 4 accepted probes a = 5/7 > 0.7: on again
+    assert seen == ([0] * 7 + [1]) * 4 + [1]
+    assert schedule.alpha(0) == pytest.approx(6 / 8)
+
+
+def test_cost_model_needs_costs():
+    with pytest.raises(ValueError, match="cost_model"):
+        make_schedule("cost_model", 4)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        make_schedule("adaptive", 4)
+    with pytest.raises(ValueError, match="gamma"):
+        HeuristicSchedule(0)
+    assert isinstance(make_schedule("cost_model", 4, c=0.1, v={"2": 1.2}), CostModelSchedule)  # JSON keys
+
+
+# ---- confidence ------------------------------------------------------------------------------------------
+
+def test_confidence_keep_drafting_by_hand():
+    schedule = ConfidenceSchedule(gamma=4, threshold=0.4)
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.35, 0.33, 0.32], [0.1, 0.45, 0.45], [0.4, 0.35, 0.25]])
+    # the top probability decides, not the drawn token's: row 2 drew token 0 (q 0.1) but its top is 0.45;
+    # row 3's top is exactly the threshold: it goes on
+    keep = schedule.keep_drafting(probs, torch.tensor([0, 0, 0, 1]))
+    assert keep.tolist() == [True, False, True, True]
+    assert schedule.stops_mid_round
+
+
+def greedy_draft_with_top_probs(draft, prompt: list[int], first: int, steps: int):
+    """The draft's greedy tokens after prompt + [first] and each step's top probability, without a cache."""
+    sequence, tokens, tops = prompt + [first], [], []
+    with torch.inference_mode():
+        for _ in range(steps):
+            probs = torch.softmax(draft(torch.tensor([sequence])).logits[0, -1].float(), dim=-1)
+            tokens.append(int(probs.argmax()))
+            tops.append(float(probs.max()))
+            sequence.append(tokens[-1])
+    return tokens, tops
+
+
+def test_confidence_stops_each_row_at_the_constructed_step():
+    draft = tiny_model("llama", seed=2, layers=1)
+    gamma = 4
+    ids, mask = ragged_batch([5, 8, 3, 6], seed=1)
+    firsts = [11, 12, 13, 14]
+    rows = [greedy_draft_with_top_probs(draft, ids[r][mask[r] == 1].tolist(), firsts[r], gamma) for r in range(4)]
+
+    def stops(threshold):  # each row keeps the token whose top probability fell under the threshold, then stops
+        return [next((i + 1 for i, top in enumerate(tops) if top < threshold), gamma) for _, tops in rows]
+
+    # a threshold midway between two of the rows' top probabilities, at least 1e-3 from each (float noise cannot
+    # move a stop), chosen so that the rows stop at as many different steps as possible
+    values = sorted(top for _, tops in rows for top in tops)
+    gaps = [(len(set(stops((a + b) / 2))), b - a, (a + b) / 2) for a, b in zip(values, values[1:]) if b - a > 2e-3]
+    distinct, _, threshold = max(gaps)
+    expected = stops(threshold)
+    assert distinct >= 3, expected
+    drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=ConfidenceSchedule(gamma, threshold))
+    with torch.inference_mode():
+        drafter.start(ids, mask)
+        proposal = drafter.propose(torch.tensor(firsts), gamma)
+    assert proposal.lengths.tolist() == expected
+    assert proposal.tokens.shape[1] == max(expected)
+    for row, (tokens, _) in enumerate(rows):
+        assert proposal.tokens[row, :expected[row]].tolist() == tokens[:expected[row]]
+    assert drafter.forwards == 1 + max(expected)  # the prompt's prefill, then one forward per step
+
+
+def test_confidence_extremes():
+    draft = tiny_model("llama", seed=2, layers=1)
+    ids, mask = ragged_batch([5, 3])
+    for threshold, length in [(0.0, 4), (1.0, 1)]:  # never stops; stops after the first token
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=ConfidenceSchedule(4, threshold))
+        with torch.inference_mode():
+            drafter.start(ids, mask)
+            proposal = drafter.propose(torch.tensor([7, 8]), 4)
+        assert proposal.lengths.tolist() == [length, length] and proposal.tokens.shape[1] == length
+
+
+# ---- every schedule in the engine: greedy ----------------------------------------------------------------
+
+def noisy_copy(model, scale: float, seed: int):
+    """The model with noise on every weight: a draft that agrees with it often, not always."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * parameter.std())
+    return draft
+
+
+SCHEDULES = {
+    "constant": lambda: ConstantSchedule(4),
+    "heuristic": lambda: HeuristicSchedule(4),
+    "confidence": lambda: ConfidenceSchedule(4, 0.5),
+    "cost_model": lambda: CostModelSchedule(4, c=0.2, v={1: 1.1, 2: 1.2, 4: 1.4}),
+    "cost_model_off": lambda: CostModelSchedule(4, c=0.9, v={1: 2.0, 4: 5.0}),  # plain steps, a probe every 8
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", list(SCHEDULES))
+@pytest.mark.parametrize("lengths", [[9], [6, 13, 2, 9]], ids=["batch1", "ragged4"])
+def test_greedy_output_equals_the_baseline(arch, kind, lengths):
+    target = tiny_model(arch, seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch(lengths)
+    generation = Generation(max_new_tokens=24)
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=SCHEDULES[kind]())
+        spec = generate_speculative(target, drafter, ids, mask, generation, 4)
+    for row, (b, s) in enumerate(zip(base, spec)):
+        assert s.output_ids == b.output_ids, f"{kind}: row {row} diverged"
+        assert sum(r["emitted"] for r in s.rounds) + 1 == s.new_tokens
+        assert all(0 <= r["accepted"] <= r["drafted"] <= 4 for r in s.rounds)
+        assert s.target_forwards == 1 + len(s.rounds)
+    rounds = [r for s in spec for r in s.rounds]
+    if kind == "cost_model_off":  # drafting cannot pay: mostly plain target steps
+        assert sum(r["drafted"] == 0 for r in rounds) > len(rounds) / 2
+        assert any(r["drafted"] == 1 for r in rounds)  # the probes
+    else:  # drafts were accepted and rejected: rollback exercised
+        assert 0 < sum(r["accepted"] for r in rounds) < sum(r["drafted"] for r in rounds)
+    if kind in ("heuristic", "confidence", "cost_model") and len(lengths) > 1:
+        assert len({r["drafted"] for r in rounds}) > 1, "the schedule should vary the length"
+
+
+def test_greedy_with_qwen2_and_heuristic():
+    target = tiny_model("qwen2", seed=1, layers=3)
+    ids, mask = ragged_batch([6, 13, 2, 9])
+    generation = Generation(max_new_tokens=24)
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        drafter = DraftModelDrafter(noisy_copy(target, 0.05, seed=5), VOCAB, Sampling(), schedule=HeuristicSchedule(4))
+        spec = generate_speculative(target, drafter, ids, mask, generation, 4)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+
+
+# ---- sampling under the confidence schedule --------------------------------------------------------------
+
+V = 12
+PROMPT = torch.tensor([[3, 7, 5, 9]])
+
+
+def confidence_threshold_splitting_rows(target, draft) -> float:
+    """The median, over the target's first token, of the draft's top probability at the first draft: about half
+    the rows then stop after one draft, the other half draft two."""
+    with torch.inference_mode():
+        p1 = torch.softmax(target(PROMPT).logits[0, -1].float(), dim=-1)  # [V]
+        sequences = torch.cat([PROMPT.expand(V, -1), torch.arange(V)[:, None]], dim=1)  # [V, P+1]
+        tops = torch.softmax(draft(sequences).logits[:, -1].float(), dim=-1).max(dim=-1).values  # [V]
+    order = tops.argsort()
+    median = int((p1[order].cumsum(0) < 0.5).sum())
+    return float(tops[order[median]])
+
+
+def sample_joint(target, draft, sampling, threshold, rows):
+    ids = PROMPT.expand(rows, -1).contiguous()
+    generator = torch.Generator().manual_seed(0)
+    drafter = DraftModelDrafter(draft, V, sampling, generator, schedule=ConfidenceSchedule(2, threshold))
+    generation = Generation(max_new_tokens=4, sampling=sampling)  # tokens 2 and 3 come from the first round
+    with torch.inference_mode():
+        spec = generate_speculative(target, drafter, ids, torch.ones_like(ids), generation, gamma=2,
+                                    generator=generator)
+    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in spec])
+    return torch.bincount(pairs, minlength=V * V), spec
+
+
+def test_sampling_under_the_confidence_schedule_keeps_the_target_distribution(monkeypatch):
+    sampling = Sampling(True, 1.0)
+    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
+    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    threshold = confidence_threshold_splitting_rows(target, draft)
+    rows = 12_000
+    counts, spec = sample_joint(target, draft, sampling, threshold, rows)
+    drafted = [s.rounds[0]["drafted"] for s in spec]
+    assert 0.2 * rows < drafted.count(1) < 0.8 * rows and drafted.count(1) + drafted.count(2) == rows
+    accepted = sum(s.rounds[0]["accepted"] for s in spec)
+    assert 0.05 * sum(drafted) < accepted < 0.95 * sum(drafted), "accepts and rejects both occur"
+    expected = exact_joint_of_tokens_2_and_3(target, sampling, PROMPT)
+    statistic, critical = chi_square(counts, expected)
+    assert statistic < critical, f"off the target's distribution: chi2 {statistic:.1f} > {critical:.1f}"
+    # power: resampling from p instead of norm(max(0, p - q)) after a rejection is caught at this size
+    monkeypatch.setattr(decode.sampling, "residual_distribution", lambda p, q: p)
+    buggy, _ = sample_joint(target, draft, sampling, threshold, rows)
+    assert chi_square(buggy, expected)[0] > 2 * critical
+
+
+def test_idle_rows_with_a_smaller_draft_vocabulary():
+    """Rows at k = 0 queue their tokens for the draft's next catch-up; a target id the draft cannot embed must
+    not reach its embedding (it only costs acceptance)."""
+    target = tiny_model("llama", seed=1, layers=2)
+    draft = tiny_model("llama", seed=2, layers=1, vocab_size=VOCAB - 40)
+    ids, mask = ragged_batch([5, 8], vocab_size=VOCAB - 40)
+    generation = Generation(max_new_tokens=24)
+    schedule = CostModelSchedule(4, c=0.9, v={1: 2.0}, probe_every=4)  # idle, with a catch-up every 4 rounds
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        spec = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule), ids, mask,
+                                    generation, 4)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+    assert any(t >= VOCAB - 40 for b in base for t in b.output_ids)  # the target did emit such ids
