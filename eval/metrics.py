@@ -762,7 +762,7 @@ def best_points(runs: list[dict], costs_by_label: dict[str, dict | None]) -> dic
         if current is None or run["metrics"]["speedup"] > current["speedup"]:
             entry[run["method"]] = {"label": run["label"], "gamma": run["gamma"], "speedup": run["metrics"]["speedup"],
                                     "speedup_ci95": run["metrics"].get("speedup_ci95"), "flagged": bool(run["flags"]),
-                                    "flags": [f["code"] for f in run["flags"]]}
+                                    "flags": list(dict.fromkeys(f["code"] for f in run["flags"]))}
     for comparison, entry in best.items():
         for method, chosen in entry.items():
             modelled = [r for r in eligible if r["method"] == method and comparison_name(r) == comparison

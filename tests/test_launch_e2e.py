@@ -97,7 +97,7 @@ def test_summary_is_recomputed_from_samples(sweep_run):
     assert all(set(best) == {"speculative"} for best in summary["best"].values())
     with open(out / "summary.csv") as handle:
         assert len(list(csv.DictReader(handle))) == 8
-    assert "| speculative | 4 | 3 |" in (out / "summary.md").read_text()
+    assert "| speculative draft=llama-draft gamma=4 constant batch=3 greedy | ok |" in (out / "summary.md").read_text()
 
 
 def test_report_files_are_strict_json_with_probes_and_memory(sweep_run):

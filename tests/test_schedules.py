@@ -8,7 +8,7 @@ import torch
 
 import decode.sampling
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
-from decode.drafters.schedules import (ConfidenceSchedule, ConstantSchedule, CostModelSchedule, HeuristicSchedule,
+from decode.drafters.schedules import (AcceptanceCounts, ConfidenceSchedule, ConstantSchedule, CostModelSchedule, HeuristicSchedule,
                                        make_schedule)
 from stats import chi_square
 from test_engine_sampling import exact_joint_of_tokens_2_and_3
@@ -52,54 +52,87 @@ def test_heuristic_rows_are_independent():
 # ---- cost model ------------------------------------------------------------------------------------------
 
 def test_cost_model_picks_by_hand():
-    # a = 0.5 (the prior: no evidence yet), c = 0.1, v = 1 at every width; tokens per cost E(k) / (k c + v(k)):
+    # no evidence: b_i = 0.5 everywhere; c = 0.1, v = 1 at every width; tokens per cost E(k) / (k c + v(k)):
     # k=0: 1/1 = 1; k=1: 1.5/1.1 = 1.364; k=2: 1.75/1.2 = 1.458; k=3: 1.875/1.3 = 1.442; k=4: 1.9375/1.4 = 1.384
     schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0})
     schedule.start(1)
-    assert schedule.alpha(0) == 0.5 and schedule.lengths() == [2]
-    # a = 10/11 after 9 drafts accepted in 3 full rounds, c = 0.3, v measured at k = 1 and 4 only:
-    # v(2) = 1.1, v(3) = 1.15 (interpolated), v(5) = 1.25, v(6) = 1.3 (the last slope, 0.05, extended)
-    # k=4: 4.1699/2.40 = 1.7374; k=5: 4.7908/2.75 = 1.7421; k=6: 5.3553/3.10 = 1.7275 -> k = 5
+    assert schedule.acceptance(0) == [0.5] * 4 and schedule.lengths() == [2]
+    # c = 0.3, v measured at k = 1 and 4 only: v(2) = 1.1, v(3) = 1.15 (interpolated), v(5) = 1.25, v(6) = 1.3
+    # (the last slope, 0.05, extended). Given b = [0.9, 0.8, 0.8, 0.5, 0.5, 0.5] (acceptance comes in runs):
+    # E = 1, 1.9, 2.62, 3.196, 3.484, 3.628, 3.700 over costs 1, 1.35, 1.7, 2.05, 2.4, 2.75, 3.1:
+    # 1, 1.4074, 1.5412, 1.5590, 1.4517, 1.3193, 1.1935 -> k = 3
     schedule = CostModelSchedule(gamma=6, c=0.3, v={1: 1.05, 4: 1.2})
-    schedule.start(1)
-    for _ in range(3):
-        schedule.update([3], [3])
-    assert schedule.alpha(0) == pytest.approx(10 / 11) and schedule.lengths() == [5]
     assert [schedule.verify_cost(k) for k in range(7)] == pytest.approx([1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3])
+    rates = [0.9, 0.8, 0.8, 0.5, 0.5, 0.5]
+    assert [schedule.tokens_per_cost(k, rates) for k in range(7)] == pytest.approx(
+        [1, 1.9 / 1.35, 2.62 / 1.7, 3.196 / 2.05, 3.484 / 2.4, 3.628 / 2.75, 3.7 / 3.1])
+    assert schedule.best_length(rates) == 3
+    # independence (b = 0.9 everywhere) is Leviathan's E(k) = (1 - 0.9^(k+1)) / 0.1: k=3: 3.439 / 2.05 = 1.678;
+    # k=4: 4.0951 / 2.4 = 1.7063; k=5: 4.6856 / 2.75 = 1.7039 -> k = 4
+    assert schedule.tokens_per_cost(4, [0.9] * 6) == pytest.approx(4.0951 / 2.4)
+    assert schedule.best_length([0.9] * 6) == 4
+
+
+def test_acceptance_counts_by_hand():
+    counts = AcceptanceCounts(4)
+    counts.add(4, 1)  # draft 1 accepted, draft 2 rejected: positions 1 and 2 tested, 3 and 4 never
+    counts.add(4, 4)  # all four accepted
+    counts.add(2, 2)  # both accepted (positions 3 and 4 not drafted)
+    assert counts.tested[1:] == [3, 3, 1, 1] and counts.accepted[1:] == [3, 2, 1, 1]
+    # weight 2, no prior: b1 = (3 + 2 * 0.5) / (3 + 2) = 0.8; b2 = (2 + 2 * 0.8) / 5 = 0.72;
+    # b3 = (1 + 2 * 0.72) / 3 = 0.81333; b4 = (1 + 2 * 0.81333) / 3 = 0.87556
+    assert counts.rates([None] * 4, 2.0) == pytest.approx([0.8, 0.72, 2.44 / 3, (1 + 2 * 2.44 / 3) / 3])
+    # a given prior replaces the chain where given: b3 = (1 + 2 * 0.1) / 3 = 0.4, b4 = (1 + 2 * 0.4) / 3 = 0.6
+    assert counts.rates([None, None, 0.1, None], 2.0) == pytest.approx([0.8, 0.72, 0.4, 0.6])
+    counts.add(1, 0, decay=0.5)  # halves the evidence, then adds a rejection at position 1
+    assert counts.tested[1:] == [2.5, 1.5, 0.5, 0.5] and counts.accepted[1:] == [1.5, 1.0, 0.5, 0.5]
+
+
+def test_cost_model_rows_learn_from_the_pool():
+    pool = AcceptanceCounts(4)
+    for _ in range(8):
+        pool.add(2, 2)  # earlier batches of the point: 8 rounds, both drafts accepted each time
+    schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0}, pool=pool)
+    schedule.start(2)
+    # pool: b1 = (8 + 1) / 10 = 0.9, b2 = (8 + 1.8) / 10 = 0.98; positions 3 and 4 untested by the pool nor the
+    # row: as likely as the position before. A row with no evidence of its own starts from the pool's
+    assert schedule.acceptance(0) == pytest.approx([0.9, 0.98, 0.98, 0.98])
+    # row 0 rejects its first draft, row 1 accepts all four: decayed row counts (0.8), shrunk toward the pool
+    # with weight 2; the pool counts both rounds undecayed
+    schedule.update([4, 4], [0, 4])
+    assert pool.tested[1:] == [10, 9, 1, 1] and pool.accepted[1:] == [9, 9, 1, 1]
+    pooled = [10 / 12, (9 + 2 * 10 / 12) / 11]  # the pool, updated: b1 = (9 + 2 * 0.5) / (10 + 2), b2 as shown
+    assert schedule.acceptance(0)[0] == pytest.approx((0 + 2 * pooled[0]) / 3)  # 0.556: one rejection does
+    assert schedule.lengths()[0] >= 1  # not switch off a row that the pool knows to accept 9 drafts in 10
+    assert schedule.acceptance(1)[:2] == pytest.approx([(1 + 2 * pooled[0]) / 3, (1 + 2 * pooled[1]) / 3])
+    schedule.select_rows([1])
+    assert schedule.acceptance(0)[0] == pytest.approx((1 + 2 * pooled[0]) / 3)
 
 
 def test_cost_model_is_off_where_drafting_does_not_pay():
-    # c = 0.9, v(1) = 2: even at the prior a = 0.5, k=1 gives 1.5 / 2.9 = 0.52 tokens per cost < 1 (k=0)
+    # c = 0.9, v(1) = 2: even at the prior b = 0.5, k=1 gives 1.5 / 2.9 = 0.52 tokens per cost < 1 (k=0)
     schedule = CostModelSchedule(gamma=4, c=0.9, v={1: 2.0, 4: 5.0})
     schedule.start(2)
     assert schedule.lengths() == [0, 0]
 
 
-def test_cost_model_alpha_counts_only_tested_drafts():
-    schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0})
-    schedule.start(3)
-    # row 0: 1 accepted then a rejection (the 2 drafts after it were never tested): a = (1 + 1) / (1 + 1 + 2)
-    # row 1: all 4 accepted, no failure: a = (4 + 1) / (4 + 0 + 2); row 2: drafted nothing: the prior
-    schedule.update([4, 4, 0], [1, 4, 0])
-    assert [schedule.alpha(row) for row in range(3)] == pytest.approx([0.5, 5 / 6, 0.5])
-    schedule.select_rows([1, 2])
-    assert [schedule.alpha(row) for row in range(2)] == pytest.approx([5 / 6, 0.5])
-
-
 def test_cost_model_switches_off_and_recovers():
     # c = 0.2, v(1) = 1.5, v(2) = 2 (v(3) = 2.5, v(4) = 3 by the last slope): k = 1 pays only when
-    # (1 + a) / 1.7 > 1, i.e. a > 0.7
+    # (1 + b1) / 1.7 > 1, i.e. b1 > 0.7
     schedule = CostModelSchedule(gamma=4, c=0.2, v={1: 1.5, 2: 2.0}, probe_every=8)
     schedule.start(1)
-    schedule.update([4], [0])  # a = 1/3: off
+    schedule.update([4], [0])  # pool b1 = 1/3; row b1 = (0 + 2/3) / (1 + 2) = 2/9: off
     seen = []
     for _ in range(33):
         length = schedule.lengths()[0]
         seen.append(length)
         schedule.update([length], [length])  # every draft is accepted from now on
-    # idle rounds draft nothing, every 8th probes one token; after 4 accepted probes a = 5/7 > 0.7: on again
-    assert seen == ([0] * 7 + [1]) * 4 + [1]
-    assert schedule.alpha(0) == pytest.approx(6 / 8)
+    # idle rounds draft nothing, every 8th probes one token. After probe 1: pool b1 = 2/4, row (t 1.8, a 1)
+    # b1 = (1 + 1) / 3.8 = 0.526; probe 2: pool 3/5, row (2.44, 1.8) (1.8 + 1.2) / 4.44 = 0.676; probe 3:
+    # pool 4/6, row (2.952, 2.44) (2.44 + 1.333) / 4.952 = 0.762 > 0.7: on again (k = 2 would need
+    # b1 (1 + b2) > 1.4: 0.762 * 1.762 = 1.34, not yet)
+    assert seen[:25] == ([0] * 7 + [1]) * 3 + [1]
+    assert all(length >= 1 for length in seen[24:])
 
 
 def test_cost_model_needs_costs():

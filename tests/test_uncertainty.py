@@ -132,6 +132,10 @@ def test_a_baseline_that_moved_between_repeats_flags_drift():
     summary = summarize(samples, {})
     assert "drift" in codes(summary) and "drift" in codes(summary, "baseline")
     assert any("between repeats" in f["message"] for f in run(summary, "speculative")["flags"])
+    # the probe moved too: two drift flags on the run, said once in best
+    both = summarize(samples, {"drift": {"1": {"start_s": 0.100, "end_s": 0.120}}})
+    assert codes(both).count("drift") == 2
+    assert [best["flags"] for best in both["best"]["batch=1 greedy"].values()] == [["drift"]]
     # a repeat that measured one batch more (a slow one) is compared on the batches both repeats have
     steady = paired_run(units=3, repeats=2) + [record("baseline", 7, 7, 1, tokens=4, latency=30.0)]
     assert "drift" not in codes(summarize(steady, {}), "baseline")

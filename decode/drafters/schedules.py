@@ -108,21 +108,59 @@ class ConfidenceSchedule(Schedule):
         return top_probability >= self.threshold
 
 
+class AcceptanceCounts:
+    """Per draft position i = 1..gamma: `tested[i]`, the rounds that verified draft i (it was drafted and every
+    draft before it accepted), and `accepted[i]`, those that accepted it. Their ratio estimates
+    beta_i = P(draft i accepted | drafts 1..i-1 accepted), the Kaplan-Meier factors of the run length of
+    accepted drafts: P(at least i accepted) = beta_1 ... beta_i. Drafts after a rejection were never tested
+    and count nowhere. No independence between positions is assumed: where acceptance comes in runs (code,
+    quoted text), the later positions show it."""
+
+    def __init__(self, gamma: int):
+        self.tested = [0.0] * (gamma + 1)  # index 0 unused
+        self.accepted = [0.0] * (gamma + 1)
+
+    def add(self, drafted: int, accepted: int, decay: float = 1.0) -> None:
+        if decay != 1.0:
+            self.tested = [x * decay for x in self.tested]
+            self.accepted = [x * decay for x in self.accepted]
+        for i in range(1, min(accepted + 1, drafted, len(self.tested) - 1) + 1):
+            self.tested[i] += 1
+        for i in range(1, min(accepted, len(self.tested) - 1) + 1):
+            self.accepted[i] += 1
+
+    def rates(self, prior: list[float | None], weight: float) -> list[float]:
+        """[beta_1 .. beta_gamma], each (accepted_i + weight m_i) / (tested_i + weight): m_i = prior[i - 1]
+        where given, else the beta of the position before (0.5 for the first): a position with no evidence
+        is taken to be as likely as the one before it."""
+        out, previous = [], 0.5
+        for i in range(1, len(self.tested)):
+            m = prior[i - 1] if prior[i - 1] is not None else previous
+            previous = (self.accepted[i] + weight * m) / (self.tested[i] + weight)
+            out.append(previous)
+        return out
+
+
 class CostModelSchedule(Schedule):
     """Each round, per row, the draft length k in 0..gamma that maximises expected tokens per unit of cost:
 
-        E(k) = (1 - a^(k+1)) / (1 - a) tokens   for   k * c + v(k)   (v(k): a (k+1)-token target forward over a
-                                                                        1-token one; v(0) = 1, a plain step)
+        E(k) = 1 + b_1 + b_1 b_2 + ... + b_1...b_k tokens   for   k c + v(k)   (v(k): a (k+1)-token target
+                                                                               forward over a 1-token one;
+                                                                               v(0) = 1, a plain step)
 
-    c and v are the cost ratios measured in this run (runner/probes.py); v is keyed, as there, by the draft
-    length k (the forward is k+1 tokens wide), and interpolated linearly between measured lengths. k = 0 is a
-    plain target step: speculation switches itself off where it does not pay.
+    b_i = P(draft i accepted | drafts 1..i-1 accepted) (AcceptanceCounts): with b_i = a for every i this is
+    Leviathan's (1 - a^(k+1)) / (1 - a), but acceptance is not independent from position to position, and
+    a row that accepted four drafts in a row is likely to accept a fifth. c and v are the cost ratios measured
+    in this run (runner/probes.py); v is keyed, as there, by the draft length k (the forward is k+1 tokens
+    wide), and interpolated linearly between measured lengths. k = 0 is a plain target step: speculation
+    switches itself off where it does not pay.
 
-    a is the row's acceptance estimate under the model E(k) assumes (each draft accepted with probability a,
-    independently): accepted drafts are successes, a round that stopped at a rejection is one failure, and
-    drafts after a rejection were never tested, so they count as neither. With a uniform Beta(1, 1) prior,
-    a = (accepted + 1) / (accepted + rejections + 2): 0.5 before any evidence. (accepted / drafted would
-    count the untested drafts as failures and underestimate a, the more so the longer the drafts.)
+    Each row's b_i is its own recent evidence (counts decayed by `decay` each round it drafts, about
+    1 / (1 - decay) rounds' memory: the text changes, and so does acceptance) shrunk toward the point's pooled
+    b_i with `prior_weight` rounds' weight. The pool (`pool`, an AcceptanceCounts kept by the caller across the
+    batches of one point) counts every round of every row, undecayed: a new sequence does not start from
+    ignorance, and one early rejection does not switch a row off. A position neither has tested is taken as
+    likely as the one before it; with no evidence at all, b = 0.5.
 
     A row at k = 0 gathers no evidence and would stay there for good, even where its text turned easy (a
     quoted passage, code being repeated). So a row idle for probe_every - 1 rounds drafts one token: a probe
@@ -130,19 +168,26 @@ class CostModelSchedule(Schedule):
     """
     name = "cost_model"
     PROBE_EVERY = 8
+    DECAY = 0.8
+    PRIOR_WEIGHT = 2.0
 
-    def __init__(self, gamma: int, c: float, v: dict[int, float], probe_every: int = PROBE_EVERY):
+    def __init__(self, gamma: int, c: float, v: dict[int, float], probe_every: int = PROBE_EVERY,
+                 pool: AcceptanceCounts | None = None, decay: float = DECAY, prior_weight: float = PRIOR_WEIGHT):
         super().__init__(gamma)
         if c < 0 or any(value <= 0 for value in v.values()):
             raise ValueError(f"cost_model needs c >= 0 and v > 0, got c={c}, v={v}")
+        if not 0 < decay <= 1 or prior_weight <= 0:
+            raise ValueError(f"cost_model needs 0 < decay <= 1 and prior_weight > 0, got {decay}, {prior_weight}")
         self.c = c
         self.v = {0: 1.0, **{int(k): float(value) for k, value in v.items()}}  # draft length k -> v(k)
         self.probe_every = probe_every
+        self.pool = pool if pool is not None and len(pool.tested) == gamma + 1 else AcceptanceCounts(gamma)
+        self.decay = decay
+        self.prior_weight = prior_weight
 
     def start(self, rows):
         super().start(rows)
-        self.accepted = [0] * rows  # drafts accepted so far (successes)
-        self.rejections = [0] * rows  # rounds that ended at a rejected draft (failures)
+        self.counts = [AcceptanceCounts(self.gamma) for _ in range(rows)]  # each row's recent evidence
         self.idle = [0] * rows  # rounds since the row last drafted
 
     def verify_cost(self, k: int) -> float:
@@ -158,22 +203,29 @@ class CostModelSchedule(Schedule):
             return known[below] + slope * (k - below)
         return known[below] + (known[above] - known[below]) * (k - below) / (above - below)
 
-    def tokens_per_cost(self, k: int, alpha: float) -> float:
-        """E(k) / (k c + v(k))."""
-        expected = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    def acceptance(self, row: int) -> list[float]:
+        """The row's [b_1 .. b_gamma]: its own decayed counts, shrunk toward the pool's b_i where the pool
+        has tested position i."""
+        pooled = self.pool.rates([None] * self.gamma, self.prior_weight)
+        prior = [b if (i == 0 or self.pool.tested[i + 1] > 0) else None for i, b in enumerate(pooled)]
+        return self.counts[row].rates(prior, self.prior_weight)
+
+    def tokens_per_cost(self, k: int, rates: list[float]) -> float:
+        """E(k) / (k c + v(k)), E(k) = 1 + sum over i <= k of b_1 ... b_i."""
+        expected, survive = 1.0, 1.0
+        for b in rates[:k]:
+            survive *= b
+            expected += survive
         return expected / (k * self.c + self.verify_cost(k))
 
-    def best_length(self, alpha: float) -> int:
+    def best_length(self, rates: list[float]) -> int:
         """The k in 0..gamma with the most tokens per cost; on a tie the shorter."""
-        return max(range(self.gamma + 1), key=lambda k: (self.tokens_per_cost(k, alpha), -k))
-
-    def alpha(self, row: int) -> float:
-        return (self.accepted[row] + 1) / (self.accepted[row] + self.rejections[row] + 2)
+        return max(range(self.gamma + 1), key=lambda k: (round(self.tokens_per_cost(k, rates), 12), -k))
 
     def lengths(self):
         out = []
         for row in range(self.rows):
-            k = self.best_length(self.alpha(row))
+            k = self.best_length(self.acceptance(row))
             if k == 0 and self.idle[row] + 1 >= self.probe_every:
                 k = 1  # a probe: the only way new evidence arrives
             out.append(k)
@@ -181,14 +233,14 @@ class CostModelSchedule(Schedule):
 
     def update(self, drafted, accepted):
         for row, (d, a) in enumerate(zip(drafted, accepted)):
-            self.accepted[row] += a
-            self.rejections[row] += int(a < d)
+            if d:
+                self.counts[row].add(d, a, self.decay)
+                self.pool.add(d, a)
             self.idle[row] = 0 if d else self.idle[row] + 1
 
     def select_rows(self, rows):
         super().select_rows(rows)
-        self.accepted = [self.accepted[r] for r in rows]
-        self.rejections = [self.rejections[r] for r in rows]
+        self.counts = [self.counts[r] for r in rows]
         self.idle = [self.idle[r] for r in rows]
 
 
@@ -197,15 +249,16 @@ SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "conf
 
 
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,
-                  v: dict[int, float] | None = None) -> Schedule:
+                  v: dict[int, float] | None = None, pool: AcceptanceCounts | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
-    (v keyed by draft length k, as runner/probes.py measures it)."""
+    (v keyed by draft length k, as runner/probes.py measures it); pool: cost_model's acceptance counts
+    pooled over the point's earlier batches."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
         if c is None or not v:
             raise ValueError("the cost_model schedule needs the measured cost ratios c and v")
-        return CostModelSchedule(gamma, c, v)
+        return CostModelSchedule(gamma, c, v, pool=pool)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -23,6 +23,7 @@ class RunContext:
     clock: object  # decode.Clock
     costs: dict = field(default_factory=dict)  # measured cost ratios of this batch size (cost_model schedule)
     options: dict = field(default_factory=dict)  # config.speculative as a dict (confidence, ngram sizes, ...)
+    memory: dict = field(default_factory=dict)  # what a method learns across the batches of a point, by point
 
 
 @dataclass(frozen=True)

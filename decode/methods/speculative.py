@@ -7,7 +7,7 @@ from decode.methods.base import MethodSpec
 
 def schedule_for(ctx, point, draft_label: str | None):
     """The point's schedule; cost_model reads the c and v measured in this run (runner/probes.py)."""
-    from decode.drafters.schedules import make_schedule
+    from decode.drafters.schedules import AcceptanceCounts, make_schedule
 
     name = point.schedule or "constant"
     if name != "cost_model":
@@ -16,7 +16,9 @@ def schedule_for(ctx, point, draft_label: str | None):
     c = (costs.get("c_by_draft") or {}).get(draft_label, costs.get("c"))
     if c is None or not costs.get("v"):
         raise ValueError("the cost_model schedule needs the measured costs c and v, and the cost probes did not run")
-    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()})
+    # the acceptance the schedule learnt on this point's earlier batches (warmup included) is its prior
+    pool = ctx.memory.setdefault(("cost_model", point.key), AcceptanceCounts(point.gamma))
+    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()}, pool=pool)
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
