@@ -96,10 +96,32 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     return {
         "c": next(iter(c_by_draft.values()), None),  # the first draft's; c_by_draft has each
         "c_by_draft": c_by_draft,
+        "draft_prefill": {label: draft_prefill_cost(model, ids, mask, clock, target_one)
+                          for label, model in drafts.items()},
         "v": {str(w - 1): median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
         "target_forward_s": target_one,
         "reps_s": reps_s,
     }
+
+
+def draft_prefill_cost(model, ids, mask, clock, target_one: float, reps: int = 3) -> dict:
+    """The draft's prefill in target steps (1-token target forwards at this batch size), as a line in the
+    prompt width P: fixed + per_token * P, fitted through prefills at P and 2P (the prompt twice), medians of
+    `reps`. What the cost_model schedule weighs against what drafting can save (a long prompt, few new tokens:
+    the draft's prefill may cost more than speculation saves)."""
+    def timed(width_ids, width_mask) -> float:
+        times = []
+        for _ in range(reps):
+            start = clock.now()
+            _prefilled(model, width_ids, width_mask)
+            times.append(clock.now() - start)
+        return sorted(times)[len(times) // 2] / target_one
+
+    width = ids.shape[1]
+    once = timed(ids, mask)
+    twice = timed(torch.cat([ids, ids], dim=1), torch.cat([mask, mask], dim=1))
+    per_token = max(twice - once, 0.0) / width
+    return {"fixed": max(once - per_token * width, 0.0), "per_token": per_token, "width": width}
 
 
 def drift_probe(target, ids, mask, clock, reps: int = 3) -> float:

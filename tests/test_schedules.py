@@ -135,6 +135,47 @@ def test_cost_model_switches_off_and_recovers():
     assert all(length >= 1 for length in seen[24:])
 
 
+def test_cost_model_weighs_the_draft_prefill_by_hand():
+    # c = 0.2, v(1) = 1.2, v(2) = 1.4; the pool: 10 rounds, both drafts accepted each time:
+    # b1 = (10 + 1) / 12 = 0.91667, b2 = (10 + 2 * 0.91667) / 12 = 0.98611;
+    # k=1: 1.91667 / 1.4 = 1.3690; k=2: (1.91667 + 0.90394) / 1.8 = 1.56701 = R; 1 - 1/R = 0.36185
+    # budget 33: drafting saves at most 32 * 0.36185 = 11.579 target steps; the prefill costs 1 + 0.05 P
+    pool = AcceptanceCounts(2)
+    for _ in range(10):
+        pool.add(2, 2)
+    schedule = CostModelSchedule(2, c=0.2, v={1: 1.2, 2: 1.4}, pool=pool, budget=33,
+                                 prefill_cost={"fixed": 1.0, "per_token": 0.05})
+    assert schedule.worth_drafting(200)  # 11 < 11.579
+    assert not schedule.worth_drafting(220)  # 12 > 11.579
+    assert CostModelSchedule(2, c=0.2, v={1: 1.2, 2: 1.4}, pool=pool, budget=None,
+                             prefill_cost={"fixed": 1.0, "per_token": 0.05}).worth_drafting(10_000)
+    few = AcceptanceCounts(2)
+    for _ in range(CostModelSchedule.MIN_POOLED_ROUNDS - 1):
+        few.add(2, 2)  # too little evidence: it drafts, to learn
+    assert CostModelSchedule(2, c=0.2, v={1: 1.2, 2: 1.4}, pool=few, budget=33,
+                             prefill_cost={"fixed": 1.0, "per_token": 0.05}).worth_drafting(10_000)
+
+
+def test_a_batch_not_worth_drafting_never_runs_the_draft():
+    target = tiny_model("llama", seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch([6, 13, 2, 9])
+    generation = Generation(max_new_tokens=24)
+    pool = AcceptanceCounts(4)
+    for _ in range(20):
+        pool.add(4, 4)
+    schedule = CostModelSchedule(4, c=0.2, v={1: 1.1, 4: 1.4}, pool=pool, budget=24,
+                                 prefill_cost={"fixed": 1000.0, "per_token": 0.0})
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        spec = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule), ids, mask,
+                                    generation, 4)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+    for s in spec:
+        assert s.draft_forwards == 0  # not even its prefill
+        assert s.rounds and all(r["drafted"] == 0 for r in s.rounds)  # plain steps, no probes either
+
+
 def test_cost_model_needs_costs():
     with pytest.raises(ValueError, match="cost_model"):
         make_schedule("cost_model", 4)

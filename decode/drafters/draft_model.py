@@ -32,6 +32,7 @@ class DraftModelDrafter(Drafter):
         self.schedule = schedule
         self.state = KVState()
         self.input_vocab_size = model.get_input_embeddings().num_embeddings
+        self.off = False  # True: this batch does not run the draft (start asks the schedule)
 
     @property
     def forwards(self) -> int:
@@ -39,11 +40,16 @@ class DraftModelDrafter(Drafter):
 
     def start(self, prompt_ids, prompt_mask):
         self.state = KVState()
-        self.state.forward(self.model, prompt_ids, prompt_mask, last_only=True)
         self.pending: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]  # committed, not yet fed
         self.device = prompt_ids.device
         if self.schedule is not None:
             self.schedule.start(prompt_ids.shape[0])
+        # a schedule may judge the draft's prefill dearer than anything drafting can save on this batch
+        # (cost_model: a long prompt, few new tokens): then the draft never runs and every round is a plain step
+        worth = getattr(self.schedule, "worth_drafting", None)
+        self.off = worth is not None and not worth(prompt_ids.shape[1])
+        if not self.off:
+            self.state.forward(self.model, prompt_ids, prompt_mask, last_only=True)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""
@@ -74,6 +80,9 @@ class DraftModelDrafter(Drafter):
         return ids.to(self.device), mask.to(self.device)
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
+        if self.off:
+            self.last_proposal = last_tokens.new_zeros(last_tokens.shape[0], 0)  # [B, 0]: nothing queued either
+            return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
         lengths = self._lengths(max_tokens, row_limits)  # each row's schedule, clipped to its budget
         num_tokens = max(lengths, default=0)
         if num_tokens == 0:
@@ -142,7 +151,8 @@ class DraftModelDrafter(Drafter):
                 self.pending[row].append(last_draft[row])
 
     def select_rows(self, rows):
-        self.state.select_rows(rows)
+        if not self.off:
+            self.state.select_rows(rows)
         kept = rows.tolist()
         self.pending = [self.pending[r] for r in kept]
         if self.schedule is not None:

@@ -165,14 +165,23 @@ class CostModelSchedule(Schedule):
     A row at k = 0 gathers no evidence and would stay there for good, even where its text turned easy (a
     quoted passage, code being repeated). So a row idle for probe_every - 1 rounds drafts one token: a probe
     costs about c + v(1) - 1 target steps every probe_every rounds, and lets the estimate recover.
+
+    Before a batch, the draft's prefill: with `prefill_cost` (fixed + per_token * P target steps, measured in
+    this run) and `budget` (max_new_tokens), a batch whose draft prefill costs more than drafting can save,
+    (budget - 1) (1 - 1/R) target steps at R = the best tokens per cost the pooled acceptance allows, does not
+    run the draft at all (`worth_drafting`): every round is a plain target step, as the baseline's. The saving
+    assumes every row runs to the budget (an EOS ends it sooner), so the rule leans toward drafting; and it
+    decides only once the pool holds MIN_POOLED_ROUNDS rounds of evidence (before, it drafts to learn).
     """
     name = "cost_model"
     PROBE_EVERY = 8
     DECAY = 0.8
     PRIOR_WEIGHT = 2.0
+    MIN_POOLED_ROUNDS = 8
 
     def __init__(self, gamma: int, c: float, v: dict[int, float], probe_every: int = PROBE_EVERY,
-                 pool: AcceptanceCounts | None = None, decay: float = DECAY, prior_weight: float = PRIOR_WEIGHT):
+                 pool: AcceptanceCounts | None = None, decay: float = DECAY, prior_weight: float = PRIOR_WEIGHT,
+                 prefill_cost: dict | None = None, budget: int | None = None):
         super().__init__(gamma)
         if c < 0 or any(value <= 0 for value in v.values()):
             raise ValueError(f"cost_model needs c >= 0 and v > 0, got c={c}, v={v}")
@@ -184,6 +193,18 @@ class CostModelSchedule(Schedule):
         self.pool = pool if pool is not None and len(pool.tested) == gamma + 1 else AcceptanceCounts(gamma)
         self.decay = decay
         self.prior_weight = prior_weight
+        self.prefill_cost = prefill_cost  # {"fixed": .., "per_token": ..} in target steps, or None
+        self.budget = budget
+
+    def worth_drafting(self, prompt_width: int) -> bool:
+        """Whether this batch (prompts P wide) should prefill the draft at all (see the class doc)."""
+        if self.prefill_cost is None or self.budget is None or self.pool.tested[1] < self.MIN_POOLED_ROUNDS:
+            return True
+        rates = self.pool.rates([None] * self.gamma, self.prior_weight)
+        best = max(self.tokens_per_cost(k, rates) for k in range(self.gamma + 1))  # R >= 1 (k = 0 gives 1)
+        saving = (self.budget - 1) * (1 - 1 / best)
+        cost = self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * prompt_width
+        return saving > cost
 
     def start(self, rows):
         super().start(rows)
@@ -249,16 +270,18 @@ SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "conf
 
 
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,
-                  v: dict[int, float] | None = None, pool: AcceptanceCounts | None = None) -> Schedule:
+                  v: dict[int, float] | None = None, pool: AcceptanceCounts | None = None,
+                  prefill_cost: dict | None = None, budget: int | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); pool: cost_model's acceptance counts
-    pooled over the point's earlier batches."""
+    pooled over the point's earlier batches; prefill_cost, budget: cost_model's draft prefill in target steps
+    and max_new_tokens (whether a batch runs the draft at all)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
         if c is None or not v:
             raise ValueError("the cost_model schedule needs the measured cost ratios c and v")
-        return CostModelSchedule(gamma, c, v, pool=pool)
+        return CostModelSchedule(gamma, c, v, pool=pool, prefill_cost=prefill_cost, budget=budget)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -5,7 +5,7 @@ from decode.generate import generate_speculative
 from decode.methods.base import MethodSpec
 
 
-def schedule_for(ctx, point, draft_label: str | None):
+def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None = None):
     """The point's schedule; cost_model reads the c and v measured in this run (runner/probes.py)."""
     from decode.drafters.schedules import AcceptanceCounts, make_schedule
 
@@ -18,12 +18,13 @@ def schedule_for(ctx, point, draft_label: str | None):
         raise ValueError("the cost_model schedule needs the measured costs c and v, and the cost probes did not run")
     # the acceptance the schedule learnt on this point's earlier batches (warmup included) is its prior
     pool = ctx.memory.setdefault(("cost_model", point.key), AcceptanceCounts(point.gamma))
-    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()}, pool=pool)
+    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()}, pool=pool,
+                         prefill_cost=(costs.get("draft_prefill") or {}).get(draft_label), budget=max_new_tokens)
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
-                                schedule=schedule_for(ctx, point, point.draft))
+                                schedule=schedule_for(ctx, point, point.draft, generation.max_new_tokens))
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                 ctx.clock)
 
