@@ -63,13 +63,15 @@ def _timed_forward(state: KVState, model, tokens: torch.Tensor, clock) -> float:
     return elapsed
 
 
-def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7) -> dict:
+def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
+                  draft_prefill: bool = False) -> dict:
     """c = t(1-token draft forward) / t(1-token target forward) per draft; v_k = t((k+1)-token target forward)
     / t(1-token target forward) for each draft length k = width - 1, at this batch's cache length.
 
     The forwards are interleaved, one of each per repetition (after one untimed pass), so that drift of the
     machine touches every ratio alike; each time is the median over the repetitions, and the repetitions
-    are kept (reps_s) so the report can say when they disagree.
+    are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's prefill
+    cost (draft_prefill_cost; only the cost_model schedule reads it).
     """
     states = {"target": _prefilled(target, ids, mask)}
     models = {"target": target}
@@ -97,7 +99,7 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         "c": next(iter(c_by_draft.values()), None),  # the first draft's; c_by_draft has each
         "c_by_draft": c_by_draft,
         "draft_prefill": {label: draft_prefill_cost(model, ids, mask, clock, target_one)
-                          for label, model in drafts.items()},
+                          for label, model in drafts.items()} if draft_prefill else {},
         "v": {str(w - 1): median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
         "target_forward_s": target_one,
         "reps_s": reps_s,

@@ -208,12 +208,14 @@ class Session:
             return None
         gammas = sorted({p.gamma for p in spec_points if p.gamma})
         widths = {g + 1 for g in gammas}
-        if any(p.schedule == "cost_model" for p in spec_points):  # it picks any draft length up to gamma
+        cost_model = any(p.schedule == "cost_model" for p in spec_points)
+        if cost_model:  # it picks any draft length up to gamma, and weighs the draft's prefill
             widths |= set(range(2, max(gammas) + 2))
         try:
             if os.environ.get("SPECULATE_INJECT_FAILURE") == "costs":  # fault injection for the tests
                 raise RuntimeError("injected failure in the cost probes")
-            return measure_costs(self.target.model, self.context.drafts, ids, mask, sorted(widths), self.clock)
+            return measure_costs(self.target.model, self.context.drafts, ids, mask, sorted(widths), self.clock,
+                                 draft_prefill=cost_model)
         except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory: the points may still run; no prediction
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -1,6 +1,5 @@
 """The drafters beyond the draft model (prompt lookup, early exit) and the draft-length schedules: each is
 greedy-exact against the baseline at batch 1 and in ragged batches, and sampling-lossless."""
-import copy
 
 import pytest
 import torch
@@ -12,17 +11,8 @@ from decode.drafters.prompt_lookup import lookup
 from decode.drafters.schedules import CostModelSchedule, HeuristicSchedule, ConfidenceSchedule, make_schedule
 from decode.sampling import logits_to_probs
 from stats import chi_square
-from tiny_models import VOCAB, ragged_batch, tiny_model
+from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
-
-def noisy_copy(model, scale: float, seed: int):
-    """The model with noise on every weight: a draft that agrees with it often, not always."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * parameter.std())
-    return draft
 
 
 def repetitive_batch(lengths, seed=0):

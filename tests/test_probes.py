@@ -70,7 +70,8 @@ def test_cost_probes_fit_the_draft_prefill_and_the_cost_model_reads_it(monkeypat
     monkeypatch.setattr(probes, "_prefilled", prefilled)
     monkeypatch.setattr(probes, "_timed_forward", lambda state, model, tokens, clock: 1.0 if model is target else 0.3)
     ids, mask = ragged_batch([7, 12], seed=3)
-    costs = probes.measure_costs(target, {"d": draft}, ids, mask, [3, 5], clock)
+    assert probes.measure_costs(target, {"d": draft}, ids, mask, [3, 5], clock)["draft_prefill"] == {}
+    costs = probes.measure_costs(target, {"d": draft}, ids, mask, [3, 5], clock, draft_prefill=True)
     line = costs["draft_prefill"]["d"]
     assert line["width"] == 12 and line["per_token"] == pytest.approx(0.01) and line["fixed"] == pytest.approx(0.5)
     assert costs["c_by_draft"] == {"d": pytest.approx(0.3)}

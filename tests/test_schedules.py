@@ -1,7 +1,6 @@
 """Draft-length schedules: their arithmetic worked out by hand, the confidence stop at a constructed step, greedy
 output equal to the baseline under every schedule, and sampling that keeps the target's distribution when the
 confidence schedule cuts rows' drafts short."""
-import copy
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from decode.drafters.schedules import (AcceptanceCounts, ConfidenceSchedule, Con
                                        make_schedule)
 from stats import chi_square
 from test_engine_sampling import exact_joint_of_tokens_2_and_3
-from tiny_models import VOCAB, ragged_batch, tiny_model
+from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
 
 # ---- constant and heuristic ------------------------------------------------------------------------------
@@ -250,15 +249,6 @@ def test_confidence_extremes():
 
 
 # ---- every schedule in the engine: greedy ----------------------------------------------------------------
-
-def noisy_copy(model, scale: float, seed: int):
-    """The model with noise on every weight: a draft that agrees with it often, not always."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * parameter.std())
-    return draft
 
 
 SCHEDULES = {

@@ -8,7 +8,6 @@ out of a window counted in slots, and these configurations diverge from the base
 forcing hole_free off: every case below then fails); the tests also check that such window-shrinking
 holes really occurred, so that they cannot silently stop exercising the case.
 """
-import copy
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from transformers import (DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, Mis
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.kv import CacheLayoutError, KVState, sliding_window_of
-from tiny_models import VOCAB, ragged_batch
+from tiny_models import VOCAB, noisy_copy, ragged_batch
 
 # relative noise on the draft's weights: the gemma3 pair (one local layer) is less sensitive to it
 DRAFT_NOISE = {"mistral": 0.03, "qwen2": 0.03, "gemma3": 0.08}
@@ -48,15 +47,6 @@ def tiny_windowed(arch: str, window: int, seed: int, layers: int = 2, hidden: in
         raise ValueError(arch)
     return model.float().eval()
 
-
-def noisy_copy(model, noise: float, seed: int = 7):
-    """The model with Gaussian noise of `noise` times each tensor's spread added: a draft that agrees in part."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * noise * parameter.std())
-    return draft
 
 
 def record_window_shrinking_holes(monkeypatch, target, window: int) -> list[int]:

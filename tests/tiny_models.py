@@ -1,6 +1,8 @@
 """Tiny random causal LMs built from a config in milliseconds: the workhorse of the tests."""
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -38,3 +40,14 @@ def ragged_batch(lengths, vocab_size: int = VOCAB, seed: int = 0, pad_id: int = 
         ids[row, width - length:] = torch.randint(3, vocab_size, (length,), generator=generator)
         mask[row, width - length:] = 1
     return ids, mask
+
+
+def noisy_copy(model, scale: float, seed: int = 7):
+    """The model with Gaussian noise of `scale` times each tensor's spread added to every weight: a draft that
+    agrees with it often, not always."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * parameter.std())
+    return draft

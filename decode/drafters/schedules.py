@@ -224,12 +224,15 @@ class CostModelSchedule(Schedule):
             return known[below] + slope * (k - below)
         return known[below] + (known[above] - known[below]) * (k - below) / (above - below)
 
-    def acceptance(self, row: int) -> list[float]:
-        """The row's [b_1 .. b_gamma]: its own decayed counts, shrunk toward the pool's b_i where the pool
-        has tested position i."""
+    def pool_prior(self) -> list[float | None]:
+        """The pool's b_i where the pool has tested position i (b_1 always), else None: the rows' prior."""
         pooled = self.pool.rates([None] * self.gamma, self.prior_weight)
-        prior = [b if (i == 0 or self.pool.tested[i + 1] > 0) else None for i, b in enumerate(pooled)]
-        return self.counts[row].rates(prior, self.prior_weight)
+        return [b if (i == 0 or self.pool.tested[i + 1] > 0) else None for i, b in enumerate(pooled)]
+
+    def acceptance(self, row: int, prior: list[float | None] | None = None) -> list[float]:
+        """The row's [b_1 .. b_gamma]: its own decayed counts, shrunk toward the pool's b_i where the pool
+        has tested position i (prior: pool_prior(), when the caller has it already)."""
+        return self.counts[row].rates(prior if prior is not None else self.pool_prior(), self.prior_weight)
 
     def tokens_per_cost(self, k: int, rates: list[float]) -> float:
         """E(k) / (k c + v(k)), E(k) = 1 + sum over i <= k of b_1 ... b_i."""
@@ -244,9 +247,9 @@ class CostModelSchedule(Schedule):
         return max(range(self.gamma + 1), key=lambda k: (round(self.tokens_per_cost(k, rates), 12), -k))
 
     def lengths(self):
-        out = []
+        out, prior = [], self.pool_prior()  # the pool changes only in update: once per round, not per row
         for row in range(self.rows):
-            k = self.best_length(self.acceptance(row))
+            k = self.best_length(self.acceptance(row, prior))
             if k == 0 and self.idle[row] + 1 >= self.probe_every:
                 k = 1  # a probe: the only way new evidence arrives
             out.append(k)
