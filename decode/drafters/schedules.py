@@ -190,7 +190,9 @@ class CostModelSchedule(Schedule):
         self.c = c
         self.v = {0: 1.0, **{int(k): float(value) for k, value in v.items()}}  # draft length k -> v(k)
         self.probe_every = probe_every
-        self.pool = pool if pool is not None and len(pool.tested) == gamma + 1 else AcceptanceCounts(gamma)
+        if pool is not None and len(pool.tested) != gamma + 1:
+            raise ValueError(f"cost_model's pool counts {len(pool.tested) - 1} positions, gamma is {gamma}")
+        self.pool = pool if pool is not None else AcceptanceCounts(gamma)
         self.decay = decay
         self.prior_weight = prior_weight
         self.prefill_cost = prefill_cost  # {"fixed": .., "per_token": ..} in target steps, or None
