@@ -82,4 +82,4 @@ def test_cost_probes_fit_the_draft_prefill_and_the_cost_model_reads_it(monkeypat
     assert schedule.prefill_cost == line and schedule.budget == 40
     # the pool is the point's, kept across batches in the context
     assert schedule_for(context, Point(method="speculative", draft="d", gamma=4, schedule="cost_model",
-                                       batch_size=2), "d", 40).pool is schedule.pool
+                                       batch_size=2), "d", 40).evidence is schedule.evidence

@@ -141,6 +141,45 @@ class AcceptanceCounts:
         return out
 
 
+class PointEvidence:
+    """What the cost_model schedule of one sweep point has learnt across its batches (warmup included), kept by
+    the caller (RunContext.memory) and handed to each batch's schedule:
+
+    counts: every drafting round of every row, undecayed (AcceptanceCounts): the prior of each new row.
+    finished_rows, finished_tokens: rows that ended and the tokens they generated (at most max_new_tokens each):
+        how long a row runs, for the draft-prefill decision. An EOS ends rows sooner than the budget.
+    skipped: batches in a row that did not run the draft (worth_drafting said no)."""
+
+    def __init__(self, gamma: int):
+        self.counts = AcceptanceCounts(gamma)
+        self.finished_rows = 0
+        self.finished_tokens = 0
+        self.skipped = 0
+
+    def finish(self, new_tokens: list[int]) -> None:
+        """Rows that ended, with how many tokens each generated."""
+        self.finished_rows += len(new_tokens)
+        self.finished_tokens += sum(new_tokens)
+
+    def expected_tokens(self, budget: int, weight: float = 1.0) -> float:
+        """Tokens a new row is expected to generate: the finished rows' mean, shrunk toward the budget with
+        `weight` rows' weight (no rows yet: the budget)."""
+        return (self.finished_tokens + weight * budget) / (self.finished_rows + weight)
+
+
+def monotone(v: dict[int, float]) -> dict[int, float]:
+    """The non-decreasing fit (least squares, pool-adjacent-violators) of v(k) over the measured k: a wider
+    target forward never costs less, and a measured v(3) under v(2) is the probe's noise (a few %, the size of
+    the differences the schedule decides on), which would otherwise pick k = 3 over k = 2 for nothing."""
+    blocks: list[list] = []  # [mean, weight, [k ...]]
+    for k in sorted(v):
+        blocks.append([v[k], 1, [k]])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2, k2), (m1, w1, k1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, k1 + k2])
+    return {k: mean for mean, _, ks in blocks for k in ks}
+
+
 class CostModelSchedule(Schedule):
     """Each round, per row, the draft length k in 0..gamma that maximises expected tokens per unit of cost:
 
@@ -152,35 +191,41 @@ class CostModelSchedule(Schedule):
     Leviathan's (1 - a^(k+1)) / (1 - a), but acceptance is not independent from position to position, and
     a row that accepted four drafts in a row is likely to accept a fifth. c and v are the cost ratios measured
     in this run (runner/probes.py); v is keyed, as there, by the draft length k (the forward is k+1 tokens
-    wide), and interpolated linearly between measured lengths. k = 0 is a plain target step: speculation
-    switches itself off where it does not pay.
+    wide), made non-decreasing in k (`monotone`) and interpolated linearly between measured lengths. k = 0 is
+    a plain target step: speculation switches itself off where it does not pay.
 
     Each row's b_i is its own recent evidence (counts decayed by `decay` each round it drafts, about
     1 / (1 - decay) rounds' memory: the text changes, and so does acceptance) shrunk toward the point's pooled
-    b_i with `prior_weight` rounds' weight. The pool (`pool`, an AcceptanceCounts kept by the caller across the
-    batches of one point) counts every round of every row, undecayed: a new sequence does not start from
-    ignorance, and one early rejection does not switch a row off. A position neither has tested is taken as
-    likely as the one before it; with no evidence at all, b = 0.5.
+    b_i with `prior_weight` rounds' weight. The pool (`evidence.counts`, kept by the caller across the batches
+    of one point) counts every round of every row, undecayed: a new sequence does not start from ignorance,
+    and one early rejection does not switch a row off. A position neither has tested is taken as likely as the
+    one before it; with no evidence at all, b = 0.5.
 
-    A row at k = 0 gathers no evidence and would stay there for good, even where its text turned easy (a
-    quoted passage, code being repeated). So a row idle for probe_every - 1 rounds drafts one token: a probe
-    costs about c + v(1) - 1 target steps every probe_every rounds, and lets the estimate recover.
+    Exploration. A length that is never drafted gathers no evidence: a row at k = 0 would stay there for good,
+    even where its text turned easy (a quoted passage, code being repeated), and a row at k would never learn
+    that position k + 1 is now accepted (an early rejection at k + 1, pooled, would keep every later row at
+    k). So every `probe_every` rounds a row drafts one token more than its best length (0 -> 1, k -> k + 1
+    up to gamma): about (c + v(k+1) - v(k)) / probe_every target steps a round, for an estimate that recovers.
 
     Before a batch, the draft's prefill: with `prefill_cost` (fixed + per_token * P target steps, measured in
-    this run) and `budget` (max_new_tokens), a batch whose draft prefill costs more than drafting can save,
-    (budget - 1) (1 - 1/R) target steps at R = the best tokens per cost the pooled acceptance allows, does not
-    run the draft at all (`worth_drafting`): every round is a plain target step, as the baseline's. The saving
-    assumes every row runs to the budget (an EOS ends it sooner), so the rule leans toward drafting; and it
-    decides only once the pool holds MIN_POOLED_ROUNDS rounds of evidence (before, it drafts to learn).
+    this run) and `budget` (max_new_tokens), a batch whose draft prefill costs more than drafting can save does
+    not run the draft at all (`worth_drafting`): every round is a plain target step, as the baseline's. The
+    saving is (T - 1)(1 - 1/R) target steps: T the tokens a row is expected to generate (the point's finished
+    rows, shrunk toward the budget), R the best tokens per cost at an optimistic acceptance (each pooled b_i
+    raised by 1.64 standard errors): a batch is skipped only when the evidence says with some confidence that
+    drafting does not pay, since a skipped batch teaches nothing. For the same reason, after probe_every - 1
+    skipped batches in a row the next one drafts (a probe batch), and the rule decides only once the pool holds
+    MIN_POOLED_ROUNDS rounds (before, it drafts to learn).
     """
     name = "cost_model"
     PROBE_EVERY = 8
     DECAY = 0.8
     PRIOR_WEIGHT = 2.0
     MIN_POOLED_ROUNDS = 8
+    OPTIMISM = 1.64  # standard errors added to each pooled b_i in the prefill decision (one-sided 95%)
 
     def __init__(self, gamma: int, c: float, v: dict[int, float], probe_every: int = PROBE_EVERY,
-                 pool: AcceptanceCounts | None = None, decay: float = DECAY, prior_weight: float = PRIOR_WEIGHT,
+                 evidence: PointEvidence | None = None, decay: float = DECAY, prior_weight: float = PRIOR_WEIGHT,
                  prefill_cost: dict | None = None, budget: int | None = None):
         super().__init__(gamma)
         if c < 0 or any(value <= 0 for value in v.values()):
@@ -188,30 +233,40 @@ class CostModelSchedule(Schedule):
         if not 0 < decay <= 1 or prior_weight <= 0:
             raise ValueError(f"cost_model needs 0 < decay <= 1 and prior_weight > 0, got {decay}, {prior_weight}")
         self.c = c
-        self.v = {0: 1.0, **{int(k): float(value) for k, value in v.items()}}  # draft length k -> v(k)
+        self.v = {0: 1.0, **monotone({int(k): float(value) for k, value in v.items()})}  # draft length k -> v(k)
         self.probe_every = probe_every
-        if pool is not None and len(pool.tested) != gamma + 1:
-            raise ValueError(f"cost_model's pool counts {len(pool.tested) - 1} positions, gamma is {gamma}")
-        self.pool = pool if pool is not None else AcceptanceCounts(gamma)
+        if evidence is not None and len(evidence.counts.tested) != gamma + 1:
+            raise ValueError(f"cost_model's pool counts {len(evidence.counts.tested) - 1} positions, gamma is {gamma}")
+        self.evidence = evidence if evidence is not None else PointEvidence(gamma)
+        self.pool = self.evidence.counts
         self.decay = decay
         self.prior_weight = prior_weight
         self.prefill_cost = prefill_cost  # {"fixed": .., "per_token": ..} in target steps, or None
         self.budget = budget
 
     def worth_drafting(self, prompt_width: int) -> bool:
-        """Whether this batch (prompts P wide) should prefill the draft at all (see the class doc)."""
-        if self.prefill_cost is None or self.budget is None or self.pool.tested[1] < self.MIN_POOLED_ROUNDS:
+        """Whether this batch (prompts P wide) should prefill the draft at all (see the class doc). A batch it
+        says no to is counted as skipped; one it says yes to resets the count."""
+        worth = self._prefill_pays(prompt_width)
+        self.evidence.skipped = 0 if worth else self.evidence.skipped + 1
+        return worth
+
+    def _prefill_pays(self, prompt_width: int) -> bool:
+        if self.prefill_cost is None or self.budget is None or self.pool.tested[1] < self.MIN_POOLED_ROUNDS \
+                or self.evidence.skipped + 1 >= self.probe_every:
             return True
         rates = self.pool.rates([None] * self.gamma, self.prior_weight)
-        best = max(self.tokens_per_cost(k, rates) for k in range(self.gamma + 1))  # R >= 1 (k = 0 gives 1)
-        saving = (self.budget - 1) * (1 - 1 / best)
+        optimistic = [min(1.0, b + self.OPTIMISM * (b * (1 - b) / (self.pool.tested[i + 1] + self.prior_weight)) ** 0.5)
+                      for i, b in enumerate(rates)]
+        best = max(self.tokens_per_cost(k, optimistic) for k in range(self.gamma + 1))  # R >= 1 (k = 0 gives 1)
+        saving = (self.evidence.expected_tokens(self.budget) - 1) * (1 - 1 / best)
         cost = self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * prompt_width
         return saving > cost
 
     def start(self, rows):
         super().start(rows)
         self.counts = [AcceptanceCounts(self.gamma) for _ in range(rows)]  # each row's recent evidence
-        self.idle = [0] * rows  # rounds since the row last drafted
+        self.since_probe = [0] * rows  # rounds since the row's last probe (or its start)
 
     def verify_cost(self, k: int) -> float:
         """v(k): measured, interpolated linearly between measured lengths; past the longest, the last slope."""
@@ -252,8 +307,10 @@ class CostModelSchedule(Schedule):
         out, prior = [], self.pool_prior()  # the pool changes only in update: once per round, not per row
         for row in range(self.rows):
             k = self.best_length(self.acceptance(row, prior))
-            if k == 0 and self.idle[row] + 1 >= self.probe_every:
-                k = 1  # a probe: the only way new evidence arrives
+            self.since_probe[row] += 1
+            if k < self.gamma and self.since_probe[row] >= self.probe_every:
+                k += 1  # a probe: the only way evidence about position k + 1 arrives
+                self.since_probe[row] = 0
             out.append(k)
         return out
 
@@ -262,12 +319,11 @@ class CostModelSchedule(Schedule):
             if d:
                 self.counts[row].add(d, a, self.decay)
                 self.pool.add(d, a)
-            self.idle[row] = 0 if d else self.idle[row] + 1
 
     def select_rows(self, rows):
         super().select_rows(rows)
         self.counts = [self.counts[r] for r in rows]
-        self.idle = [self.idle[r] for r in rows]
+        self.since_probe = [self.since_probe[r] for r in rows]
 
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,
@@ -275,18 +331,18 @@ SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "conf
 
 
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,
-                  v: dict[int, float] | None = None, pool: AcceptanceCounts | None = None,
+                  v: dict[int, float] | None = None, evidence: PointEvidence | None = None,
                   prefill_cost: dict | None = None, budget: int | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
-    (v keyed by draft length k, as runner/probes.py measures it); pool: cost_model's acceptance counts
-    pooled over the point's earlier batches; prefill_cost, budget: cost_model's draft prefill in target steps
+    (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
+    point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
     and max_new_tokens (whether a batch runs the draft at all)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
         if c is None or not v:
             raise ValueError("the cost_model schedule needs the measured cost ratios c and v")
-        return CostModelSchedule(gamma, c, v, pool=pool, prefill_cost=prefill_cost, budget=budget)
+        return CostModelSchedule(gamma, c, v, evidence=evidence, prefill_cost=prefill_cost, budget=budget)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

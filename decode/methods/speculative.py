@@ -7,7 +7,7 @@ from decode.methods.base import MethodSpec
 
 def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None = None):
     """The point's schedule; cost_model reads the c and v measured in this run (runner/probes.py)."""
-    from decode.drafters.schedules import AcceptanceCounts, make_schedule
+    from decode.drafters.schedules import make_schedule
 
     name = point.schedule or "constant"
     if name != "cost_model":
@@ -16,17 +16,27 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
     c = (costs.get("c_by_draft") or {}).get(draft_label, costs.get("c"))
     if c is None or not costs.get("v"):
         raise ValueError("the cost_model schedule needs the measured costs c and v, and the cost probes did not run")
-    # the acceptance the schedule learnt on this point's earlier batches (warmup included) is its prior
-    pool = ctx.memory.setdefault(("cost_model", point.key), AcceptanceCounts(point.gamma))
-    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()}, pool=pool,
+    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()},
+                         evidence=evidence_of(ctx, point),
                          prefill_cost=(costs.get("draft_prefill") or {}).get(draft_label), budget=max_new_tokens)
+
+
+def evidence_of(ctx, point):
+    """What cost_model learnt on this point's earlier batches (warmup included): its rows' prior, how long rows
+    run, how many batches it skipped (PointEvidence)."""
+    from decode.drafters.schedules import PointEvidence
+
+    return ctx.memory.setdefault(("cost_model", point.key), PointEvidence(point.gamma))
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
                                 schedule=schedule_for(ctx, point, point.draft, generation.max_new_tokens))
-    return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                ctx.clock)
+    records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
+                                   ctx.clock)
+    if point.schedule == "cost_model":
+        evidence_of(ctx, point).finish([record.new_tokens for record in records])
+    return records
 
 
 SPEC = MethodSpec("speculative", "a draft model proposes up to gamma tokens a round (its schedule decides how many), "
