@@ -233,17 +233,21 @@ class Session:
             return
         short = self.generation(temperature, min(self.config.generation.max_new_tokens,
                                                  2 * max(self.config.speculative.gamma) + 2))
-        for point in points:
-            if point in state["failed"]:
-                continue
-            for _ in range(self.config.warmup):
-                try:
-                    REGISTRY[point.method].run(self.context, point, ids, mask, short,
-                                               torch.Generator(ids.device).manual_seed(0))
-                except RUNTIME_ERRORS as error:
-                    state["failed"].add(point)
-                    state["failures"].append(failure(point, "failed", f"{type(error).__name__}: {one_line(error)}"))
-                    break
+        self.context.warming_up = True
+        try:
+            for point in points:
+                if point in state["failed"]:
+                    continue
+                for _ in range(self.config.warmup):
+                    try:
+                        REGISTRY[point.method].run(self.context, point, ids, mask, short,
+                                                   torch.Generator(ids.device).manual_seed(0))
+                    except RUNTIME_ERRORS as error:
+                        state["failed"].add(point)
+                        state["failures"].append(failure(point, "failed", f"{type(error).__name__}: {one_line(error)}"))
+                        break
+        finally:
+            self.context.warming_up = False
 
     # -- per unit ---------------------------------------------------------------------------------
     def run_unit(self, unit: Unit, done: set[tuple] = frozenset(), on_point=None) -> UnitResult:

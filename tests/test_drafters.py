@@ -134,12 +134,13 @@ def test_cost_model_picks_by_hand():
     schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0})
     schedule.start(1)
     assert schedule.lengths() == [2]
-    # a = 0.1 after 0 of 8 drafts accepted ((0 + 1) / (8 + 2)), c = 0.5, v = 2: k=1 gives 1.1 / 2.5 < 1 -> k = 0
+    # one rejected first draft (gamma 4: only position 1 was tested): the pool's b1 = (0 + 2 * 0.5) / 3 = 1/3, the
+    # row's (0 + 2/3) / 3 = 2/9; c = 0.5, v = 2: k=1 gives (1 + 2/9) / 2.5 = 0.49 < 1 -> k = 0
     schedule = CostModelSchedule(gamma=4, c=0.5, v={1: 2.0})
     schedule.start(1)
-    schedule.update([8], [0])
-    assert schedule.lengths() == [0]
+    schedule.update([4], [0])
     for _ in range(CostModelSchedule.PROBE_EVERY - 1):  # no evidence while idle: a 1-token probe every 8 rounds
+        assert schedule.lengths() == [0]
         schedule.update([0], [0])
     assert schedule.lengths() == [1]
     # v between measured lengths is interpolated: v(2) halfway between v(1) = 2 and v(3) = 4

@@ -142,6 +142,7 @@ def test_v_is_made_non_decreasing_by_hand():
     assert monotone({1: 1.061, 2: 1.109, 3: 1.019, 4: 1.052}) == pytest.approx({k: 1.06025 for k in (1, 2, 3, 4)})
     assert monotone({1: 1.0, 2: 1.2, 3: 1.1, 4: 1.5}) == pytest.approx({1: 1.0, 2: 1.15, 3: 1.15, 4: 1.5})
     assert monotone({1: 1.1, 4: 1.3}) == {1: 1.1, 4: 1.3}  # already monotone: unchanged
+    assert monotone({1: 0.95, 2: 1.1}) == {1: 1.0, 2: 1.1}  # never under a plain step
     schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0, 2: 1.2, 3: 1.1, 4: 1.5})
     assert [schedule.verify_cost(k) for k in range(5)] == pytest.approx([1.0, 1.0, 1.15, 1.15, 1.5])
 
@@ -163,11 +164,15 @@ def test_cost_model_probes_one_position_deeper():
         seen.append(length)
         schedule.update([length], [length])  # every draft accepted
     # the 8th round probes k = 2, accepted: the pool now b1 = (16 + 1) / 18 = 0.944, b2 = (1 + 2 * 0.944) / 11
-    # = 0.263; the row's own b1 = (3.952 + 2 * 16/17) / 5.952 = 0.980 (7 rounds decayed by 0.8: 3.952) and
-    # b2 = (1 + 2 * 0.263) / 3 = 0.51 > 0.1818 * 1.98 / 0.98 = 0.367: k = 2 from then on
+    # = 0.263; the row's own b1 = (4.161 + 2 * 0.944) / 6.161 = 0.982 (8 rounds decayed by 0.8: 4.161) and
+    # b2 = (1 + 2 * 0.263) / 3 = 0.51 > 0.1818 * 1.982 / 0.982 = 0.367: k = 2 from then on
     assert seen == [1] * 7 + [2] * 5
-    # at gamma there is nothing deeper to probe
-    assert all(length == 2 for length in schedule.lengths() for _ in range(10))
+    # at gamma there is nothing deeper to probe, and rounds there do not count toward the next probe (a row that
+    # falls back below gamma does not probe gamma again at once, right after being rejected there)
+    for _ in range(20):
+        assert schedule.lengths() == [2]
+        schedule.update([2], [2])
+    assert schedule.since_probe == [0]
 
 
 def test_cost_model_weighs_the_draft_prefill_by_hand():
@@ -191,9 +196,10 @@ def test_cost_model_weighs_the_draft_prefill_by_hand():
     # 5.18 steps and skip P = 160 too: the optimism is what keeps a point that drew a few hard prompts first
     # from skipping the draft for good)
     assert evidence.skipped == 1
-    # rows that ended at EOS after 9 and 17 tokens: T = (9 + 17 + 33) / 3 = 19.6667, saving 18.6667 * 0.287313
+    # batches that ended at EOS after 9 and 17 tokens: T = (9 + 17 + 33) / 3 = 19.6667, saving 18.6667 * 0.287313
     # = 5.363: P = 80 (5) drafts, P = 90 (5.5) does not
-    evidence.finish([9, 17])
+    evidence.finish([9], [True])
+    evidence.finish([4, 17], [True, True])  # a batch runs until its longest row ends
     assert evidence.expected_tokens(33) == pytest.approx(59 / 3)
     assert schedule_with(evidence, budget=33).worth_drafting(80) and evidence.skipped == 0
     assert not schedule_with(evidence, budget=33).worth_drafting(90)
@@ -421,22 +427,31 @@ def test_cost_model_points_remember_how_long_rows_ran():
     from decode import Clock
     from decode.methods import REGISTRY
     from decode.methods.base import RunContext
-    from decode.methods.speculative import evidence_of
+    from decode.methods.speculative import evidence_of, schedule_for
     from eval.records import Point
 
     target = tiny_model("llama", seed=1, layers=3)
     draft = noisy_copy(target, 0.05, seed=5)
     ids, mask = ragged_batch([6, 13, 2])
     context = RunContext(target=target, tokenizer=None, drafts={"d": draft}, target_vocab_size=VOCAB, pad_id=0,
-                         clock=Clock("cpu"),
-                         costs={"c": 0.2, "v": {"1": 1.1, "4": 1.4}})
+                         clock=Clock("cpu"), costs={"c": 0.2, "v": {"1": 1.1, "4": 1.4}})
     point = Point(method="speculative", draft="d", gamma=4, schedule="cost_model", batch_size=3)
-    generation = Generation(max_new_tokens=10, eos_token_ids=(3,))
     with torch.inference_mode():
-        first = REGISTRY["speculative"].run(context, point, ids, mask, generation, None)
-        second = REGISTRY["speculative"].run(context, point, ids[:2], mask[:2], generation, None)
-    evidence = evidence_of(context, point)
-    assert evidence.finished_rows == 5
-    assert evidence.finished_tokens == sum(r.new_tokens for r in first + second)
-    # the rounds of both batches are pooled: every drafted round of every row, once
-    assert evidence.counts.tested[1] == sum(1 for r in first + second for x in r.rounds if x["drafted"])
+        context.warming_up = True  # the warmup: its rounds count, its shorter budget does not
+        assert schedule_for(context, point, "d", 10).budget is None  # it always drafts, deciding nothing
+        REGISTRY["speculative"].run(context, point, ids, mask, Generation(max_new_tokens=10), None)
+        evidence = evidence_of(context, point)
+        warm_rounds = evidence.counts.tested[1]
+        assert evidence.batches == 0 and warm_rounds > 0
+        context.warming_up = False
+        assert schedule_for(context, point, "d", 10).budget == 10
+        first = REGISTRY["speculative"].run(context, point, ids, mask, Generation(max_new_tokens=10), None)
+        second = REGISTRY["speculative"].run(context, point, ids[:2], mask[:2], Generation(max_new_tokens=10), None)
+    assert [r.stop_reason for r in first + second] == ["length"] * 5  # no EOS configured
+    assert evidence.batches == 2 and evidence.eos_batches == 0 and evidence.expected_tokens(10) == 10
+    # every drafted round of every row, once
+    assert evidence.counts.tested[1] == warm_rounds + sum(1 for r in first + second for x in r.rounds if x["drafted"])
+    # a batch of rows that all ended at EOS runs its longest row; one stopped by the budget ran to it
+    evidence.finish([3, 6], [True, True])
+    evidence.finish([2, 10], [True, False])
+    assert evidence.expected_tokens(10) == pytest.approx((6 + 3 * 10 + 10) / 5)

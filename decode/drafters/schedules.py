@@ -142,42 +142,50 @@ class AcceptanceCounts:
 
 
 class PointEvidence:
-    """What the cost_model schedule of one sweep point has learnt across its batches (warmup included), kept by
-    the caller (RunContext.memory) and handed to each batch's schedule:
+    """What the cost_model schedule of one sweep point has learnt across its batches, kept by the caller
+    (RunContext.memory, one per process) and handed to each batch's schedule:
 
-    counts: every drafting round of every row, undecayed (AcceptanceCounts): the prior of each new row.
-    finished_rows, finished_tokens: rows that ended and the tokens they generated (at most max_new_tokens each):
-        how long a row runs, for the draft-prefill decision. An EOS ends rows sooner than the budget.
+    counts: every drafting round of every row, undecayed (AcceptanceCounts), warmup included: the prior of
+        each new row.
+    batches, eos_batches, eos_tokens: how long timed batches ran, for the draft-prefill decision. A batch runs
+        until its longest row ends: one that ended at EOS ran max(new_tokens) tokens; one with a row stopped by
+        max_new_tokens ran to its budget.
     skipped: batches in a row that did not run the draft (worth_drafting said no)."""
 
     def __init__(self, gamma: int):
         self.counts = AcceptanceCounts(gamma)
-        self.finished_rows = 0
-        self.finished_tokens = 0
+        self.batches = 0
+        self.eos_batches = 0
+        self.eos_tokens = 0
         self.skipped = 0
 
-    def finish(self, new_tokens: list[int]) -> None:
-        """Rows that ended, with how many tokens each generated."""
-        self.finished_rows += len(new_tokens)
-        self.finished_tokens += sum(new_tokens)
+    def finish(self, new_tokens: list[int], stopped_at_eos: list[bool]) -> None:
+        """A timed batch ended: each row's generated tokens, and whether it stopped at EOS."""
+        self.batches += 1
+        if all(stopped_at_eos):
+            self.eos_batches += 1
+            self.eos_tokens += max(new_tokens)
 
     def expected_tokens(self, budget: int, weight: float = 1.0) -> float:
-        """Tokens a new row is expected to generate: the finished rows' mean, shrunk toward the budget with
-        `weight` rows' weight (no rows yet: the budget)."""
-        return (self.finished_tokens + weight * budget) / (self.finished_rows + weight)
+        """Tokens a new batch is expected to run: batches that ended at EOS count what they ran (at most the
+        budget), the others the budget, shrunk toward the budget with `weight` batches' weight."""
+        eos = self.eos_batches
+        total = min(self.eos_tokens, eos * budget) + (self.batches - eos + weight) * budget
+        return total / (self.batches + weight)
 
 
 def monotone(v: dict[int, float]) -> dict[int, float]:
-    """The non-decreasing fit (least squares, pool-adjacent-violators) of v(k) over the measured k: a wider
-    target forward never costs less, and a measured v(3) under v(2) is the probe's noise (a few %, the size of
-    the differences the schedule decides on), which would otherwise pick k = 3 over k = 2 for nothing."""
+    """The non-decreasing fit (least squares, pool-adjacent-violators) of v(k) over the measured k, at least 1
+    (v(0), a plain step): a wider target forward never costs less, and a measured v(3) under v(2) is the
+    probe's noise (a few %, the size of the differences the schedule decides on), which would otherwise pick
+    k = 3 over k = 2 for nothing."""
     blocks: list[list] = []  # [mean, weight, [k ...]]
     for k in sorted(v):
         blocks.append([v[k], 1, [k]])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             (m2, w2, k2), (m1, w1, k1) = blocks.pop(), blocks.pop()
             blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, k1 + k2])
-    return {k: mean for mean, _, ks in blocks for k in ks}
+    return {k: max(1.0, mean) for mean, _, ks in blocks for k in ks}  # and never under v(0) = 1, a plain step
 
 
 class CostModelSchedule(Schedule):
@@ -205,14 +213,16 @@ class CostModelSchedule(Schedule):
     even where its text turned easy (a quoted passage, code being repeated), and a row at k would never learn
     that position k + 1 is now accepted (an early rejection at k + 1, pooled, would keep every later row at
     k). So every `probe_every` rounds a row drafts one token more than its best length (0 -> 1, k -> k + 1
-    up to gamma): about (c + v(k+1) - v(k)) / probe_every target steps a round, for an estimate that recovers.
+    up to gamma; rounds at gamma do not count): about (c + v(k+1) - v(k)) / probe_every target steps a round, for
+    an estimate that recovers.
 
     Before a batch, the draft's prefill: with `prefill_cost` (fixed + per_token * P target steps, measured in
     this run) and `budget` (max_new_tokens), a batch whose draft prefill costs more than drafting can save does
     not run the draft at all (`worth_drafting`): every round is a plain target step, as the baseline's. The
-    saving is (T - 1)(1 - 1/R) target steps: T the tokens a row is expected to generate (the point's finished
-    rows, shrunk toward the budget), R the best tokens per cost at an optimistic acceptance (each pooled b_i
-    raised by 1.64 standard errors): a batch is skipped only when the evidence says with some confidence that
+    saving is (T - 1)(1 - 1/R) target steps: T the tokens a batch is expected to run (the point's timed batches
+    that ended at EOS, the others at the budget, shrunk toward the budget), R the best tokens per cost at an
+    optimistic acceptance (each pooled b_i raised by 1.64 standard errors; a position the pool never tested
+    as likely as the one before): a batch is skipped only when the evidence says with some confidence that
     drafting does not pay, since a skipped batch teaches nothing. For the same reason, after probe_every - 1
     skipped batches in a row the next one drafts (a probe batch), and the rule decides only once the pool holds
     MIN_POOLED_ROUNDS rounds (before, it drafts to learn).
@@ -255,9 +265,11 @@ class CostModelSchedule(Schedule):
         if self.prefill_cost is None or self.budget is None or self.pool.tested[1] < self.MIN_POOLED_ROUNDS \
                 or self.evidence.skipped + 1 >= self.probe_every:
             return True
-        rates = self.pool.rates([None] * self.gamma, self.prior_weight)
-        optimistic = [min(1.0, b + self.OPTIMISM * (b * (1 - b) / (self.pool.tested[i + 1] + self.prior_weight)) ** 0.5)
-                      for i, b in enumerate(rates)]
+        optimistic, previous = [], 1.0
+        for i, b in enumerate(self.pool.rates([None] * self.gamma, self.prior_weight)):
+            n = self.pool.tested[i + 1]  # a position the pool never tested: as likely as the one before
+            previous = min(1.0, b + self.OPTIMISM * (b * (1 - b) / (n + self.prior_weight)) ** 0.5) if n else previous
+            optimistic.append(previous)
         best = max(self.tokens_per_cost(k, optimistic) for k in range(self.gamma + 1))  # R >= 1 (k = 0 gives 1)
         saving = (self.evidence.expected_tokens(self.budget) - 1) * (1 - 1 / best)
         cost = self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * prompt_width
@@ -266,7 +278,7 @@ class CostModelSchedule(Schedule):
     def start(self, rows):
         super().start(rows)
         self.counts = [AcceptanceCounts(self.gamma) for _ in range(rows)]  # each row's recent evidence
-        self.since_probe = [0] * rows  # rounds since the row's last probe (or its start)
+        self.since_probe = [0] * rows  # rounds below gamma since the row's last probe (or its start)
 
     def verify_cost(self, k: int) -> float:
         """v(k): measured, interpolated linearly between measured lengths; past the longest, the last slope."""
@@ -307,8 +319,8 @@ class CostModelSchedule(Schedule):
         out, prior = [], self.pool_prior()  # the pool changes only in update: once per round, not per row
         for row in range(self.rows):
             k = self.best_length(self.acceptance(row, prior))
-            self.since_probe[row] += 1
-            if k < self.gamma and self.since_probe[row] >= self.probe_every:
+            self.since_probe[row] = 0 if k == self.gamma else self.since_probe[row] + 1  # nothing deeper
+            if self.since_probe[row] >= self.probe_every:
                 k += 1  # a probe: the only way evidence about position k + 1 arrives
                 self.since_probe[row] = 0
             out.append(k)

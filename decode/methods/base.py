@@ -24,6 +24,7 @@ class RunContext:
     costs: dict = field(default_factory=dict)  # measured cost ratios of this batch size (cost_model schedule)
     options: dict = field(default_factory=dict)  # config.speculative as a dict (confidence, ngram sizes, ...)
     memory: dict = field(default_factory=dict)  # what a method learns across the batches of a point, by point
+    warming_up: bool = False  # the untimed warmup runs (a shorter max_new_tokens): learn nothing about lengths
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
     c = (costs.get("c_by_draft") or {}).get(draft_label, costs.get("c"))
     if c is None or not costs.get("v"):
         raise ValueError("the cost_model schedule needs the measured costs c and v, and the cost probes did not run")
+    # the warmup always runs the draft (its kernels are what it warms) and decides nothing
     return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()},
                          evidence=evidence_of(ctx, point),
-                         prefill_cost=(costs.get("draft_prefill") or {}).get(draft_label), budget=max_new_tokens)
+                         prefill_cost=(costs.get("draft_prefill") or {}).get(draft_label),
+                         budget=None if ctx.warming_up else max_new_tokens)
 
 
 def evidence_of(ctx, point):
@@ -34,8 +36,8 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
                                 schedule=schedule_for(ctx, point, point.draft, generation.max_new_tokens))
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                    ctx.clock)
-    if point.schedule == "cost_model":
-        evidence_of(ctx, point).finish([record.new_tokens for record in records])
+    if point.schedule == "cost_model" and not ctx.warming_up:  # the warmup's budget is not the run's
+        evidence_of(ctx, point).finish([r.new_tokens for r in records], [r.stop_reason == "eos" for r in records])
     return records
 
 
