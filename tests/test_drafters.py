@@ -31,7 +31,7 @@ def drafter_for(kind, target, arch, sampling=Sampling(), generator=None):
         return EarlyExitDrafter(target, 2, VOCAB, sampling, generator)
     draft = noisy_copy(target, 0.05, seed=5)  # accepts about a third to a half of its drafts
     schedule = {"heuristic": HeuristicSchedule(4), "confidence": ConfidenceSchedule(4, 0.5),
-                "cost_model": CostModelSchedule(4, c=0.2, v={1: 1.1, 2: 1.2, 4: 1.4}),
+                "cost_model": CostModelSchedule(4, c=0.05, v={1: 1.0, 2: 1.05, 4: 1.1}),
                 "cost_model_off": CostModelSchedule(4, c=0.9, v={1: 2.0, 4: 5.0})}[kind]
     return DraftModelDrafter(draft, VOCAB, sampling, generator, schedule=schedule)
 
