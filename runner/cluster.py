@@ -2,7 +2,7 @@
 
 Each worker is a Ray actor holding one Session on one device (its own models, its own cost, drift and
 numerics probes); a unit (one batch, every point of its comparison back to back) runs on one worker, so
-the pairing of methods and the rotation of their order are the single-process run's. Records stream
+the pairing of methods and the order they run in are the single-process run's. Records stream
 back to the driver as units finish, and the driver alone writes the report folder (Experiment.accept:
 atomic writes, a batch already on disk is never written twice), so the folder looks exactly like a
 single-process run's, with each record's `worker` filled in.

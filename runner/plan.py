@@ -3,8 +3,9 @@
 A point is a set of named axes (eval/records.py: method, draft, gamma, schedule, exit_layer, batch_size,
 temperature); the registry says which axes apply to a method, so a new axis is a new entry in AXES and
 here, not a new code path. A unit of work is one batch of prompts at one (batch_size, temperature) in one
-repeat: every point of that comparison runs on it back to back, in an order that rotates by one from
-unit to unit, so drift of the machine favours no method and every ratio pairs the same prompts.
+repeat: every point of that comparison runs on it back to back, in an order that changes from unit to unit
+(`order_of`, a Williams design), so drift of the machine favours no method, no point always runs right after
+the same other one, and every ratio pairs the same prompts.
 """
 from __future__ import annotations
 
@@ -75,9 +76,25 @@ def units_of(batch_size: int, temperature, num_prompts: int, repeat: int) -> lis
     return [Unit(batch_size, temperature, repeat, index) for index in range(count)]
 
 
-def rotation(points: list[Point], unit: Unit) -> list[Point]:
-    shift = (unit.batch_index + unit.repeat) % len(points)
-    return points[shift:] + points[:shift]
+def williams_order(n: int, index: int) -> list[int]:
+    """Row `index` of a Williams design for n treatments: rows 0 .. n-1 (and, for odd n, their reverses,
+    n .. 2n-1) form a Latin square, so over a cycle each treatment runs in each position equally often, and each
+    ordered pair (a, b) runs back to back equally often: what ran just before (a warm cache, a hot core, the
+    allocator's state) favours no treatment. A plain rotation keeps every point right after the same other one.
+    """
+    if n <= 2:
+        return [(index + j) % n for j in range(n)]
+    offsets = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
+    cycle = n if n % 2 == 0 else 2 * n
+    row = index % cycle
+    order = [(row % n + offset) % n for offset in offsets]
+    return order[::-1] if row >= n else order
+
+
+def order_of(points: list[Point], unit: Unit) -> list[Point]:
+    """The unit's order of its points: the next row of the Williams design, from batch to batch and repeat
+    to repeat."""
+    return [points[i] for i in williams_order(len(points), unit.batch_index + unit.repeat)]
 
 
 def shard(units: list[Unit], worker: int, workers: int) -> list[Unit]:

@@ -15,7 +15,7 @@ from decode import Clock, Generation, Sampling, check_vocab_compatible
 from decode.methods import REGISTRY, RunContext
 from decode.vocab import VocabMismatch
 from eval.records import Point, SampleRecord
-from runner.plan import Unit, batches_of, points_of, rotation, skipped_reason
+from runner.plan import Unit, batches_of, order_of, points_of, skipped_reason
 from runner.probes import drift_probe, measure_costs
 from utils import UserError
 from utils.data import load_prompts
@@ -251,7 +251,7 @@ class Session:
 
     # -- per unit ---------------------------------------------------------------------------------
     def run_unit(self, unit: Unit, done: set[tuple] = frozenset(), on_point=None) -> UnitResult:
-        """Every point of the unit's comparison on the unit's batch, back to back, in rotated order.
+        """Every point of the unit's comparison on the unit's batch, back to back, in the unit's order (order_of).
         done: batch keys already on disk (not rerun). on_point(point, rate): called after each point."""
         state = self.prepare(unit.batch_size, unit.temperature)
         batch = self.batches(unit.batch_size)[unit.batch_index]
@@ -262,7 +262,7 @@ class Session:
         self.context.costs = state["costs"] or {}
         with torch.inference_mode():
             result.drift_probe_s = drift_probe(self.target.model, ids, mask, self.clock)
-            for point in rotation(points, unit):
+            for point in order_of(points, unit):
                 if point in state["failed"] or point.key + (unit.repeat, unit.batch_index) in done:
                     continue
                 outcome = self._run_point(point, unit, batch, ids, mask)

@@ -132,3 +132,24 @@ def test_a_config_without_draft_runs_methods_that_need_none():
     config = validate({"target": {"model": "t"}, "dataset": {"path": "x.jsonl", "preset": "gsm8k"},
                        "methods": ["baseline", "prompt_lookup"]})
     assert config.draft == []
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 12, 13])
+def test_point_order_is_a_williams_design(n):
+    # over a cycle (n units for even n, 2n for odd), every point runs in every position equally often, and every
+    # ordered pair of points runs back to back equally often (a rotation by one always puts b right after a)
+    from collections import Counter
+
+    from runner.plan import Unit, order_of, williams_order
+
+    cycle = n if n % 2 == 0 or n <= 2 else 2 * n
+    rows = [williams_order(n, index) for index in range(cycle)]
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    positions = Counter((position, point) for row in rows for position, point in enumerate(row))
+    assert set(positions.values()) == {cycle // n} and len(positions) == n * n
+    if n > 2:
+        pairs = Counter((a, b) for row in rows for a, b in zip(row, row[1:]))
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1
+    assert williams_order(n, cycle + 3) == williams_order(n, 3)  # it cycles
+    points = [f"p{i}" for i in range(n)]  # the unit's index is its batch index plus its repeat
+    assert order_of(points, Unit(1, None, 1, 2)) == [points[i] for i in williams_order(n, 3)]
