@@ -82,8 +82,8 @@ def williams_order(n: int, index: int) -> list[int]:
     ordered pair (a, b) runs back to back equally often: what ran just before (a warm cache, a hot core, the
     allocator's state) favours no treatment. A plain rotation keeps every point right after the same other one.
     """
-    if n <= 2:
-        return [(index + j) % n for j in range(n)]
+    if n == 0:
+        return []
     offsets = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
     cycle = n if n % 2 == 0 else 2 * n
     row = index % cycle

@@ -32,12 +32,14 @@ def evidence_of(ctx, point):
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    schedule = schedule_for(ctx, point, point.draft, generation.max_new_tokens)
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
-                                schedule=schedule_for(ctx, point, point.draft, generation.max_new_tokens))
+                                schedule=schedule)
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                    ctx.clock)
-    if point.schedule == "cost_model" and not ctx.warming_up:  # the warmup's budget is not the run's
-        evidence_of(ctx, point).finish([r.new_tokens for r in records], [r.stop_reason == "eos" for r in records])
+    evidence = getattr(schedule, "evidence", None)  # cost_model's; the warmup's budget is not the run's
+    if evidence is not None and not ctx.warming_up:
+        evidence.finish([r.new_tokens for r in records], [r.stop_reason == "eos" for r in records])
     return records
 
 
