@@ -47,11 +47,13 @@ def cell(run: dict | None) -> str:
     if m.get("speedup") is None:
         return "-"
     ci = m.get("speedup_ci95")
-    text = f"{m['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    text = f"{m['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f" (n={run['batches'].get('prompts', '?')})")
     return text + ("!" if run.get("flags") else "")
 
 
 def table(summary: dict) -> str:
+    from eval.report import md_cell
+
     groups = sorted({r["group"] for r in summary["runs"] if r.get("group") is not None})
     labels = []
     for r in summary["runs"]:
@@ -60,7 +62,7 @@ def table(summary: dict) -> str:
     by = {(r["label"], r.get("group")): r for r in summary["runs"]}
     lines = ["| point | " + " | ".join(groups) + " | overall |", "|---|" + "---|" * (len(groups) + 1)]
     for label in labels:
-        lines.append(f"| {label} | " + " | ".join(cell(by.get((label, g))) for g in groups) +
+        lines.append(f"| {md_cell(label)} | " + " | ".join(cell(by.get((label, g))) for g in groups) +
                      f" | {cell(by.get((label, None)))} |")
     return "\n".join(lines) + "\n"
 
@@ -90,7 +92,8 @@ def main() -> int:
         if code not in (0, 3):
             raise SystemExit(f"benchmark run in {out} ended with exit code {code}")
     summary = json.loads((out / "summary.json").read_text())
-    text = "Speedup vs the baseline, 95% paired bootstrap CI over prompts; ! = flagged (see summary.md)\n\n" + table(summary)
+    text = ("Speedup vs the baseline, 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an "
+            "interval); ! = flagged (see summary.md)\n\n" + table(summary))
     (out / "METHODS.md").write_text(text)
     print(text)
     print(out)

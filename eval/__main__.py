@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from eval.metrics import summarize
+from eval.summary import summarize
 from eval.report import write_report
 from utils.io import read_jsonl
 
@@ -17,7 +17,9 @@ def rebuild(folder: Path) -> dict:
     progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
     config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
     summary = summarize(read_jsonl(folder / "samples.jsonl"), progress)
-    write_report(folder, summary, config.get("name", folder.name), (config.get("report") or {}).get("summary_file_name"))
+    report = config.get("report") or {}
+    write_report(folder, summary, config.get("name", folder.name), report.get("summary_file_name"),
+                 with_plots=report.get("plots", True))  # the run's own choice: report.plots: false writes none
     return summary
 
 

@@ -83,6 +83,7 @@ class SampleRecord:
     rounds: list[dict] | None  # methods with rounds: [{"drafted", "accepted", "emitted"}] per round
     peak_memory_bytes: int | None  # CUDA: the batch's peak allocated memory
     worker: str | None = None  # the worker that measured it (a Ray run), else None
+    process: str | None = None  # the OS process that measured it (runner/probes.py PROCESS)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -105,3 +106,89 @@ class SampleRecord:
 def batch_key(record: dict) -> tuple:
     """A point's batch: one (repeat, batch_index) of it. Resume keeps or reruns whole batches."""
     return Point.of(record).key + (record.get("repeat", 0), record["batch_index"])
+
+
+@dataclass
+class CostProbe:
+    """The cost ratios of Leviathan's model measured at one batch size (runner/probes.py measure_costs), in units of
+    one 1-token target forward. Written to progress.json as `to_json()`; the cost_model schedule reads it live.
+
+    c: a 1-token draft forward per draft label; v: a (gamma+1)-token target forward per draft length gamma. The
+    repetitions behind each median are kept so the report can say when they disagree (cost_unstable)."""
+    c_by_draft: dict[str, float] = field(default_factory=dict)
+    v: dict[int, float] = field(default_factory=dict)
+    target_forward_s: float | None = None  # the median 1-token target forward, seconds
+    target_reps_s: dict[int, list[float]] = field(default_factory=dict)  # width -> repetitions (s)
+    draft_reps_s: dict[str, list[float]] = field(default_factory=dict)  # draft label -> 1-token repetitions (s)
+    draft_prefill: dict[str, dict] = field(default_factory=dict)  # draft label -> {fixed, per_token, width}
+    workers: list[str] = field(default_factory=list)  # a Ray run: the workers whose probes these are (medians)
+    per_worker: dict = field(default_factory=dict, repr=False)  # worker -> its CostProbe (not written: each is)
+
+    def c_for(self, draft: str | None) -> float | None:
+        return None if draft is None else self.c_by_draft.get(draft)
+
+    def v_for(self, gamma: int | None) -> float | None:
+        return None if gamma is None else self.v.get(int(gamma))
+
+    def repetitions(self, draft: str | None, gamma: int | None) -> dict[str, list[float]]:
+        """The repetitions behind c_for(draft) and v_for(gamma), named for the report."""
+        named = {"target 1-token": self.target_reps_s.get(1)}
+        if gamma is not None:
+            named[f"target {gamma + 1}-token"] = self.target_reps_s.get(gamma + 1)
+        if draft is not None:
+            named[f"draft {draft} 1-token"] = self.draft_reps_s.get(draft)
+        return {name: values for name, values in named.items() if values}
+
+    def to_json(self) -> dict:
+        return {"c_by_draft": self.c_by_draft, "v": {str(k): x for k, x in self.v.items()},
+                "target_forward_s": self.target_forward_s,
+                "target_reps_s": {str(k): x for k, x in self.target_reps_s.items()},
+                "draft_reps_s": self.draft_reps_s, "draft_prefill": self.draft_prefill, "workers": self.workers}
+
+    @classmethod
+    def from_json(cls, row: dict | None) -> "CostProbe | None":
+        """Also reads the untyped dict of report folders written before this class ("c", "reps_s" with names
+        such as "target_3", "draft_1" for the first draft, "draft_<label>_1")."""
+        if not row:
+            return None
+        c_by_draft = dict(row.get("c_by_draft") or {})
+        target_reps = {int(k): x for k, x in (row.get("target_reps_s") or {}).items()}
+        draft_reps = dict(row.get("draft_reps_s") or {})
+        first = next(iter(c_by_draft), None)
+        for name, values in (row.get("reps_s") or {}).items():  # the older format
+            if name.startswith("target_"):
+                target_reps[int(name.removeprefix("target_"))] = values
+            elif name == "draft_1" and first is not None:
+                draft_reps[first] = values
+            elif name.startswith("draft_") and name.endswith("_1"):
+                draft_reps[name[len("draft_"):-len("_1")]] = values
+        return cls(c_by_draft=c_by_draft, v={int(k): x for k, x in (row.get("v") or {}).items()},
+                   target_forward_s=row.get("target_forward_s"), target_reps_s=target_reps, draft_reps_s=draft_reps,
+                   draft_prefill=dict(row.get("draft_prefill") or {}), workers=list(row.get("workers") or []))
+
+    @classmethod
+    def across_workers(cls, probes: dict[str, "CostProbe"]) -> "CostProbe | None":
+        """The probes of the workers that ran a point (a Ray run; each worker measures its own): each ratio is the
+        median over those workers, and `per_worker` keeps every worker's probe, so the report can say how far
+        each worker's repetitions and the workers themselves disagree."""
+        if not probes:
+            return None
+        if len(probes) == 1:
+            (name, probe), = probes.items()
+            return cls(**{**probe.__dict__, "workers": [name], "per_worker": {name: probe}})
+        listed = list(probes.values())
+        drafts = sorted({d for p in listed for d in p.c_by_draft})
+        gammas = sorted({g for p in listed for g in p.v})
+        return cls(c_by_draft={d: _median([p.c_by_draft.get(d) for p in listed]) for d in drafts},
+                   v={g: _median([p.v.get(g) for p in listed]) for g in gammas},
+                   target_forward_s=_median([p.target_forward_s for p in listed]),
+                   draft_prefill=next((p.draft_prefill for p in listed if p.draft_prefill), {}),
+                   workers=sorted(probes), per_worker=dict(probes))
+
+
+def _median(values: list) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2

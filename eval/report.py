@@ -52,6 +52,8 @@ def cell(run: dict, path: str, fmt: str) -> str:
         interval = _value(run, path + "_ci95")
         if interval:
             text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+        elif any(f["code"] == "few_samples" for f in run.get("flags") or []):  # too few prompts for one: how many
+            text += f" (n={run['batches']['prompts']})"
         if path == "speedup" and run.get("flags"):
             text += " !"  # the notes say why
     return text
@@ -61,9 +63,15 @@ def rows(runs: list[dict]) -> list[list[str]]:
     return [[cell(run, path, fmt) for _, path, fmt in COLUMNS] for run in runs]
 
 
+def md_cell(text: str) -> str:
+    """A Markdown table cell: a '|' in a label (a draft named 'a|b') would end the cell."""
+    return str(text).replace("|", "\\|")
+
+
 def _table(runs: list[dict]) -> list[str]:
     headers = [h for h, _, _ in COLUMNS]
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(r) + " |" for r in rows(runs)]
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + [
+        "| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(runs)]
 
 
 def markdown(summary: dict, title: str = "") -> str:

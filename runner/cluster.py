@@ -14,6 +14,7 @@ A driver killed at any moment is continued with --resume, which submits only uni
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -77,6 +78,38 @@ class _Worker:
         return self.session.run_unit(unit, done, on_point=lambda point, outcome: _kill_hook(point.label))
 
 
+def local_ray_resources(cluster, cpus_here: int, gpus_here: int) -> tuple[int, int]:
+    """(num_cpus, num_gpus) for a local ray.init. num_workers given: what they take. Unset: the whole machine,
+    for workers_that_fit to fill (a cluster sized for one worker fits one), yet at least one worker's worth, so a
+    worker asking for more than the machine has still starts rather than waiting forever."""
+    if cluster.num_workers is not None:
+        return (max(1, math.ceil(cluster.num_workers * cluster.num_cpus)),
+                math.ceil(cluster.num_workers * cluster.num_gpus))
+    gpus = max(gpus_here, math.ceil(cluster.num_gpus)) if cluster.num_gpus > 0 else 0
+    return max(cpus_here, math.ceil(cluster.num_cpus)), gpus
+
+
+def workers_that_fit(resources: dict, cluster) -> int:
+    """Workers of cluster.num_cpus / num_gpus each that a cluster of these resources holds (at least one)."""
+    fits = [resources.get("CPU", 1) // cluster.num_cpus]
+    if cluster.num_gpus:
+        fits.append(resources.get("GPU", 0) // cluster.num_gpus)
+    return max(1, int(min(fits)))
+
+
+def _cpus_here() -> int:
+    """The CPUs this process may run on (a container's or taskset's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _gpus_here(cluster) -> int:
+    if cluster.num_gpus <= 0:
+        return 0  # no CUDA initialisation for a CPU cluster
+    import torch
+
+    return torch.cuda.device_count()
+
+
 class RayExecutor:
     """Runs units on Ray workers, as many at once as there are workers."""
 
@@ -98,18 +131,15 @@ class RayExecutor:
                 env[key] = os.environ[key]
         if cluster.address == "local":
             runtime_env = {"env_vars": env}
-            ray.init(num_cpus=max(1, int(workers * cluster.num_cpus + 0.999)), num_gpus=int(workers * cluster.num_gpus),
+            num_cpus, num_gpus = local_ray_resources(cluster, _cpus_here(), _gpus_here(cluster))
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus,
                      include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, configure_logging=False)
         else:
             runtime_env = {"env_vars": {k: v for k, v in env.items() if k != "PYTHONPATH"},
                            "working_dir": str(ROOT), "excludes": [".venv", ".git", "results", "docs"]}
             ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False, configure_logging=False)
         if cluster.num_workers is None:  # as many as the cluster's resources fit
-            resources = ray.cluster_resources()
-            fits = [resources.get("CPU", 1) // cluster.num_cpus]
-            if cluster.num_gpus:
-                fits.append(resources.get("GPU", 0) // cluster.num_gpus)
-            workers = max(1, int(min(fits)))
+            workers = workers_that_fit(ray.cluster_resources(), cluster)
         actor = ray.remote(_Worker).options(num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus,
                                             max_restarts=cluster.max_retries, max_task_retries=cluster.max_retries)
         device = "cuda:0" if self.device.type == "cuda" else "cpu"  # Ray gives each worker its own GPU as cuda:0
@@ -133,7 +163,7 @@ class RayExecutor:
         if len(names) > 1:
             progress.notes.append("workers ran on different hardware (" + "; ".join(
                 f"{i['worker']}: {i['device_name']}" for i in infos) + "): a ratio pairs each batch with its own "
-                "baseline on one worker, but throughputs and costs mix machines")
+                "baseline on one worker, but throughputs mix machines (each point's c and v are its workers' own)")
         experiment.folder.save_progress()
 
     def __exit__(self, *exc):
@@ -162,19 +192,11 @@ class RayExecutor:
             worker, unit = running.pop(ready[0])
             idle.append(worker)
             result = ray.get(ready[0])  # a worker that died is restarted and the unit retried by Ray
-            self._keep_worker_costs(worker, unit, result)
             where = f"batch {unit.batch_index + 1}/{-(-self.num_prompts // unit.batch_size)} repeat {unit.repeat}"
             for label in result.rates:
                 rows = [r for r in result.rows if _label(r) == label]
                 experiment.display.point_done(label, rows, where, worker)
             experiment.accept(unit, result)
-
-    def _keep_worker_costs(self, worker: str, unit, result) -> None:
-        entry = self.experiment.progress.workers.setdefault(worker, {})
-        if result.costs:
-            entry.setdefault("costs", {}).setdefault(str(unit.batch_size), result.costs)
-        if result.drift_probe_s is not None:
-            entry.setdefault("drift_probes_s", []).append(result.drift_probe_s)
 
 
 def _label(record: dict) -> str:

@@ -14,7 +14,7 @@ from eval.records import Point
 from eval.report import print_table
 from runner.display import Display
 from runner.plan import Unit, comparisons, points_of, units_of
-from runner.probes import environment
+from runner.probes import PROCESS, environment
 from runner.session import Session, UnitResult
 from runner.storage import ReportFolder
 from utils import UserError
@@ -76,9 +76,10 @@ class Experiment:
     def run(self) -> int:
         device = preflight(self.config)
         self.folder.reopen() if self.resume else self.folder.create()
-        self.folder.write_env(environment(device))
+        self.folder.write_env(environment(device), PROCESS)
         self.progress.status = "running"
         self.progress.group_by = self.config.dataset.group_by
+        self.progress.ci_target = self.config.ci_target
         self.folder.save_progress()
         previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt)}
         self.memory = PeakSampler().start()
@@ -153,9 +154,10 @@ class Experiment:
             self.display = display
             for repeat in range(config.max_repeats_planned):
                 units: list[Unit] = []
+                planned_repeats = config.repeats if config.repeats != "auto" else repeat + 1
                 for batch_size, temperature in pending:
                     for point in points_of(config, batch_size, temperature):
-                        self.progress.planned[point.label] = -(-num_prompts // batch_size) * (repeat + 1)
+                        self.progress.planned[point.label] = -(-num_prompts // batch_size) * planned_repeats
                     for unit in units_of(batch_size, temperature, num_prompts, repeat):
                         points = points_of(config, batch_size, temperature)
                         if all(p.key + (repeat, unit.batch_index) in done for p in points):
@@ -166,32 +168,54 @@ class Experiment:
                 executor.execute(units, done)
                 if config.repeats != "auto":
                     continue
-                pending = [c for c in pending if not self._converged(c)]
+                verdicts = {c: self._verdicts(c) for c in pending}
+                pending = [c for c in pending if "ci_wide" in verdicts[c]]
                 over_budget = config.time_budget_s is not None and time.monotonic() - started > config.time_budget_s
-                if not pending or over_budget:
-                    reason = "every speedup CI is within the target" if not pending else "the time budget is spent"
+                if not pending or over_budget or repeat + 1 == config.max_repeats_planned:
+                    few = sorted({label for v in verdicts.values() for label in v.get("few_samples", [])})
+                    reason = ("the time budget is spent" if over_budget and pending else
+                              f"max_repeats ({config.max_repeats_planned}) reached" if pending else
+                              "no speedup CI reaches beyond ci_target (the ci_wide flag's rule)")
+                    if few:
+                        reason += (f"; {len(few)} point(s) rest on too few prompts for an interval (few_samples), which "
+                                   "repeats cannot change: more prompts can")
                     self.progress.notes.append(f"repeats: auto stopped after {repeat + 1} repeat(s): {reason}")
                     for batch_size, temperature in pending:
                         for point in points_of(config, batch_size, temperature):
                             self.progress.planned[point.label] = -(-num_prompts // batch_size) * (repeat + 1)
                     break
 
-    def _converged(self, comparison: tuple) -> bool:
-        batch_size, temperature = comparison
-        summary = self.folder.summary()
-        for run in summary["runs"]:
+    def _verdicts(self, comparison: tuple) -> dict[str, list[str]]:
+        """The labels of a comparison's overall runs by their interval's verdict (eval.flags.ci_verdict, the rule
+        the ci_wide and few_samples flags use): ci_wide ones need more repeats, few_samples ones cannot use them."""
+        from eval.flags import ci_verdict
+
+        verdicts: dict[str, list[str]] = {}
+        for run in self.folder.summary()["runs"]:
             if (run.get("batch_size"), run.get("temperature")) != comparison or run.get("group") is not None:
                 continue
             if run["status"] not in ("ok", "partial") or REGISTRY[run["method"]].is_reference:
                 continue
-            speedup, interval = run["metrics"].get("speedup"), run["metrics"].get("speedup_ci95")
-            if speedup is None:
-                continue
-            if not interval or (interval[1] - interval[0]) / 2 > self.config.ci_target * speedup:
-                return False
-        return True
+            verdict = ci_verdict(run["metrics"].get("speedup"), run["metrics"].get("speedup_ci95"),
+                                 run["batches"]["prompts"], self.config.ci_target)
+            if verdict:
+                verdicts.setdefault(verdict, []).append(run["label"])
+        return verdicts
 
     # -- what a unit brings back ----------------------------------------------------------------------
+    def _keep_probes(self, unit: Unit, result: UnitResult) -> None:
+        """The process's cost probe of this batch size (once) and its drift probe reading, kept per process: a
+        resumed run and each Ray worker measure their own, and eval takes each point's from the processes that ran it."""
+        key, process = str(unit.batch_size), result.process
+        if process not in self.progress.processes:
+            drivers = sum(1 for p in self.progress.processes.values() if not p.get("worker"))
+            self.progress.processes[process] = {"name": result.worker or f"process {drivers + 1}",
+                                                "worker": result.worker}
+        if result.costs is not None:
+            self.progress.costs.setdefault(key, {}).setdefault(process, result.costs.to_json())
+        if result.drift_probe_s is not None:
+            self.progress.drift.setdefault(key, {}).setdefault(process, []).append(result.drift_probe_s)
+
     def accept(self, unit: Unit, result: UnitResult) -> None:
         """Keep a finished unit: its records (a batch already on disk is not written twice), its failures,
         the comparison's costs and the drift probe; then rebuild the summary."""
@@ -206,13 +230,7 @@ class Experiment:
         for note in result.notes:
             if note not in self.progress.notes:
                 self.progress.notes.append(note)
-        key = str(unit.batch_size)
-        if result.costs and key not in self.progress.costs:
-            self.progress.costs[key] = result.costs
-        if result.drift_probe_s is not None and result.worker is None:  # a Ray worker keeps its own (cluster.py)
-            drift = self.progress.drift.setdefault(key, {"start_s": result.drift_probe_s, "probes_s": []})
-            drift["probes_s"].append(result.drift_probe_s)
-            drift["end_s"] = result.drift_probe_s
+        self._keep_probes(unit, result)
         self.folder.save_progress()
         # samples.jsonl is what resume and `python -m eval` read; the summary in between is for a person
         # watching the folder, so it is rebuilt at most every SUMMARY_EVERY_S (and always at the end)

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import torch
 
 from decode.kv import KVState
+from eval.records import CostProbe
+
+
+# This OS process, as the records name it: a resumed run or a restarted Ray worker is another process, and the
+# report says which pairs of batches two processes measured (not back to back)
+PROCESS = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns() // 1_000_000 % 10 ** 10}"
 
 
 def environment(device: torch.device) -> dict:
@@ -64,7 +72,7 @@ def _timed_forward(state: KVState, model, tokens: torch.Tensor, clock) -> float:
 
 
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
-                  draft_prefill: bool = False) -> dict:
+                  draft_prefill: bool = False) -> CostProbe:
     """c = t(1-token draft forward) / t(1-token target forward) per draft; v_k = t((k+1)-token target forward)
     / t(1-token target forward) for each draft length k = width - 1, at this batch's cache length.
 
@@ -88,22 +96,15 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
                 times[(name, width)].append(elapsed)
     median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
     target_one = median[("target", 1)]
-    c_by_draft = {label: median[(f"draft:{label}", 1)] / target_one for label in drafts}
-    first = next(iter(drafts), None)
-    reps_s = {}
-    for (name, width), values in times.items():
-        label = name.removeprefix("draft:")
-        key = f"target_{width}" if name == "target" else "draft_1" if label == first else f"draft_{label}_1"
-        reps_s[key] = values
-    return {
-        "c": next(iter(c_by_draft.values()), None),  # the first draft's; c_by_draft has each
-        "c_by_draft": c_by_draft,
-        "draft_prefill": {label: draft_prefill_cost(model, ids, mask, clock, target_one)
-                          for label, model in drafts.items()} if draft_prefill else {},
-        "v": {str(w - 1): median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
-        "target_forward_s": target_one,
-        "reps_s": reps_s,
-    }
+    return CostProbe(
+        c_by_draft={label: median[(f"draft:{label}", 1)] / target_one for label in drafts},
+        v={w - 1: median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
+        target_forward_s=target_one,
+        target_reps_s={width: values for (name, width), values in times.items() if name == "target"},
+        draft_reps_s={name.removeprefix("draft:"): values for (name, _), values in times.items() if name != "target"},
+        draft_prefill={label: draft_prefill_cost(model, ids, mask, clock, target_one)
+                       for label, model in drafts.items()} if draft_prefill else {},
+    )
 
 
 def draft_prefill_cost(model, ids, mask, clock, target_one: float, reps: int = 3) -> dict:

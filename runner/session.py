@@ -14,12 +14,12 @@ import torch
 from decode import Clock, Generation, Sampling, check_vocab_compatible
 from decode.methods import REGISTRY, RunContext
 from decode.vocab import VocabMismatch
-from eval.records import Point, SampleRecord
+from eval.records import CostProbe, Point, SampleRecord
 from runner.plan import Unit, batches_of, order_of, points_of, skipped_reason
-from runner.probes import drift_probe, measure_costs
+from runner.probes import PROCESS, drift_probe, measure_costs
 from utils import UserError
 from utils.data import load_prompts
-from utils.models import load_model, model_devices, release_file_mappings
+from utils.models import check_exit_layers, load_model, model_devices, release_file_mappings
 
 # errors of a point at run time (the point fails, the sweep goes on); anything else is a bug
 RUNTIME_ERRORS = (RuntimeError, FloatingPointError, ValueError, IndexError)
@@ -31,9 +31,10 @@ class UnitResult:
     failures: list[dict] = field(default_factory=list)  # {point axes, status, error}
     rates: dict = field(default_factory=dict)  # point label -> tok/s on this batch
     drift_probe_s: float | None = None
-    costs: dict | None = None  # the comparison's measured costs (sent with every unit; the driver keeps the first)
+    costs: CostProbe | None = None  # the comparison's measured costs (sent with every unit; kept once per process)
     notes: list[str] = field(default_factory=list)
     worker: str | None = None
+    process: str = PROCESS
 
 
 def left_pad(token_lists: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,6 +83,7 @@ class Session:
         torch.manual_seed(config.seed)
         with self._loading("target model"):
             self.target = load_model(config.target, self.device, "target")
+        check_exit_layers(config, self.target.model.config)  # a depth not readable before loading
         self.drafts = {}
         for index, draft_config in enumerate(config.draft):
             role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
@@ -135,6 +137,7 @@ class Session:
         if self.prompt_set.guessed_field:
             notes.append(f"dataset: no prompt_field given; the prompts are the '{self.prompt_set.field_name}' column "
                          f"(the one common prompt name among the fields {', '.join(self.prompt_set.fields)})")
+        notes.extend(self.prompt_set.notes)
         if any(not REGISTRY[m].per_row_timing for m in self.config.methods):
             notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
                          "no TTFT or forward counts")
@@ -180,7 +183,7 @@ class Session:
         return left_pad([p.token_ids for p in batch], self.pad_id, self.device)
 
     # -- per comparison ---------------------------------------------------------------------------
-    def prepare(self, batch_size: int, temperature, known_costs: dict | None = None) -> dict:
+    def prepare(self, batch_size: int, temperature, known_costs: CostProbe | None = None) -> dict:
         """Warm up every point on this comparison's first batch, then measure c and v there (once per
         batch size). Returns {"failures": [...], "costs": {...} or None, "notes": [...]}."""
         key = (batch_size, temperature)
@@ -197,7 +200,7 @@ class Session:
         with torch.inference_mode():
             if state["costs"] is None:
                 state["costs"] = self._measure_costs(points, ids, mask, state)
-            self.context.costs = state["costs"] or {}
+            self.context.costs = state["costs"]
             self._warm_up(points, state, ids, mask, temperature)
         self.prepared[key] = state
         return state
@@ -259,7 +262,7 @@ class Session:
         result = UnitResult(failures=list(state["failures"]), costs=state["costs"], notes=list(state["notes"]),
                             worker=self.worker)
         points = points_of(self.config, unit.batch_size, unit.temperature)
-        self.context.costs = state["costs"] or {}
+        self.context.costs = state["costs"]
         with torch.inference_mode():
             result.drift_probe_s = drift_probe(self.target.model, ids, mask, self.clock)
             for point in order_of(points, unit):
@@ -307,6 +310,6 @@ class Session:
                 target_forwards=record.target_forwards, draft_forwards=record.draft_forwards,
                 target_s=record.target_s, draft_s=record.draft_s, draft_prefill_s=record.draft_prefill_s,
                 rounds=record.rounds if REGISTRY[point.method].has_rounds else None, peak_memory_bytes=peak,
-                worker=self.worker).to_json())
+                worker=self.worker, process=PROCESS).to_json())
         wall = max(r.latency_s for r in records)
         return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)

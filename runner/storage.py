@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from eval.metrics import summarize
+from eval.summary import summarize
 from eval.records import batch_key
 from eval.report import write_report
 from utils import UserError
@@ -21,8 +21,10 @@ class Progress:
     status: str = "running"
     failures: list[dict] = field(default_factory=list)  # {point axes..., status, error}
     planned: dict = field(default_factory=dict)  # point label -> (repeat, batch) units planned
-    costs: dict = field(default_factory=dict)  # str(batch_size) -> measured cost ratios (see runner/probes.py)
-    drift: dict = field(default_factory=dict)  # str(batch_size) -> {"start_s", "end_s", "probes_s"}
+    costs: dict = field(default_factory=dict)  # str(batch_size) -> process -> CostProbe.to_json() (runner/probes.py)
+    drift: dict = field(default_factory=dict)  # str(batch_size) -> process -> drift probe readings (s), in order
+    processes: dict = field(default_factory=dict)  # process id -> {"name": a Ray worker or "process k", "worker"}
+    ci_target: float | None = None  # config.ci_target: the ci_wide flag's rule, and repeats: auto's
     numerics: dict = field(default_factory=dict)  # {"target": {...}, "drafts": {label: {...}}}
     memory: dict = field(default_factory=dict)  # peak host (and GPU) memory of the run
     workers: dict = field(default_factory=dict)  # worker id -> its device and hardware (a Ray run)
@@ -61,7 +63,7 @@ class ReportFolder:
         progress = self.path / "progress.json"
         if progress.is_file():
             saved_progress = json.loads(progress.read_text())
-            for key in ("costs", "drift", "numerics", "workers"):
+            for key in ("costs", "drift", "numerics", "workers", "processes"):
                 setattr(self.progress, key, saved_progress.get(key) or {})
         self._drop_incomplete_batches()
 
@@ -90,8 +92,17 @@ class ReportFolder:
         self.samples.extend(fresh)
         return fresh
 
-    def write_env(self, env: dict) -> None:
-        write_json(self.path / "env.json", env)
+    def write_env(self, env: dict, process: str) -> None:
+        """env.json: the first process's machine at the top, and every process's under "processes" (a resumed run
+        adds its own: the machine that measured each batch stays on record)."""
+        path = self.path / "env.json"
+        saved = json.loads(path.read_text()) if path.is_file() else None
+        entry = {"process": process, **env}
+        if saved is None:
+            write_json(path, {**env, "processes": [entry]})
+        else:
+            processes = saved.get("processes") or [{k: v for k, v in saved.items() if k != "processes"}]
+            write_json(path, {**saved, "processes": processes + [entry]})
 
     def save_progress(self) -> None:
         write_json(self.path / "progress.json", asdict(self.progress))

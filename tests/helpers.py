@@ -1,7 +1,10 @@
-"""Tiny models saved to a folder, and configs that use them."""
+"""Tiny models saved to a folder, configs that use them, and launch.py run in a subprocess."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -9,6 +12,7 @@ from transformers import PreTrainedTokenizerFast
 
 from tiny_models import tiny_model
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(93)]
 
 
@@ -51,3 +55,19 @@ def base_config(target: Path, draft: Path, data: Path, **extra) -> dict:
     }
     config.update(extra)
     return config
+
+
+def run_launch(args, env_extra=None, timeout=180):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env_extra or {}))
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def assert_one_clean_line(result, fragment):
+    """Bad input: exit code 2 and one line on stderr, naming what is wrong, with no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert fragment in lines[0], lines[0]
+    assert lines[0].startswith("error: ")

@@ -1,14 +1,10 @@
 """Bad input: one line on stderr naming what is wrong, exit code 2, no traceback, before any model loads."""
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import base_config, save_tiny_pair, write_prompts
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import assert_one_clean_line, base_config, run_launch, save_tiny_pair, write_prompts
 
 
 @pytest.fixture(scope="module")
@@ -83,22 +79,6 @@ CASES = [
     ("group-by-missing-field", "dataset", {"group_by": "category"}, "dataset.group_by"),
     ("cluster-backend-unknown", "cluster", {"backend": "slurm"}, "cluster.backend"),
 ]
-
-
-def run_launch(args, env_extra=None, timeout=180):
-    import os
-    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def assert_one_clean_line(result, fragment):
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    assert fragment in lines[0], lines[0]
-    assert lines[0].startswith("error: ")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.metrics import summarize
+from eval.summary import summarize
 from helpers import base_config, save_tiny_pair, write_prompts
 from utils.io import read_jsonl
 
@@ -88,9 +88,8 @@ def test_summary_is_recomputed_from_samples(sweep_run):
             assert len(m["per_position_acceptance"]) == gamma
             for key in ["alpha", "draft_cost_ratio_c", "verify_cost_ratio_v", "predicted_speedup", "efficiency"]:
                 assert m[key] is not None, key
-            # 5 prompts x 2 repeats at batch 1: 10 paired units, an interval around the ratio
-            lo, hi = m["speedup_ci95"]
-            assert lo <= hi
+            # 5 prompts x 2 repeats at batch 1: repeats add no prompts, 5 are too few for an interval
+            assert m["speedup_ci95"] is None
         else:
             assert m["speedup"] == 1.0 and m["block_efficiency"] == 1.0
     assert set(summary["best"]) == {"batch=1 greedy", "batch=3 greedy"}

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from utils import UserError
 
@@ -68,17 +69,23 @@ class GenerationConfig(Strict):
 
     @field_validator("temperature", mode="before")
     @classmethod
-    def _temperature(cls, value):
+    def _temperature(cls, value, info: ValidationInfo):
         values = value if isinstance(value, list) else [value]
         if not values:
             raise ValueError("temperature list is empty; give at least one value")
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"temperature must be a number >= 0 (0 = greedy) or a list of them, got {v!r}")
+            # NaN passes `v < 0` and every comparison after it: it would reach the sampler and decode garbage
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy) or a list of them, got {v!r}")
         if len(set(values)) != len(values):
             raise ValueError(f"temperature list {values} repeats a value; list each once")
         if len(values) == 1 and values[0] == 0:
             raise ValueError("temperature 0 alone is greedy decoding: set do_sample: false instead")
+        # one temperature with do_sample: false is the default (1.0) and ignored; a list asks for a sweep that
+        # greedy decoding would silently collapse into one greedy point
+        if len(values) > 1 and info.data.get("do_sample") is False:
+            raise ValueError(f"{values} lists several temperatures but do_sample: false decodes greedily; set "
+                             "do_sample: true to sample at those temperatures, or drop the temperature list")
         return [float(v) for v in values]
 
     def temperatures(self) -> list[float | None]:
@@ -162,6 +169,11 @@ class ReportConfig(Strict):
     plots: bool = True
 
 
+# runner/session.py seeds each batch's generator with seed * 1_000_003 + batch_index * 101 + repeat, and torch
+# takes seeds up to 2**64 - 1: the largest seed leaves 2**40 for batch_index * 101 + repeat (10**10 batches)
+SEED_MAX = (2 ** 64 - 1 - 2 ** 40) // 1_000_003
+
+
 class Config(Strict):
     name: str = "experiment"
     device: str = "cpu"
@@ -189,6 +201,14 @@ class Config(Strict):
             return []
         return value if isinstance(value, list) else [value]
 
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value):
+        if not 0 <= value <= SEED_MAX:
+            raise ValueError(f"seed must be an integer from 0 to {SEED_MAX} (per-batch seeds derived from it must fit "
+                             f"torch's 64 bits), got {value}")
+        return value
+
     @field_validator("repeats", mode="before")
     @classmethod
     def _repeats(cls, value):
@@ -209,10 +229,28 @@ class Config(Strict):
             if "exit_layer" in spec.axes and not self.speculative.exit_layer:
                 raise ValueError(f"method {method} needs speculative.exit_layer (the target layers that draft), "
                                  "e.g. exit_layer: [4, 8]")
+        if self.repeats == "auto" and not any(REGISTRY[m].is_reference for m in self.methods):
+            reference = next(name for name, spec in REGISTRY.items() if spec.is_reference)
+            raise ValueError(f"repeats: auto repeats until the speedup intervals settle, and there is no speedup without "
+                             f"{reference} in methods: add {reference}, or set repeats to a number")
         labels = [d.name for d in self.draft]
         if len(set(labels)) != len(labels):
             raise ValueError(f"draft labels {labels} repeat; give each draft its own label: ...")
+        if "hf_prompt_lookup" in self.methods and self.speculative.ngram_min != 1:
+            # transformers (5.23) tries n-grams from max_matching_ngram_size down to 1 and takes no minimum:
+            # its row would answer another question than prompt_lookup's
+            raise ValueError(f"speculative.ngram_min: {self.speculative.ngram_min} cannot apply to hf_prompt_lookup "
+                             "(transformers matches n-grams down to 1 and takes no minimum); set ngram_min: 1, or "
+                             "run hf_prompt_lookup in a run of its own")
         return self
+
+    @property
+    def exit_layers(self) -> list[int]:
+        """speculative.exit_layer where a method sweeps it, else [] (a list no method uses is not checked)."""
+        from decode.methods import REGISTRY
+
+        used = any("exit_layer" in REGISTRY[m].axes for m in self.methods)
+        return list(self.speculative.exit_layer or []) if used else []
 
     @property
     def max_repeats_planned(self) -> int:
@@ -365,7 +403,7 @@ def validate(raw: Any) -> Config:
     if is_flat(raw):
         raw = from_flat(raw)
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
         if first["loc"][:2] == ("draft", 0) and isinstance(raw.get("draft"), dict):  # a single draft, written as a mapping
@@ -383,6 +421,11 @@ def validate(raw: Any) -> Config:
         got = first.get("input")
         shown = "" if isinstance(got, (dict, list)) and first["type"] != "value_error" else f" (got {got!r})"
         raise ConfigError(f"config key '{where}': {message}{shown if first['type'] != 'value_error' else ''}") from None
+    if config.exit_layers:  # against the target's depth where its config files are here (else once it loads)
+        from utils.models import check_exit_layers
+
+        check_exit_layers(config)
+    return config
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> tuple[Config, dict]:

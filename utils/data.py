@@ -47,6 +47,7 @@ class PromptSet:
     fields: list[str] = field(default_factory=list)
     field_name: str = ""  # the column the prompts came from
     guessed_field: bool = False  # no prompt_field and no preset: guessed from common names
+    notes: list[str] = field(default_factory=list)  # for the report's notes: what ran differs from what was asked
 
 
 def resolve_path(path: str) -> tuple[str, str | None]:
@@ -139,8 +140,9 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
     field_name, guessed = prompt_field(cfg, fields)
     if cfg.group_by is not None and cfg.group_by not in fields:
         raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}")
+    available = len(rows)
     if cfg.num_samples is not None:
-        rows = rows.select(range(min(cfg.num_samples, len(rows))))
+        rows = rows.select(range(min(cfg.num_samples, available)))
     result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed)
     for index, row in enumerate(rows):
         text = apply_chat_template(tokenizer, prompt_of(row, cfg, field_name), cfg)
@@ -161,6 +163,10 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
             if result.skipped_too_long else ""
         raise DataError(f"dataset: no prompts left from {cfg.path}{reason}; raise dataset.max_prompt_tokens "
                         "or use prompt_overflow: truncate")
+    if cfg.num_samples is not None and cfg.num_samples > available:  # fewer prompts than asked: say so
+        where = "the file" if not source.startswith("hub:") else f"split {cfg.split}"
+        result.notes.append(f"dataset: num_samples {cfg.num_samples} asked for, {where} has {available} rows: "
+                            f"{len(result.prompts)} prompts run")
     return result
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from utils import UserError
-from utils.config import ModelConfig
-from utils.offline_models import OFFLINE_MODELS, resolve_offline_model
+from utils.config import ConfigError, ModelConfig
+from utils.offline_models import OFFLINE_MODELS, cache_root, resolve_offline_model
 
 
 class ModelLoadError(UserError):
@@ -168,6 +168,51 @@ def locate(cfg: ModelConfig) -> tuple[str, str | None, str]:
     if path.is_dir():
         return str(path), cfg.gguf_file, str(path)
     return cfg.model, cfg.gguf_file, f"hub:{cfg.model}"
+
+
+def check_exit_layers(config, hf_config=None) -> None:
+    """Refuse a speculative.exit_layer the target cannot draft with: 1 .. layers - 1 (all of them is the target
+    itself). hf_config: the loaded target's config (Session.load); None reads the depth from what is already
+    here, and a target whose depth cannot be read that way is checked once it loads."""
+    if not config.exit_layers:
+        return
+    depth = hf_config.get_text_config().num_hidden_layers if hf_config is not None else target_depth(config.target)
+    if depth is None:
+        return
+    if depth < 2:
+        raise ConfigError(f"config key 'speculative.exit_layer': the target ({config.target.model}) has {depth} "
+                          "layer, and early exit drafts with fewer layers than the target; drop early_exit")
+    too_deep = [e for e in config.exit_layers if e >= depth]
+    if too_deep:
+        raise ConfigError(f"config key 'speculative.exit_layer': {too_deep[0]} must be below the target's {depth} "
+                          f"layers ({config.target.model}); use 1 to {depth - 1}")
+
+
+def target_depth(cfg: ModelConfig) -> int | None:
+    """The model's number of decoder layers from its config alone, when that costs no download, conversion or
+    weights: a synthetic spec, a local folder or GGUF header, the hub cache, an offline model converted before.
+    None otherwise."""
+    if cfg.model.startswith("synthetic:"):
+        from utils.synthetic import SHAPES, parse
+
+        try:
+            name, layers, _, _ = parse(cfg.model)
+        except ValueError:
+            return None  # check_model_config explains it
+        return layers or SHAPES[name][2]
+    if cfg.model in OFFLINE_MODELS:  # resolve_offline_model would convert it: read only a converted copy
+        where, gguf_file = cache_root() / cfg.model, None
+        if not (where / "config.json").is_file():
+            return None
+    else:
+        where, gguf_file, _ = locate(cfg)
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(where, gguf_file=gguf_file, revision=cfg.revision, local_files_only=True)
+        return hf_config.get_text_config().num_hidden_layers
+    except Exception:  # not readable here (not cached, an unknown layout): the check after loading covers it
+        return None
 
 
 def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel:

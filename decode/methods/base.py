@@ -21,7 +21,7 @@ class RunContext:
     target_vocab_size: int  # output rows of the target's LM head
     pad_id: int
     clock: object  # decode.Clock
-    costs: dict = field(default_factory=dict)  # measured cost ratios of this batch size (cost_model schedule)
+    costs: object = None  # eval.records.CostProbe of this batch size (the cost_model schedule), None: not measured
     options: dict = field(default_factory=dict)  # config.speculative as a dict (confidence, ngram sizes, ...)
     memory: dict = field(default_factory=dict)  # what a method learns across the batches of a point, by point
     warming_up: bool = False  # the untimed warmup runs (a shorter max_new_tokens): learn nothing about lengths

@@ -1,9 +1,9 @@
 """The target alone, one forward per token: the reference every ratio is computed against."""
-from decode.generate import generate_baseline
 from decode.methods.base import MethodSpec
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    from decode.generate import generate_baseline  # torch loads when a method runs, not with the registry
     return generate_baseline(ctx.target, prompt_ids, prompt_mask, generation, generator, ctx.clock)
 
 

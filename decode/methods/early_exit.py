@@ -1,10 +1,10 @@
 """Self-speculation (LayerSkip; Draft & Verify): the target's first exit_layer layers, its final norm and its
 LM head draft; no second model."""
-from decode.generate import generate_speculative
 from decode.methods.base import MethodSpec
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    from decode.generate import generate_speculative  # torch loads when a method runs, not with the registry
     from decode.drafters.early_exit import EarlyExitDrafter  # imported when run: the registry loads without every drafter's dependencies
 
     drafter = EarlyExitDrafter(ctx.target, point.exit_layer, ctx.target_vocab_size, generation.sampling, generator)

@@ -4,7 +4,6 @@ Each peer gives one wall time per batch: no per-row latency, TTFT or forward cou
 """
 from __future__ import annotations
 
-from decode.generate import RowRecord
 from decode.methods.base import MethodSpec
 
 
@@ -23,7 +22,9 @@ def generation_config(generation, pad_id: int, **assisted):
     return GenerationConfig(**kwargs, **assisted)
 
 
-def _generate(ctx, prompt_ids, prompt_mask, generation, config, assistant=None) -> list[RowRecord]:
+def _generate(ctx, prompt_ids, prompt_mask, generation, config, assistant=None) -> list:
+    from decode.generate import RowRecord  # torch loads when a method runs, not with the registry
+
     start = ctx.clock.now()
     output = ctx.target.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
                                  assistant_model=assistant)
@@ -79,6 +80,7 @@ def run_assisted_default(ctx, point, prompt_ids, prompt_mask, generation, genera
 
 
 def run_prompt_lookup(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    # n-grams of ngram_max down to 1: transformers takes no minimum, so the config refuses ngram_min > 1 with it
     config = generation_config(generation, ctx.pad_id, prompt_lookup_num_tokens=point.gamma,
                                max_matching_ngram_size=ctx.options.get("ngram_max", 2))
     return _generate(ctx, prompt_ids, prompt_mask, generation, config)

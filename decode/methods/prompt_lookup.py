@@ -1,9 +1,9 @@
 """Prompt lookup decoding (Saxena 2023): n-gram matches in the prompt and the text so far draft, no model."""
-from decode.generate import generate_speculative
 from decode.methods.base import MethodSpec
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    from decode.generate import generate_speculative  # torch loads when a method runs, not with the registry
     from decode.drafters.prompt_lookup import PromptLookupDrafter  # imported when run: the registry loads without every drafter's dependencies
 
     drafter = PromptLookupDrafter(ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1))

@@ -1,7 +1,5 @@
 """Speculative decoding with a draft model (Leviathan et al. 2023), our engine, with a draft-length
 schedule: constant, heuristic, confidence or cost_model (decode/drafters/schedules.py)."""
-from decode.drafters import DraftModelDrafter
-from decode.generate import generate_speculative
 from decode.methods.base import MethodSpec
 
 
@@ -12,14 +10,13 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
     name = point.schedule or "constant"
     if name != "cost_model":
         return make_schedule(name, point.gamma, confidence=ctx.options.get("confidence", 0.4))
-    costs = ctx.costs or {}
-    c = (costs.get("c_by_draft") or {}).get(draft_label, costs.get("c"))
-    if c is None or not costs.get("v"):
+    costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run
+    c = costs.c_for(draft_label) if costs else None
+    if c is None or not costs.v:
         raise ValueError("the cost_model schedule needs the measured costs c and v, and the cost probes did not run")
     # the warmup always runs the draft (its kernels are what it warms) and decides nothing
-    return make_schedule(name, point.gamma, c=c, v={int(k): value for k, value in costs["v"].items()},
-                         evidence=evidence_of(ctx, point),
-                         prefill_cost=(costs.get("draft_prefill") or {}).get(draft_label),
+    return make_schedule(name, point.gamma, c=c, v=dict(costs.v), evidence=evidence_of(ctx, point),
+                         prefill_cost=costs.draft_prefill.get(draft_label),
                          budget=None if ctx.warming_up else max_new_tokens)
 
 
@@ -32,6 +29,9 @@ def evidence_of(ctx, point):
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
+    from decode.drafters import DraftModelDrafter  # torch loads when a method runs, not with the registry
+    from decode.generate import generate_speculative
+
     schedule = schedule_for(ctx, point, point.draft, generation.max_new_tokens)
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
                                 schedule=schedule)

@@ -9,8 +9,7 @@ import decode.sampling
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.schedules import (AcceptanceCounts, ConfidenceSchedule, ConstantSchedule, CostModelSchedule, HeuristicSchedule,
                                        PointEvidence, make_schedule, monotone)
-from stats import chi_square
-from test_engine_sampling import exact_joint_of_tokens_2_and_3
+from stats import chi_square, exact_joint_of_tokens_2_and_3
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
 
@@ -428,13 +427,13 @@ def test_cost_model_points_remember_how_long_rows_ran():
     from decode.methods import REGISTRY
     from decode.methods.base import RunContext
     from decode.methods.speculative import evidence_of, schedule_for
-    from eval.records import Point
+    from eval.records import CostProbe, Point
 
     target = tiny_model("llama", seed=1, layers=3)
     draft = noisy_copy(target, 0.05, seed=5)
     ids, mask = ragged_batch([6, 13, 2])
     context = RunContext(target=target, tokenizer=None, drafts={"d": draft}, target_vocab_size=VOCAB, pad_id=0,
-                         clock=Clock("cpu"), costs={"c": 0.2, "v": {"1": 1.1, "4": 1.4}})
+                         clock=Clock("cpu"), costs=CostProbe(c_by_draft={"d": 0.2}, v={1: 1.1, 4: 1.4}))
     point = Point(method="speculative", draft="d", gamma=4, schedule="cost_model", batch_size=3)
     with torch.inference_mode():
         context.warming_up = True  # the warmup: its rounds count, its shorter budget does not

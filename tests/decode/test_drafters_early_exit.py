@@ -13,8 +13,7 @@ from decode import Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters import EarlyExitDrafter
 from decode.drafters.early_exit import early_exit_view, num_layers
 from decode.drafters.schedules import HeuristicSchedule
-from stats import chi_square
-from test_engine_sampling import PROMPT, V, exact_joint_of_tokens_2_and_3
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from tiny_models import VOCAB, ragged_batch, tiny_model
 
 ARCHS = ["llama", "gpt2", "qwen2"]

@@ -11,7 +11,7 @@ import yaml
 from helpers import base_config, save_tiny_pair, write_prompts
 from utils.io import read_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 
@@ -73,7 +73,13 @@ def test_repeats_auto_stops_when_the_interval_is_narrow_enough(tiny):
     assert result.returncode == 0, result.stderr[-2000:]
     assert {s["repeat"] for s in read_jsonl(out / "samples.jsonl")} == {0}
     assert any("repeats: auto stopped after 1 repeat" in n for n in json.loads((out / "summary.json").read_text())["notes"])
-    narrow = dict(wide, ci_target=1e-9)  # never narrow enough: max_repeats is the limit
+    # never narrow enough: max_repeats is the limit, with 8 prompts (6 are too few for an interval, which repeats
+    # cannot change: auto stops after one repeat and says so)
+    few = dict(wide, ci_target=1e-9)
+    result, out = run_config(root, "auto-few", few)
+    assert {s["repeat"] for s in read_jsonl(out / "samples.jsonl")} == {0}
+    assert any("few_samples" in n for n in json.loads((out / "summary.json").read_text())["notes"])
+    narrow = dict(few, dataset=dict(few["dataset"], path=str(write_prompts(root / "prompts8.jsonl", 8))))
     result, out = run_config(root, "auto-narrow", narrow)
     assert result.returncode == 0, result.stderr[-2000:]
     assert {s["repeat"] for s in read_jsonl(out / "samples.jsonl")} == {0, 1, 2}

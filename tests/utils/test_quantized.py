@@ -27,7 +27,7 @@ from utils.models import load_model
 
 pytest.importorskip("bitsandbytes")
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 

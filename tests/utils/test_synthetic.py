@@ -12,7 +12,7 @@ from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, g
 from helpers import write_prompts
 from utils.synthetic import build_model, parse
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_draft_is_the_targets_first_layers():

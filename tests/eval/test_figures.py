@@ -6,64 +6,60 @@ import math
 import pytest
 
 from decode.methods import REGISTRY
-from eval.metrics import (LEGEND, constant_draft_length, expected_accepted, predicted_speedup, solve_alpha,
-                          solve_alpha_rounds, summarize, throughput)
-
-SPEC_LABEL = "speculative draft=d gamma=2 constant batch=1 greedy"
-
-
-def record(method="baseline", sample_id=0, batch_index=0, repeat=0, batch_size=1, tokens=10, latency=1.0, prefill=0.1,
-           rounds=None, gamma=None, output=None, group=None, draft=None, schedule=None, **extra):
-    """One line of samples.jsonl, shaped by what the registry says of the method (never its name): a draft axis gets
-    draft d, a schedule axis the constant schedule, a gamma axis gamma 2, unless told; a method with rounds counts
-    the prefill plus one target forward per round, one without one forward per token."""
-    spec = REGISTRY[method]
-    with_rounds = spec.has_rounds
-    row = {"method": method, "batch_size": batch_size, "draft": draft or ("d" if "draft" in spec.axes else None),
-           "gamma": gamma or (2 if "gamma" in spec.axes else None),
-           "schedule": schedule or ("constant" if "schedule" in spec.axes else None),
-           "exit_layer": None, "temperature": None, "sample_id": sample_id, "repeat": repeat,
-           "batch_index": batch_index, "batch_rows": batch_size, "group": group, "prompt_tokens": 5, "preset": "none",
-           "reference": None, "output_ids": output if output is not None else list(range(tokens)), "output_text": "",
-           "new_tokens": tokens, "stop_reason": "length", "latency_s": latency, "prefill_s": prefill,
-           "target_forwards": 1 + len(rounds or []) if with_rounds else tokens, "draft_forwards": 0,
-           "target_s": latency, "draft_s": 0.0, "draft_prefill_s": 0.0, "rounds": (rounds or []) if with_rounds else None,
-           "peak_memory_bytes": None, "worker": None}
-    row.update(extra)
-    return row
-
-
-def run(summary, method, group=None, **axes):
-    return next(r for r in summary["runs"] if r["method"] == method and r["group"] == group
-                and all(r[k] == v for k, v in axes.items()))
-
-
-def paired_run(units=4, base_latency=2.0, spec_latency=1.0, jitter=0.0, repeats=1):
-    """Batch size 1: per unit a baseline row (4 tokens in base_latency) and a speculative row (4 tokens, one round
-    drafting 2 and accepting both, in spec_latency, alternately +-jitter)."""
-    samples = []
-    for repeat in range(repeats):
-        for i in range(units):
-            samples.append(record("baseline", i, i, repeat, tokens=4, latency=base_latency))
-            samples.append(record("speculative", i, i, repeat, tokens=4, latency=spec_latency * (1 + jitter * (-1) ** i),
-                                  rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}]))
-    return samples
+from eval.figures import constant_draft_length
+from eval.leviathan import expected_accepted, predicted_speedup, solve_alpha
+from eval.legend import LEGEND
+from eval.summary import summarize
+from eval.totals import throughput
+from sample_records import SPEC_LABEL, costs, paired_run, record, run
 
 
 # ---- Leviathan's model -----------------------------------------------------------------------------------
 
-def test_solve_alpha_by_hand():
-    assert solve_alpha(1.75, 2) == pytest.approx(0.5, abs=1e-9)  # 1 + .5 + .25
-    assert solve_alpha(1 + 0.8 + 0.64 + 0.512, 3) == pytest.approx(0.8, abs=1e-9)
-    assert solve_alpha(1.0, 4) == 0.0 and solve_alpha(5.0, 4) == 1.0  # no draft accepted / every draft accepted
+def test_alpha_from_the_rounds_by_hand():
+    # every draft accepted: 1; none: 0, whatever tau says
+    assert solve_alpha([{"drafted": 3, "accepted": 3}] * 2 + [{"drafted": 2, "accepted": 2}]) == 1.0
+    assert solve_alpha([{"drafted": 3, "accepted": 0}] * 4) == 0.0
+    # gamma 2, rounds accepting 2 and 0: 2 (alpha + alpha^2) = 2 -> alpha^2 + alpha - 1 = 0 -> (sqrt(5) - 1) / 2
+    assert solve_alpha([{"drafted": 2, "accepted": 2}, {"drafted": 2, "accepted": 0}]) == \
+        pytest.approx((math.sqrt(5) - 1) / 2, abs=1e-9)
 
 
 def test_solve_alpha_for_variable_lengths_by_hand():
     assert expected_accepted(0.5, 3) == pytest.approx(0.875)  # .5 + .25 + .125 = .5 (1 - .5^3) / (1 - .5)
     # rounds drafting 1 and 2 tokens, 1 accepted in all: alpha + (alpha + alpha^2) = 1 -> alpha^2 + 2 alpha - 1 = 0
     rounds = [{"drafted": 1, "accepted": 0}, {"drafted": 2, "accepted": 1}, {"drafted": 0, "accepted": 0}]
-    assert solve_alpha_rounds(rounds) == pytest.approx(math.sqrt(2) - 1, abs=1e-9)
-    assert solve_alpha_rounds([{"drafted": 0, "accepted": 0}]) is None  # drafted nothing: no alpha
+    assert solve_alpha(rounds) == pytest.approx(math.sqrt(2) - 1, abs=1e-9)
+    assert solve_alpha([{"drafted": 0, "accepted": 0}]) is None  # drafted nothing: no alpha
+
+
+def test_alpha_of_a_short_output_is_not_biased_by_the_prefill_token():
+    # gamma 3, max_new_tokens 12, every draft accepted: the prefill's token, rounds emitting 4, 4 and 3 (the budget
+    # leaves 12 - 9 - 1 = 2 to draft in the last). tau = 12 / 4 forwards = 3 would solve 1 + a + a^2 + a^3 = 3 at
+    # a = 0.811; the rounds say 1.0
+    rounds = [{"drafted": 3, "accepted": 3, "emitted": 4}] * 2 + [{"drafted": 2, "accepted": 2, "emitted": 3}]
+    samples = [record("baseline", i, i, tokens=12, latency=2.0) for i in range(8)]
+    samples += [record("speculative", i, i, tokens=12, latency=1.0, gamma=3, rounds=rounds) for i in range(8)]
+    m = run(summarize(samples, {"costs": costs(0.1, {"3": 1.2})}), "speculative")["metrics"]
+    assert m["alpha"] == 1.0 and m["constant_draft_length"] is True
+    assert m["mean_accepted_tokens"] == pytest.approx(11 / 3) and m["block_efficiency"] == 3.0
+    # alpha 1: gamma + 1 = 4 tokens a round at 3 * 0.1 + 1.2 = 1.5 -> 2.667; measured 2.0 -> efficiency 0.75
+    assert m["predicted_speedup"] == pytest.approx(4 / 1.5) and m["efficiency"] == pytest.approx(0.75)
+
+
+def test_gamma_above_the_budget_is_not_a_constant_gamma():
+    # gamma 8, max_new_tokens 6: the one round may draft 6 - 1 - 1 = 4 and accepts them: no round drafted 8
+    rounds = [{"drafted": 4, "accepted": 4, "emitted": 5}]
+    spec = [record("speculative", i, i, tokens=6, gamma=8, rounds=rounds) for i in range(8)]
+    assert constant_draft_length(spec, 8) is False
+    assert constant_draft_length([record("speculative", tokens=6, gamma=4, rounds=rounds)], 4) is True
+    samples = [record("baseline", i, i, tokens=6, latency=2.0) for i in range(8)] + spec
+    summary = summarize(samples, {"costs": costs(0.1, {"8": 2.0})})
+    m = run(summary, "speculative")["metrics"]
+    assert m["constant_draft_length"] is False and m["max_drafted"] == 4
+    assert m["predicted_speedup"] is None and m["alpha"] == 1.0
+    assert any("predicted speedup and efficiency are null" in n and "no round drafted gamma (at most 4" in n
+               for n in summary["notes"])
 
 
 def test_predicted_speedup_by_hand():
@@ -86,14 +82,14 @@ def test_throughput_over_two_batches_by_hand():
 
 
 def test_speedup_acceptance_and_exact_match_by_hand():
-    summary = summarize(paired_run(), {"planned": {}})
+    summary = summarize(paired_run(units=8), {"planned": {}})
     spec = run(summary, "speculative")["metrics"]
     assert spec["speedup"] == pytest.approx(2.0)  # 4 tokens / 1 s over 4 tokens / 2 s, every batch
     # decode: (4 - 1) tokens / (1 - 0.1 prefill) s over 3 / (2 - 0.1) = 1.9 / 0.9
     assert spec["decode_speedup"] == pytest.approx(1.9 / 0.9)
     assert spec["speedup_ci95"] == [pytest.approx(2.0), pytest.approx(2.0)]  # identical batches: zero width
     assert spec["acceptance_rate"] == 1.0 and spec["mean_accepted_tokens"] == 3.0
-    assert spec["per_position_acceptance"] == [1.0, 1.0] and spec["accepted_histogram"] == [0, 0, 4]
+    assert spec["per_position_acceptance"] == [1.0, 1.0] and spec["accepted_histogram"] == [0, 0, 8]
     assert spec["block_efficiency"] == 2.0  # 4 tokens / (prefill + 1 round)
     assert spec["exact_match"] == 1.0 and spec["mismatches"] == [] and run(summary, "speculative")["flags"] == []
     assert spec["drafted_per_round"] == 2.0 and spec["zero_draft_rounds"] == 0.0
@@ -104,7 +100,7 @@ def test_per_position_acceptance_with_variable_lengths_by_hand():
               {"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 2, "emitted": 3}]
     samples = [record("baseline", 0, 0, tokens=9),
                record("speculative", 0, 0, tokens=9, rounds=rounds, gamma=3, schedule="heuristic")]
-    summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"3": 1.2}}}})
+    summary = summarize(samples, {"costs": costs(0.3, {"3": 1.2})})
     m = run(summary, "speculative")["metrics"]
     assert m["acceptance_rate"] == pytest.approx(4 / 6)  # (1 + 1 + 0 + 2) / (3 + 1 + 0 + 2): the empty round adds 0
     # position 1: drafted by 3 rounds, accepted in all 3; position 2: drafted by 2, accepted in 1; position 3: 1, 0
@@ -120,7 +116,7 @@ def test_per_position_acceptance_with_variable_lengths_by_hand():
     assert any("predicted speedup and efficiency are null" in n and "varied" in n for n in summary["notes"])
 
 
-def test_a_constant_schedule_cut_by_max_new_tokens_keeps_the_tau_alpha_and_the_prediction():
+def test_a_constant_schedule_cut_by_max_new_tokens_keeps_the_prediction():
     # gamma 2, max_new_tokens 6: round 1 drafts 2 after the prefill's token, accepts both, emits 3 (6 - 4 = 2 left);
     # round 2 may draft only min(2, 6 - 4 - 1) = 1, accepts it, emits 2: 6 tokens, stop "length"
     rounds = [{"drafted": 2, "accepted": 2, "emitted": 3}, {"drafted": 1, "accepted": 1, "emitted": 2}]
@@ -129,12 +125,11 @@ def test_a_constant_schedule_cut_by_max_new_tokens_keeps_the_tau_alpha_and_the_p
     # a round drafting 1 in the middle of a row is a schedule's choice, not the budget's
     assert not constant_draft_length([record("speculative", tokens=9, rounds=rounds[::-1] + rounds)], 2)
     samples = [record("baseline", 0, 0, tokens=6, latency=2.0), spec_row]
-    m = run(summarize(samples, {"costs": {"1": {"c": 0.25, "v": {"2": 1.5}}}}), "speculative")["metrics"]
-    # tau = 6 tokens / 3 forwards = 2 = 1 + alpha + alpha^2 -> alpha = (sqrt(5) - 1) / 2 (the rounds alone say 1.0)
-    assert m["alpha"] == pytest.approx((math.sqrt(5) - 1) / 2, abs=1e-9)
-    # (1 + alpha + alpha^2) / (2 * 0.25 + 1.5) = 2 / 2 = 1.0; measured 6/1 over 6/2 = 2.0 -> efficiency 2.0
-    assert m["predicted_speedup"] == pytest.approx(1.0) and m["efficiency"] == pytest.approx(2.0)
-    assert m["predicted_speedup_v1"] == pytest.approx(2 / 1.5)
+    m = run(summarize(samples, {"costs": costs(0.25, {"2": 1.5})}), "speculative")["metrics"]
+    assert m["alpha"] == 1.0  # every draft accepted (tau = 6 / 3 = 2 would say 0.618)
+    # (gamma + 1) / (2 * 0.25 + 1.5) = 3 / 2 = 1.5; measured 6/1 over 6/2 = 2.0 -> efficiency 4/3
+    assert m["predicted_speedup"] == pytest.approx(1.5) and m["efficiency"] == pytest.approx(4 / 3)
+    assert m["predicted_speedup_v1"] == pytest.approx(3 / 1.5)
 
 
 def test_prompt_lookup_rounds_that_found_no_match():
@@ -166,7 +161,7 @@ def test_exact_match_positions_by_hand():
 def test_no_rounds_gives_nulls_and_a_note():
     # max_new_tokens 1: the prefill's token is the whole output, no round runs
     samples = [record("baseline", 0, 0, tokens=1), record("speculative", 0, 0, tokens=1, rounds=[])]
-    summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"2": 1.2}}}})
+    summary = summarize(samples, {"costs": costs(0.3, {"2": 1.2})})
     m = run(summary, "speculative")["metrics"]
     assert m["rounds"] == 0
     for key in ("alpha", "acceptance_rate", "per_position_acceptance", "mean_accepted_tokens", "predicted_speedup",
@@ -180,7 +175,7 @@ def test_no_rounds_gives_nulls_and_a_note():
 def test_a_round_that_drafted_nothing_predicts_nothing():
     rounds = [{"drafted": 0, "accepted": 0, "emitted": 1}]  # max_new_tokens 2: the only round had no budget to draft
     samples = [record("baseline", 0, 0, tokens=2), record("speculative", 0, 0, tokens=2, rounds=rounds)]
-    summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"2": 1.2}}}})
+    summary = summarize(samples, {"costs": costs(0.3, {"2": 1.2})})
     m = run(summary, "speculative")["metrics"]
     assert m["alpha"] is None and m["acceptance_rate"] is None and m["per_position_acceptance"] is None
     assert m["predicted_speedup"] is None and m["efficiency"] is None
@@ -217,7 +212,8 @@ def test_groups_at_batch_size_one_are_split_and_an_overall_run_kept():
     assert run(summary, "speculative", "a")["metrics"]["speedup"] == pytest.approx(2.0)  # 20/2 s over 20/4 s
     assert run(summary, "speculative", "b")["metrics"]["speedup"] == pytest.approx(0.5)  # 20/8 s over 20/4 s
     assert run(summary, "speculative")["metrics"]["speedup"] == pytest.approx((40 / 10) / (40 / 8))  # 10 s vs 8 s
-    assert run(summary, "speculative", "a")["batches"] == {"done": 2, "paired": 2, "planned": None}
+    assert run(summary, "speculative", "a")["batches"] == {"done": 2, "paired": 2, "planned": None, "prompts": 2,
+                                                           "cross_process": 0}
 
 
 def test_a_group_of_a_shared_batch_takes_its_slowest_row():

@@ -15,7 +15,7 @@ from helpers import base_config, save_tiny_pair, write_prompts
 from utils.io import read_jsonl
 
 pytest.importorskip("ray")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 RAY = ["--set", "cluster.backend=ray", "--set", "cluster.num_workers=2", "--set", "cluster.num_cpus=1"]
 ENV = {"SPECULATE_WORKER_THREADS": "1"}

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.metrics import summarize
+from eval.summary import summarize
 from eval.report import COLUMNS, cell, csv_text, markdown, write_report
-from test_metrics import SPEC_LABEL, paired_run, record, run
+from sample_records import SPEC_LABEL, costs, paired_run, record, run
 from utils.io import write_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def refuse(constant):
@@ -38,8 +38,8 @@ def sweep() -> tuple[list[dict], dict]:
                                   rounds=[{"drafted": 3, "accepted": 3, "emitted": 4}]))
     progress = {"group_by": "category", "status": "finished", "order": "fixed", "notes": ["from the runner"],
                 "planned": {SPEC_LABEL: 4, "speculative draft=d gamma=4 constant batch=1 greedy": 4},
-                "costs": {"1": {"c": 0.25, "v": {"2": 1.5, "4": 2.0}}},
-                "drift": {"1": {"start_s": 0.1, "end_s": 0.1}},
+                "costs": costs(0.25, {"2": 1.5, "4": 2.0}),
+                "drift": {"1": {"p1": [0.1, 0.1]}},
                 "numerics": {"target": {"verify_vs_stepwise_max_logit_diff": 3e-5, "dtype": "float32"}, "drafts": {}}}
     return samples, progress
 
@@ -56,7 +56,7 @@ def test_write_json_refuses_nan_and_says_where(tmp_path):
 def test_summaries_without_rounds_are_strict_json(tmp_path, rounds, tokens):
     # max_new_tokens 1 (no round) and 2 (one round with no budget to draft)
     samples = [record("baseline", 0, 0, tokens=tokens), record("speculative", 0, 0, tokens=tokens, rounds=rounds)]
-    summary = summarize(samples, {"costs": {"1": {"c": 0.3, "v": {"2": 1.2}}}})
+    summary = summarize(samples, {"costs": costs(0.3, {"2": 1.2})})
     write_report(tmp_path, summary, "t", with_plots=False)
     written = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
     assert run(written, "speculative")["metrics"]["alpha"] is None
@@ -64,7 +64,7 @@ def test_summaries_without_rounds_are_strict_json(tmp_path, rounds, tokens):
 
 
 def test_a_nan_from_progress_becomes_null_and_a_note():
-    summary = summarize(paired_run(units=2), {"costs": {"1": {"c": float("nan"), "v": {"2": 1.2}}}})
+    summary = summarize(paired_run(units=2), {"costs": costs(float("nan"), {"2": 1.2})})
     json.loads(json.dumps(summary, allow_nan=False), parse_constant=refuse)
     assert run(summary, "speculative")["metrics"]["draft_cost_ratio_c"] is None
     assert any("not a number" in n and "draft_cost_ratio_c" in n for n in summary["notes"])
@@ -73,25 +73,34 @@ def test_a_nan_from_progress_becomes_null_and_a_note():
 # ---- tables -----------------------------------------------------------------------------------------------
 
 def test_cells_show_the_interval_the_flag_and_partial_counts():
-    summary = summarize(paired_run(units=4), {"planned": {SPEC_LABEL: 5}})
+    summary = summarize(paired_run(units=8), {"planned": {SPEC_LABEL: 9}})
     spec = run(summary, "speculative")
     assert speedup_cell(spec) == "2.00 [2.00, 2.00]"
-    assert cell(spec, "status", "{}") == "partial 4/5"
-    flagged = summarize(paired_run(units=4, jitter=0.5), {})
+    assert cell(spec, "status", "{}") == "partial 8/9"
+    flagged = summarize(paired_run(units=8, jitter=0.5), {})
     assert speedup_cell(run(flagged, "speculative")).endswith("] !")
     one = summarize(paired_run(units=1), {})
-    assert speedup_cell(run(one, "speculative")) == "2.00"  # no interval to print
+    assert speedup_cell(run(one, "speculative")) == "2.00 (n=1) !"  # no interval: how many prompts, flagged
+
+
+def test_a_label_with_a_pipe_keeps_the_table_whole():
+    samples = [dict(s, draft="a|b") for s in paired_run(units=8)]
+    text = markdown(summarize(samples, {}), "t")
+    row = next(line for line in text.splitlines() if line.startswith("| speculative"))
+    assert row.startswith("| speculative draft=a\\|b gamma=2 constant batch=1 greedy | ok |")
+    header = next(line for line in text.splitlines() if line.startswith("| point"))
+    assert row.replace("\\|", "").count("|") == header.count("|")
 
 
 def test_markdown_has_a_table_per_group_best_notes_and_legend():
     samples, progress = sweep()
-    progress["drift"] = {"1": {"start_s": 0.1, "end_s": 0.2}}  # everything flagged drift
+    progress["drift"] = {"1": {"p1": [0.1, 0.2]}}  # everything flagged drift
     summary = summarize(samples, progress)
     text = markdown(summary, "title")
     assert "## category: a" in text and "## category: b" in text
     assert f"| {SPEC_LABEL} | ok | " in text
     assert "| speculative draft=d gamma=4 constant batch=1 greedy | partial 3/4 |" in text
-    assert "! = flagged" in text and "(flagged: drift)" in text
+    assert "! = flagged" in text and "(flagged: few_samples, drift)" in text  # 4 prompts, and the probe moved
     assert "- from the runner" in text and "order: fixed" in text
     assert "- speedup_ci95: 95% paired bootstrap CI" in text and "- flags:" in text
     lines = csv_text(summary).splitlines()
@@ -123,3 +132,21 @@ def test_eval_rebuilds_the_same_summary(tmp_path):
     assert json.loads(before) == json.loads(json.dumps(summarize(samples, progress)))
     assert (tmp_path / "summary.md").read_text().startswith("# constructed")
     assert (tmp_path / "methods.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_keeps_the_runs_choice_of_no_plots(tmp_path):
+    samples, progress = sweep()
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (tmp_path / "progress.json").write_text(json.dumps(progress))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"name": "constructed", "report": {"plots": False}}))
+    result = subprocess.run([sys.executable, "-m", "eval", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "summary.md").is_file() and not list(tmp_path.glob("*.png"))
+
+
+def test_eval_does_not_load_the_engine():
+    # python -m eval rebuilds figures from records: the registry it reads must not import torch
+    code = "import sys, eval.__main__; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

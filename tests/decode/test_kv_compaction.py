@@ -1,4 +1,6 @@
-"""Compaction frees rollback holes only: left padding is not a hole."""
+"""KV cache compaction: it frees rollback holes only (left padding is not a hole), keeps each row's slots in order,
+and the tokens do not depend on it."""
+import pytest
 import torch
 
 import decode.kv as kv
@@ -47,10 +49,16 @@ def test_columns_no_row_uses_are_dropped_without_a_copy():
     assert state.length == 3 and all(layer.keys.shape[2] == 3 for layer in state.cache.layers)
 
 
-def test_outputs_equal_baseline_and_heavy_padding_costs_no_compaction(monkeypatch):
+def spy_on_compaction(monkeypatch) -> list[int]:
+    """The cache length at each compaction, of every KVState (target's and draft's)."""
     compacted = []
     real_compact = kv.KVState.compact
     monkeypatch.setattr(kv.KVState, "compact", lambda self: (compacted.append(self.length), real_compact(self)))
+    return compacted
+
+
+def test_heavy_padding_costs_no_compaction_in_a_run(monkeypatch):
+    compacted = spy_on_compaction(monkeypatch)
     target = tiny_model("llama", seed=1, layers=2)
     ids, mask = ragged_batch([1, 2, 30, 1], seed=5)
     generation = Generation(max_new_tokens=12)
@@ -58,12 +66,35 @@ def test_outputs_equal_baseline_and_heavy_padding_costs_no_compaction(monkeypatc
         base = generate_baseline(target, ids, mask, generation)
         # draft == target: every draft is accepted, so the target's cache never has a rollback hole
         same = generate_speculative(target, DraftModelDrafter(target, VOCAB, Sampling()), ids, mask, generation, 3)
-        assert [s.output_ids for s in same] == [b.output_ids for b in base]
-        assert not compacted
-        # a draft that disagrees leaves holes; with a low threshold they are compacted, and the tokens stay
-        monkeypatch.setattr(kv, "COMPACT_HOLE_FRACTION", 0.05)
-        draft = tiny_model("llama", seed=1, layers=1)  # the target minus a layer: agrees in part
-        other = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask,
-                                     Generation(max_new_tokens=30), 5)
-        assert [s.output_ids for s in other] == [b.output_ids for b in generate_baseline(target, ids, mask, Generation(max_new_tokens=30))]
-    assert compacted
+    assert [s.output_ids for s in same] == [b.output_ids for b in base]
+    assert not compacted
+
+
+@pytest.mark.parametrize("hole_fraction", [0.0, 1.0], ids=["compact-every-round", "never-compact"])
+def test_outputs_do_not_depend_on_compaction(monkeypatch, hole_fraction):
+    monkeypatch.setattr(kv, "COMPACT_HOLE_FRACTION", hole_fraction)
+    compacted = spy_on_compaction(monkeypatch)
+    target, draft = tiny_model("qwen2", seed=1, layers=2), tiny_model("qwen2", seed=5, layers=1)
+    ids, mask = ragged_batch([3, 10, 6, 1, 8], seed=3)
+    generation = Generation(max_new_tokens=30)
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        spec = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask, generation, 4)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+    assert bool(compacted) == (hole_fraction == 0.0)  # the rollbacks left holes, compacted or kept
+
+
+def test_compaction_keeps_each_row_in_order():
+    state = kv.KVState()
+    state.mask = torch.tensor([[0, 1, 0, 1, 1], [1, 1, 0, 0, 1]])
+    keys = torch.arange(10.).view(2, 1, 5, 1)
+
+    class Layer:
+        is_initialized = True
+
+    layer = Layer()
+    layer.keys, layer.values = keys.clone(), keys.clone()
+    state.cache = type("C", (), {"layers": [layer]})()
+    state.compact()
+    assert state.mask.tolist() == [[1, 1, 1], [1, 1, 1]]
+    assert layer.keys.flatten().tolist() == [1., 3., 4., 5., 6., 9.]

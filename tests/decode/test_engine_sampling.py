@@ -3,26 +3,8 @@ import pytest
 import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
-from decode.sampling import logits_to_probs
-from stats import chi_square
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from tiny_models import tiny_model
-
-V = 12
-PROMPT = torch.tensor([[3, 7, 5, 9]])
-
-
-def exact_joint_of_tokens_2_and_3(model, sampling: Sampling, prompt: torch.Tensor = PROMPT) -> torch.Tensor:
-    """P(t2, t3) = sum_t1 P(t1) P(t2 | t1) P(t3 | t1, t2) under the warped target, [V * V]; prompt [1, P]."""
-    with torch.inference_mode():
-        p1 = logits_to_probs(model(prompt).logits[0, -1], sampling.temperature, sampling.top_k, sampling.top_p)
-        t1 = torch.arange(V)[:, None]
-        seq1 = torch.cat([prompt.expand(V, -1), t1], 1)
-        p2 = logits_to_probs(model(seq1).logits[:, -1], sampling.temperature, sampling.top_k, sampling.top_p)
-        seq2 = torch.cat([seq1.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], 1)
-        p3 = logits_to_probs(model(seq2).logits[:, -1], sampling.temperature, sampling.top_k,
-                             sampling.top_p).view(V, V, V)
-    joint = p1[:, None, None].double() * p2[:, :, None].double() * p3.double()  # [t1, t2, t3]
-    return joint.sum(0).flatten()
 
 
 def joint_counts(records) -> torch.Tensor:

@@ -13,7 +13,7 @@ import yaml
 from helpers import base_config, save_tiny_pair, write_prompts
 from utils.io import read_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 

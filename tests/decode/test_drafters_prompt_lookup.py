@@ -10,8 +10,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 import decode.sampling
 from decode import Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter, lookup
-from stats import chi_square
-from test_engine_sampling import exact_joint_of_tokens_2_and_3
+from stats import chi_square, exact_joint_of_tokens_2_and_3
 from tiny_models import ragged_batch, tiny_model
 
 ARCHS = ["llama", "gpt2", "qwen2"]

@@ -1,0 +1,187 @@
+"""The figures of one run (a point, overall or one group) from its records and its baseline's (METRICS.md)."""
+from __future__ import annotations
+
+import statistics
+
+from decode.methods import REGISTRY
+from eval.leviathan import predicted_speedup, solve_alpha
+from eval.records import CostProbe, Point
+from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
+from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, units
+from utils.data import extract_gsm8k_answer
+
+
+def constant_draft_length(samples: list[dict], gamma: int | None) -> bool:
+    """Whether the rounds drafted gamma: every round but those cut by the max_new_tokens budget, and at least one
+    round drafted the full gamma (gamma 8 with max_new_tokens 6 never drafts 8: its rounds are not gamma 8's).
+
+    The engine drafts min(gamma, max_new_tokens - generated - 1) at most, generated counting the prefill's
+    token. A round drafting g < gamma after `generated` tokens is such a cut only if max_new_tokens =
+    generated + g + 1: every short round of the point must imply the same max_new_tokens, which no row exceeds
+    (and which a row stopped at "length" reached). Anything else is a variable draft length."""
+    if not gamma:
+        return False
+    implied, reached_gamma = set(), False
+    for s in samples:
+        generated = 1  # the prefill's token
+        for r in s.get("rounds") or []:
+            if r["drafted"] != gamma:
+                implied.add(generated + r["drafted"] + 1)
+            else:
+                reached_gamma = True
+            generated += r["emitted"]
+    if not reached_gamma or len(implied) > 1:
+        return False
+    if not implied:
+        return True
+    budget = implied.pop()
+    reached = {s["new_tokens"] for s in samples if s.get("stop_reason") == "length"}
+    return all(s["new_tokens"] <= budget for s in samples) and reached <= {budget}
+
+
+def speculation_figures(samples: list[dict], gamma: int | None) -> dict:
+    """Acceptance figures from the rounds; those of drafted tokens None when no round drafted one."""
+    rounds = [r for s in samples for r in s.get("rounds") or []]
+    figures = dict.fromkeys(["rounds", "acceptance_rate", "mean_accepted_tokens", "alpha", "per_position_acceptance",
+                             "accepted_histogram", "drafted_per_round", "max_drafted", "zero_draft_rounds",
+                             "constant_draft_length"])
+    figures["rounds"] = len(rounds)
+    if not rounds:
+        return figures
+    drafted = [r["drafted"] for r in rounds]
+    accepted = [r["accepted"] for r in rounds]
+    figures.update(
+        mean_accepted_tokens=sum(r["emitted"] for r in rounds) / len(rounds),
+        drafted_per_round=sum(drafted) / len(rounds),
+        max_drafted=max(drafted),
+        zero_draft_rounds=sum(d == 0 for d in drafted) / len(rounds),
+    )
+    if not sum(drafted):
+        return figures
+    longest = max(max(drafted), gamma or 0)
+    figures["constant_draft_length"] = constant_draft_length(samples, gamma)
+    figures["acceptance_rate"] = sum(accepted) / sum(drafted)
+    figures["per_position_acceptance"] = [
+        ratio(sum(a >= i for a, d in zip(accepted, drafted) if d >= i), sum(d >= i for d in drafted))
+        for i in range(1, longest + 1)]
+    figures["accepted_histogram"] = [sum(a == k for a, d in zip(accepted, drafted) if d > 0) for k in range(longest + 1)]
+    figures["alpha"] = solve_alpha(rounds)
+    return figures
+
+
+def gsm8k_figures(samples: list[dict]) -> dict:
+    graded = [s for s in samples if s.get("reference") is not None and s.get("preset") == "gsm8k"]
+    if not graded:
+        return {}
+    right = 0
+    for s in graded:
+        answer = extract_gsm8k_answer(s.get("output_text") or "")
+        right += answer is not None and answer == extract_gsm8k_answer(s["reference"])
+    cut = sum(s.get("stop_reason") == "length" and "####" not in (s.get("output_text") or "") for s in graded)
+    return {"accuracy": right / len(graded), "accuracy_cut": cut, "accuracy_graded": len(graded)}
+
+
+def first_mismatch(output: list[int], reference: list[int]) -> int | None:
+    """The first token index where two outputs differ (the shorter one's length if one is a prefix); None if equal."""
+    if output == reference:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(output, reference)) if a != b), min(len(output), len(reference)))
+
+
+def exact_match(samples: list[dict], baseline: list[dict]) -> dict | None:
+    """Greedy outputs against the baseline's on the same (repeat, sample_id)."""
+    reference = {(s.get("repeat", 0), s["sample_id"]): s["output_ids"] for s in baseline}
+    pairs = [(s, reference.get((s.get("repeat", 0), s["sample_id"]))) for s in samples]
+    pairs = [(s, ref) for s, ref in pairs if ref is not None]
+    if not pairs:
+        return None
+    mismatches = []
+    for s, ref in sorted(pairs, key=lambda p: (p[0].get("repeat", 0), p[0]["sample_id"])):
+        first = first_mismatch(s["output_ids"], ref)
+        if first is not None:
+            mismatches.append({"sample_id": s["sample_id"], "repeat": s.get("repeat", 0), "first_mismatch": first})
+    return {"exact_match": 1 - len(mismatches) / len(pairs), "mismatches": mismatches}
+
+
+def cost_figures(point: Point, metrics: dict, costs: CostProbe | None) -> dict:
+    """c, v and the predicted speedup, where Leviathan's model applies: a constant draft length, measured costs."""
+    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "predicted_speedup", "predicted_speedup_v1",
+                         "efficiency", "decode_efficiency"])
+    if not REGISTRY[point.method].has_rounds or costs is None or point.gamma is None:
+        return out
+    c, v = costs.c_for(point.draft), costs.v_for(point.gamma)
+    out["draft_cost_ratio_c"], out["verify_cost_ratio_v"] = c, v
+    alpha = metrics.get("alpha")
+    if c is None or v is None or alpha is None or not metrics.get("constant_draft_length"):
+        return out
+    out["predicted_speedup"] = predicted_speedup(alpha, point.gamma, c, v)
+    out["predicted_speedup_v1"] = predicted_speedup(alpha, point.gamma, c, 1.0)
+    out["efficiency"] = ratio(metrics.get("speedup"), out["predicted_speedup"])
+    out["decode_efficiency"] = ratio(metrics.get("decode_speedup"), out["predicted_speedup"])
+    return out
+
+
+def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str | None:
+    """Why a point with rounds has no predicted speedup (None when it has one, or when it has no rounds: the
+    no-rounds note says so)."""
+    if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_rate") is None:
+        return None
+    if not metrics.get("constant_draft_length"):
+        if point.gamma and (metrics.get("max_drafted") or 0) < point.gamma:
+            return (f"no round drafted gamma (at most {metrics.get('max_drafted')}: the max_new_tokens budget or the "
+                    "drafter cut every round), and Leviathan's model at gamma would price a verification that never ran")
+        return ("their draft length varied from round to round (a schedule, prompt lookup without a match, a stop "
+                "mid-round), and Leviathan's model assumes a constant gamma")
+    if point.draft is None:
+        return "no draft model: no draft cost c was measured for this drafter"
+    if costs is None:
+        return "no cost probe ran at this batch size"
+    if metrics.get("draft_cost_ratio_c") is None:
+        return "no c was measured for this draft"
+    return "no v was measured for this gamma"
+
+
+def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, costs: CostProbe | None) -> dict:
+    """Every figure of one run (a point, overall or one group) against its baseline's samples (None: none ran)."""
+    spec = REGISTRY[point.method]
+    latencies = [s["latency_s"] for s in samples]
+    metrics = {
+        "samples": len(samples),
+        "new_tokens": sum(s["new_tokens"] for s in samples),
+        "latency_s": distribution(latencies),
+        "tpot_s": distribution([s["latency_s"] / s["new_tokens"] for s in samples if s["new_tokens"]]),
+        "ttft_s": distribution([s["prefill_s"] for s in samples if s.get("prefill_s") is not None]),
+        "throughput_tok_s": throughput(samples),
+        "block_efficiency": block_efficiency(samples),
+        "mean_accepted_tokens": 1.0 if spec.is_reference else None,
+        "prefill_share": None,
+    }
+    repeats = sorted({s.get("repeat", 0) for s in samples})
+    per_repeat = [throughput([s for s in samples if s.get("repeat", 0) == r]) for r in repeats]
+    metrics["throughput_tok_s_repeats"] = per_repeat
+    metrics["throughput_tok_s_std"] = statistics.stdev(per_repeat) if len(per_repeat) > 1 and None not in per_repeat else None
+    if samples and all(s.get("prefill_s") is not None for s in samples):
+        metrics["prefill_share"] = ratio(sum(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0) for s in samples),
+                                         sum(latencies))
+    if spec.has_rounds:
+        metrics.update(speculation_figures(samples, point.gamma))
+        metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies))
+    metrics.update(dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"]))
+    if baseline:
+        clusters = paired_clusters(samples, baseline)
+        decode_clusters = paired_clusters(samples, baseline, decode=True)
+        metrics["speedup"] = ratio_of_totals(clusters) if clusters else None
+        metrics["decode_speedup"] = ratio_of_totals(decode_clusters) if decode_clusters else None
+        # the baseline against itself is 1 by definition: no interval to claim
+        metrics["speedup_ci95"] = None if spec.is_reference else bootstrap_ci(clusters)
+        metrics["decode_speedup_ci95"] = None if spec.is_reference else bootstrap_ci(decode_clusters)
+        if point.temperature is None and not spec.is_reference:
+            paired_keys = set(units(samples)) & set(units(baseline))
+            match = exact_match([s for s in samples if unit_of(s) in paired_keys], baseline)
+            if match is not None:
+                metrics.update(match)
+    if point.temperature is None and spec.is_reference:
+        metrics["exact_match"], metrics["mismatches"] = 1.0, []
+    metrics.update(gsm8k_figures(samples))
+    metrics.update(cost_figures(point, metrics, costs))
+    return metrics

@@ -1,0 +1,201 @@
+"""What makes a figure doubtful (flags) and why a figure is null, partial or explained (notes)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from decode.methods import REGISTRY
+from eval.records import CostProbe, Point
+from eval.stats import MIN_PROMPTS, spread
+from eval.totals import throughput
+
+# a speedup whose 95% CI reaches further than +-10% of it is flagged: at that width two points a few percent apart
+# cannot be ranked, and the best gamma is a guess. config.ci_target changes it (repeats: auto stops on the same rule)
+CI_WIDE = 0.10
+# the same 1-token target forward (the drift probe), or the baseline on the same batches, moving by more than
+# 10%: the machine changed speed (thermal throttling, clocks, another process) by more than most effects measured
+DRIFT_LIMIT = 0.10
+# (max - min) / median of a cost probe's repetitions. c and v are medians of interleaved repetitions, so one
+# slow repetition does not move them; repetitions spread over a quarter of their median mean the machine was
+# not steady while the probe ran (each repetition is the same forward), and then the medians are not either.
+# The same limit holds for the workers of a Ray run measuring c and v on alike hardware
+COST_SPREAD_LIMIT = 0.25
+# the numerics probe: max |logit diff| of a multi-token (or ragged batched) target forward against token-by-
+# token decoding. fp32 reduction-order noise measures ~1e-5 (docs/sample-report: 3e-5); bf16/fp16 or TF32
+# kernels measure 1e-3..1e-1. Above this, a greedy near-tie can flip without any bug
+NUMERICS_DRIFT = 1e-4
+# GSM8K: the accuracy means nothing when more than half the answers were cut before '####'
+CUT_MAJORITY = 0.5
+
+
+def ci_verdict(speedup: float | None, interval: list | None, prompts: int, ci_target: float = CI_WIDE) -> str | None:
+    """The one rule for a speedup's interval, used by the flags and by `repeats: auto`'s stop: few_samples (fewer
+    than MIN_PROMPTS prompt batches: no interval; repeats cannot help, more prompts can), ci_wide (an end beyond
+    +-ci_target of the speedup), or None (settled)."""
+    if speedup is None:
+        return None
+    if prompts < MIN_PROMPTS or not interval:
+        return "few_samples"
+    if interval[0] < speedup * (1 - ci_target) or interval[1] > speedup * (1 + ci_target):
+        return "ci_wide"
+    return None
+
+
+def probe_drift(progress: dict, batch_size: int) -> float | None:
+    """How far the drift probe (a 1-token target forward, the same work every time) moved during this batch size's
+    points, within each process that ran them (a resumed run's processes, a Ray run's workers: each its own
+    machine and its own readings): the largest max / min - 1."""
+    entry = (progress.get("drift") or {}).get(str(batch_size)) or {}
+    if "probes_s" in entry or "start_s" in entry:  # a folder written before readings were kept per process
+        entry = {"": entry.get("probes_s") or [entry.get("start_s"), entry.get("end_s")]}
+    moved = []
+    for readings in entry.values():
+        readings = [r for r in readings or [] if r is not None and r > 0]
+        if len(readings) >= 2:
+            moved.append(max(readings) / min(readings) - 1)
+    return max(moved) if moved else None
+
+
+def baseline_repeat_drift(baseline: list[dict]) -> float | None:
+    """The baseline's tok/s per repeat over the batches every repeat measured (the same work): max / min - 1."""
+    by_repeat: dict[int, list[dict]] = defaultdict(list)
+    for s in baseline:
+        by_repeat[s.get("repeat", 0)].append(s)
+    if len(by_repeat) < 2:
+        return None
+    common = set.intersection(*({s["batch_index"] for s in rows} for rows in by_repeat.values()))
+    rates = [throughput([s for s in rows if s["batch_index"] in common]) for rows in by_repeat.values()]
+    if not common or any(not r for r in rates):
+        return None
+    return max(rates) / min(rates) - 1
+
+
+def target_numerics(numerics: dict | None) -> dict:
+    """The target's numerics probe. Greedy output is the target's argmax whatever drafts, so only its
+    numerics can make a method's greedy tokens differ from the baseline's."""
+    return (numerics or {}).get("target") or {}
+
+
+def numerics_drift(probe: dict) -> float | None:
+    values = [probe.get(key) for key in ("verify_vs_stepwise_max_logit_diff", "batched_vs_single_max_logit_diff")
+              if probe.get(key) is not None]
+    return max(values) if values else None
+
+
+def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
+    """cost_unstable: one probe's repetitions (each worker's), or the workers' c or v, disagree; cost_implausible."""
+    flags = []
+    for worker, probe in (costs.per_worker or {"": costs}).items():
+        where = f" on worker {worker}" if len(costs.per_worker) > 1 else ""
+        for name, values in probe.repetitions(point.draft, point.gamma).items():
+            value = spread(values)
+            if value is not None and value > COST_SPREAD_LIMIT:
+                flags.append({"code": "cost_unstable", "message": f"cost probe {name}{where}: its {len(values)} "
+                              f"repetitions spread over {value:.0%} of their median (max - min), the same forward each "
+                              "time: the machine was not steady while c and v were measured, so they and the prediction "
+                              "are uncertain"})
+                return flags + implausible(metrics)
+    if len(costs.per_worker) > 1:
+        for name, values in (("c", [p.c_for(point.draft) for p in costs.per_worker.values()]),
+                             ("v", [p.v_for(point.gamma) for p in costs.per_worker.values()])):
+            value = spread([v for v in values if v is not None])
+            if value is not None and value > COST_SPREAD_LIMIT:
+                shown = ", ".join(f"{w} {x:.3f}" for w, x in zip(costs.per_worker, values) if x is not None)
+                flags.append({"code": "cost_unstable", "message": f"the workers that ran this point measured {name} "
+                              f"apart by {value:.0%} of their median ({shown}): the prediction uses their median, "
+                              "which describes none of them well"})
+                break
+    return flags + implausible(metrics)
+
+
+def implausible(metrics: dict) -> list[dict]:
+    c, v = metrics.get("draft_cost_ratio_c"), metrics.get("verify_cost_ratio_v")
+    if not ((v is not None and v < 1) or (c is not None and c > 1)):
+        return []
+    shown = ", ".join(f"{name} = {value:.3f}" for name, value in (("c", c), ("v", v)) if value is not None)
+    return [{"code": "cost_implausible", "message": f"{shown}: a (gamma+1)-token target forward cheaper than a 1-token "
+             "one (v < 1), or a draft dearer than the target (c > 1), is implausible; check the 1-token forward's "
+             "kernel path first: the baseline decodes at M = 1, so a slow M = 1 path slows the baseline too and "
+             "inflates every speedup"}]
+
+
+def flags_of(point: Point, metrics: dict, prompts: int, machine: dict) -> list[dict]:
+    """What makes a run's figures doubtful. prompts: the prompt batches its ratios pair. machine: costs (a
+    CostProbe), probe_drift and baseline_drift of the point's comparison, the target's numerics probe, ci_target."""
+    flags = []
+    spec = REGISTRY[point.method]
+    speedup, interval = metrics.get("speedup"), metrics.get("speedup_ci95")
+    verdict = None if spec.is_reference else ci_verdict(speedup, interval, prompts,
+                                                        machine.get("ci_target") or CI_WIDE)
+    if verdict == "few_samples":
+        flags.append({"code": "few_samples", "message": f"{prompts} prompt batch(es) back this ratio, fewer than "
+                      f"{MIN_PROMPTS}: no interval is given (a bootstrap over so few prompts is not a 95% interval; "
+                      "repeats do not add prompts), so the figure is a reading, not an estimate: run more prompts"})
+    elif verdict == "ci_wide":
+        target = machine.get("ci_target") or CI_WIDE
+        flags.append({"code": "ci_wide", "message": f"the speedup's 95% CI [{interval[0]:.3f}, {interval[1]:.3f}] "
+                      f"reaches beyond +-{target:.0%} of {speedup:.3f}: the prompts disagree more than that (more "
+                      "prompts narrow it; repeats only average each prompt's timing noise)"})
+    moved = machine.get("probe_drift")
+    if moved is not None and moved > DRIFT_LIMIT:
+        flags.append({"code": "drift", "message": f"the machine changed speed during this batch size's points: the same "
+                      f"1-token target forward, timed by the same probe, moved by {moved:.0%} (max / min), so batches "
+                      "measured at different times are not alike"})
+    moved = machine.get("baseline_drift")
+    if moved is not None and moved > DRIFT_LIMIT:
+        flags.append({"code": "drift", "message": f"the baseline's tok/s on the same batches moved by {moved:.0%} "
+                      "between repeats: the machine changed speed during the run"})
+    costs = machine.get("costs")
+    if spec.has_rounds and costs is not None and point.gamma is not None:
+        flags += cost_flags(point, metrics, costs)
+    exact = metrics.get("exact_match")
+    drift = numerics_drift(machine.get("numerics") or {})
+    if exact is not None and exact < 1.0 and (drift is None or drift <= NUMERICS_DRIFT):
+        probe = "no numerics probe ran" if drift is None else f"the numerics probe's max |logit diff| is {drift:.2g}"
+        flags.append({"code": "possible_bug", "message": f"greedy output differs from the baseline in "
+                      f"{len(metrics.get('mismatches') or [])} sample(s) while {probe} (no drift above "
+                      f"{NUMERICS_DRIFT:g}): an exact tie can still flip a token, but check the first mismatch"})
+    return flags
+
+
+def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference: str) -> list[str]:
+    """Why a figure of an overall run is null, partial or doubtful."""
+    notes, label, spec = [], point.label, REGISTRY[point.method]
+    if spec.has_rounds and not metrics.get("rounds"):
+        notes.append(f"{label}: no speculation rounds (every row ended at its first token): acceptance figures, "
+                     "alpha and the prediction are null")
+    elif spec.has_rounds and metrics.get("acceptance_rate") is None:
+        notes.append(f"{label}: no round drafted a token (the max_new_tokens budget left none): acceptance figures, "
+                     "alpha and the prediction are null")
+    if metrics.get("speedup") is None and not spec.is_reference:
+        notes.append(f"{label}: no {reference} batch at batch={point.batch_size} "
+                     f"{'greedy' if point.temperature is None else f'T={point.temperature}'} to pair with: no ratios")
+    batches = run["batches"]
+    if run["status"] == "partial":
+        measured = f"{batches['done']} of {batches['planned']} batches" if batches["planned"] else \
+            f"{batches['done']} batches"
+        why = f" ({run['error']})" if run.get("error") else " (the run stopped first)"
+        notes.append(f"{label}: partial, {measured}{why}: its ratios pair only the batches it has, and it takes no "
+                     "part in best")
+    if not spec.is_reference and 0 < batches["paired"] < batches["done"]:
+        notes.append(f"{label}: the baseline finished {batches['paired']} of its {batches['done']} batches: every "
+                     "ratio pairs only those")
+    if not spec.is_reference and batches.get("cross_process"):
+        notes.append(f"{label}: {batches['cross_process']} of its {batches['paired']} paired batches were paired with "
+                     "a baseline measured by another process (a resumed run or a restarted worker; env.json lists "
+                     "every process's machine): those pairs were not measured back to back")
+    exact, drift = metrics.get("exact_match"), numerics_drift(numerics)
+    if exact is not None and exact < 1.0 and drift is not None and drift > NUMERICS_DRIFT:
+        first = sorted(m["first_mismatch"] for m in metrics.get("mismatches") or [])
+        values = ", ".join(f"{name} {numerics[key]:.2g}" for name, key in (
+            ("multi-token vs token by token", "verify_vs_stepwise_max_logit_diff"),
+            ("ragged batch vs alone", "batched_vs_single_max_logit_diff")) if numerics.get(key) is not None)
+        notes.append(f"{label}: exact match {exact:.3f} (mismatches start at tokens {first}) is explained by the "
+                     f"numerics probe: the target's max |logit diff| {values} ({numerics.get('dtype')}, quantization "
+                     f"{numerics.get('quantization')}), above fp32 rounding ({NUMERICS_DRIFT:g}), is enough to flip a "
+                     "greedy near-tie: the method verifies several tokens in one forward, the baseline one at a time")
+    cut, graded = metrics.get("accuracy_cut"), metrics.get("accuracy_graded")
+    if cut and graded and cut > CUT_MAJORITY * graded:
+        notes.append(f"{label}: {cut} of {graded} GSM8K answers were cut at max_new_tokens before '####': the accuracy "
+                     f"{metrics['accuracy']:.3f} is not meaningful (it grades cut-off answers, not the model); raise "
+                     "generation.max_new_tokens")
+    return notes

@@ -1,0 +1,88 @@
+"""The report legend: what every figure, flag and field of summary.json means (METRICS.md's definitions)."""
+from eval.flags import COST_SPREAD_LIMIT, DRIFT_LIMIT, NUMERICS_DRIFT
+from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
+
+LEGEND = {
+    "status": "ok: every planned batch measured; partial: fewer batches than planned (a failure or an interruption): "
+              "marked 'partial done/planned' in the tables and hollow in the plots, its ratios pair only the batches "
+              "it has, and it takes no part in best; failed / skipped: not measured (the error says why)",
+    "batches": "a batch is one (repeat, batch_index) of a point; done: measured, paired: also measured by the "
+               "baseline (every ratio uses only these), planned: what the sweep planned (every repeat), prompts: the "
+               "distinct prompt batches paired (what an interval rests on), cross_process: paired batches whose "
+               "baseline another process measured (a resumed run, a restarted worker)",
+    "samples": "sequences measured (rows of samples.jsonl)",
+    "new_tokens": "N: generated tokens up to and including EOS, no prompt, no padding; counted alike for every method",
+    "throughput_tok_s": "sum(N) / sum(batch wall times), a batch's wall time being its slowest row's latency; "
+                        "throughput_tok_s_repeats: the same per repeat, throughput_tok_s_std their standard deviation",
+    "speedup": "throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
+               "temperature and run (the ratio of total tokens over total wall, not a mean of ratios)",
+    "speedup_ci95": f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement, each carrying "
+                    f"all its repeats of the point and of the baseline (tokens and wall, measured back to back), "
+                    f"recompute the ratio of totals ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}: a rebuild "
+                    "gives the same numbers) and take the expanded percentile interval (Hesterberg 2015: the tails cut "
+                    "at Phi(-sqrt(n/(n-1)) t_(0.975, n-1)) instead of 2.5%, since the plain percentile interval covers "
+                    "only ~85% of the time at 5 prompts and ~90% at 10). It covers how the ratio varies from prompt to "
+                    "prompt, the question being 'on prompts like these'; repeats average each prompt's timing noise and "
+                    f"do not narrow it by sqrt(repeats). Fewer than {MIN_PROMPTS} prompt batches: null and flagged "
+                    "few_samples. Tables print 'speedup [lo, hi]' (or 'speedup (n=k)' with no interval), plots draw "
+                    "error bars",
+    "decode_speedup": "the same over decode throughput = sum(N - 1) / sum(batch wall - target prefill - draft prefill), "
+                      "the part speculation can speed up; decode_speedup_ci95 likewise; null for methods timed per "
+                      "batch only (no prefill time)",
+    "latency_s": "per sequence: wall time from its batch's start to its last token, device synchronised; mean, p50, "
+                 "p90, p99",
+    "tpot_s": "time per output token: latency / N per sequence",
+    "ttft_s": "time to first token: the prefill",
+    "prefill_share": "(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot "
+                     "speed up",
+    "draft_time_share": "time spent drafting / latency, summed over samples",
+    "block_efficiency": "tau = N / target forwards, the prefill forward and its token included: mean tokens per "
+                        "target call (baseline 1.0)",
+    "mean_accepted_tokens": "MAT = sum(emitted e_r) / rounds R, the correction or bonus token included: what vLLM and "
+                            "SGLang call acceptance length, Spec-Bench's #MAT (baseline 1.0)",
+    "rounds": "R: speculation rounds (target verification forwards after the prefill), all sequences",
+    "acceptance_rate": "sum(accepted a_r) / sum(drafted gamma_r) over all rounds of all sequences; rounds that "
+                       "drafted nothing add nothing; null when no round drafted a token",
+    "per_position_acceptance": "P(draft i accepted) = rounds with a_r >= i / rounds that drafted at least i; "
+                               "unconditional (not given that draft i-1 was accepted). With a constant draft length "
+                               "and no round cut by max_new_tokens it is count_i / rounds",
+    "accepted_histogram": "rounds with a_r = 0, 1, ..., gamma, over the rounds that drafted at least one token",
+    "constant_draft_length": "true when the rounds drafted gamma: every round, but for rounds cut by the max_new_tokens "
+                             "budget (the engine drafts at most max_new_tokens - generated - 1), and at least one round "
+                             "drafted the full gamma: then Leviathan's model at gamma applies",
+    "drafted_per_round": "mean drafted tokens per round; zero_draft_rounds: share of rounds that drafted nothing (a "
+                         "plain target step)",
+    "alpha": "Leviathan's alpha from the rounds, for every schedule: the alpha with sum_r E[a_r | gamma_r, alpha] = "
+             "sum_r a_r over the rounds that drafted, E[a | g, alpha] = alpha (1 - alpha^g) / (1 - alpha); every draft "
+             "accepted gives 1, none 0; null when no round drafted a token. Not solved from tau, which counts the "
+             "prefill's forward and token and so reads low for short outputs",
+    "draft_cost_ratio_c": "one 1-token draft forward / one 1-token target forward, medians of interleaved "
+                          "repetitions measured in the run at this batch size",
+    "verify_cost_ratio_v": "one (gamma+1)-token target forward / one 1-token target forward, measured likewise",
+    "predicted_speedup": "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma*c + v)); predicted_speedup_v1 uses v = 1 "
+                         "(Leviathan et al. 2023, Thm 3.8). Only where the model applies: a constant draft length, a "
+                         "draft model, c and v measured; else null and the notes say why",
+    "efficiency": "measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
+                  "decode_efficiency: decode speedup / predicted speedup",
+    "exact_match": "greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
+                   "mismatches list where each starts (first_mismatch, a token index)",
+    "accuracy": "GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
+                "accuracy_cut: answers cut at max_new_tokens before '####' (of accuracy_graded); when more than half "
+                "are cut the notes say the accuracy is not meaningful",
+    "flags": f"a figure that cannot be trusted as it is, kept and marked '!' in the tables and plots, the notes say "
+             f"why: few_samples: fewer than {MIN_PROMPTS} prompt batches back the ratio, so it has no interval; "
+             f"ci_wide: the speedup's CI reaches beyond +-ci_target (config, default 10%) of it (repeats: auto stops "
+             f"on this same rule); drift: the same 1-token target forward (timed by the same probe, within each "
+             f"process) or the baseline's tok/s on the same batches in different repeats moved by more than "
+             f"{DRIFT_LIMIT:.0%} (max / min - 1); cost_unstable: a cost probe this point uses has repetitions spread "
+             f"over (max - min) / median > {COST_SPREAD_LIMIT:.0%}, or the workers that ran it measured c or v that far "
+             f"apart; cost_implausible: v < 1 or c > 1; possible_bug: greedy output differs from the baseline while "
+             f"the target's numerics probe shows no drift above {NUMERICS_DRIFT:g} in max |logit diff| (fp32 rounding "
+             f"is ~1e-5); a mismatch above it is explained in the notes instead",
+    "group": "dataset.group_by's value; null: the overall run. At batch size 1 a group's figures are exact; at batch "
+             "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
+             "that group in the batch",
+    "best": "per batch size and temperature: each method's point with the highest measured speedup among status ok "
+            "points (flagged ones included and marked), and for a constant draft length with measured costs the "
+            "gamma that the measured alpha, c and v predict best among the gammas swept",
+}

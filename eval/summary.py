@@ -1,0 +1,204 @@
+"""The summary: every run's figures, flags and notes from the raw records and progress.json, and the best points.
+
+A figure that does not exist is None (null in JSON), never NaN, and the notes say why. Every ratio pairs the same
+samples: a point's batches with the baseline's runs of the same batches. Eval never times or decodes; it asks the
+method registry what a method is, never its name.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from decode.methods import REGISTRY
+from eval.figures import prediction_gap, run_metrics
+from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
+from eval.leviathan import predicted_speedup
+from eval.legend import LEGEND
+from eval.records import AXES, CostProbe, Point
+from eval.stats import MIN_PROMPTS, strict
+from eval.totals import cross_process_pairs, processes_of, units
+
+
+# ---- the summary --------------------------------------------------------------------------------------
+
+def point_order(point: Point) -> tuple:
+    methods = list(REGISTRY)
+    return (point.temperature is not None, point.temperature or 0, point.batch_size,
+            not REGISTRY[point.method].is_reference, methods.index(point.method), point.draft or "",
+            point.gamma or 0, point.schedule or "", point.exit_layer or 0)
+
+
+def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | None:
+    """The cost probe behind a point's c, v and prediction: each process (a Ray worker, a resumed run) measures
+    its own at each batch size; a point takes those of the processes that ran its samples, their median where
+    there are several (CostProbe.across_workers keeps each, for the cost_unstable flag)."""
+    entry = (progress.get("costs") or {}).get(str(point.batch_size))
+    if not entry:
+        return None
+    if any(key in entry for key in ("v", "c", "c_by_draft")):  # a folder from before costs were kept per process
+        return CostProbe.from_json(entry)
+    probes = {name: CostProbe.from_json(row) for name, row in entry.items() if row}
+    ran = {p for s in samples for p in processes_of([s])}
+    chosen = {name: probe for name, probe in probes.items() if name in ran} or probes
+    return CostProbe.across_workers({_short(name, progress): probe for name, probe in chosen.items()})
+
+
+def _short(process: str, progress: dict) -> str:
+    """A process's name in the notes: its Ray worker, else its place among the run's processes (env.json)."""
+    names = list((progress.get("processes") or {}))
+    return (progress.get("processes") or {}).get(process, {}).get("name") or (
+        f"process {names.index(process) + 1}" if process in names else process)
+
+
+def point_runs(point: Point, samples: list[dict], failures: list[dict], expected: int | None,
+               baseline: list[dict] | None, costs: CostProbe | None, machine: dict, group_by: str | None) -> list[dict]:
+    """The runs of one point: overall (group None), then one per group when group_by is set. Every group run
+    shares the point's status: a partial point is partial in every group."""
+    error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failures)) or None
+    if not samples:
+        status = "failed" if any(f.get("status") == "failed" for f in failures) else "skipped"
+        return [{**_axes(point), "group": None, "label": point.label, "status": status, "error": error,
+                 "batches": {"done": 0, "paired": 0, "planned": expected, "prompts": 0, "cross_process": 0},
+                 "flags": [], "metrics": {}}]
+    status = "partial" if failures or (expected is not None and len(units(samples)) < expected) else "ok"
+    groups = [None] + (sorted({s["group"] for s in samples if s.get("group") is not None}) if group_by else [])
+    runs = []
+    for group in groups:
+        mine = [s for s in samples if group is None or s.get("group") == group]
+        theirs = None if baseline is None else [s for s in baseline if group is None or s.get("group") == group]
+        metrics = run_metrics(point, mine, theirs, costs)
+        paired = set(units(mine)) & set(units(theirs or []))
+        batches = {"done": len(units(mine)), "paired": len(paired), "planned": expected if group is None else None,
+                   "prompts": len({index for _, index in paired}),
+                   "cross_process": cross_process_pairs(mine, theirs or [])}
+        run = {**_axes(point), "group": group, "label": point.label, "status": status, "batches": batches,
+               "flags": flags_of(point, metrics, batches["prompts"], machine), "metrics": metrics}
+        if error:
+            run["error"] = error
+        runs.append(run)
+    return runs
+
+
+def summarize(samples: list[dict], progress: dict | None = None) -> dict:
+    """All figures per run (a point, overall and per group) from the raw records and progress.json (its keys:
+    runner/storage.py's Progress). Pure: the same inputs give the same summary, NaN-free."""
+    progress = progress or {}
+    unknown = sorted({s["method"] for s in samples} - set(REGISTRY))  # a folder from another version of the tool
+    by_point: dict[Point, list[dict]] = defaultdict(list)
+    for s in samples:
+        if s["method"] in REGISTRY:
+            by_point[Point.of(s)].append(s)
+    failures: dict[Point, list[dict]] = defaultdict(list)
+    for f in progress.get("failures") or []:
+        if f.get("method") in REGISTRY:
+            failures[Point.of(f)].append(f)
+    reference = next(name for name, spec in REGISTRY.items() if spec.is_reference)
+    baselines = {p.comparison: rows for p, rows in by_point.items() if REGISTRY[p.method].is_reference}
+    planned = progress.get("planned") or {}
+    group_by = progress.get("group_by")
+    numerics = target_numerics(progress.get("numerics"))
+    notes = list(progress.get("notes") or [])
+    if unknown:
+        notes.append(f"records of methods this version does not know were left out: {', '.join(unknown)}")
+    gaps: dict[str, list[str]] = defaultdict(list)  # why a prediction is null -> labels
+    flagged: dict[tuple, list[str]] = {}  # (code, message) -> labels of the overall runs: one note for all of them
+    costs_by_label: dict[str, CostProbe | None] = {}
+    few: dict[tuple, list[str]] = {}  # (group, prompt batches) -> labels of its runs with too few for an interval
+    runs = []
+    for point in sorted(set(by_point) | set(failures), key=point_order):
+        baseline = baselines.get(point.comparison)
+        costs = costs_by_label[point.label] = costs_of(progress, point, by_point.get(point, []))
+        machine = {"costs": costs, "probe_drift": probe_drift(progress, point.batch_size),
+                   "baseline_drift": baseline_repeat_drift(baseline) if baseline else None, "numerics": numerics,
+                   "ci_target": progress.get("ci_target") or CI_WIDE}
+        overall, *per_group = point_runs(point, by_point.get(point, []), failures.get(point, []),
+                                         planned.get(point.label), baseline, costs, machine, group_by)
+        runs += [overall, *per_group]
+        if overall["status"] in ("failed", "skipped"):
+            continue
+        notes.extend(run_notes(overall, point, overall["metrics"], numerics, reference))
+        for flag in overall["flags"]:
+            flagged.setdefault((flag["code"], flag["message"]), []).append(point.label)
+        gap = prediction_gap(point, overall["metrics"], costs) if REGISTRY[point.method].has_rounds else None
+        if gap:
+            gaps[gap].append(point.label)
+        said = {f["code"] for f in overall["flags"]}  # a group's flag already explained overall is not said again
+        for run in per_group:
+            for flag in run["flags"]:
+                if flag["code"] == "few_samples":  # one note for every group run it concerns
+                    few.setdefault((run["group"], run["batches"]["prompts"]), []).append(point.label)
+                elif flag["code"] not in said:
+                    notes.append(f"{point.label} [{group_by}={run['group']}]: flagged {flag['code']}: {flag['message']}")
+    for (code, message), labels in flagged.items():
+        notes.append(f"{'; '.join(labels)}: flagged {code}: {message}")
+    if few:
+        everyone = len({tuple(labels) for labels in few.values()}) == 1
+        shown = "; ".join(f"{group_by}={group} ({prompts} prompt batch{'es' if prompts != 1 else ''})"
+                          + ("" if everyone else f": {', '.join(labels)}") for (group, prompts), labels in few.items())
+        notes.append(f"flagged few_samples, no interval, fewer than {MIN_PROMPTS} prompt batches behind the ratio"
+                     + (f" (every point: {', '.join(next(iter(few.values())))})" if everyone else "")
+                     + f": {shown}. A group's ratio from so few prompts is a reading, not an estimate")
+    for reason, labels in gaps.items():
+        notes.append(f"predicted speedup and efficiency are null for {'; '.join(labels)}: {reason}")
+    measured = {r["label"] for r in runs}
+    missing = [label for label in planned if label not in measured]
+    if missing:
+        notes.append(f"planned but not measured (the run stopped first): {'; '.join(missing)}")
+    summary = {"runs": runs, "best": best_points(runs, costs_by_label), "legend": LEGEND, "notes": notes,
+               "groups": sorted({r["group"] for r in runs if r["group"] is not None})}
+    for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "status", "group_by", "ci_target"):
+        if key in progress:
+            summary[key] = progress[key]
+    replaced: list[str] = []
+    summary = strict(summary, replaced=replaced)
+    if replaced:  # eval's own figures go through ratio(); a NaN can only come in from progress.json
+        summary["notes"].append(f"not a number, written as null: {', '.join(replaced[:10])}"
+                                + (f" and {len(replaced) - 10} more" if len(replaced) > 10 else ""))
+    return summary
+
+
+def _axes(point: Point) -> dict:
+    return {axis: getattr(point, axis) for axis in AXES}
+
+
+# ---- the best points ------------------------------------------------------------------------------------
+
+def comparison_name(run: dict) -> str:
+    return f"batch={run['batch_size']} " + ("greedy" if run["temperature"] is None else f"T={run['temperature']}")
+
+
+def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -> dict:
+    """Per comparison (batch size, temperature): each method's best measured point (status ok only; flagged ones
+    are kept and marked), and, where Leviathan's model applies (a constant draft length, a draft model, c and v
+    measured), the gamma the measured alpha, c and v predict best among the gammas swept."""
+    eligible = [r for r in runs if r["status"] == "ok" and r["group"] is None and not REGISTRY[r["method"]].is_reference
+                and r["metrics"].get("speedup") is not None]
+    best: dict[str, dict] = {}
+    for run in eligible:
+        entry = best.setdefault(comparison_name(run), {})
+        current = entry.get(run["method"])
+        if current is None or run["metrics"]["speedup"] > current["speedup"]:
+            entry[run["method"]] = {"label": run["label"], "gamma": run["gamma"], "speedup": run["metrics"]["speedup"],
+                                    "speedup_ci95": run["metrics"].get("speedup_ci95"), "flagged": bool(run["flags"]),
+                                    "flags": list(dict.fromkeys(f["code"] for f in run["flags"]))}
+    for comparison, entry in best.items():
+        for method, chosen in entry.items():
+            modelled = [r for r in eligible if r["method"] == method and comparison_name(r) == comparison
+                        and r["metrics"].get("predicted_speedup") is not None]
+            if not modelled:
+                continue
+            # the best point's own alpha where the model applies to it, else the best modelled point's
+            source = next((r for r in modelled if r["label"] == chosen["label"]),
+                          max(modelled, key=lambda r: r["metrics"]["speedup"]))
+            costs = costs_by_label.get(source["label"]) or CostProbe()
+            alpha, c = source["metrics"]["alpha"], source["metrics"]["draft_cost_ratio_c"]
+            line = ("method", "draft", "schedule", "exit_layer", "batch_size", "temperature")
+            swept = {r["gamma"] for r in runs if r["group"] is None and r["gamma"] is not None
+                     and all(r[axis] == source[axis] for axis in line)}
+            candidates = {g: predicted_speedup(alpha, g, c, costs.v_for(g)) for g in sorted(swept)
+                          if costs.v_for(g) is not None}
+            candidates = {g: value for g, value in candidates.items() if value is not None}
+            if candidates:
+                g_best = max(candidates, key=candidates.get)
+                chosen.update(predicted_best_gamma=g_best, predicted_best_speedup=candidates[g_best], alpha_used=alpha,
+                              predicted_from=source["label"])
+    return best

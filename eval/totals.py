@@ -1,0 +1,86 @@
+"""Batches and their totals: throughput, block efficiency, and the pairing of a point's batches with the
+baseline's that every ratio rests on."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from eval.stats import ratio
+
+
+def unit_of(sample: dict) -> tuple:
+    """A point's batch: (repeat, batch_index)."""
+    return sample.get("repeat", 0), sample["batch_index"]
+
+
+def units(samples: list[dict]) -> dict[tuple, list[dict]]:
+    by_unit: dict[tuple, list[dict]] = defaultdict(list)
+    for s in samples:
+        by_unit[unit_of(s)].append(s)
+    return by_unit
+
+
+def decode_elapsed(s: dict) -> float | None:
+    if s.get("prefill_s") is None:
+        return None
+    return s["latency_s"] - s["prefill_s"] - (s.get("draft_prefill_s") or 0.0)
+
+
+def unit_totals(batch: list[dict]) -> dict:
+    """One batch: tokens and wall (its slowest row), and the same after both prefills (None where unmeasured)."""
+    decode = [decode_elapsed(s) for s in batch]
+    return {"tokens": sum(s["new_tokens"] for s in batch), "wall": max(s["latency_s"] for s in batch),
+            "decode_tokens": sum(max(s["new_tokens"] - 1, 0) for s in batch),
+            "decode_wall": None if any(d is None for d in decode) else max(decode)}
+
+
+def throughput(samples: list[dict]) -> float | None:
+    """sum(N) / sum(batch wall times), a batch's wall being its slowest row's latency."""
+    totals = [unit_totals(b) for b in units(samples).values()]
+    return ratio(sum(t["tokens"] for t in totals), sum(t["wall"] for t in totals))
+
+
+def decode_throughput(samples: list[dict]) -> float | None:
+    totals = [unit_totals(b) for b in units(samples).values()]
+    if not totals or any(t["decode_wall"] is None for t in totals):
+        return None
+    return ratio(sum(t["decode_tokens"] for t in totals), sum(t["decode_wall"] for t in totals))
+
+
+def block_efficiency(samples: list[dict]) -> float | None:
+    if not samples or any(s.get("target_forwards") is None for s in samples):
+        return None  # the peers do not count their forwards
+    return ratio(sum(s["new_tokens"] for s in samples), sum(s["target_forwards"] for s in samples))
+
+
+def paired_clusters(samples: list[dict], baseline: list[dict], decode: bool = False) -> list[tuple]:
+    """Per prompt batch that both sides finished, summed over the repeats both finished, in batch order:
+    (point tokens, point wall, baseline tokens, baseline wall). The unit a ratio's bootstrap resamples: a prompt
+    batch carries all its repeats. Empty when decode=True and either side has no prefill time."""
+    mine, theirs = units(samples), units(baseline)
+    clusters: dict[int, list[float]] = {}
+    for key in sorted(set(mine) & set(theirs)):
+        a, b = unit_totals(mine[key]), unit_totals(theirs[key])
+        if decode:
+            if a["decode_wall"] is None or b["decode_wall"] is None:
+                return []
+            values = (a["decode_tokens"], a["decode_wall"], b["decode_tokens"], b["decode_wall"])
+        else:
+            values = (a["tokens"], a["wall"], b["tokens"], b["wall"])
+        total = clusters.setdefault(key[1], [0, 0.0, 0, 0.0])
+        for i, value in enumerate(values):
+            total[i] += value
+    return [tuple(clusters[index]) for index in sorted(clusters)]
+
+
+def processes_of(batch: list[dict]) -> set:
+    """The processes that measured a batch (records written before processes were recorded: none)."""
+    return {s.get("process") for s in batch if s.get("process") is not None}
+
+
+def cross_process_pairs(samples: list[dict], baseline: list[dict]) -> int:
+    """Paired batches whose point and baseline were measured by different processes (a resumed run, a restarted
+    worker): not back to back, so the machine may have changed in between."""
+    mine, theirs = units(samples), units(baseline)
+    return sum(1 for key in set(mine) & set(theirs)
+               if processes_of(mine[key]) and processes_of(theirs[key])
+               and processes_of(mine[key]) != processes_of(theirs[key]))

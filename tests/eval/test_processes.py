@@ -1,0 +1,67 @@
+"""Figures of a run measured by several processes (Ray workers, a resumed run): each point's costs from the
+processes that ran it, drift within each process, workers that disagree flagged, pairs across processes said."""
+import pytest
+
+from eval.summary import summarize
+from sample_records import SPEC_LABEL, codes, costs, paired_run, run
+
+
+def on(samples, process, worker=None):
+    for s in samples:
+        s["process"], s["worker"] = process, worker
+    return samples
+
+
+def probes(**by_process):
+    """progress.json's costs: batch size 1 -> process -> its CostProbe (c for draft d, v for gamma 2)."""
+    return {"1": {name: costs(c, {"2": v}, process=name)["1"][name] for name, (c, v) in by_process.items()}}
+
+
+def test_each_point_takes_the_costs_of_the_worker_that_ran_it():
+    # gamma 2 ran on w0 (c 0.3, v 1.2), gamma 4 on w1 (c 0.5); the first worker to finish no longer speaks for both
+    g2 = on(paired_run(units=8), "w0-proc", "w0")
+    g4 = on([dict(s, gamma=4, new_tokens=6, rounds=[{"drafted": 4, "accepted": 4, "emitted": 5}])
+             for s in paired_run(units=8) if s["method"] == "speculative"], "w1-proc", "w1")
+    progress = {"costs": {"1": {"w0-proc": costs(0.3, {"2": 1.2, "4": 1.4})["1"]["p1"],
+                                "w1-proc": costs(0.5, {"2": 1.2, "4": 1.4})["1"]["p1"]}},
+                "processes": {"w0-proc": {"name": "w0", "worker": "w0"}, "w1-proc": {"name": "w1", "worker": "w1"}}}
+    summary = summarize(g2 + g4, progress)
+    assert run(summary, "speculative", gamma=2)["metrics"]["draft_cost_ratio_c"] == 0.3
+    assert run(summary, "speculative", gamma=4)["metrics"]["draft_cost_ratio_c"] == 0.5
+    # alpha 1 (every draft accepted): gamma 4 predicts 5 / (4 * 0.5 + 1.4) = 1.4706, from w1's costs alone
+    assert run(summary, "speculative", gamma=4)["metrics"]["predicted_speedup"] == pytest.approx(5 / 3.4)
+
+
+def test_a_point_run_on_two_workers_takes_their_median_and_flags_their_disagreement():
+    samples = on(paired_run(units=8)[:8], "w0-proc", "w0") + on(paired_run(units=8)[8:], "w1-proc", "w1")
+    progress = {"costs": probes(**{"w0-proc": (0.3, 1.2), "w1-proc": (0.5, 1.2)}),
+                "processes": {"w0-proc": {"name": "w0"}, "w1-proc": {"name": "w1"}}}
+    summary = summarize(samples, progress)
+    m = run(summary, "speculative")["metrics"]
+    assert m["draft_cost_ratio_c"] == pytest.approx(0.4)  # the median of 0.3 and 0.5
+    assert codes(summary) == ["cost_unstable"]  # (0.5 - 0.3) / 0.4 = 50% apart
+    assert "w0 0.300, w1 0.500" in run(summary, "speculative")["flags"][0]["message"]
+    agreeing = {"costs": probes(**{"w0-proc": (0.30, 1.2), "w1-proc": (0.32, 1.25)})}
+    assert codes(summarize(samples, agreeing)) == []
+
+
+def test_drift_is_read_within_each_worker_and_batch_size():
+    samples = paired_run(units=8)
+    # w1 slowed by 30% during batch size 1; w0 was steady and runs 3x slower hardware: no drift between workers
+    moved = {"1": {"w0-proc": [0.30, 0.30, 0.31], "w1-proc": [0.10, 0.13]}}
+    assert "drift" in codes(summarize(samples, {"drift": moved}))
+    steady = {"1": {"w0-proc": [0.30, 0.30, 0.31], "w1-proc": [0.10, 0.10]}, "4": {"w1-proc": [0.1, 0.5]}}
+    assert codes(summarize(samples, {"drift": steady})) == []
+
+
+def test_pairs_measured_by_two_processes_are_said():
+    # a resumed run: the baseline of prompts 0-2 was measured before the interruption, their speculative batches after
+    samples = on(paired_run(units=8), "first")
+    for s in samples:
+        if s["method"] == "speculative" and s["batch_index"] < 3:
+            s["process"] = "second"
+    summary = summarize(samples, {})
+    assert run(summary, "speculative")["batches"]["cross_process"] == 3
+    assert any(n.startswith(SPEC_LABEL + ": 3 of its 8 paired batches were paired with a baseline measured by another "
+                            "process") for n in summary["notes"])
+    assert not any("another process" in n for n in summarize(on(paired_run(units=8), "first"), {})["notes"])

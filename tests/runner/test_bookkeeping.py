@@ -1,0 +1,112 @@
+"""The experiment's bookkeeping without models: what is planned, what `repeats: auto` stops on, where each process's
+probes go, and env.json keeping every process's machine. A fake executor hands back constructed units."""
+import json
+
+import pytest
+from rich.console import Console
+
+from eval.records import CostProbe, Point
+from runner.experiment import Experiment
+from runner.plan import points_of
+from runner.session import UnitResult
+from sample_records import record
+from utils.config import validate
+
+LABEL = "speculative draft=draft gamma=2 constant batch=1 greedy"
+
+
+def experiment(tmp_path, **extra) -> Experiment:
+    raw = {"name": "t", "device": "cpu", "target": {"model": "/nowhere/target"}, "draft": {"model": "/nowhere/draft"},
+           "dataset": {"path": "/nowhere/data.jsonl", "prompt_field": "text"}, "speculative": {"gamma": [2]},
+           "batch_size": 1, **extra}
+    config = validate(raw)
+    exp = Experiment(config, raw, tmp_path / "out", Console(file=open("/dev/null", "w")))
+    exp.folder.create()
+    return exp
+
+
+class FakeExecutor:
+    """Runs `stop_after` units (baseline 2 s, speculative `speed(i)` x faster per prompt i), then a Ctrl-C."""
+
+    def __init__(self, exp, num_prompts, speed=lambda i: 2.0, stop_after=None, process="p1"):
+        self.exp, self.num_prompts, self.speed, self.stop_after, self.process = exp, num_prompts, speed, stop_after, process
+        self.ran = []
+
+    def execute(self, units, done):
+        for unit in units:
+            if self.stop_after is not None and len(self.ran) == self.stop_after:
+                raise KeyboardInterrupt
+            rows = []
+            for point in points_of(self.exp.config, unit.batch_size, unit.temperature):
+                i = unit.batch_index
+                latency = 2.0 if point.method == "baseline" else 2.0 / self.speed(i)
+                rows.append(record(point.method, i, i, unit.repeat, tokens=4, latency=latency, draft=point.draft,
+                                   rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}], process=self.process))
+            self.ran.append(unit)
+            self.exp.accept(unit, UnitResult(rows=rows, process=self.process, drift_probe_s=0.1,
+                                             costs=CostProbe(c_by_draft={"draft": 0.3}, v={2: 1.2})))
+
+
+def test_partial_counts_every_planned_repeat(tmp_path):
+    # 8 prompts, batch 1, repeats 2: 16 batches planned per point from the start, not 8 until the second repeat
+    exp = experiment(tmp_path, repeats=2)
+    with pytest.raises(KeyboardInterrupt):
+        exp.sweep(FakeExecutor(exp, 8, stop_after=4))
+    assert exp.progress.planned == {"baseline batch=1 greedy": 16, LABEL: 16}
+    run = next(r for r in exp.folder.summary()["runs"] if r["label"] == LABEL)
+    assert run["status"] == "partial" and run["batches"]["done"] == 4 and run["batches"]["planned"] == 16
+
+
+def test_repeats_auto_stops_where_repeats_cannot_help(tmp_path):
+    # 4 prompts: too few for an interval whatever the repeats; auto stops after one and says why
+    exp = experiment(tmp_path, repeats="auto", max_repeats=5)
+    executor = FakeExecutor(exp, 4)
+    exp.sweep(executor)
+    assert len(executor.ran) == 4  # one repeat
+    assert any(n.startswith("repeats: auto stopped after 1 repeat(s)") and "few_samples" in n
+               for n in exp.progress.notes)
+
+
+def test_repeats_auto_goes_on_while_an_interval_is_wide(tmp_path):
+    # 8 prompts alternately 1.5x and 3x faster: the CI over prompts is wide, and repeats of the same prompts
+    # leave it so: auto runs to max_repeats and says that is why it stopped
+    exp = experiment(tmp_path, repeats="auto", max_repeats=3)
+    executor = FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2])
+    exp.sweep(executor)
+    assert len(executor.ran) == 24
+    assert any("stopped after 3 repeat(s): max_repeats (3) reached" in n for n in exp.progress.notes)
+    steady = experiment(tmp_path / "b", repeats="auto", max_repeats=3)
+    executor = FakeExecutor(steady, 8)
+    steady.sweep(executor)
+    assert len(executor.ran) == 8 and any("no speedup CI reaches beyond ci_target" in n for n in steady.progress.notes)
+
+
+def test_probes_are_kept_per_process(tmp_path):
+    exp = experiment(tmp_path)
+    first = FakeExecutor(exp, 8, stop_after=3, process="host-1-a")
+    with pytest.raises(KeyboardInterrupt):
+        exp.sweep(first)
+    second = FakeExecutor(exp, 8, process="host-2-b")  # the resumed run
+    exp.sweep(second)
+    assert set(exp.progress.costs["1"]) == {"host-1-a", "host-2-b"}
+    assert exp.progress.costs["1"]["host-1-a"]["c_by_draft"] == {"draft": 0.3}
+    assert exp.progress.drift["1"] == {"host-1-a": [0.1] * 3, "host-2-b": [0.1] * 5}
+    assert [p["name"] for p in exp.progress.processes.values()] == ["process 1", "process 2"]
+
+
+def test_env_json_keeps_every_process(tmp_path):
+    exp = experiment(tmp_path)
+    exp.folder.write_env({"device": "cpu", "device_name": "first cpu"}, "host-1-a")
+    exp.folder.write_env({"device": "cpu", "device_name": "second cpu"}, "host-2-b")
+    env = json.loads((exp.folder.path / "env.json").read_text())
+    assert env["device_name"] == "first cpu"  # the run's start, as before
+    assert [(p["process"], p["device_name"]) for p in env["processes"]] == [("host-1-a", "first cpu"),
+                                                                           ("host-2-b", "second cpu")]
+
+
+def test_repeats_auto_without_a_baseline_is_refused(tmp_path):
+    # it stopped after one repeat before: no speedup, so nothing to settle
+    from utils import UserError
+
+    with pytest.raises(UserError, match="repeats: auto .* no speedup without baseline in methods"):
+        experiment(tmp_path, repeats="auto", methods=["speculative"])
