@@ -72,10 +72,12 @@ def counter_delta(before: dict, after: dict) -> dict:
 
 
 def row_of(output) -> dict:
+    """One request's answer. output_ids end with the EOS or stop token when one ended the row (vLLM keeps it);
+    stop_reason "eos" covers both (finish_reason "stop"), "length" is max_new_tokens or max_model_len."""
     completion = output.outputs[0]
     ids = [int(t) for t in completion.token_ids]
     row = {"output_ids": ids, "new_tokens": len(ids),
-           "stop_reason": "length" if completion.finish_reason == "length" else "eos",
+           "stop_reason": {"stop": "eos", "length": "length"}.get(completion.finish_reason, completion.finish_reason),
            "finish_reason": completion.finish_reason, "ttft_s": None, "latency_s": None, "decode_s": None,
            "spec": None}
     stats = getattr(output, "metrics", None)  # RequestStateStats, when the engine logs stats

@@ -73,6 +73,12 @@ def test_cluster_run_equals_the_single_process_run(setup, cluster_run):
     assert set(progress["workers"]) == {"w0", "w1"}
     assert all(w["device"] == "cpu" and w["numerics"]["target"] for w in progress["workers"].values())
     assert any("Ray cluster: 2 workers" in n for n in summary["notes"])
+    # each worker's own probes reach eval: a cost probe and drift readings per worker process and batch size
+    by_process = {s["process"]: s["worker"] for s in ours.values()}
+    assert sorted(by_process.values()) == ["w0", "w1"] and {p["name"] for p in progress["processes"].values()} == {"w0", "w1"}
+    for batch in {str(s["batch_size"]) for s in ours.values()}:
+        ran = {s["process"] for s in ours.values() if str(s["batch_size"]) == batch}
+        assert set(progress["costs"][batch]) == ran and set(progress["drift"][batch]) == ran
     # the folder rebuilds from its records like any other
     rebuilt = subprocess.run([sys.executable, "-m", "eval", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert rebuilt.returncode == 0, rebuilt.stderr
