@@ -12,29 +12,39 @@ from utils.data import extract_gsm8k_answer
 
 
 def constant_draft_length(samples: list[dict], gamma: int | None) -> bool:
-    """Whether the rounds drafted gamma: every round but those cut by the max_new_tokens budget, and at least one
-    round drafted the full gamma (gamma 8 with max_new_tokens 6 never drafts 8: its rounds are not gamma 8's).
+    """Whether the rounds drafted gamma: every round drafted min(gamma, budget - generated - 1), the engine's cut
+    near max_new_tokens (`generated` counting the prefill's token), and at least one round drafted the full gamma
+    (gamma 8 with max_new_tokens 6 never drafts 8: its rounds are not gamma 8's).
 
-    The engine drafts min(gamma, max_new_tokens - generated - 1) at most, generated counting the prefill's
-    token. A round drafting g < gamma after `generated` tokens is such a cut only if max_new_tokens =
-    generated + g + 1: every short round of the point must imply the same max_new_tokens, which no row exceeds
-    (and which a row stopped at "length" reached). Anything else is a variable draft length."""
+    The budget is not recorded: a round drafting g < gamma after `generated` tokens implies max_new_tokens =
+    generated + g + 1. Every short round must imply the same one, every round after it must draft what that budget
+    leaves, no row may exceed it, and a row stopped at "length" must have reached it. Anything else is a variable
+    draft length (a schedule, prompt lookup without a match)."""
     if not gamma:
         return False
-    implied, reached_gamma = set(), False
+    implied = set()
     for s in samples:
         generated = 1  # the prefill's token
         for r in s.get("rounds") or []:
             if r["drafted"] != gamma:
                 implied.add(generated + r["drafted"] + 1)
-            else:
-                reached_gamma = True
             generated += r["emitted"]
-    if not reached_gamma or len(implied) > 1:
+    if len(implied) > 1:
         return False
-    if not implied:
+    budget = implied.pop() if implied else None
+    reached_gamma = False
+    for s in samples:
+        generated = 1
+        for r in s.get("rounds") or []:
+            expected = gamma if budget is None else min(gamma, budget - generated - 1)
+            if r["drafted"] != expected:
+                return False
+            reached_gamma |= r["drafted"] == gamma
+            generated += r["emitted"]
+    if not reached_gamma:
+        return False
+    if budget is None:
         return True
-    budget = implied.pop()
     reached = {s["new_tokens"] for s in samples if s.get("stop_reason") == "length"}
     return all(s["new_tokens"] <= budget for s in samples) and reached <= {budget}
 
@@ -161,8 +171,9 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
     metrics["throughput_tok_s_repeats"] = per_repeat
     metrics["throughput_tok_s_std"] = statistics.stdev(per_repeat) if len(per_repeat) > 1 and None not in per_repeat else None
     if samples and all(s.get("prefill_s") is not None for s in samples):
-        metrics["prefill_share"] = ratio(sum(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0) for s in samples),
-                                         sum(latencies))
+        # a row that ended at its first token carries the batch's draft prefill it never waited for
+        metrics["prefill_share"] = ratio(sum(min(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0), s["latency_s"])
+                                             for s in samples), sum(latencies))
     if spec.has_rounds:
         metrics.update(speculation_figures(samples, point.gamma))
         metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from decode.methods import REGISTRY
-from eval.records import CostProbe, Point
+from eval.records import EARLIER_PROCESS, CostProbe, Point
 from eval.stats import MIN_PROMPTS, spread
 from eval.totals import throughput
 
@@ -46,7 +46,7 @@ def probe_drift(progress: dict, batch_size: int) -> float | None:
     machine and its own readings): the largest max / min - 1."""
     entry = (progress.get("drift") or {}).get(str(batch_size)) or {}
     if "probes_s" in entry or "start_s" in entry:  # a folder written before readings were kept per process
-        entry = {"": entry.get("probes_s") or [entry.get("start_s"), entry.get("end_s")]}
+        entry = {EARLIER_PROCESS: entry.get("probes_s") or [entry.get("start_s"), entry.get("end_s")]}
     moved = []
     for readings in entry.values():
         readings = [r for r in readings or [] if r is not None and r > 0]
@@ -100,7 +100,8 @@ def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
             value = spread([v for v in values if v is not None])
             if value is not None and value > COST_SPREAD_LIMIT:
                 shown = ", ".join(f"{w} {x:.3f}" for w, x in zip(costs.per_worker, values) if x is not None)
-                flags.append({"code": "cost_unstable", "message": f"the workers that ran this point measured {name} "
+                flags.append({"code": "cost_unstable", "message": f"the processes whose probes this point uses "
+                              f"(the workers or runs that measured it) measured {name} "
                               f"apart by {value:.0%} of their median ({shown}): the prediction uses their median, "
                               "which describes none of them well"})
                 break
@@ -118,10 +119,11 @@ def implausible(metrics: dict) -> list[dict]:
              "inflates every speedup"}]
 
 
-def flags_of(point: Point, metrics: dict, prompts: int, machine: dict) -> list[dict]:
-    """What makes a run's figures doubtful. prompts: the prompt batches its ratios pair. machine: costs (a
-    CostProbe), probe_drift and baseline_drift of the point's comparison, the target's numerics probe, ci_target."""
-    flags = []
+def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[dict]:
+    """What makes a run's figures doubtful. batches: the run's batch counts (prompts: the prompt batches its ratios
+    pair; cross_process). machine: costs (a CostProbe), probe_drift and baseline_drift of the point's comparison,
+    the target's numerics probe, ci_target."""
+    flags, prompts = [], batches.get("prompts", 0)
     spec = REGISTRY[point.method]
     speedup, interval = metrics.get("speedup"), metrics.get("speedup_ci95")
     verdict = None if spec.is_reference else ci_verdict(speedup, interval, prompts,
@@ -135,6 +137,12 @@ def flags_of(point: Point, metrics: dict, prompts: int, machine: dict) -> list[d
         flags.append({"code": "ci_wide", "message": f"the speedup's 95% CI [{interval[0]:.3f}, {interval[1]:.3f}] "
                       f"reaches beyond +-{target:.0%} of {speedup:.3f}: the prompts disagree more than that (more "
                       "prompts narrow it; repeats only average each prompt's timing noise)"})
+    crossed = batches.get("cross_process") or 0
+    if crossed and not spec.is_reference:
+        flags.append({"code": "cross_process", "message": f"{crossed} of its {batches['paired']} paired batches were "
+                      "paired with a baseline measured by another process (a resumed run or a restarted worker; "
+                      "env.json lists every process's machine): not back to back, so a change of the machine in "
+                      "between enters the ratio"})
     moved = machine.get("probe_drift")
     if moved is not None and moved > DRIFT_LIMIT:
         flags.append({"code": "drift", "message": f"the machine changed speed during this batch size's points: the same "
@@ -166,10 +174,12 @@ def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference:
     elif spec.has_rounds and metrics.get("acceptance_rate") is None:
         notes.append(f"{label}: no round drafted a token (the max_new_tokens budget left none): acceptance figures, "
                      "alpha and the prediction are null")
-    if metrics.get("speedup") is None and not spec.is_reference:
-        notes.append(f"{label}: no {reference} batch at batch={point.batch_size} "
-                     f"{'greedy' if point.temperature is None else f'T={point.temperature}'} to pair with: no ratios")
     batches = run["batches"]
+    if metrics.get("speedup") is None and not spec.is_reference:
+        comparison = f"batch={point.batch_size} {'greedy' if point.temperature is None else f'T={point.temperature}'}"
+        notes.append(f"{label}: no {reference} batch at {comparison} to pair with: no ratios" if not batches["paired"]
+                     else f"{label}: {batches['paired']} batches paired with the {reference}, but a side's total wall "
+                          "time or tokens are 0: no ratio")
     if run["status"] == "partial":
         measured = f"{batches['done']} of {batches['planned']} batches" if batches["planned"] else \
             f"{batches['done']} batches"
@@ -177,12 +187,8 @@ def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference:
         notes.append(f"{label}: partial, {measured}{why}: its ratios pair only the batches it has, and it takes no "
                      "part in best")
     if not spec.is_reference and 0 < batches["paired"] < batches["done"]:
-        notes.append(f"{label}: the baseline finished {batches['paired']} of its {batches['done']} batches: every "
-                     "ratio pairs only those")
-    if not spec.is_reference and batches.get("cross_process"):
-        notes.append(f"{label}: {batches['cross_process']} of its {batches['paired']} paired batches were paired with "
-                     "a baseline measured by another process (a resumed run or a restarted worker; env.json lists "
-                     "every process's machine): those pairs were not measured back to back")
+        notes.append(f"{label}: the baseline finished {batches['paired']} of this point's {batches['done']} batches: "
+                     "every ratio pairs only those")
     exact, drift = metrics.get("exact_match"), numerics_drift(numerics)
     if exact is not None and exact < 1.0 and drift is not None and drift > NUMERICS_DRIFT:
         first = sorted(m["first_mismatch"] for m in metrics.get("mismatches") or [])

@@ -71,6 +71,8 @@ LEGEND = {
                 "are cut the notes say the accuracy is not meaningful",
     "flags": f"a figure that cannot be trusted as it is, kept and marked '!' in the tables and plots, the notes say "
              f"why: few_samples: fewer than {MIN_PROMPTS} prompt batches back the ratio, so it has no interval; "
+             f"cross_process: some of its batches were paired with a baseline another process measured (a resumed "
+             f"run, a restarted worker), not back to back; "
              f"ci_wide: the speedup's CI reaches beyond +-ci_target (config, default 10%) of it (repeats: auto stops "
              f"on this same rule); drift: the same 1-token target forward (timed by the same probe, within each "
              f"process) or the baseline's tok/s on the same batches in different repeats moved by more than "

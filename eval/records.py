@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 AXES = ("method", "draft", "gamma", "schedule", "exit_layer", "batch_size", "temperature")
 # Points that share these are compared with one another (and with the same baseline).
 COMPARISON_AXES = ("batch_size", "temperature")
+# The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
+EARLIER_PROCESS = "earlier"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from eval.figures import prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
-from eval.records import AXES, CostProbe, Point
+from eval.records import AXES, EARLIER_PROCESS, CostProbe, Point
 from eval.stats import MIN_PROMPTS, strict
 from eval.totals import cross_process_pairs, processes_of, units
 
@@ -36,17 +36,37 @@ def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | N
         return None
     if any(key in entry for key in ("v", "c", "c_by_draft")):  # a folder from before costs were kept per process
         return CostProbe.from_json(entry)
-    probes = {name: CostProbe.from_json(row) for name, row in entry.items() if row}
-    ran = {p for s in samples for p in processes_of([s])}
-    chosen = {name: probe for name, probe in probes.items() if name in ran} or probes
-    return CostProbe.across_workers({_short(name, progress): probe for name, probe in chosen.items()})
+    # only the processes that ran the point: one whose probe failed gets no other process's costs
+    chosen = {name: CostProbe.from_json(row) for name, row in entry.items() if row and name in processes_of(samples)}
+    names = display_names(progress, chosen)
+    return CostProbe.across_workers({names[name]: probe for name, probe in chosen.items()})
 
 
-def _short(process: str, progress: dict) -> str:
-    """A process's name in the notes: its Ray worker, else its place among the run's processes (env.json)."""
-    names = list((progress.get("processes") or {}))
-    return (progress.get("processes") or {}).get(process, {}).get("name") or (
-        f"process {names.index(process) + 1}" if process in names else process)
+def display_names(progress: dict, processes) -> dict[str, str]:
+    """Each process's name in the notes, unique: its Ray worker (a restarted or resumed worker w0 is w0#2), else
+    its place among the run's processes."""
+    known = progress.get("processes") or {}
+    names, used = {}, {}
+    for index, process in enumerate(list(known) + sorted(p for p in processes if p not in known)):
+        base = (known.get(process) or {}).get("name") or ("earlier process" if process == EARLIER_PROCESS else
+                                                         f"process {index + 1}")
+        used[base] = used.get(base, 0) + 1
+        names[process] = base if used[base] == 1 else f"{base}#{used[base]}"
+    return names
+
+
+def missing_costs(progress: dict, point: Point, samples: list[dict], costs: CostProbe | None) -> str | None:
+    """A note where some processes that ran a point measured no costs (their probe failed) and others did."""
+    entry = (progress.get("costs") or {}).get(str(point.batch_size)) or {}
+    if costs is None or any(key in entry for key in ("v", "c", "c_by_draft")):
+        return None
+    ran = processes_of(samples)
+    without = sorted(ran - {name for name, row in entry.items() if row})
+    if not without:
+        return None
+    names = display_names(progress, ran)
+    return (f"{point.label}: c, v and the prediction come from {', '.join(costs.workers)}; "
+            f"{', '.join(names[p] for p in without)} also ran it and measured no costs")
 
 
 def point_runs(point: Point, samples: list[dict], failures: list[dict], expected: int | None,
@@ -71,7 +91,7 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
                    "prompts": len({index for _, index in paired}),
                    "cross_process": cross_process_pairs(mine, theirs or [])}
         run = {**_axes(point), "group": group, "label": point.label, "status": status, "batches": batches,
-               "flags": flags_of(point, metrics, batches["prompts"], machine), "metrics": metrics}
+               "flags": flags_of(point, metrics, batches, machine), "metrics": metrics}
         if error:
             run["error"] = error
         runs.append(run)
@@ -107,6 +127,9 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
     for point in sorted(set(by_point) | set(failures), key=point_order):
         baseline = baselines.get(point.comparison)
         costs = costs_by_label[point.label] = costs_of(progress, point, by_point.get(point, []))
+        missing = missing_costs(progress, point, by_point.get(point, []), costs)
+        if missing:
+            notes.append(missing)
         machine = {"costs": costs, "probe_drift": probe_drift(progress, point.batch_size),
                    "baseline_drift": baseline_repeat_drift(baseline) if baseline else None, "numerics": numerics,
                    "ci_target": progress.get("ci_target") or CI_WIDE}
@@ -126,17 +149,19 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
             for flag in run["flags"]:
                 if flag["code"] == "few_samples":  # one note for every group run it concerns
                     few.setdefault((run["group"], run["batches"]["prompts"]), []).append(point.label)
-                elif flag["code"] not in said:
+                elif flag["code"] not in said or flag["code"] == "ci_wide":  # a group's own interval
                     notes.append(f"{point.label} [{group_by}={run['group']}]: flagged {flag['code']}: {flag['message']}")
     for (code, message), labels in flagged.items():
         notes.append(f"{'; '.join(labels)}: flagged {code}: {message}")
     if few:
-        everyone = len({tuple(labels) for labels in few.values()}) == 1
+        grouped = {r["label"] for r in runs if r["group"] is not None and r["status"] in ("ok", "partial")
+                   and not REGISTRY[r["method"]].is_reference}
+        everyone = all(set(labels) == grouped for labels in few.values())
         shown = "; ".join(f"{group_by}={group} ({prompts} prompt batch{'es' if prompts != 1 else ''})"
                           + ("" if everyone else f": {', '.join(labels)}") for (group, prompts), labels in few.items())
         notes.append(f"flagged few_samples, no interval, fewer than {MIN_PROMPTS} prompt batches behind the ratio"
                      + (f" (every point: {', '.join(next(iter(few.values())))})" if everyone else "")
-                     + f": {shown}. A group's ratio from so few prompts is a reading, not an estimate")
+                     + f": {shown}. A group's ratio from so few prompt batches is a reading, not an estimate")
     for reason, labels in gaps.items():
         notes.append(f"predicted speedup and efficiency are null for {'; '.join(labels)}: {reason}")
     measured = {r["label"] for r in runs}

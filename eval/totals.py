@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from eval.records import EARLIER_PROCESS
 from eval.stats import ratio
 
 
@@ -22,7 +23,8 @@ def units(samples: list[dict]) -> dict[tuple, list[dict]]:
 def decode_elapsed(s: dict) -> float | None:
     if s.get("prefill_s") is None:
         return None
-    return s["latency_s"] - s["prefill_s"] - (s.get("draft_prefill_s") or 0.0)
+    # a row that ended at its first token has no decode, though the batch's draft prefill is on its record
+    return max(s["latency_s"] - s["prefill_s"] - (s.get("draft_prefill_s") or 0.0), 0.0)
 
 
 def unit_totals(batch: list[dict]) -> dict:
@@ -73,14 +75,12 @@ def paired_clusters(samples: list[dict], baseline: list[dict], decode: bool = Fa
 
 
 def processes_of(batch: list[dict]) -> set:
-    """The processes that measured a batch (records written before processes were recorded: none)."""
-    return {s.get("process") for s in batch if s.get("process") is not None}
+    """The processes that measured a batch (records written before processes were recorded: EARLIER_PROCESS)."""
+    return {s.get("process") or EARLIER_PROCESS for s in batch}
 
 
 def cross_process_pairs(samples: list[dict], baseline: list[dict]) -> int:
     """Paired batches whose point and baseline were measured by different processes (a resumed run, a restarted
     worker): not back to back, so the machine may have changed in between."""
     mine, theirs = units(samples), units(baseline)
-    return sum(1 for key in set(mine) & set(theirs)
-               if processes_of(mine[key]) and processes_of(theirs[key])
-               and processes_of(mine[key]) != processes_of(theirs[key]))
+    return sum(1 for key in set(mine) & set(theirs) if processes_of(mine[key]) != processes_of(theirs[key]))

@@ -67,12 +67,13 @@ class _Worker:
         self.session.load()
 
     def info(self) -> dict:
-        from runner.probes import device_name
+        from runner.probes import PROCESS, device_name, environment
 
         session = self.session
         return {"worker": self.worker_id, "hostname": socket.gethostname(), "device": str(session.device),
                 "device_name": device_name(session.device), "prompt_set": session.prompt_set,
-                "notes": session.notes, "numerics": session.numerics}
+                "notes": session.notes, "numerics": session.numerics, "process": PROCESS,
+                "env": {**environment(session.device), "worker": self.worker_id, "hostname": socket.gethostname()}}
 
     def run_unit(self, unit, done: set):
         return self.session.run_unit(unit, done, on_point=lambda point, outcome: _kill_hook(point.label))
@@ -157,6 +158,7 @@ class RayExecutor:
         progress = experiment.progress
         for info in infos:
             progress.workers[info["worker"]] = {k: info[k] for k in ("hostname", "device", "device_name", "numerics")}
+            experiment.folder.write_env(info["env"], info["process"])  # env.json: every process's machine
         names = sorted({info["device_name"] for info in infos})
         progress.notes.append(f"ran on a Ray cluster: {len(infos)} workers ({self.cluster.num_cpus} CPU, "
                               f"{self.cluster.num_gpus} GPU each) on {', '.join(names)}")

@@ -168,22 +168,34 @@ class Experiment:
                 executor.execute(units, done)
                 if config.repeats != "auto":
                     continue
-                verdicts = {c: self._verdicts(c) for c in pending}
-                pending = [c for c in pending if "ci_wide" in verdicts[c]]
-                over_budget = config.time_budget_s is not None and time.monotonic() - started > config.time_budget_s
-                if not pending or over_budget or repeat + 1 == config.max_repeats_planned:
-                    few = sorted({label for v in verdicts.values() for label in v.get("few_samples", [])})
-                    reason = ("the time budget is spent" if over_budget and pending else
-                              f"max_repeats ({config.max_repeats_planned}) reached" if pending else
-                              "no speedup CI reaches beyond ci_target (the ci_wide flag's rule)")
-                    if few:
-                        reason += (f"; {len(few)} point(s) rest on too few prompts for an interval (few_samples), which "
-                                   "repeats cannot change: more prompts can")
-                    self.progress.notes.append(f"repeats: auto stopped after {repeat + 1} repeat(s): {reason}")
-                    for batch_size, temperature in pending:
-                        for point in points_of(config, batch_size, temperature):
-                            self.progress.planned[point.label] = -(-num_prompts // batch_size) * (repeat + 1)
+                pending = self._settle(pending, repeat, time.monotonic() - started)
+                if not pending:
                     break
+
+    def _settle(self, pending: list[tuple], repeat: int, elapsed: float) -> list[tuple]:
+        """repeats: auto after a repeat: the comparisons that go on (a speedup CI flagged ci_wide, repeats and time
+        left); each one that stops gets a note saying when and why."""
+        config = self.config
+        last = repeat + 1 == config.max_repeats_planned
+        over_budget = config.time_budget_s is not None and elapsed > config.time_budget_s
+        going_on = []
+        for batch_size, temperature in pending:
+            verdicts = self._verdicts((batch_size, temperature))
+            wide, few = verdicts.get("ci_wide", []), verdicts.get("few_samples", [])
+            if wide and not (last or over_budget):
+                going_on.append((batch_size, temperature))
+                continue
+            if wide:
+                reason = (f"{'the time budget is spent' if over_budget else f'max_repeats ({repeat + 1}) reached'}, "
+                          f"{len(wide)} point(s) still ci_wide")
+            else:
+                reason = "no speedup CI reaches beyond ci_target (the ci_wide flag's rule)"
+            if few:
+                reason += (f"; {len(few)} point(s) rest on too few prompts for an interval (few_samples), which "
+                           "repeats cannot change: more prompts can")
+            comparison = f"batch={batch_size} " + ("greedy" if temperature is None else f"T={temperature}")
+            self.progress.notes.append(f"repeats: auto stopped after {repeat + 1} repeat(s) for {comparison}: {reason}")
+        return going_on
 
     def _verdicts(self, comparison: tuple) -> dict[str, list[str]]:
         """The labels of a comparison's overall runs by their interval's verdict (eval.flags.ci_verdict, the rule

@@ -250,3 +250,35 @@ def test_a_new_method_is_measured_by_what_its_spec_says(monkeypatch):
     assert lookup["speedup"] == pytest.approx(3.0)  # 6/1 over 6/3
     assert peer["speedup"] == pytest.approx(1.5) and peer["decode_speedup"] is None  # no prefill time
     assert peer["block_efficiency"] is None and "acceptance_rate" not in peer
+
+
+def test_a_round_after_the_budget_cut_must_stay_cut():
+    # gamma 4: round 2 drafts 2 after 6 tokens (a budget of 9), so round 3, after 7, could draft at most 1; it drafted
+    # 4: a schedule chose these lengths, not the budget (a confidence schedule stopped round 2 early)
+    rounds = [{"drafted": 4, "accepted": 4, "emitted": 5}, {"drafted": 2, "accepted": 0, "emitted": 1},
+              {"drafted": 4, "accepted": 1, "emitted": 2}]
+    assert not constant_draft_length([record("speculative", tokens=9, gamma=4, rounds=rounds, stop_reason="eos")], 4)
+    # the engine's own cut: 6 tokens, then min(4, 9 - 6 - 1) = 2 drafted, 2 accepted, 3 emitted: 9
+    cut = rounds[:1] + [{"drafted": 2, "accepted": 1, "emitted": 2}, {"drafted": 0, "accepted": 0, "emitted": 1}]
+    assert constant_draft_length([record("speculative", tokens=9, gamma=4, rounds=cut)], 4)
+
+
+def test_a_row_that_ended_at_its_first_token_has_no_decode_time():
+    # batch 2, groups X and Y: Y's row ends at its first token (latency = prefill 0.1) in every batch, though the
+    # batch's draft prefill (0.05) is on its record; X decodes 8 tokens. Y decodes nothing: its decode wall is 0, not
+    # -0.05, and its prefill share is its whole latency, not 1.5 of it
+    samples = []
+    for i in range(8):
+        samples += [record("baseline", 2 * i, i, batch_size=2, group="X", tokens=9, latency=0.9),
+                    record("baseline", 2 * i + 1, i, batch_size=2, group="Y", tokens=1, latency=0.1),
+                    record("speculative", 2 * i, i, batch_size=2, group="X", tokens=9, latency=0.55,
+                           draft_prefill_s=0.05, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] * 2 + [
+                               {"drafted": 2, "accepted": 1, "emitted": 2}]),
+                    record("speculative", 2 * i + 1, i, batch_size=2, group="Y", tokens=1, latency=0.1,
+                           draft_prefill_s=0.05, rounds=[])]
+    summary = summarize(samples, {"group_by": "category"})
+    # X: 8 tokens after the first in 0.55 - 0.1 - 0.05 = 0.4 s against 8 in 0.9 - 0.1 = 0.8 s: 2.0x
+    assert run(summary, "speculative", "X")["metrics"]["decode_speedup"] == pytest.approx(2.0)
+    assert run(summary, "speculative", "Y")["metrics"]["prefill_share"] == pytest.approx(1.0)
+    # overall: the batch's decode wall is X's 0.4 s: (8 * 8 / 3.2) / (8 * 8 / 6.4) = 2.0
+    assert run(summary, "speculative")["metrics"]["decode_speedup"] == pytest.approx(2.0)

@@ -115,7 +115,7 @@ def test_a_point_ahead_of_its_baseline_pairs_only_the_shared_batches():
     assert spec["metrics"]["speedup"] == pytest.approx(2.0)  # the fast unpaired batch does not count
     assert spec["batches"] == {"done": 3, "paired": 2, "planned": None, "prompts": 2, "cross_process": 0}
     assert spec["status"] == "ok"
-    assert any("the baseline finished 2 of its 3 batches" in n for n in summary["notes"])
+    assert any("the baseline finished 2 of this point's 3 batches" in n for n in summary["notes"])
 
 
 def test_partial_without_a_failure_and_failed_without_samples():
@@ -277,3 +277,28 @@ def test_an_unstable_run_raises_every_flag_it_earns_and_the_notes_say_why():
     # the same sweep measured steadily raises none
     steady = summarize(paired_run(units=8), {"costs": STABLE_COSTS, "drift": {"1": {"p1": [0.10, 0.10]}}})
     assert codes(steady) == []
+
+
+def test_paired_batches_with_no_time_are_not_called_unpaired():
+    samples = paired_run(units=8, base_latency=0.0)
+    summary = summarize(samples, {})
+    assert run(summary, "speculative")["metrics"]["speedup"] is None
+    assert any(n.startswith(SPEC_LABEL + ": 8 batches paired with the baseline, but a side's total wall time or "
+                            "tokens are 0") for n in summary["notes"])
+    assert not any("to pair with" in n for n in summary["notes"])
+
+
+def test_the_few_samples_note_names_only_the_points_it_concerns():
+    # 16 prompts in groups A and B: at batch 1 each group has 8 prompt batches (an interval), at batch 4 four (none)
+    samples = []
+    for size in (1, 4):
+        for i in range(16):
+            group, index = "AB"[i % 2], i // size
+            samples.append(record("baseline", i, index, batch_size=size, group=group, tokens=4, latency=2.0))
+            samples.append(record("speculative", i, index, batch_size=size, group=group, tokens=4, latency=1.0,
+                                  rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}]))
+    summary = summarize(samples, {"group_by": "category"})
+    few = [n for n in summary["notes"] if n.startswith("flagged few_samples")]  # the group runs' note
+    assert len(few) == 1 and "every point" not in few[0]
+    assert "category=A (4 prompt batches): speculative draft=d gamma=2 constant batch=4 greedy" in few[0]
+    assert "batch=1" not in few[0]

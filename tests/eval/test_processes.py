@@ -1,5 +1,8 @@
 """Figures of a run measured by several processes (Ray workers, a resumed run): each point's costs from the
 processes that ran it, drift within each process, workers that disagree flagged, pairs across processes said."""
+import json
+from dataclasses import asdict
+
 import pytest
 
 from eval.summary import summarize
@@ -62,6 +65,65 @@ def test_pairs_measured_by_two_processes_are_said():
             s["process"] = "second"
     summary = summarize(samples, {})
     assert run(summary, "speculative")["batches"]["cross_process"] == 3
-    assert any(n.startswith(SPEC_LABEL + ": 3 of its 8 paired batches were paired with a baseline measured by another "
-                            "process") for n in summary["notes"])
-    assert not any("another process" in n for n in summarize(on(paired_run(units=8), "first"), {})["notes"])
+    assert codes(summary) == ["cross_process"]
+    assert any(n.startswith(SPEC_LABEL + ": flagged cross_process: 3 of its 8 paired batches were paired with a "
+                            "baseline measured by another process") for n in summary["notes"])
+    assert codes(summarize(on(paired_run(units=8), "first"), {})) == []
+    # a resumed folder written before processes were recorded: the old records have none, the new ones do
+    old = paired_run(units=8)
+    for s in old:
+        s.pop("process")
+        if s["method"] == "speculative" and s["batch_index"] >= 4:
+            s["process"] = "resumed"
+    assert run(summarize(old, {}), "speculative")["batches"]["cross_process"] == 4
+
+
+def test_a_restarted_worker_keeps_its_own_costs():
+    # w0 died and Ray restarted it: two processes named w0, each with its probe; neither may hide the other
+    samples = on(paired_run(units=8)[:8], "A", "w0") + on(paired_run(units=8)[8:], "B", "w0")
+    progress = {"costs": probes(A=(0.3, 1.2), B=(0.6, 2.0)),
+                "processes": {"A": {"name": "w0", "worker": "w0"}, "B": {"name": "w0", "worker": "w0"}}}
+    summary = summarize(samples, progress)
+    m = run(summary, "speculative")["metrics"]
+    assert m["draft_cost_ratio_c"] == pytest.approx(0.45) and m["verify_cost_ratio_v"] == pytest.approx(1.6)
+    assert "w0 0.300, w0#2 0.600" in run(summary, "speculative")["flags"][0]["message"]
+
+
+def test_a_process_without_costs_borrows_none():
+    # the resumed process's cost probe failed: its point has no prediction, not the first process's
+    samples = on(paired_run(units=8), "second")
+    summary = summarize(samples, {"costs": probes(first=(0.3, 1.2))})
+    m = run(summary, "speculative")["metrics"]
+    assert m["draft_cost_ratio_c"] is None and m["predicted_speedup"] is None
+    assert any("predicted speedup and efficiency are null" in n and "no cost probe ran" in n for n in summary["notes"])
+    # half its batches from a process with costs: those costs, and a note naming the process without
+    mixed = on(paired_run(units=8)[:8], "first") + on(paired_run(units=8)[8:], "second")
+    summary = summarize(mixed, {"costs": probes(first=(0.3, 1.2)),
+                                "processes": {"first": {"name": "process 1"}, "second": {"name": "process 2"}}})
+    assert run(summary, "speculative")["metrics"]["draft_cost_ratio_c"] == 0.3
+    assert any(n == f"{SPEC_LABEL}: c, v and the prediction come from process 1; process 2 also ran it and measured "
+               "no costs" for n in summary["notes"])
+
+
+def test_resuming_a_folder_from_before_keeps_its_probes_apart(tmp_path):
+    # progress.json written before probes were kept per process: on --resume its costs and drift become the
+    # earlier process's, beside the new process's own
+    from runner.storage import ReportFolder
+
+    old = {"costs": {"1": {"c": 0.3, "c_by_draft": {"d": 0.3}, "v": {"2": 1.2}, "reps_s": {"target_1": [1.0, 1.0]}}},
+           "drift": {"1": {"start_s": 1.0, "end_s": 1.05, "probes_s": [1.0, 1.05]}}}
+    folder = ReportFolder(tmp_path, {"name": "t"}, "t", None, False)
+    folder.create()
+    (tmp_path / "progress.json").write_text(json.dumps(old))
+    folder.reopen()
+    assert folder.progress.costs["1"]["earlier"]["v"] == {"2": 1.2}
+    assert folder.progress.drift["1"] == {"earlier": [1.0, 1.05]}
+    samples = [dict(s, process=None) for s in paired_run(units=8)]
+    for s in samples:
+        if s["method"] == "speculative" and s["batch_index"] >= 4:
+            s["process"] = "new"
+    folder.progress.costs["1"]["new"] = costs(0.9, {"2": 0.5}, process="new")["1"]["new"]
+    folder.progress.drift["1"]["new"] = [1.0, 1.5, 2.0]
+    summary = summarize(samples, asdict(folder.progress))
+    assert codes(summary) == ["cost_implausible", "cost_unstable", "cross_process", "drift"]
+    assert run(summary, "speculative")["metrics"]["verify_cost_ratio_v"] == pytest.approx(0.85)  # median of 1.2, 0.5

@@ -38,10 +38,12 @@ class FakeExecutor:
                 raise KeyboardInterrupt
             rows = []
             for point in points_of(self.exp.config, unit.batch_size, unit.temperature):
-                i = unit.batch_index
+                i, size = unit.batch_index, unit.batch_size
                 latency = 2.0 if point.method == "baseline" else 2.0 / self.speed(i)
-                rows.append(record(point.method, i, i, unit.repeat, tokens=4, latency=latency, draft=point.draft,
-                                   rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}], process=self.process))
+                for row in range(i * size, min((i + 1) * size, self.num_prompts)):
+                    rows.append(record(point.method, row, i, unit.repeat, batch_size=size, tokens=4, latency=latency,
+                                       draft=point.draft, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}],
+                                       process=self.process))
             self.ran.append(unit)
             self.exp.accept(unit, UnitResult(rows=rows, process=self.process, drift_probe_s=0.1,
                                              costs=CostProbe(c_by_draft={"draft": 0.3}, v={2: 1.2})))
@@ -74,7 +76,8 @@ def test_repeats_auto_goes_on_while_an_interval_is_wide(tmp_path):
     executor = FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2])
     exp.sweep(executor)
     assert len(executor.ran) == 24
-    assert any("stopped after 3 repeat(s): max_repeats (3) reached" in n for n in exp.progress.notes)
+    assert any(n.startswith("repeats: auto stopped after 3 repeat(s) for batch=1 greedy: max_repeats (3) reached, "
+                            "1 point(s) still ci_wide") for n in exp.progress.notes)
     steady = experiment(tmp_path / "b", repeats="auto", max_repeats=3)
     executor = FakeExecutor(steady, 8)
     steady.sweep(executor)
@@ -110,3 +113,18 @@ def test_repeats_auto_without_a_baseline_is_refused(tmp_path):
 
     with pytest.raises(UserError, match="repeats: auto .* no speedup without baseline in methods"):
         experiment(tmp_path, repeats="auto", methods=["speculative"])
+
+
+def test_repeats_auto_says_when_each_comparison_stopped(tmp_path):
+    # batch 1: 8 prompt batches, a wide interval, on to max_repeats; batch 4: 2 prompt batches, few_samples after one
+    exp = experiment(tmp_path, repeats="auto", max_repeats=2, batch_size=[1, 4])
+    executor = FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2])
+    exp.sweep(executor)
+    assert sorted((u.batch_size, u.repeat) for u in executor.ran).count((4, 0)) == 2
+    assert not any(u.batch_size == 4 and u.repeat == 1 for u in executor.ran)
+    notes = [n for n in exp.progress.notes if n.startswith("repeats: auto")]
+    assert any(n.startswith("repeats: auto stopped after 1 repeat(s) for batch=4 greedy: no speedup CI reaches beyond")
+               and "1 point(s) rest on too few prompts" in n for n in notes)
+    assert any(n.startswith("repeats: auto stopped after 2 repeat(s) for batch=1 greedy: max_repeats (2) reached")
+               for n in notes)
+    assert exp.progress.planned["baseline batch=4 greedy"] == 2 and exp.progress.planned["baseline batch=1 greedy"] == 16

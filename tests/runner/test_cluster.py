@@ -73,8 +73,11 @@ def test_cluster_run_equals_the_single_process_run(setup, cluster_run):
     assert set(progress["workers"]) == {"w0", "w1"}
     assert all(w["device"] == "cpu" and w["numerics"]["target"] for w in progress["workers"].values())
     assert any("Ray cluster: 2 workers" in n for n in summary["notes"])
-    # each worker's own probes reach eval: a cost probe and drift readings per worker process and batch size
     by_process = {s["process"]: s["worker"] for s in ours.values()}
+    env = json.loads((out / "env.json").read_text())  # the driver's machine, then each worker's
+    assert [p.get("worker") for p in env["processes"]] == [None, "w0", "w1"]
+    assert {p["process"] for p in env["processes"][1:]} == set(by_process)
+    # each worker's own probes reach eval: a cost probe and drift readings per worker process and batch size
     assert sorted(by_process.values()) == ["w0", "w1"] and {p["name"] for p in progress["processes"].values()} == {"w0", "w1"}
     for batch in {str(s["batch_size"]) for s in ours.values()}:
         ran = {s["process"] for s in ours.values() if str(s["batch_size"]) == batch}
