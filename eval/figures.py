@@ -145,7 +145,7 @@ def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str 
     if point.draft is None:
         return "no draft model: no draft cost c was measured for this drafter"
     if costs is None:
-        return "no cost probe ran at this batch size"
+        return "no cost probe ran at this batch size in the process(es) that ran them"
     if metrics.get("draft_cost_ratio_c") is None:
         return "no c was measured for this draft"
     return "no v was measured for this gamma"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from decode.methods import REGISTRY
-from eval.records import EARLIER_PROCESS, CostProbe, Point
+from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process
 from eval.stats import MIN_PROMPTS, spread
 from eval.totals import throughput
 
@@ -44,15 +44,20 @@ def probe_drift(progress: dict, batch_size: int) -> float | None:
     """How far the drift probe (a 1-token target forward, the same work every time) moved during this batch size's
     points, within each process that ran them (a resumed run's processes, a Ray run's workers: each its own
     machine and its own readings): the largest max / min - 1."""
-    entry = (progress.get("drift") or {}).get(str(batch_size)) or {}
-    if "probes_s" in entry or "start_s" in entry:  # a folder written before readings were kept per process
-        entry = {EARLIER_PROCESS: entry.get("probes_s") or [entry.get("start_s"), entry.get("end_s")]}
+    entry = per_process((progress.get("drift") or {}).get(str(batch_size)), OLD_DRIFT_KEYS)
     moved = []
     for readings in entry.values():
-        readings = [r for r in readings or [] if r is not None and r > 0]
+        readings = [r for r in old_readings(readings) if r > 0]
         if len(readings) >= 2:
             moved.append(max(readings) / min(readings) - 1)
     return max(moved) if moved else None
+
+
+def old_readings(readings) -> list[float]:
+    """A process's drift readings; an entry of the older format ({start_s, end_s, probes_s}) gives its probes."""
+    if isinstance(readings, dict):
+        readings = readings.get("probes_s") or [readings.get("start_s"), readings.get("end_s")]
+    return [r for r in readings or [] if r is not None]
 
 
 def baseline_repeat_drift(baseline: list[dict]) -> float | None:
@@ -135,14 +140,14 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
     elif verdict == "ci_wide":
         target = machine.get("ci_target") or CI_WIDE
         flags.append({"code": "ci_wide", "message": f"the speedup's 95% CI [{interval[0]:.3f}, {interval[1]:.3f}] "
-                      f"reaches beyond +-{target:.0%} of {speedup:.3f}: the prompts disagree more than that (more "
+                      f"reaches beyond +-{target * 100:g}% of {speedup:.3f}: the prompts disagree more than that (more "
                       "prompts narrow it; repeats only average each prompt's timing noise)"})
     crossed = batches.get("cross_process") or 0
     if crossed and not spec.is_reference:
         flags.append({"code": "cross_process", "message": f"{crossed} of its {batches['paired']} paired batches were "
                       "paired with a baseline measured by another process (a resumed run or a restarted worker; "
-                      "env.json lists every process's machine): not back to back, so a change of the machine in "
-                      "between enters the ratio"})
+                      "env.json lists the machines of the processes that started or resumed the run): not back to "
+                      "back, so a change of the machine in between enters the ratio"})
     moved = machine.get("probe_drift")
     if moved is not None and moved > DRIFT_LIMIT:
         flags.append({"code": "drift", "message": f"the machine changed speed during this batch size's points: the same "

@@ -10,6 +10,20 @@ AXES = ("method", "draft", "gamma", "schedule", "exit_layer", "batch_size", "tem
 COMPARISON_AXES = ("batch_size", "temperature")
 # The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
 EARLIER_PROCESS = "earlier"
+# the keys of progress.json's costs and drift entries of one batch size as written before they were kept per process
+OLD_COST_KEYS = ("c", "c_by_draft", "v", "reps_s", "target_forward_s", "draft_prefill", "target_reps_s",
+                 "draft_reps_s", "workers")
+OLD_DRIFT_KEYS = ("start_s", "end_s", "probes_s")
+
+
+def per_process(entry: dict | None, old_keys: tuple) -> dict:
+    """A costs or drift entry of one batch size, keyed by process: the keys of the older format (one process, before
+    processes were recorded) become EARLIER_PROCESS's entry, beside any process keys a resumed run added."""
+    entry = dict(entry or {})
+    old = {k: entry.pop(k) for k in old_keys if k in entry}
+    if old:
+        entry.setdefault(EARLIER_PROCESS, old)
+    return entry
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from eval.figures import prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
-from eval.records import AXES, EARLIER_PROCESS, CostProbe, Point
+from eval.records import AXES, EARLIER_PROCESS, OLD_COST_KEYS, CostProbe, Point, per_process
 from eval.stats import MIN_PROMPTS, strict
 from eval.totals import cross_process_pairs, processes_of, units
 
@@ -31,15 +31,21 @@ def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | N
     """The cost probe behind a point's c, v and prediction: each process (a Ray worker, a resumed run) measures
     its own at each batch size; a point takes those of the processes that ran its samples, their median where
     there are several (CostProbe.across_workers keeps each, for the cost_unstable flag)."""
-    entry = (progress.get("costs") or {}).get(str(point.batch_size))
-    if not entry:
-        return None
-    if any(key in entry for key in ("v", "c", "c_by_draft")):  # a folder from before costs were kept per process
-        return CostProbe.from_json(entry)
+    entry = costs_entry(progress, point.batch_size)
     # only the processes that ran the point: one whose probe failed gets no other process's costs
     chosen = {name: CostProbe.from_json(row) for name, row in entry.items() if row and name in processes_of(samples)}
-    names = display_names(progress, chosen)
+    names = display_names(progress, set(entry) | processes_of(samples))
     return CostProbe.across_workers({names[name]: probe for name, probe in chosen.items()})
+
+
+def costs_entry(progress: dict, batch_size: int) -> dict:
+    """process -> its cost probe (json) at this batch size. A folder from before probes were kept per process has
+    one probe (the earlier process's); an older Ray folder kept each worker's under workers, by worker name."""
+    entry = per_process((progress.get("costs") or {}).get(str(batch_size)), OLD_COST_KEYS)
+    workers = {w: ((info or {}).get("costs") or {}).get(str(batch_size)) for w, info in (progress.get("workers") or {}).items()}
+    if set(entry) <= {EARLIER_PROCESS} and any(workers.values()):
+        return {w: probe for w, probe in workers.items() if probe}
+    return entry
 
 
 def display_names(progress: dict, processes) -> dict[str, str]:
@@ -57,14 +63,14 @@ def display_names(progress: dict, processes) -> dict[str, str]:
 
 def missing_costs(progress: dict, point: Point, samples: list[dict], costs: CostProbe | None) -> str | None:
     """A note where some processes that ran a point measured no costs (their probe failed) and others did."""
-    entry = (progress.get("costs") or {}).get(str(point.batch_size)) or {}
-    if costs is None or any(key in entry for key in ("v", "c", "c_by_draft")):
+    entry = costs_entry(progress, point.batch_size)
+    if costs is None or not REGISTRY[point.method].has_rounds or point.gamma is None:
         return None
     ran = processes_of(samples)
     without = sorted(ran - {name for name, row in entry.items() if row})
     if not without:
         return None
-    names = display_names(progress, ran)
+    names = display_names(progress, set(entry) | ran)
     return (f"{point.label}: c, v and the prediction come from {', '.join(costs.workers)}; "
             f"{', '.join(names[p] for p in without)} also ran it and measured no costs")
 

@@ -75,8 +75,9 @@ def paired_clusters(samples: list[dict], baseline: list[dict], decode: bool = Fa
 
 
 def processes_of(batch: list[dict]) -> set:
-    """The processes that measured a batch (records written before processes were recorded: EARLIER_PROCESS)."""
-    return {s.get("process") or EARLIER_PROCESS for s in batch}
+    """The processes that measured a batch (records written before processes were recorded: their Ray worker, else
+    EARLIER_PROCESS)."""
+    return {s.get("process") or s.get("worker") or EARLIER_PROCESS for s in batch}  # an older Ray folder: its worker
 
 
 def cross_process_pairs(samples: list[dict], baseline: list[dict]) -> int:

@@ -168,6 +168,10 @@ class Experiment:
                 executor.execute(units, done)
                 if config.repeats != "auto":
                     continue
+                # a resumed run goes on to the repeats already on disk before it judges anything
+                resumed_to = max((key[-2] for key in done), default=-1)
+                if repeat < resumed_to:
+                    continue
                 pending = self._settle(pending, repeat, time.monotonic() - started)
                 if not pending:
                     break
@@ -181,15 +185,19 @@ class Experiment:
         going_on = []
         for batch_size, temperature in pending:
             verdicts = self._verdicts((batch_size, temperature))
-            wide, few = verdicts.get("ci_wide", []), verdicts.get("few_samples", [])
+            wide, few, failed = (verdicts.get(k, []) for k in ("ci_wide", "few_samples", "failed"))
             if wide and not (last or over_budget):
                 going_on.append((batch_size, temperature))
                 continue
             if wide:
                 reason = (f"{'the time budget is spent' if over_budget else f'max_repeats ({repeat + 1}) reached'}, "
                           f"{len(wide)} point(s) still ci_wide")
-            else:
+            elif verdicts.get("settled"):
                 reason = "no speedup CI reaches beyond ci_target (the ci_wide flag's rule)"
+            else:
+                reason = "no point has a speedup interval that repeats could settle"
+            if failed:
+                reason += f"; {len(failed)} point(s) failed, which repeats cannot measure"
             if few:
                 reason += (f"; {len(few)} point(s) rest on too few prompts for an interval (few_samples), which "
                            "repeats cannot change: more prompts can")
@@ -206,12 +214,15 @@ class Experiment:
         for run in self.folder.summary()["runs"]:
             if (run.get("batch_size"), run.get("temperature")) != comparison or run.get("group") is not None:
                 continue
-            if run["status"] not in ("ok", "partial") or REGISTRY[run["method"]].is_reference:
+            if REGISTRY[run["method"]].is_reference:
+                continue
+            if run["status"] not in ("ok", "partial") or run.get("error"):  # failed: this session runs it no more
+                verdicts.setdefault("failed", []).append(run["label"])
                 continue
             verdict = ci_verdict(run["metrics"].get("speedup"), run["metrics"].get("speedup_ci95"),
                                  run["batches"]["prompts"], self.config.ci_target)
-            if verdict:
-                verdicts.setdefault(verdict, []).append(run["label"])
+            if run["metrics"].get("speedup") is not None:
+                verdicts.setdefault(verdict or "settled", []).append(run["label"])
         return verdicts
 
     # -- what a unit brings back ----------------------------------------------------------------------

@@ -222,8 +222,10 @@ class Session:
         except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory: the points may still run; no prediction
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            state["notes"].append(f"batch={ids.shape[0]}: cost probes failed ({type(error).__name__}: "
-                                  f"{one_line(error)}); no predicted speedup, and the cost_model schedule cannot run")
+            where = f"worker {self.worker}, " if self.worker else ""
+            state["notes"].append(f"{where}batch={ids.shape[0]}: cost probes failed ({type(error).__name__}: "
+                                  f"{one_line(error)}); the batches {'it' if self.worker else 'this process'} runs get no predicted "
+                                  "speedup, and the cost_model schedule cannot run there")
             for point in spec_points:
                 if point.schedule == "cost_model":
                     state["failed"].add(point)

@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from eval.summary import summarize
-from eval.records import EARLIER_PROCESS, batch_key
+from eval.flags import old_readings
+from eval.records import OLD_COST_KEYS, OLD_DRIFT_KEYS, batch_key, per_process
 from eval.report import write_report
 from utils import UserError
 from utils.io import append_jsonl, read_jsonl, write_atomic, write_json
@@ -65,13 +66,10 @@ class ReportFolder:
             saved_progress = json.loads(progress.read_text())
             for key in ("costs", "drift", "numerics", "workers", "processes"):
                 setattr(self.progress, key, saved_progress.get(key) or {})
-            for batch, entry in list(self.progress.costs.items()):  # a folder from before probes were per process
-                if any(k in entry for k in ("v", "c", "c_by_draft")):
-                    self.progress.costs[batch] = {EARLIER_PROCESS: entry}
-            for batch, entry in list(self.progress.drift.items()):
-                if "probes_s" in entry or "start_s" in entry:
-                    readings = entry.get("probes_s") or [entry.get("start_s"), entry.get("end_s")]
-                    self.progress.drift[batch] = {EARLIER_PROCESS: [r for r in readings if r is not None]}
+            # a folder from before probes were kept per process: its entries become the earlier process's
+            self.progress.costs = {b: per_process(e, OLD_COST_KEYS) for b, e in self.progress.costs.items()}
+            self.progress.drift = {b: {p: old_readings(r) for p, r in per_process(e, OLD_DRIFT_KEYS).items()}
+                                   for b, e in self.progress.drift.items()}
         self._drop_incomplete_batches()
 
     def _drop_incomplete_batches(self) -> None:

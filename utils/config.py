@@ -153,8 +153,8 @@ class ClusterConfig(Strict):
     address: str = Field("local", description="local: start a local Ray instance; auto, ray://host:port or host:port "
                                               "as ray.init takes them")
     num_workers: int | None = Field(None, ge=1, description="workers (one device each); default: as many as fit")
-    num_gpus: float = Field(0, ge=0, description="GPUs per worker, in Ray's terms")
-    num_cpus: float = Field(1, gt=0, description="CPUs per worker, in Ray's terms")
+    num_gpus: float = Field(0, ge=0, allow_inf_nan=False, description="GPUs per worker, in Ray's terms")
+    num_cpus: float = Field(1, ge=0.01, allow_inf_nan=False, description="CPUs per worker, in Ray's terms")
     max_retries: int = Field(2, ge=0, description="a unit whose worker died is retried this many times")
 
 
@@ -201,10 +201,10 @@ class Config(Strict):
             return []
         return value if isinstance(value, list) else [value]
 
-    @field_validator("seed")
+    @field_validator("seed", mode="before")
     @classmethod
     def _seed(cls, value):
-        if not 0 <= value <= SEED_MAX:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
             raise ValueError(f"seed must be an integer from 0 to {SEED_MAX} (per-batch seeds derived from it must fit "
                              f"torch's 64 bits), got {value}")
         return value

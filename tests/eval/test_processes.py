@@ -127,3 +127,23 @@ def test_resuming_a_folder_from_before_keeps_its_probes_apart(tmp_path):
     summary = summarize(samples, asdict(folder.progress))
     assert codes(summary) == ["cost_implausible", "cost_unstable", "cross_process", "drift"]
     assert run(summary, "speculative")["metrics"]["verify_cost_ratio_v"] == pytest.approx(0.85)  # median of 1.2, 0.5
+
+
+def test_a_folder_resumed_between_formats_keeps_both_processes():
+    # an older folder's entries with a new process's beside them (resumed by a version in between)
+    old_probe = costs(0.3, {"2": 1.2})["1"]["p1"]
+    progress = {"costs": {"1": {**old_probe, "p2": costs(0.6, {"2": 1.5})["1"]["p1"]}},
+                "drift": {"1": {"probes_s": [1.0, 1.0], "p2": [1.0, 1.5]}}}
+    samples = paired_run(units=8)
+    for s in samples:
+        s["process"] = None if s["batch_index"] < 4 else "p2"
+    m = run(summarize(samples, progress), "speculative")["metrics"]
+    assert m["draft_cost_ratio_c"] == pytest.approx(0.45) and m["verify_cost_ratio_v"] == pytest.approx(1.35)
+    assert codes(summarize(samples, progress)) == ["cost_unstable", "drift"]
+
+
+def test_the_missing_costs_note_is_for_points_with_a_prediction():
+    samples = on(paired_run(units=8)[:8], "first") + on(paired_run(units=8)[8:], "second")
+    summary = summarize(samples, {"costs": probes(second=(0.3, 1.2))})
+    said = [n for n in summary["notes"] if "measured no costs" in n]
+    assert len(said) == 1 and said[0].startswith(SPEC_LABEL)

@@ -1,6 +1,7 @@
 """The experiment's bookkeeping without models: what is planned, what `repeats: auto` stops on, where each process's
 probes go, and env.json keeping every process's machine. A fake executor hands back constructed units."""
 import json
+from dataclasses import asdict
 
 import pytest
 from rich.console import Console
@@ -123,8 +124,49 @@ def test_repeats_auto_says_when_each_comparison_stopped(tmp_path):
     assert sorted((u.batch_size, u.repeat) for u in executor.ran).count((4, 0)) == 2
     assert not any(u.batch_size == 4 and u.repeat == 1 for u in executor.ran)
     notes = [n for n in exp.progress.notes if n.startswith("repeats: auto")]
-    assert any(n.startswith("repeats: auto stopped after 1 repeat(s) for batch=4 greedy: no speedup CI reaches beyond")
+    assert any(n.startswith("repeats: auto stopped after 1 repeat(s) for batch=4 greedy: no point has a speedup "
+                            "interval that repeats could settle")
                and "1 point(s) rest on too few prompts" in n for n in notes)
     assert any(n.startswith("repeats: auto stopped after 2 repeat(s) for batch=1 greedy: max_repeats (2) reached")
                for n in notes)
     assert exp.progress.planned["baseline batch=4 greedy"] == 2 and exp.progress.planned["baseline batch=1 greedy"] == 16
+
+
+class FailingExecutor(FakeExecutor):
+    """gamma 2 fails from repeat 1 on (as a point that hits an error does for the rest of a session)."""
+
+    def execute(self, units, done):
+        for unit in units:
+            if unit.repeat >= 1:
+                label = next(p for p in points_of(self.exp.config, 1, None) if p.gamma == 2)
+                rows = [record("baseline", unit.batch_index, unit.batch_index, unit.repeat, tokens=4, latency=2.0,
+                               process=self.process)]
+                self.ran.append(unit)
+                self.exp.accept(unit, UnitResult(rows=rows, process=self.process, failures=[
+                    {**asdict(label), "status": "failed", "error": "RuntimeError: boom"}]))
+            else:
+                super().execute([unit], done)
+
+
+def test_repeats_auto_does_not_repeat_for_a_failed_point(tmp_path):
+    # gamma 2 is ci_wide after repeat 0, then fails: more repeats cannot measure it, so auto stops after repeat 1
+    exp = experiment(tmp_path, repeats="auto", max_repeats=4)
+    executor = FailingExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2])
+    exp.sweep(executor)
+    assert max(u.repeat for u in executor.ran) == 1
+    assert any(n.startswith("repeats: auto stopped after 2 repeat(s) for batch=1 greedy: no point has a speedup interval")
+               and "1 point(s) failed" in n for n in exp.progress.notes)
+
+
+def test_a_resumed_auto_run_finishes_the_repeat_it_was_in(tmp_path):
+    # repeat 0 is wide, the run is interrupted after 7 of repeat 1's 8 batches; the resumed run measures the 8th and
+    # only then judges: 2 repeats, every batch of both on disk
+    exp = experiment(tmp_path, repeats="auto", max_repeats=2)
+    with pytest.raises(KeyboardInterrupt):
+        exp.sweep(FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2], stop_after=15))
+    resumed = FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2], process="p2")
+    exp.sweep(resumed)
+    assert [(u.repeat, u.batch_index) for u in resumed.ran] == [(1, 7)]
+    run = next(r for r in exp.folder.summary()["runs"] if r["label"] == LABEL)
+    assert run["batches"]["done"] == 16 and run["batches"]["planned"] == 16 and run["status"] == "ok"
+    assert any(n.startswith("repeats: auto stopped after 2 repeat(s) for batch=1 greedy") for n in exp.progress.notes)
