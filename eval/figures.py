@@ -136,6 +136,9 @@ def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str 
     no-rounds note says so)."""
     if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_rate") is None:
         return None
+    if REGISTRY[point.method].engine != "ours":
+        return ("vLLM runs draft and target inside its own scheduler step, so no lone draft or verification forward "
+                "can be timed through it: c and v, and so the prediction, are not measurable there")
     if not metrics.get("constant_draft_length"):
         if point.gamma and (metrics.get("max_drafted") or 0) < point.gamma:
             return (f"no round drafted gamma (at most {metrics.get('max_drafted')}: the max_new_tokens budget or the "
@@ -176,7 +179,8 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
                                              for s in samples), sum(latencies))
     if spec.has_rounds:
         metrics.update(speculation_figures(samples, point.gamma))
-        metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies))
+        metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies)) \
+            if spec.engine == "ours" else None  # vLLM does not time its drafter apart
     metrics.update(dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"]))
     if baseline:
         clusters = paired_clusters(samples, baseline)

@@ -40,13 +40,16 @@ def ci_verdict(speedup: float | None, interval: list | None, prompts: int, ci_ta
     return None
 
 
-def probe_drift(progress: dict, batch_size: int) -> float | None:
+def probe_drift(progress: dict, batch_size: int, engine: str = "ours") -> float | None:
     """How far the drift probe (a 1-token target forward, the same work every time) moved during this batch size's
     points, within each process that ran them (a resumed run's processes, a Ray run's workers: each its own
-    machine and its own readings): the largest max / min - 1."""
+    machine and its own readings): the largest max / min - 1. vLLM's engines have their own probe (the first prompt,
+    one new token, at each engine's start and end), read for the vLLM points only."""
     entry = per_process((progress.get("drift") or {}).get(str(batch_size)), OLD_DRIFT_KEYS)
     moved = []
-    for readings in entry.values():
+    for process, readings in entry.items():
+        if ("/vllm " in process) != (engine == "vllm"):
+            continue
         readings = [r for r in old_readings(readings) if r > 0]
         if len(readings) >= 2:
             moved.append(max(readings) / min(readings) - 1)
@@ -150,8 +153,10 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
                       "back, so a change of the machine in between enters the ratio"})
     moved = machine.get("probe_drift")
     if moved is not None and moved > DRIFT_LIMIT:
+        probe = ("1-token target forward" if REGISTRY[point.method].engine == "ours" else
+                 "1-token generate of the first prompt through the same vLLM engine")
         flags.append({"code": "drift", "message": f"the machine changed speed during this batch size's points: the same "
-                      f"1-token target forward, timed by the same probe, moved by {moved:.0%} (max / min), so batches "
+                      f"{probe}, timed by the same probe, moved by {moved:.0%} (max / min), so batches "
                       "measured at different times are not alike"})
     moved = machine.get("baseline_drift")
     if moved is not None and moved > DRIFT_LIMIT:

@@ -84,6 +84,17 @@ LEGEND = {
     "group": "dataset.group_by's value; null: the overall run. At batch size 1 a group's figures are exact; at batch "
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
              "that group in the batch",
+    "engines": "vLLM as a second engine (the vllm_* methods): each vLLM point's ratios pair it with vllm_generate "
+               "(vLLM serving the target alone) on the same prompts, never with our baseline; exact_match likewise. "
+               "The engine comparison: vLLM's reference tok/s / our baseline's on the same batches (the same paired "
+               "bootstrap over prompts), whether their greedy tokens agree, and each vllm_* point beside our point of "
+               "the same method, draft and gamma (constant schedule). From vLLM's own counters (per-request detailed "
+               "spec-decode metrics): rounds = its verification steps with drafts, plus one 1-token round per token "
+               "no counted step explains (vLLM does not count steps that drafted nothing); a last step cut by the "
+               "stop emits fewer. Latency = the wall time of the batch's LLM.generate call for every row; vLLM's own "
+               "TTFT and latency per request (queueing included) are in each record's extra. Null, with a note: c, v, "
+               "the prediction, the prefill split, decode speedup and draft time (vLLM runs draft and target in one "
+               "scheduler step: nothing times them apart)",
     "best": "per batch size and temperature: each method's point with the highest measured speedup among status ok "
             "points (flagged ones included and marked), and for a constant draft length with measured costs the "
             "gamma that the measured alpha, c and v predict best among the gammas swept",

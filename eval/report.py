@@ -97,9 +97,13 @@ def markdown(summary: dict, title: str = "") -> str:
                 text += (f"; the measured alpha {best['alpha_used']:.3f}, c and v predict gamma {best['predicted_best_gamma']} "
                          f"best ({best['predicted_best_speedup']:.2f}x)")
             lines.append(text)
+    lines += engine_lines(summary.get("engines") or [])
     notes = list(summary.get("notes", []))
     if summary.get("order"):
         notes.append(f"order: {summary['order']}")
+    if (summary.get("vllm") or {}).get("order"):
+        v = summary["vllm"]
+        notes.append(f"order of the vLLM points (vLLM {v.get('version')}, {v.get('python')}): {v['order']}")
     prompts = summary.get("prompts") or {}
     if prompts:
         notes.append(f"prompts: {prompts.get('count')} from {prompts.get('source')}, mean {prompts.get('mean_tokens', 0):.0f} "
@@ -123,6 +127,39 @@ def markdown(summary: dict, title: str = "") -> str:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     lines += ["", "Legend:"] + [f"- {k}: {v}" for k, v in summary["legend"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _fmt(value, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _with_ci(value, interval) -> str:
+    return _fmt(value) + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if value is not None and interval else "")
+
+
+def engine_lines(engines: list[dict]) -> list[str]:
+    """The engine comparison: vLLM's reference against ours, and each vLLM point beside ours."""
+    if not engines:
+        return []
+    lines = ["", "Engines (the same prompts; each engine's speedups are against its own reference):", "",
+             "| comparison | vLLM reference tok/s | ours tok/s | vLLM / ours tok/s [95% CI] | greedy tokens equal |",
+             "|---|---|---|---|---|"]
+    for row in engines:
+        ref = row["reference"]
+        comparison = f"batch={row['batch_size']} " + ("greedy" if row["temperature"] is None else f"T={row['temperature']}")
+        lines.append(f"| {comparison} | {_fmt(ref['vllm_tok_s'])} | {_fmt(ref['ours_tok_s'])} | "
+                     f"{_with_ci(ref['tok_s_ratio'], ref['tok_s_ratio_ci95'])} | "
+                     f"{_fmt(ref.get('exact_match'), '{:.3f}')} |")
+    points = [p for row in engines for p in row["points"]]
+    if points:
+        lines += ["", "| vLLM point | speedup [95% CI] | accept | MAT | our point | speedup [95% CI] | accept | MAT |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for p in points:
+            lines.append(f"| {md_cell(p['vllm'])} | {_with_ci(p['vllm_speedup'], p['vllm_speedup_ci95'])} | "
+                         f"{_fmt(p['vllm_acceptance_rate'], '{:.3f}')} | {_fmt(p['vllm_mean_accepted_tokens'], '{:.2f}')} | "
+                         f"{md_cell(p['ours'])} | {_with_ci(p['ours_speedup'], p['ours_speedup_ci95'])} | "
+                         f"{_fmt(p['ours_acceptance_rate'], '{:.3f}')} | {_fmt(p['ours_mean_accepted_tokens'], '{:.2f}')} |")
+    return lines
 
 
 def csv_text(summary: dict) -> str:

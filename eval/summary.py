@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import REGISTRY
-from eval.figures import prediction_gap, run_metrics
+from decode.methods import REGISTRY, reference_method
+from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
 from eval.records import AXES, EARLIER_PROCESS, OLD_COST_KEYS, CostProbe, Point, per_process
-from eval.stats import MIN_PROMPTS, strict
-from eval.totals import cross_process_pairs, processes_of, units
+from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio_of_totals, strict
+from eval.totals import cross_process_pairs, paired_clusters, processes_of, throughput, units
 
 
 # ---- the summary --------------------------------------------------------------------------------------
@@ -117,8 +117,9 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
     for f in progress.get("failures") or []:
         if f.get("method") in REGISTRY:
             failures[Point.of(f)].append(f)
-    reference = next(name for name, spec in REGISTRY.items() if spec.is_reference)
-    baselines = {p.comparison: rows for p, rows in by_point.items() if REGISTRY[p.method].is_reference}
+    # each engine's points pair with its own reference (ours: baseline; vLLM: vllm_generate), never across engines
+    baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
+                 if REGISTRY[p.method].is_reference}
     planned = progress.get("planned") or {}
     group_by = progress.get("group_by")
     numerics = target_numerics(progress.get("numerics"))
@@ -131,20 +132,25 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
     few: dict[tuple, list[str]] = {}  # (group, prompt batches) -> labels of its runs with too few for an interval
     runs = []
     for point in sorted(set(by_point) | set(failures), key=point_order):
-        baseline = baselines.get(point.comparison)
-        costs = costs_by_label[point.label] = costs_of(progress, point, by_point.get(point, []))
+        engine = REGISTRY[point.method].engine
+        baseline = baselines.get((engine, point.comparison))
+        # c and v are timed forwards of our engine's models: nothing times a vLLM forward alone
+        costs = costs_by_label[point.label] = costs_of(progress, point, by_point.get(point, [])) if engine == "ours" \
+            else None
         missing = missing_costs(progress, point, by_point.get(point, []), costs)
         if missing:
             notes.append(missing)
-        machine = {"costs": costs, "probe_drift": probe_drift(progress, point.batch_size),
-                   "baseline_drift": baseline_repeat_drift(baseline) if baseline else None, "numerics": numerics,
+        machine = {"costs": costs, "probe_drift": probe_drift(progress, point.batch_size, engine),
+                   "baseline_drift": baseline_repeat_drift(baseline) if baseline else None,
+                   "numerics": numerics if engine == "ours" else {},
                    "ci_target": progress.get("ci_target") or CI_WIDE}
         overall, *per_group = point_runs(point, by_point.get(point, []), failures.get(point, []),
                                          planned.get(point.label), baseline, costs, machine, group_by)
         runs += [overall, *per_group]
         if overall["status"] in ("failed", "skipped"):
             continue
-        notes.extend(run_notes(overall, point, overall["metrics"], numerics, reference))
+        notes.extend(run_notes(overall, point, overall["metrics"], numerics if engine == "ours" else {},
+                               reference_method(engine)))
         for flag in overall["flags"]:
             flagged.setdefault((flag["code"], flag["message"]), []).append(point.label)
         gap = prediction_gap(point, overall["metrics"], costs) if REGISTRY[point.method].has_rounds else None
@@ -174,9 +180,13 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
     missing = [label for label in planned if label not in measured]
     if missing:
         notes.append(f"planned but not measured (the run stopped first): {'; '.join(missing)}")
+    engines = engine_comparison(by_point, baselines, runs)
     summary = {"runs": runs, "best": best_points(runs, costs_by_label), "legend": LEGEND, "notes": notes,
                "groups": sorted({r["group"] for r in runs if r["group"] is not None})}
-    for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "status", "group_by", "ci_target"):
+    if engines:
+        summary["engines"] = engines
+    for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "vllm", "status", "group_by",
+                "ci_target"):
         if key in progress:
             summary[key] = progress[key]
     replaced: list[str] = []
@@ -185,6 +195,47 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
         summary["notes"].append(f"not a number, written as null: {', '.join(replaced[:10])}"
                                 + (f" and {len(replaced) - 10} more" if len(replaced) > 10 else ""))
     return summary
+
+
+def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list[dict]:
+    """How the engines compare on the same prompts, per comparison (batch size, temperature): vLLM's reference
+    against ours in tok/s (paired by batch, the same bootstrap over prompts as every speedup) and, greedy, whether
+    their tokens agree; and each vLLM point beside our engine's point of the same method, draft and gamma (constant
+    schedule), each with its speedup against its own engine's reference."""
+    overall = {r["label"]: r for r in runs if r["group"] is None and r["status"] in ("ok", "partial")}
+    rows = []
+    for (engine, comparison), theirs in sorted(baselines.items(), key=lambda item: str(item[0])):
+        ours = baselines.get(("ours", comparison))
+        if engine == "ours" or not ours:
+            continue
+        clusters = paired_clusters(theirs, ours)
+        vllm_ref = next(p for p in by_point if by_point[p] is theirs)
+        row = {"batch_size": comparison[0], "temperature": comparison[1],
+               "reference": {"vllm": vllm_ref.label, "ours": reference_method("ours"),
+                             "vllm_tok_s": throughput(theirs), "ours_tok_s": throughput(ours),
+                             "tok_s_ratio": ratio_of_totals(clusters) if clusters else None,
+                             "tok_s_ratio_ci95": bootstrap_ci(clusters) if clusters else None,
+                             "prompts": len(clusters)},
+               "points": []}
+        if comparison[1] is None:
+            match = exact_match(theirs, ours)
+            row["reference"]["exact_match"] = None if match is None else match["exact_match"]
+        for point in sorted(by_point, key=point_order):
+            spec = REGISTRY[point.method]
+            if spec.engine == "ours" or spec.is_reference or point.comparison != comparison or not spec.counterpart:
+                continue
+            twin = Point(method=spec.counterpart, batch_size=point.batch_size, draft=point.draft, gamma=point.gamma,
+                         schedule="constant" if "schedule" in REGISTRY[spec.counterpart].axes else None,
+                         temperature=point.temperature)
+            mine, other = overall.get(point.label), overall.get(twin.label)
+            if mine is None or other is None:
+                continue
+            keys = ("speedup", "speedup_ci95", "acceptance_rate", "mean_accepted_tokens", "throughput_tok_s")
+            row["points"].append({"vllm": point.label, "ours": twin.label,
+                                  **{f"vllm_{k}": mine["metrics"].get(k) for k in keys},
+                                  **{f"ours_{k}": other["metrics"].get(k) for k in keys}})
+        rows.append(row)
+    return rows
 
 
 def _axes(point: Point) -> dict:

@@ -17,6 +17,7 @@ from runner.plan import Unit, comparisons, points_of, units_of
 from runner.probes import PROCESS, environment
 from runner.session import Session, UnitResult
 from runner.storage import ReportFolder
+from runner.vllm_engine import VllmExecutor, check_vllm, uses_vllm
 from utils import UserError
 from utils.config import Config
 from utils.data import resolve_path
@@ -76,7 +77,14 @@ class Experiment:
     def run(self) -> int:
         device = preflight(self.config)
         self.folder.reopen() if self.resume else self.folder.create()
-        self.folder.write_env(environment(device), PROCESS)
+        self.vllm_checked = None
+        if uses_vllm(self.config):  # before any model loads: the interpreter, vLLM, its support of the models
+            with self.console.status("checking the vLLM environment"):
+                self.vllm_checked = check_vllm(self.config, self.out_dir / "vllm-worker.log")
+        env = environment(device)
+        if self.vllm_checked:
+            env["vllm"] = {"version": self.vllm_checked["vllm"], "python": self.vllm_checked["python"]}
+        self.folder.write_env(env, PROCESS)
         self.progress.status = "running"
         self.progress.group_by = self.config.dataset.group_by
         self.progress.ci_target = self.config.ci_target
@@ -120,7 +128,12 @@ class Experiment:
         else:
             executor = LocalExecutor(self, device)
         with executor:
-            self.sweep(executor)
+            vllm = VllmExecutor(self, executor.session, self.vllm_checked) if self.vllm_checked else None
+            try:
+                self.sweep(executor, vllm)
+            finally:  # Ctrl-C, SIGTERM or a failure: no vLLM worker or engine process is left behind
+                if vllm is not None:
+                    vllm.close()
 
     def record_memory(self, device: torch.device) -> None:
         """The run's peak host memory (resident and anonymous), next to the GPU's peak."""
@@ -141,7 +154,7 @@ class Experiment:
         self.folder.save_progress()
 
     # -- the sweep ----------------------------------------------------------------------------------
-    def sweep(self, executor) -> None:
+    def sweep(self, executor, vllm=None) -> None:
         """Repeat by repeat, every unit not yet on disk; `repeats: auto` stops a comparison once every
         speedup CI in it is narrow enough (or at max_repeats, or past time_budget_s)."""
         config = self.config
@@ -153,19 +166,25 @@ class Experiment:
         with Display(self.console, total) as display:
             self.display = display
             for repeat in range(config.max_repeats_planned):
-                units: list[Unit] = []
+                units: dict[str, list[Unit]] = {"ours": [], "vllm": []}  # by engine
                 planned_repeats = config.repeats if config.repeats != "auto" else repeat + 1
                 for batch_size, temperature in pending:
                     for point in points_of(config, batch_size, temperature):
                         self.progress.planned[point.label] = -(-num_prompts // batch_size) * planned_repeats
                     for unit in units_of(batch_size, temperature, num_prompts, repeat):
-                        points = points_of(config, batch_size, temperature)
-                        if all(p.key + (repeat, unit.batch_index) in done for p in points):
-                            display.skip(len(points))
-                        else:
-                            units.append(unit)
+                        for engine, mine in units.items():
+                            points = points_of(config, batch_size, temperature, engine=engine)
+                            if not points:
+                                continue
+                            if all(p.key + (repeat, unit.batch_index) in done for p in points):
+                                display.skip(len(points))
+                            else:
+                                mine.append(unit)
                 self.folder.save_progress()
-                executor.execute(units, done)
+                if units["ours"]:
+                    executor.execute(units["ours"], done)
+                if units["vllm"]:
+                    vllm.execute(units["vllm"], done)
                 if config.repeats != "auto":
                     continue
                 # a resumed run goes on to the repeats already on disk before it judges anything

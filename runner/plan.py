@@ -35,19 +35,22 @@ class Unit:
 
 def axis_values(config, method: str) -> dict[str, list]:
     """The values each axis takes for one method: the registry says which axes apply."""
-    axes = REGISTRY[method].axes
-    speculative = config.speculative
+    spec = REGISTRY[method]
+    axes, speculative = spec.axes, config.speculative
     return {
-        "draft": [d.name for d in config.draft] if "draft" in axes else [None],
+        "draft": [d.name for d in config.draft if d.kind in spec.draft_kinds] if "draft" in axes else [None],
         "gamma": list(speculative.gamma) if "gamma" in axes else [None],
         "schedule": list(speculative.schedule) if "schedule" in axes else [None],
         "exit_layer": list(speculative.exit_layer or []) if "exit_layer" in axes else [None],
     }
 
 
-def points_of(config, batch_size: int, temperature: float | None) -> list[Point]:
+def points_of(config, batch_size: int, temperature: float | None, engine: str | None = None) -> list[Point]:
+    """The comparison's points, of one engine's methods where engine is given ("ours", "vllm")."""
     points = []
     for method in config.methods:
+        if engine is not None and REGISTRY[method].engine != engine:
+            continue
         values = axis_values(config, method)
         for draft, gamma, schedule, exit_layer in itertools.product(*values.values()):
             points.append(Point(method=method, batch_size=batch_size, draft=draft, gamma=gamma, schedule=schedule,

@@ -81,14 +81,17 @@ class Session:
     def load(self) -> None:
         config = self.config
         torch.manual_seed(config.seed)
+        if not any(REGISTRY[m].engine == "ours" for m in config.methods):
+            return self.load_prompts_only()
         with self._loading("target model"):
             self.target = load_model(config.target, self.device, "target")
         check_exit_layers(config, self.target.model.config)  # a depth not readable before loading
         self.drafts = {}
         for index, draft_config in enumerate(config.draft):
             role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
-            if not any(REGISTRY[m].needs_draft for m in config.methods):
-                break  # a draft no method uses is not loaded
+            if not any(REGISTRY[m].needs_draft and REGISTRY[m].engine == "ours" and draft_config.kind in
+                       REGISTRY[m].draft_kinds for m in config.methods):
+                continue  # a draft no method of this engine uses is not loaded (vLLM loads its own)
             with self._loading(f"draft model {draft_config.name}"):
                 draft = load_model(draft_config, self.device, role)
             try:
@@ -117,6 +120,23 @@ class Session:
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
                                   options=config.speculative.model_dump())
 
+    def load_prompts_only(self) -> None:
+        """Every method runs in vLLM: the tokenizer and the prompts, no model (vLLM loads its own)."""
+        from utils.models import generation_eos, load_tokenizer
+
+        with self._loading("tokenizer"):
+            self.tokenizer = load_tokenizer(self.config.target, "target")
+        self.target, self.drafts = None, {}
+        self.prompt_set = load_prompts(self.config.dataset, self.tokenizer)
+        eos = set(generation_eos(self.config.target))
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos = tuple(sorted(eos))
+        self.pad_id = self.tokenizer.pad_token_id
+        self.notes = list(self._prompt_notes())
+        self.numerics = None
+        self.context = None
+
     def _refuse_ragged_batches_if_wrong(self) -> None:
         """A model whose position bias follows cache slots (ALiBi from slot indices) decodes a left-padded
         row wrongly, silently: probe it once at load, and refuse batches of several prompts for it."""
@@ -134,13 +154,18 @@ class Session:
         loaded = [("target", self.target)] + [(f"draft {label}", d) for label, d in self.drafts.items()]
         notes = [f"{role}: {m.source} ({m.dtype}, {m.attn_implementation}, quantization {m.quantization}, {m.kernels})"
                  for role, m in loaded]
+        notes += self._prompt_notes()
+        if any(not REGISTRY[m].per_row_timing and REGISTRY[m].engine == "ours" for m in self.config.methods):
+            notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
+                         "no TTFT or forward counts")
+        return notes
+
+    def _prompt_notes(self) -> list[str]:
+        notes = []
         if self.prompt_set.guessed_field:
             notes.append(f"dataset: no prompt_field given; the prompts are the '{self.prompt_set.field_name}' column "
                          f"(the one common prompt name among the fields {', '.join(self.prompt_set.fields)})")
         notes.extend(self.prompt_set.notes)
-        if any(not REGISTRY[m].per_row_timing for m in self.config.methods):
-            notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
-                         "no TTFT or forward counts")
         return notes
 
     def _probe_numerics(self) -> dict:
@@ -189,7 +214,7 @@ class Session:
         key = (batch_size, temperature)
         if key in self.prepared:
             return self.prepared[key]
-        points = points_of(self.config, batch_size, temperature)
+        points = points_of(self.config, batch_size, temperature, engine="ours")
         state = {"failed": set(), "failures": [], "costs": known_costs, "notes": []}
         for point in points:
             reason = skipped_reason(point)
@@ -263,7 +288,7 @@ class Session:
         ids, mask = self.batch_tensors(batch)
         result = UnitResult(failures=list(state["failures"]), costs=state["costs"], notes=list(state["notes"]),
                             worker=self.worker)
-        points = points_of(self.config, unit.batch_size, unit.temperature)
+        points = points_of(self.config, unit.batch_size, unit.temperature, engine="ours")
         self.context.costs = state["costs"]
         with torch.inference_mode():
             result.drift_probe_s = drift_probe(self.target.model, ids, mask, self.clock)

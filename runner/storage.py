@@ -35,6 +35,7 @@ class Progress:
     order: str = ("per batch, every point of a (batch size, temperature) runs on the same prompts back to back, in an "
                   "order that changes from batch to batch and repeat to repeat (a Williams design: over a cycle each "
                   "point runs in each position, and right after each other point, equally often)")
+    vllm: dict = field(default_factory=dict)  # the vLLM engine's version, interpreter, pairing and its order (runner/vllm_engine.py)
 
 
 class ReportFolder:

@@ -16,7 +16,13 @@ Jobs and results:
         -> {"ok": true, "wall_s": seconds of the whole LLM.generate call, "rows": [{"output_ids", "new_tokens",
             "stop_reason": "eos"|"length", "ttft_s", "latency_s", "decode_s", "spec"}], "counters": {"num_drafts",
             "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos"} for this call, or null without speculation}
+  {"op": "check", "models": {role: folder or hub id}, "packages": [module names]}
+        -> {"ok": true, "vllm": version, "unsupported": {role: "<architectures> (not in vLLM's model registry)"},
+            "missing_packages": [...]}: what can be refused before any engine starts
   {"op": "stop"}                      shuts the engine down and exits 0 (so do stdin EOF and SIGTERM)
+With speculation, per-request metrics are "detailed" (unless the job says otherwise): each row's "spec" carries vLLM's
+per-step accepted and drafted counts (per_step_accepted, per_step_drafted), one entry per verification step that had
+drafts.
 A job that fails answers {"ok": false, "error": "<Type>: <one line>"} and the worker goes on serving.
 """
 from __future__ import annotations
@@ -117,6 +123,9 @@ class Worker:
             kwargs["kv_cache_memory_bytes"] = DEFAULT_KV_CACHE_BYTES
         if not kwargs.get("speculative_config"):
             kwargs.pop("speculative_config", None)
+            kwargs.pop("per_request_spec_decode_metrics", None)  # vLLM refuses it without speculation
+        else:
+            kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
         import vllm
         from vllm import LLM  # the heavy import, done before the clock starts
 
@@ -125,6 +134,25 @@ class Worker:
         start_s = time.perf_counter() - began
         self.speculative = "speculative_config" in kwargs
         return {"ok": True, "start_s": start_s, "speculative": self.speculative, "vllm": vllm.__version__}
+
+    def check(self, job: dict) -> dict:
+        import importlib.util
+
+        import vllm
+        from vllm import ModelRegistry
+
+        supported = set(ModelRegistry.get_supported_archs())
+        unsupported = {}
+        for role, model in (job.get("models") or {}).items():
+            path = os.path.join(str(model), "config.json")
+            if not os.path.isfile(path):
+                continue  # a hub id: vLLM reads it when the engine starts
+            with open(path) as handle:
+                archs = json.load(handle).get("architectures") or []
+            if archs and not set(archs) & supported:
+                unsupported[role] = f"{', '.join(archs)} (not in vLLM {vllm.__version__}'s model registry)"
+        missing = [name for name in job.get("packages") or [] if importlib.util.find_spec(name) is None]
+        return {"ok": True, "vllm": vllm.__version__, "unsupported": unsupported, "missing_packages": missing}
 
     def generate(self, job: dict) -> dict:
         if self.llm is None:
@@ -188,6 +216,8 @@ def main() -> int:
                     break
                 if op == "start":
                     answer(worker.start(job))
+                elif op == "check":
+                    answer(worker.check(job))
                 elif op == "generate":
                     answer(worker.generate(job))
                 else:

@@ -35,6 +35,20 @@ def save_tiny_pair(root: Path, arch: str = "llama") -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
+def save_vllm_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny Llama pair vLLM's CPU build serves: 2 layers, hidden 256, 4 heads of 64. The draft is the target's first
+    layer with its embeddings, final norm and head, so that it agrees with the target now and then."""
+    target = tiny_model("llama", seed=1, layers=2, hidden=256, vocab_size=len(WORDS))
+    draft = tiny_model("llama", seed=2, layers=1, hidden=256, vocab_size=len(WORDS))
+    draft.load_state_dict({k: v for k, v in target.state_dict().items() if ".layers.1." not in k})
+    paths = []
+    for name, model in [("target", target), ("draft", draft)]:
+        model.save_pretrained(root / name)
+        word_tokenizer().save_pretrained(root / name)
+        paths.append(root / name)
+    return paths[0], paths[1]
+
+
 def write_prompts(path: Path, count: int = 6) -> Path:
     with open(path, "w") as handle:
         for i in range(count):

@@ -33,6 +33,9 @@ class ModelConfig(Strict):
     device_map: str | dict[str, Any] | None = Field(None, description="'auto' or module -> device: split a model "
                                                     "over several devices (accelerate)")
     max_memory: dict[str, str] | None = Field(None, description="device -> size ('20GiB'), with device_map")
+    kind: Literal["model", "eagle", "eagle3"] = Field(
+        "model", description="a draft: model (a causal LM of the target's vocabulary; every draft method), or an "
+                             "EAGLE / EAGLE-3 head for the target (vllm_eagle only)")
 
     @property
     def name(self) -> str:
@@ -164,6 +167,23 @@ class EngineConfig(Strict):
     pack_batch_hint: int = Field(4, ge=1, le=64)
 
 
+class VllmConfig(Strict):
+    python: str | None = Field(None, description="the interpreter of an environment with vLLM (.ci/vllm-env builds "
+                                                 "one); default: this one, where vllm imports")
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=16, description="default: the longest prompt + max_new_tokens + 16")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = Field(None, description="default: target.dtype")
+    enforce_eager: bool | None = Field(None, description="no CUDA graphs / compilation; default: vLLM's (false)")
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV cache size; on a CPU default 256 MiB")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="default: 0.9 of the GPU memory "
+                                                                              "free when the engine starts")
+    pairing: Literal["auto", "batch", "engine"] = Field(
+        "auto", description="batch: every vLLM engine of a comparison resident, batches back to back as ours; "
+                            "engine: one engine at a time over all batches; auto: batch where the weights fit")
+    engine_args: dict[str, Any] = Field({}, description="more keyword arguments of vllm.LLM, passed as they are")
+    start_timeout_s: float = Field(900, gt=0, allow_inf_nan=False, description="an engine not up by then fails")
+
+
 class ReportConfig(Strict):
     summary_file_name: str | None = Field(None, description="an extra copy of summary.json under this name")
     plots: bool = True
@@ -193,6 +213,7 @@ class Config(Strict):
     engine: EngineConfig = EngineConfig()
     report: ReportConfig = ReportConfig()
     cluster: ClusterConfig = ClusterConfig()
+    vllm: VllmConfig = VllmConfig()
 
     @field_validator("draft", mode="before")
     @classmethod
@@ -224,15 +245,23 @@ class Config(Strict):
 
         for method in self.methods:
             spec = REGISTRY[method]
-            if spec.needs_draft and not self.draft:
-                raise ValueError(f"method {method} needs a draft model: add draft: {{model: ...}}, or drop {method}")
+            if spec.needs_draft and not any(d.kind in spec.draft_kinds for d in self.draft):
+                kinds = " or ".join(spec.draft_kinds)
+                raise ValueError(f"method {method} needs a draft of kind {kinds}: add draft: {{model: ..."
+                                 f"{'' if spec.draft_kinds == ('model',) else ', kind: ' + spec.draft_kinds[0]}}}, or "
+                                 f"drop {method}")
             if "exit_layer" in spec.axes and not self.speculative.exit_layer:
                 raise ValueError(f"method {method} needs speculative.exit_layer (the target layers that draft), "
                                  "e.g. exit_layer: [4, 8]")
-        if self.repeats == "auto" and not any(REGISTRY[m].is_reference for m in self.methods):
-            reference = next(name for name, spec in REGISTRY.items() if spec.is_reference)
-            raise ValueError(f"repeats: auto repeats until the speedup intervals settle, and there is no speedup without "
-                             f"{reference} in methods: add {reference}, or set repeats to a number")
+        engines = {REGISTRY[m].engine for m in self.methods}
+        for engine in sorted(engines):
+            reference = next(name for name, spec in REGISTRY.items() if spec.is_reference and spec.engine == engine)
+            if self.repeats == "auto" and reference not in self.methods:
+                raise ValueError(f"repeats: auto repeats until the speedup intervals settle, and there is no speedup "
+                                 f"without {reference} in methods: add {reference}, or set repeats to a number")
+        if "vllm" in engines and self.cluster.backend != "none":
+            raise ValueError("the vllm_* methods run in a vLLM worker of the driver, not on a Ray cluster: set "
+                             "cluster.backend: none (vllm.tensor_parallel_size spreads a model over GPUs)")
         labels = [d.name for d in self.draft]
         if len(set(labels)) != len(labels):
             raise ValueError(f"draft labels {labels} repeat; give each draft its own label: ...")

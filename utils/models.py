@@ -308,3 +308,50 @@ def release_file_mappings(model) -> int:
 
     gc.collect()
     return copied
+
+
+def vllm_model(cfg: ModelConfig, role: str) -> str:
+    """What vLLM is given for a model: a local transformers folder (an offline model's converted copy) or a hub id.
+    A model that exists only in this process, or a GGUF file, is refused with one line."""
+    if cfg.model.startswith("synthetic:"):
+        raise UserError(f"{role}.model: {cfg.model} is built in this process and vLLM cannot load it; save it with "
+                        "save_pretrained and give that folder, or drop the vllm_* methods")
+    if cfg.quantization == "8bit":
+        raise UserError(f"{role}.quantization: 8bit is bitsandbytes' LLM.int8, which vLLM does not load in flight; "
+                        "use 4bit or none with the vllm_* methods")
+    if cfg.device_map is not None:
+        raise UserError(f"{role}.device_map does not apply to vLLM: drop it and set vllm.tensor_parallel_size")
+    where, gguf_file, _ = locate(cfg)
+    if gguf_file:
+        raise UserError(f"{role}.model: a GGUF file ({gguf_file}); the vllm_* methods need a transformers folder or "
+                        "a hub id (convert it with transformers' from_pretrained(..., gguf_file=...) and "
+                        "save_pretrained)")
+    return where
+
+
+def load_tokenizer(cfg: ModelConfig, role: str):
+    """The tokenizer alone (a run whose methods all run in vLLM loads no model here), left padding as load_model's."""
+    from transformers import AutoTokenizer
+
+    check_model_config(cfg, role)
+    where, gguf_file, source = locate(cfg)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=gguf_file, revision=cfg.revision)
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
+        raise ModelLoadError(_explain(role, cfg, source, error)) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def generation_eos(cfg: ModelConfig) -> list[int]:
+    """The eos ids of the model's generation_config.json, without loading the model ([] where there is none)."""
+    from transformers import GenerationConfig
+
+    where, gguf_file, _ = locate(cfg)
+    try:
+        eos = GenerationConfig.from_pretrained(where, revision=cfg.revision).eos_token_id
+    except Exception:  # no generation_config.json (a GGUF file, a bare folder): the tokenizer's eos alone
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]

@@ -3,7 +3,8 @@ plus one line here."""
 from __future__ import annotations
 
 from decode.methods.base import OPTIONAL_AXES, MethodSpec, RunContext
-from decode.methods import baseline, early_exit, hf, prompt_lookup, speculative
+from decode.methods import (baseline, early_exit, hf, prompt_lookup, speculative, vllm_draft, vllm_eagle,
+                            vllm_generate, vllm_mtp, vllm_ngram, vllm_suffix)
 
 REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
     baseline.SPEC,
@@ -14,15 +15,23 @@ REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
     hf.ASSISTED,
     hf.ASSISTED_DEFAULT,
     hf.PROMPT_LOOKUP,
+    vllm_generate.SPEC,
+    vllm_draft.SPEC,
+    vllm_ngram.SPEC,
+    vllm_eagle.SPEC,
+    vllm_mtp.SPEC,
+    vllm_suffix.SPEC,
 )}
+ENGINES = ("ours", "vllm")
 
 
 def spec(name: str) -> MethodSpec:
     return REGISTRY[name]
 
 
-def reference_method() -> str:
-    return next(name for name, s in REGISTRY.items() if s.is_reference)
+def reference_method(engine: str = "ours") -> str:
+    """The method every ratio of an engine's points is computed against."""
+    return next(name for name, s in REGISTRY.items() if s.is_reference and s.engine == engine)
 
 
-__all__ = ["OPTIONAL_AXES", "REGISTRY", "MethodSpec", "RunContext", "reference_method", "spec"]
+__all__ = ["ENGINES", "OPTIONAL_AXES", "REGISTRY", "MethodSpec", "RunContext", "reference_method", "spec"]

@@ -32,12 +32,19 @@ class MethodSpec:
     name: str
     description: str  # one line, for the README and the report legend
     axes: tuple[str, ...]  # which OPTIONAL_AXES apply
-    run: Callable  # (ctx: RunContext, point, prompt_ids [B,P], prompt_mask [B,P], generation, generator) -> list[RowRecord]
+    run: Callable | None  # (ctx: RunContext, point, prompt_ids [B,P], prompt_mask [B,P], generation, generator) -> list[RowRecord]; None: another engine's (vllm_config)
     has_rounds: bool = False  # records carry per-round drafted/accepted/emitted: speculation figures apply
     is_reference: bool = False  # the autoregressive baseline every ratio is computed against
     per_row_timing: bool = True  # False: one wall time per batch, no TTFT or forward counts (transformers' peers)
     max_batch_size: int | None = None  # None: any; 1: batch size 1 only (other sizes are reported as skipped)
     peer: bool = False  # transformers' implementation, run for comparison
+    engine: str = "ours"  # the engine that runs it: "ours" (this process, run) or "vllm" (a vLLM worker, vllm_config)
+    draft_kinds: tuple[str, ...] = ("model",)  # the kinds of draft entry (config draft[i].kind) its draft axis takes
+    vllm_config: Callable | None = None  # (point, drafts: label -> ModelConfig, speculative options) ->
+    #   vLLM's speculative_config (None: the target alone); vLLM methods only
+    counterpart: str | None = None  # our engine's method that does the same (vllm_draft: speculative at constant
+    #   gamma): the report's engine comparison puts the two side by side
+    vllm_package: str | None = None  # a package vLLM needs for it (checked in the vLLM environment before the run)
 
     @property
     def needs_draft(self) -> bool:

@@ -50,23 +50,6 @@ SPECULATIVE = {
 }
 
 
-def _save_models(root: Path) -> tuple[Path, Path]:
-    """Target: 2 layers, hidden 256, 4 heads of 64 (what vLLM's CPU attention accepts). Draft: its first layer,
-    embeddings, final norm and head, so that it agrees with the target now and then."""
-    from helpers import WORDS, word_tokenizer
-    from tiny_models import tiny_model
-
-    target = tiny_model("llama", seed=1, layers=2, hidden=256, vocab_size=len(WORDS))
-    draft = tiny_model("llama", seed=2, layers=1, hidden=256, vocab_size=len(WORDS))
-    draft.load_state_dict({k: v for k, v in target.state_dict().items() if ".layers.1." not in k})
-    paths = []
-    for name, model in [("target", target), ("draft", draft)]:
-        model.save_pretrained(root / name)
-        word_tokenizer().save_pretrained(root / name)
-        paths.append(root / name)
-    return paths[0], paths[1]
-
-
 class Worker:
     def __init__(self, log: Path):
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -133,7 +116,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return _save_models(tmp_path_factory.mktemp("vllm-models"))
+    from helpers import save_vllm_pair
+
+    return save_vllm_pair(tmp_path_factory.mktemp("vllm-models"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,12 @@
+"""vLLM's n-gram speculation (prompt lookup) at gamma, with this config's n-gram sizes."""
+from decode.methods.base import MethodSpec
+
+
+def speculative_config(point, drafts, options):
+    return {"method": "ngram", "num_speculative_tokens": point.gamma,
+            "prompt_lookup_min": options.get("ngram_min", 1), "prompt_lookup_max": options.get("ngram_max", 3)}
+
+
+SPEC = MethodSpec("vllm_ngram", "vLLM's n-gram speculation (prompt lookup, speculative.ngram_min..ngram_max)",
+                  axes=("gamma",), run=None, has_rounds=True, per_row_timing=False, engine="vllm", counterpart="prompt_lookup",
+                  vllm_config=speculative_config)

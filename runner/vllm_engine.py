@@ -1,0 +1,535 @@
+"""vLLM as a second engine in the same run: the vllm_* points run in vLLM worker processes (runner/vllm_worker.py),
+each started with the interpreter of an environment that has vLLM (config vllm.python), one engine per process (vLLM's
+metrics registry is global to a process). Records come back over a pipe; this process alone writes the report.
+
+Pairing (config vllm.pairing), said in progress.order and the notes:
+- batch: every vLLM engine of a comparison is resident, one worker each, and each batch runs every vLLM point back to
+  back in the Williams order of our own units (runner/plan.py order_of): the pairing our engine has.
+- engine: one engine at a time (build, warm up, every pending batch, tear down), the points' order rotating from
+  repeat to repeat; a drift probe (the first prompt, one new token) at each engine's start and end.
+- auto: batch where the weights of every engine fit in the memory there is (on a GPU its free memory, on a CPU the
+  host's available memory, each with room for KV caches and activations), else engine.
+
+A vLLM point's ratios are against vllm_generate on the same prompts (eval pairs each engine with its own reference).
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from decode.methods import REGISTRY
+from eval.records import Point, SampleRecord
+from runner.plan import Unit, order_of, points_of, skipped_reason, williams_order
+from runner.probes import PROCESS
+from utils import UserError
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+CHECK_TIMEOUT_S = 300.0
+GENERATE_TIMEOUT_S = 3600.0
+# a resident engine holds its weights and a KV cache: the weights of all engines of a comparison, times this, must
+# fit in the memory free for `pairing: auto` to keep them resident together
+RESIDENT_HEADROOM = 1.5
+CPU_KV_BYTES = 256 * 2**20  # runner/vllm_worker.py's default KV cache on a CPU
+
+
+class VllmDead(RuntimeError):
+    """The worker process exited or stopped answering."""
+
+
+def vllm_python(config) -> str:
+    """The interpreter of the vLLM environment: vllm.python (a path, or a name on PATH), else this one."""
+    python = config.vllm.python
+    if not python:
+        return sys.executable
+    if "/" not in python:
+        return shutil.which(python) or python
+    return str(Path(python).expanduser().absolute())
+
+
+class VllmProcess:
+    """One worker process: JSON jobs in, one JSON line out per job. Its own session (process group), so a Ctrl-C at
+    the terminal reaches this process only, and close() takes the worker and every engine process it spawned down."""
+
+    def __init__(self, python: str, log: Path, name: str):
+        self.name, self.log_path = name, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log, "a")
+        self._log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} worker for {name}\n")
+        self._log.flush()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        try:
+            self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._log, env=env, cwd=WORKER.parent.parent, start_new_session=True)
+        except OSError as error:
+            self._log.close()
+            raise UserError(f"vllm.python: {python} cannot run ({error.strerror}); give the interpreter of an "
+                            "environment with vLLM (.ci/vllm-env DIR builds one)") from None
+        self._buffer = b""
+
+    def ask(self, job: dict, timeout: float) -> dict:
+        if self.proc.poll() is not None:
+            raise VllmDead(f"the vLLM worker exited (code {self.proc.returncode}); its log: {self.log_path}")
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise VllmDead(f"the vLLM worker exited; its log: {self.log_path}") from None
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.close(force=True)
+                    raise VllmDead(f"the vLLM worker did not answer {job.get('op')} within {timeout:.0f} s; "
+                                   f"its log: {self.log_path}")
+                if not selector.select(min(left, 5.0)):
+                    if self.proc.poll() is not None:
+                        break
+                    continue
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    break
+                self._buffer += chunk
+        if b"\n" not in self._buffer:
+            code = self.proc.wait(timeout=30)
+            raise VllmDead(f"the vLLM worker exited (code {code}) during {job.get('op')}; its log: {self.log_path}")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, force: bool = False) -> None:
+        """Stop the engine and the worker: a stop job (a clean shutdown), else SIGTERM (the worker shuts its engine
+        down), else SIGKILL of the whole process group (the engine processes vLLM spawned included)."""
+        try:
+            if self.alive() and not force:
+                try:
+                    self.proc.stdin.write(b'{"op": "stop"}\n')
+                    self.proc.stdin.flush()
+                    self.proc.wait(timeout=60)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+                if not self.alive():
+                    break
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(timeout=wait)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+            try:  # engine processes left in the group after the worker exited
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        finally:
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            self._log.close()
+
+
+def uses_vllm(config) -> bool:
+    return any(REGISTRY[m].engine == "vllm" for m in config.methods)
+
+
+def model_dirs(config) -> dict[str, str]:
+    """role -> what vLLM loads (utils.models.vllm_model): the target, and each draft a vllm_* method uses."""
+    from utils.models import vllm_model
+
+    dirs = {"target": vllm_model(config.target, "target")}
+    used = {d for m in config.methods if REGISTRY[m].engine == "vllm" for d in REGISTRY[m].draft_kinds
+            if REGISTRY[m].needs_draft}
+    for index, draft in enumerate(config.draft):
+        if draft.kind in used:
+            dirs[draft.name] = vllm_model(draft, "draft" if len(config.draft) == 1 else f"draft[{index}]")
+    return dirs
+
+
+def check_vllm(config, log: Path) -> dict:
+    """Before any model loads: the interpreter runs, imports vLLM, serves the target's and drafts' architectures
+    and has the packages the methods need. One line and exit 2 otherwise."""
+    dirs = model_dirs(config)  # what vLLM would load: refused here before the interpreter is asked
+    python = vllm_python(config)
+    if config.vllm.python and not (Path(python).is_file() and os.access(python, os.X_OK)):
+        raise UserError(f"vllm.python: {python} is not an executable file; give the interpreter of an environment "
+                        "with vLLM (.ci/vllm-env DIR builds one: DIR/bin/python)")
+    try:
+        probe = subprocess.run([python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+                               capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise UserError(f"vllm.python: {python} did not import vllm ({type(error).__name__}); check that environment "
+                        "(.ci/vllm-env DIR builds one)") from None
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        where = "this environment" if not config.vllm.python else python
+        raise UserError(f"vllm.python: {where} cannot import vllm ({last}); set vllm.python to the interpreter of an "
+                        "environment with vLLM (.ci/vllm-env DIR builds one), or drop the vllm_* methods")
+    packages = sorted({REGISTRY[m].vllm_package for m in config.methods if REGISTRY[m].vllm_package})
+    worker = VllmProcess(python, log, "check")
+    try:
+        answer = worker.ask({"op": "check", "models": dirs, "packages": packages}, CHECK_TIMEOUT_S)
+    except VllmDead as error:
+        raise UserError(f"vllm.python: the vLLM worker failed its check ({error})") from None
+    finally:
+        worker.close()
+    if not answer.get("ok"):
+        raise UserError(f"vllm: the check in {python} failed: {answer.get('error')}")
+    for role, why in answer["unsupported"].items():
+        raise UserError(f"{'target' if role == 'target' else 'draft ' + role}.model: vLLM cannot serve it: {why}; "
+                        "drop the vllm_* methods for this model")
+    if answer["missing_packages"]:
+        needs = [m for m in config.methods if REGISTRY[m].vllm_package in answer["missing_packages"]]
+        raise UserError(f"methods: {', '.join(needs)} need{'s' if len(needs) == 1 else ''} "
+                        f"{', '.join(answer['missing_packages'])} in the vLLM environment ({python}); install it "
+                        "there or drop the method")
+    return {"python": python, "vllm": answer["vllm"], "models": dirs}
+
+
+def folder_bytes(path: str) -> int | None:
+    """Weights on disk of a local folder (safetensors / bin files); None for a hub id."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+
+
+def free_memory(device: str) -> int | None:
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class Engine:
+    """One vLLM engine (one set of vllm.LLM arguments: the points of several comparisons share it) and its worker."""
+    name: str  # the first point's label without its comparison
+    kwargs: dict
+    process: VllmProcess | None = None
+    failed: str | None = None
+    start_s: float | None = None
+
+
+class VllmExecutor:
+    """Runs the vLLM points of the units it is given; keeps what they measure through experiment.accept, as the
+    local and Ray executors do."""
+
+    def __init__(self, experiment, session, checked: dict):
+        self.experiment, self.session, self.config = experiment, session, experiment.config
+        self.checked = checked
+        self.log = experiment.out_dir / "vllm-worker.log"
+        self.engines: dict[str, Engine] = {}  # json of the engine's arguments -> the engine
+        self.failed: dict[Point, str] = {}
+        self.warmed: set[Point] = set()
+        drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name)) for d in self.config.draft}
+        self._drafts = drafts
+        self.pairing = self._pairing()
+
+    # -- engines ----------------------------------------------------------------------------------
+    def engine_kwargs(self, point: Point) -> dict:
+        """vllm.LLM's keyword arguments for a point: the config's engine options and the point's speculative_config."""
+        config, v = self.config, self.config.vllm
+        prompts = self.session.prompt_set.prompts
+        longest = max(len(p.token_ids) for p in prompts)
+        kwargs = {"model": self.checked["models"]["target"], "dtype": v.dtype or config.target.dtype,
+                  "tensor_parallel_size": v.tensor_parallel_size, "seed": config.seed % 2**31,
+                  "max_model_len": v.max_model_len or longest + config.generation.max_new_tokens + 16,
+                  "skip_tokenizer_init": False}
+        if config.target.revision:
+            kwargs["revision"] = config.target.revision
+        if config.target.quantization == "4bit":
+            kwargs["quantization"] = "bitsandbytes"
+        if v.enforce_eager is not None:
+            kwargs["enforce_eager"] = v.enforce_eager
+        if v.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
+        if v.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
+        speculative = REGISTRY[point.method].vllm_config(point, self._drafts, config.speculative.model_dump())
+        if speculative:
+            kwargs["speculative_config"] = speculative
+        kwargs.update(v.engine_args)
+        return kwargs
+
+    def _pairing(self) -> str:
+        v = self.config.vllm
+        if v.pairing != "auto":
+            return v.pairing
+        models = self.checked["models"]
+        sizes = {role: folder_bytes(path) for role, path in models.items()}
+        if any(size is None for size in sizes.values()):
+            return "engine"  # a hub id: its size is not known before it downloads
+        engines = 0
+        for method in self.config.methods:
+            spec = REGISTRY[method]
+            if spec.engine != "vllm":
+                continue
+            count = 1
+            for axis, values in [("gamma", self.config.speculative.gamma)]:
+                if axis in spec.axes:
+                    count *= len(values)
+            drafts = [d.name for d in self.config.draft if d.kind in spec.draft_kinds] if spec.needs_draft else []
+            engines += count * max(1, len(drafts))
+        need = RESIDENT_HEADROOM * (engines * sizes["target"] + sum(s for r, s in sizes.items() if r != "target")
+                                    * len(self.config.speculative.gamma))
+        if not self.config.device.startswith("cuda"):
+            need += engines * (v.kv_cache_memory_bytes or CPU_KV_BYTES)
+        free = free_memory(self.config.device)
+        return "batch" if free is not None and need <= free else "engine"
+
+    def engine_of(self, point: Point) -> Engine:
+        kwargs = self.engine_kwargs(point)
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        if key not in self.engines:
+            name = " ".join(part for part in point.label.split() if not part.startswith(("batch=", "T=")) and
+                            part != "greedy")
+            self.engines[key] = Engine(name, kwargs)
+        return self.engines[key]
+
+    def start(self, point: Point) -> Engine:
+        engine = self.engine_of(point)
+        if engine.failed or (engine.process is not None and engine.process.alive()):
+            return engine
+        kwargs = dict(engine.kwargs)
+        if self.config.device.startswith("cuda") and "gpu_memory_utilization" not in kwargs \
+                and "kv_cache_memory_bytes" not in kwargs:
+            import torch
+
+            free, total = torch.cuda.mem_get_info(torch.device(self.config.device))
+            kwargs["gpu_memory_utilization"] = round(max(0.05, 0.9 * free / total), 3)
+        engine.process = VllmProcess(self.checked["python"], self.log, engine.name)
+        try:
+            answer = engine.process.ask({"op": "start", "engine": kwargs}, self.config.vllm.start_timeout_s)
+        except VllmDead as error:
+            answer = {"ok": False, "error": str(error)}
+        if not answer.get("ok"):
+            engine.failed = f"vLLM engine did not start: {answer.get('error')}"
+            self.stop(engine)
+        else:
+            engine.start_s = answer.get("start_s")
+        return engine
+
+    def stop(self, engine: Engine) -> None:
+        if engine.process is not None:
+            engine.process.close()
+            engine.process = None
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            self.stop(engine)
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def _job(self, batch, temperature, max_new_tokens: int, seed: int) -> dict:
+        return {"op": "generate", "prompts": [p.token_ids for p in batch], "max_new_tokens": max_new_tokens,
+                "temperature": temperature, "seed": seed, "stop_token_ids": list(self.session.eos)}
+
+    def generate(self, engine: Engine, job: dict) -> dict:
+        try:
+            answer = engine.process.ask(job, GENERATE_TIMEOUT_S)
+        except VllmDead as error:
+            answer = {"ok": False, "error": str(error)}
+        if not answer.get("ok"):
+            engine.failed = f"vLLM: {answer.get('error')}"
+            if not engine.process.alive():
+                self.stop(engine)
+        return answer
+
+    def drift_probe(self, engine: Engine, point: Point) -> None:
+        """The first prompt, one new token, greedy, through the point's engine: the same work at each of its starts
+        and ends. Kept per engine (each is its own process), so the drift flag compares like with like."""
+        if engine.failed:
+            return
+        first = self.session.prompt_set.prompts[:1]
+        walls = []
+        for _ in range(4):  # the median of three after a discarded one, as our engine's probe
+            answer = self.generate(engine, self._job(first, None, 1, 0))
+            if not answer.get("ok"):
+                return
+            walls.append(answer["wall_s"])
+        if walls:
+            key = f"{PROCESS}/vllm {engine.name}"
+            drift = self.experiment.progress.drift.setdefault(str(point.batch_size), {})
+            drift.setdefault(key, []).append(sorted(walls[1:])[1])
+            self.experiment.progress.processes.setdefault(key, {"name": f"vLLM engine {engine.name}", "worker": None})
+
+    def warm_up(self, engine: Engine, point: Point, unit: Unit) -> None:
+        """Each point's first batch with a short budget, untimed (vLLM warms its own kernels as it starts)."""
+        if engine.failed or point in self.warmed or not self.config.warmup:
+            return
+        batch = self.session.batches(unit.batch_size)[0]
+        short = min(self.config.generation.max_new_tokens, 2 * max(self.config.speculative.gamma) + 2)
+        for _ in range(self.config.warmup):
+            if not self.generate(engine, self._job(batch, unit.temperature, short, 0)).get("ok"):
+                return
+        self.warmed.add(point)
+
+    def run_batch(self, engine: Engine, point: Point, unit: Unit) -> list[dict] | None:
+        batch = self.session.batches(unit.batch_size)[unit.batch_index]
+        seed = (self.config.seed * 1_000_003 + unit.batch_index * 101 + unit.repeat) % 2**63
+        answer = self.generate(engine, self._job(batch, unit.temperature, self.config.generation.max_new_tokens, seed))
+        if not answer.get("ok"):
+            return None
+        return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset)
+
+    # -- the units ----------------------------------------------------------------------------------
+    def execute(self, units: list[Unit], done: set) -> None:
+        by_comparison: dict[tuple, list[Unit]] = {}
+        for unit in units:
+            by_comparison.setdefault(unit.comparison, []).append(unit)
+        for comparison, mine in by_comparison.items():
+            points = points_of(self.config, comparison[0], comparison[1], engine="vllm")
+            if not points:
+                continue
+            self._note_pairing()
+            if self.pairing == "batch":
+                self._by_batch(points, mine, done)
+            else:
+                self._by_engine(points, mine, done)
+
+    def _pending(self, point: Point, units: list[Unit], done: set) -> list[Unit]:
+        return [u for u in units if point.key + (u.repeat, u.batch_index) not in done]
+
+    def _by_batch(self, points: list[Point], units: list[Unit], done: set) -> None:
+        live = [p for p in points if p not in self.failed and not skipped_reason(p) and self._pending(p, units, done)]
+        for point in live:  # every engine up before the first batch, each in its own process
+            engine = self.start(point)
+            self.warm_up(engine, point, units[0])  # the first calls of an engine are slow: the probe comes after
+            self.drift_probe(engine, point)
+        for unit in units:
+            result, ran = self._result(unit), False
+            for point in order_of(points, unit):
+                if point in live and point.key + (unit.repeat, unit.batch_index) not in done:
+                    self._run(point, unit, result)
+                    ran = True
+            if ran:
+                self.experiment.accept(unit, result)
+        for point in live:
+            self.drift_probe(self.engine_of(point), point)
+
+    def _by_engine(self, points: list[Point], units: list[Unit], done: set) -> None:
+        repeat = units[0].repeat if units else 0
+        order = [points[i] for i in williams_order(len(points), repeat)]
+        for point in order:
+            pending = self._pending(point, units, done)
+            if not pending or point in self.failed or skipped_reason(point):
+                continue
+            engine = self.start(point)
+            try:
+                self.warm_up(engine, point, pending[0])  # the first calls of an engine are slow: the probe after
+                self.drift_probe(engine, point)
+                for unit in pending:
+                    result = self._result(unit)
+                    self._run(point, unit, result)
+                    self.experiment.accept(unit, result)
+                    if point in self.failed:
+                        break
+                self.drift_probe(engine, point)
+            finally:
+                self.stop(engine)
+
+    def _result(self, unit: Unit):
+        from runner.session import UnitResult
+
+        return UnitResult(worker=None, process=PROCESS)
+
+    def _run(self, point: Point, unit: Unit, result) -> None:
+        from runner.session import failure
+
+        engine = self.engine_of(point)
+        if skipped_reason(point) or point in self.failed:
+            return
+        rows = None if engine.failed else self.run_batch(engine, point, unit)
+        if rows is None:
+            self.failed[point] = engine.failed or "vLLM engine failed"
+            result.failures.append(failure(point, "failed", self.failed[point]))
+        else:
+            result.rows.extend(rows)
+            wall = rows[0]["latency_s"] if rows else 0.0
+            result.rates[point.label] = sum(r["new_tokens"] for r in rows) / wall if wall > 0 else 0.0
+        if self.experiment.display:
+            self.experiment.display.point_done(point.label, rows, f"batch {unit.batch_index + 1} repeat {unit.repeat}",
+                                               "vllm")
+
+    def _note_pairing(self) -> None:
+        progress = self.experiment.progress
+        what = (f"pairing {self.pairing}" + (" (vllm.pairing: auto)" if self.config.vllm.pairing == "auto" else "")
+                + ": " + ("every vLLM engine of a comparison resident, one worker process each; each batch runs every vllm_* "
+                   "point back to back in the units' order, as our engine's points" if self.pairing == "batch" else
+                   "one vLLM engine at a time, over every batch, then the next; the points' order rotates from repeat "
+                   "to repeat (a Williams design); a vllm_* point and vllm_generate ran the same prompts minutes "
+                   "apart, not back to back, and each engine's drift probe (the first prompt, 1 new token) ran at "
+                   "its start and end"))
+        progress.vllm = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
+                         "order": what}
+
+
+def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str) -> list[dict]:
+    """A vLLM batch's answer as records: wall time of the generate call for every row (vLLM schedules the batch as
+    one), vLLM's own TTFT and latency per request in extra, and rounds from its per-request speculative counters."""
+    rows = []
+    spec = REGISTRY[point.method]
+    for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
+        rounds = rounds_of(row.get("spec"), row["new_tokens"]) if spec.has_rounds else None
+        if spec.is_reference:
+            forwards = row["new_tokens"]
+        else:
+            forwards = None if rounds is None else 1 + len(rounds)
+        extra = {"engine": "vllm", "vllm_ttft_s": row.get("ttft_s"), "vllm_latency_s": row.get("latency_s")}
+        if index == 0 and answer.get("counters") is not None:
+            extra["vllm_batch_counters"] = answer["counters"]
+        rows.append(SampleRecord(
+            **asdict(point), sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
+            batch_rows=len(batch), group=prompt.group, prompt_tokens=len(prompt.token_ids), preset=preset,
+            reference=prompt.reference, output_ids=row["output_ids"],
+            output_text=tokenizer.decode(row["output_ids"], skip_special_tokens=True), new_tokens=row["new_tokens"],
+            stop_reason=row["stop_reason"] if row["stop_reason"] in ("eos", "length") else "eos",
+            latency_s=answer["wall_s"], prefill_s=None, target_forwards=forwards, draft_forwards=None,
+            target_s=answer["wall_s"], draft_s=0.0, draft_prefill_s=0.0, rounds=rounds, peak_memory_bytes=None,
+            worker=None, process=PROCESS, extra=extra).to_json())
+    return rows
+
+
+def rounds_of(spec: dict | None, new_tokens: int) -> list[dict] | None:
+    """Our rounds from vLLM's detailed per-request counters: one round per verification step that had drafts
+    ({drafted, accepted, emitted = accepted + 1}); vLLM does not count steps without drafts (an n-gram without a
+    match), so the tokens the counted rounds leave unexplained (after the prefill's first token) are rounds that
+    drafted nothing, one token each; where the counted rounds explain more tokens than the row has, the last round
+    was cut by the stop (an eos, or max_new_tokens) and emitted fewer (its accepted count stays the verifier's, as our
+    engine records a round cut at an eos). None without the counters."""
+    if not spec or "per_step_accepted" not in spec and spec.get("num_spec_steps"):
+        return None
+    accepted = list(spec.get("per_step_accepted") or [])
+    drafted = list(spec.get("per_step_drafted") or [])
+    rounds = [{"drafted": int(d), "accepted": int(a), "emitted": int(a) + 1} for a, d in zip(accepted, drafted)]
+    left = new_tokens - 1 - sum(r["emitted"] for r in rounds)
+    if left > 0:
+        rounds += [{"drafted": 0, "accepted": 0, "emitted": 1} for _ in range(left)]
+    while left < 0 and rounds:  # the last round(s) ran past the stop
+        cut = min(-left, rounds[-1]["emitted"])
+        rounds[-1]["emitted"] -= cut  # accepted stays what vLLM's verifier accepted, as our engine records it
+        left += cut
+        if rounds[-1]["emitted"] == 0:
+            rounds.pop()
+    return rounds

@@ -1,0 +1,74 @@
+"""vLLM points in eval, from hand-made records: ratios against vllm_generate (never our baseline), the engine
+comparison, no borrowed costs, and rounds rebuilt from vLLM's per-request counters. No vLLM needed."""
+from eval.summary import summarize
+from runner.vllm_engine import rounds_of
+from sample_records import costs, record, run
+
+ROUND = [{"drafted": 2, "accepted": 2, "emitted": 3}]
+
+
+def _two_engines(prompts=8):
+    """Per prompt (batch size 1, 4 tokens each): our baseline 2.0 s, our speculative 1.0 s; vLLM's reference
+    0.5 s, vllm_draft 0.4 s. vLLM's reference disagrees with ours on prompt 0's tokens; vllm_draft agrees with it."""
+    samples = []
+    for i in range(prompts):
+        ours = [1, 2, 3, 4]
+        theirs = [1, 2, 9, 9] if i == 0 else ours
+        samples += [record("baseline", i, i, tokens=4, latency=2.0, output=ours),
+                    record("speculative", i, i, tokens=4, latency=1.0, output=ours, rounds=ROUND),
+                    record("vllm_generate", i, i, tokens=4, latency=0.5, prefill=None, output=theirs),
+                    record("vllm_draft", i, i, tokens=4, latency=0.4, prefill=None, output=theirs, rounds=ROUND)]
+    return samples
+
+
+def test_a_vllm_point_pairs_with_vllm_generate_and_borrows_no_costs():
+    summary = summarize(_two_engines(), {"costs": costs(c=0.3), "processes": {"p1": {"name": "process 1"}}})
+    mine = run(summary, "vllm_draft")["metrics"]
+    assert abs(mine["speedup"] - 0.5 / 0.4) < 1e-12  # 1.25 against vllm_generate, not 5.0 against our baseline
+    assert mine["exact_match"] == 1.0  # against vllm_generate's tokens, which differ from ours on prompt 0
+    assert mine["acceptance_rate"] == 1.0 and mine["mean_accepted_tokens"] == 3.0
+    assert mine["draft_cost_ratio_c"] is None and mine["predicted_speedup"] is None  # p1's c is our engine's
+    assert mine["decode_speedup"] is None and mine["draft_time_share"] is None
+    assert run(summary, "speculative")["metrics"]["draft_cost_ratio_c"] == 0.3
+    assert abs(run(summary, "speculative")["metrics"]["speedup"] - 2.0) < 1e-12
+    assert not [f for f in run(summary, "vllm_draft")["flags"] if f["code"] == "possible_bug"]
+    assert any("vllm_draft" in n and "vLLM runs draft and target" in n for n in summary["notes"])
+
+
+def test_the_engine_comparison_by_hand():
+    summary = summarize(_two_engines(), {})
+    (row,) = summary["engines"]
+    ref = row["reference"]
+    assert (row["batch_size"], row["temperature"]) == (1, None)
+    assert abs(ref["vllm_tok_s"] - 32 / 4.0) < 1e-12 and abs(ref["ours_tok_s"] - 32 / 16.0) < 1e-12
+    assert abs(ref["tok_s_ratio"] - 4.0) < 1e-12 and ref["prompts"] == 8
+    assert ref["exact_match"] == 7 / 8  # prompt 0 differs
+    (pair,) = row["points"]
+    assert pair["vllm"] == "vllm_draft draft=d gamma=2 batch=1 greedy"
+    assert pair["ours"] == "speculative draft=d gamma=2 constant batch=1 greedy"
+    assert abs(pair["vllm_speedup"] - 1.25) < 1e-12 and abs(pair["ours_speedup"] - 2.0) < 1e-12
+
+
+def test_without_vllm_generate_a_vllm_point_has_no_ratio():
+    samples = [s for s in _two_engines() if s["method"] != "vllm_generate"]
+    summary = summarize(samples, {})
+    assert run(summary, "vllm_draft")["metrics"]["speedup"] is None  # our baseline is not its reference
+    assert any("no vllm_generate batch" in n for n in summary["notes"])
+    assert "engines" not in summary
+
+
+def test_rounds_from_vllms_per_step_counters():
+    # three verification steps drafting 3: accepted 2, 0, 1 -> emitted 3, 1, 2, after the prefill's token: 7 tokens
+    spec = {"per_step_accepted": [2, 0, 1], "per_step_drafted": [3, 3, 3], "num_spec_steps": 3}
+    assert rounds_of(spec, 7) == [{"drafted": 3, "accepted": 2, "emitted": 3}, {"drafted": 3, "accepted": 0, "emitted": 1},
+                                  {"drafted": 3, "accepted": 1, "emitted": 2}]
+    # n-gram: one counted step (2 drafted, 1 accepted: 2 tokens) explains 3 of 6; 3 steps drafted nothing
+    spec = {"per_step_accepted": [1], "per_step_drafted": [2], "num_spec_steps": 1}
+    assert rounds_of(spec, 6) == [{"drafted": 2, "accepted": 1, "emitted": 2}] + [
+        {"drafted": 0, "accepted": 0, "emitted": 1}] * 3
+    # the stop cut the last step: 1 + 4 + 4 = 9 explained, 6 generated: the last round emitted 1 of its 4
+    spec = {"per_step_accepted": [3, 3], "per_step_drafted": [3, 3], "num_spec_steps": 2}
+    assert rounds_of(spec, 6) == [{"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 3, "emitted": 1}]
+    # no step had drafts (vLLM omits the arrays): every token after the first is a plain step
+    assert rounds_of({"num_spec_steps": 0, "num_draft_tokens": 0}, 3) == [{"drafted": 0, "accepted": 0, "emitted": 1}] * 2
+    assert rounds_of(None, 5) is None
