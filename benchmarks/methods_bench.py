@@ -92,7 +92,7 @@ def main() -> int:
         if code not in (0, 3):
             raise SystemExit(f"benchmark run in {out} ended with exit code {code}")
     summary = json.loads((out / "summary.json").read_text())
-    text = ("Speedup vs the baseline, 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an "
+    text = ("Speedup vs each engine's reference (baseline; vllm_generate for the vllm_* points), 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an "
             "interval); ! = flagged (see summary.md)\n\n" + table(summary))
     (out / "METHODS.md").write_text(text)
     print(text)

@@ -154,16 +154,27 @@ def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str 
     return "no v was measured for this gamma"
 
 
+def per_request_times(samples: list[dict]) -> tuple[list[float], list[float]] | None:
+    """vLLM's own latency and TTFT per request (its request metrics, queueing included), where every record has them."""
+    extra = [s.get("extra") or {} for s in samples]
+    if not samples or any(e.get("vllm_latency_s") is None or e.get("vllm_ttft_s") is None for e in extra):
+        return None
+    return [e["vllm_latency_s"] for e in extra], [e["vllm_ttft_s"] for e in extra]
+
+
 def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, costs: CostProbe | None) -> dict:
     """Every figure of one run (a point, overall or one group) against its baseline's samples (None: none ran)."""
     spec = REGISTRY[point.method]
     latencies = [s["latency_s"] for s in samples]
+    per_request = per_request_times(samples) if spec.engine == "vllm" else None
     metrics = {
         "samples": len(samples),
         "new_tokens": sum(s["new_tokens"] for s in samples),
-        "latency_s": distribution(latencies),
-        "tpot_s": distribution([s["latency_s"] / s["new_tokens"] for s in samples if s["new_tokens"]]),
-        "ttft_s": distribution([s["prefill_s"] for s in samples if s.get("prefill_s") is not None]),
+        "latency_s": distribution(per_request[0] if per_request else latencies),
+        "tpot_s": distribution([lat / s["new_tokens"] for s, lat in zip(samples, per_request[0] if per_request
+                                                                      else latencies) if s["new_tokens"]]),
+        "ttft_s": distribution(per_request[1] if per_request else
+                               [s["prefill_s"] for s in samples if s.get("prefill_s") is not None]),
         "throughput_tok_s": throughput(samples),
         "block_efficiency": block_efficiency(samples),
         "mean_accepted_tokens": 1.0 if spec.is_reference else None,

@@ -91,8 +91,10 @@ LEGEND = {
                "the same method, draft and gamma (constant schedule). From vLLM's own counters (per-request detailed "
                "spec-decode metrics): rounds = its verification steps with drafts, plus one 1-token round per token "
                "no counted step explains (vLLM does not count steps that drafted nothing); a last step cut by the "
-               "stop emits fewer. Latency = the wall time of the batch's LLM.generate call for every row; vLLM's own "
-               "TTFT and latency per request (queueing included) are in each record's extra. Null, with a note: c, v, "
+               "stop emits fewer. A record's latency_s is the wall time of the batch's LLM.generate call (throughput and "
+               "speedup use it, as every method's batch wall); the latency_s, tpot_s and ttft_s figures of a vLLM "
+               "point are vLLM's own per request (its request metrics: arrival to first and last token, queueing "
+               "included), kept in each record's extra. Null, with a note: c, v, "
                "the prediction, the prefill split, decode speedup and draft time (vLLM runs draft and target in one "
                "scheduler step: nothing times them apart)",
     "best": "per batch size and temperature: each method's point with the highest measured speedup among status ok "

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -230,6 +230,7 @@ class Engine:
     process: VllmProcess | None = None
     failed: str | None = None
     start_s: float | None = None
+    warmed: set = field(default_factory=set)  # the points warmed up on this process's engine
 
 
 class VllmExecutor:
@@ -242,7 +243,6 @@ class VllmExecutor:
         self.log = experiment.out_dir / "vllm-worker.log"
         self.engines: dict[str, Engine] = {}  # json of the engine's arguments -> the engine
         self.failed: dict[Point, str] = {}
-        self.warmed: set[Point] = set()
         drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name)) for d in self.config.draft}
         self._drafts = drafts
         self.pairing = self._pairing()
@@ -308,7 +308,10 @@ class VllmExecutor:
             self.engines[key] = Engine(name, kwargs)
         return self.engines[key]
 
-    def start(self, point: Point) -> Engine:
+    def start(self, point: Point, sharing: int = 1) -> Engine:
+        """The point's engine, up (started here if it is not). sharing: engines still to start that must fit beside
+        it (batch pairing): on a GPU without a set budget, each takes 0.9 of the memory free / sharing (vLLM's
+        gpu_memory_utilization is a share of the whole GPU, and a resident engine's is taken)."""
         engine = self.engine_of(point)
         if engine.failed or (engine.process is not None and engine.process.alive()):
             return engine
@@ -318,8 +321,9 @@ class VllmExecutor:
             import torch
 
             free, total = torch.cuda.mem_get_info(torch.device(self.config.device))
-            kwargs["gpu_memory_utilization"] = round(max(0.05, 0.9 * free / total), 3)
+            kwargs["gpu_memory_utilization"] = round(max(0.02, 0.9 * free / total / max(1, sharing)), 3)
         engine.process = VllmProcess(self.checked["python"], self.log, engine.name)
+        engine.warmed = set()  # a new engine: its first calls are slow again
         try:
             answer = engine.process.ask({"op": "start", "engine": kwargs}, self.config.vllm.start_timeout_s)
         except VllmDead as error:
@@ -342,8 +346,10 @@ class VllmExecutor:
 
     # -- jobs -------------------------------------------------------------------------------------
     def _job(self, batch, temperature, max_new_tokens: int, seed: int) -> dict:
+        g = self.config.generation
         return {"op": "generate", "prompts": [p.token_ids for p in batch], "max_new_tokens": max_new_tokens,
-                "temperature": temperature, "seed": seed, "stop_token_ids": list(self.session.eos)}
+                "temperature": temperature, "top_k": g.top_k, "top_p": g.top_p, "seed": seed,
+                "stop_token_ids": list(self.session.eos)}
 
     def generate(self, engine: Engine, job: dict) -> dict:
         try:
@@ -376,14 +382,14 @@ class VllmExecutor:
 
     def warm_up(self, engine: Engine, point: Point, unit: Unit) -> None:
         """Each point's first batch with a short budget, untimed (vLLM warms its own kernels as it starts)."""
-        if engine.failed or point in self.warmed or not self.config.warmup:
+        if engine.failed or point in engine.warmed or not self.config.warmup:
             return
         batch = self.session.batches(unit.batch_size)[0]
         short = min(self.config.generation.max_new_tokens, 2 * max(self.config.speculative.gamma) + 2)
         for _ in range(self.config.warmup):
             if not self.generate(engine, self._job(batch, unit.temperature, short, 0)).get("ok"):
                 return
-        self.warmed.add(point)
+        engine.warmed.add(point)
 
     def run_batch(self, engine: Engine, point: Point, unit: Unit) -> list[dict] | None:
         batch = self.session.batches(unit.batch_size)[unit.batch_index]
@@ -407,14 +413,17 @@ class VllmExecutor:
                 self._by_batch(points, mine, done)
             else:
                 self._by_engine(points, mine, done)
+        # no engine stays resident while our engine's units run (the next repeat): an idle engine holds memory,
+        # and its threads would share the cores our timings use
+        self.close()
 
     def _pending(self, point: Point, units: list[Unit], done: set) -> list[Unit]:
         return [u for u in units if point.key + (u.repeat, u.batch_index) not in done]
 
     def _by_batch(self, points: list[Point], units: list[Unit], done: set) -> None:
         live = [p for p in points if p not in self.failed and not skipped_reason(p) and self._pending(p, units, done)]
-        for point in live:  # every engine up before the first batch, each in its own process
-            engine = self.start(point)
+        for index, point in enumerate(live):  # every engine up before the first batch, each in its own process
+            engine = self.start(point, sharing=len(live) - index)
             self.warm_up(engine, point, units[0])  # the first calls of an engine are slow: the probe comes after
             self.drift_probe(engine, point)
         for unit in units:

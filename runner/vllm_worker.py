@@ -12,7 +12,7 @@ Jobs and results:
         {"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}); a running engine is shut down first
         -> {"ok": true, "start_s": seconds to build the engine, "speculative": bool, "vllm": version}
   {"op": "generate", "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": null (greedy) or float,
-   "seed": int, "stop_token_ids": [...]}
+   "top_k": null or int, "top_p": null or float (with a temperature), "seed": int, "stop_token_ids": [...]}
         -> {"ok": true, "wall_s": seconds of the whole LLM.generate call, "rows": [{"output_ids", "new_tokens",
             "stop_reason": "eos"|"length", "ttft_s", "latency_s", "decode_s", "spec"}], "counters": {"num_drafts",
             "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos"} for this call, or null without speculation}
@@ -163,9 +163,12 @@ class Worker:
         if not isinstance(prompts, list) or not prompts:
             raise ValueError("prompts must be a non-empty list of token id lists")
         temperature = job.get("temperature")
+        sampling = {} if temperature is None else {"top_k": int(job.get("top_k") or 0) or -1,
+                                                   "top_p": float(job.get("top_p") or 1.0)}
         params = SamplingParams(
             max_tokens=int(job["max_new_tokens"]),
             temperature=0.0 if temperature is None else float(temperature),
+            **sampling,
             seed=job.get("seed"),
             stop_token_ids=[int(t) for t in job.get("stop_token_ids") or []],
             ignore_eos=False,

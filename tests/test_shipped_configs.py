@@ -1,6 +1,7 @@
 """Every shipped config runs from a clone: it validates, names no file outside the repository, and runs
 end to end with tiny models substituted for weights that cannot be had here."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import save_tiny_pair
+from helpers import save_tiny_pair, save_vllm_pair
 from utils.config import load_config
 from utils.data import resolve_path
 
@@ -37,6 +38,13 @@ def test_config_runs_with_tiny_models(path, tmp_path_factory, tmp_path):
     config, raw = load_config(path)
     overrides = {"device": "cpu", "dataset.num_samples": 2, "generation.max_new_tokens": 4, "warmup": 0, "repeats": 1,
                  "dataset.chat_template": False, "dataset.max_prompt_tokens": 24}
+    vllm_methods = [m for m in config.methods if m.startswith("vllm_")]
+    if vllm_methods and os.environ.get("SPECULATE_VLLM_PYTHON"):  # vLLM's CPU build takes heads of 64, not 16
+        target, draft = save_vllm_pair(tmp_path_factory.mktemp("vllm-pair"))
+        overrides.update({"vllm.python": os.environ["SPECULATE_VLLM_PYTHON"], "vllm.enforce_eager": True,
+                          "vllm.kv_cache_memory_bytes": 64 * 2**20})
+    elif vllm_methods:  # no vLLM here: the rest of the config still runs (tests/vllm runs vLLM where it is)
+        overrides["methods"] = [m for m in config.methods if m not in vllm_methods]
     for role, folder in (("target", target), ("draft", draft)):
         overrides[role] = {"model": str(folder), "dtype": "float32"}
     if config.dataset.path in HUB_DATASETS:

@@ -17,7 +17,8 @@ def _two_engines(prompts=8):
         samples += [record("baseline", i, i, tokens=4, latency=2.0, output=ours),
                     record("speculative", i, i, tokens=4, latency=1.0, output=ours, rounds=ROUND),
                     record("vllm_generate", i, i, tokens=4, latency=0.5, prefill=None, output=theirs),
-                    record("vllm_draft", i, i, tokens=4, latency=0.4, prefill=None, output=theirs, rounds=ROUND)]
+                    record("vllm_draft", i, i, tokens=4, latency=0.4, prefill=None, output=theirs, rounds=ROUND,
+                           extra={"engine": "vllm", "vllm_ttft_s": 0.1, "vllm_latency_s": 0.3})]
     return samples
 
 
@@ -29,6 +30,9 @@ def test_a_vllm_point_pairs_with_vllm_generate_and_borrows_no_costs():
     assert mine["acceptance_rate"] == 1.0 and mine["mean_accepted_tokens"] == 3.0
     assert mine["draft_cost_ratio_c"] is None and mine["predicted_speedup"] is None  # p1's c is our engine's
     assert mine["decode_speedup"] is None and mine["draft_time_share"] is None
+    # latency and TTFT are vLLM's per request; throughput stays on the batch's generate wall (0.4 s)
+    assert mine["ttft_s"]["mean"] == 0.1 and mine["latency_s"]["p50"] == 0.3 and mine["tpot_s"]["mean"] == 0.3 / 4
+    assert abs(mine["throughput_tok_s"] - 32 / 3.2) < 1e-12
     assert run(summary, "speculative")["metrics"]["draft_cost_ratio_c"] == 0.3
     assert abs(run(summary, "speculative")["metrics"]["speedup"] - 2.0) < 1e-12
     assert not [f for f in run(summary, "vllm_draft")["flags"] if f["code"] == "possible_bug"]

@@ -172,3 +172,21 @@ def test_engine_pairing_interrupted_then_resumed(root):
     for method in ("vllm_generate", "vllm_draft"):
         assert _run(summary, method)["status"] == "ok"
     assert _run(summary, "vllm_draft")["metrics"]["exact_match"] == 1.0
+
+
+def test_an_architecture_vllm_does_not_serve_is_one_line(root, tmp_path):
+    import shutil
+
+    from helpers import assert_one_clean_line, run_launch
+
+    odd = tmp_path / "odd"
+    shutil.copytree(root / "target", odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
+    path = _config(root, "engine", ["vllm_generate"])
+    raw = yaml.safe_load(path.read_text())
+    raw["target"]["model"] = str(odd)
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = run_launch(["--config", path, "--output-dir", tmp_path / "out"], timeout=600)
+    assert_one_clean_line(result, "target.model: vLLM cannot serve it: NoSuchModelForCausalLM")
