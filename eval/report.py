@@ -129,6 +129,13 @@ def markdown(summary: dict, title: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def reference_name(summary: dict) -> str:
+    """What the speedups of a plot are against: the baseline, or each engine's own reference where vLLM ran."""
+    if any(REGISTRY[r["method"]].engine != "ours" for r in summary["runs"] if r["method"] in REGISTRY):
+        return "each engine's reference (baseline; vllm_generate for vllm_*)"
+    return "baseline"
+
+
 def _fmt(value, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -137,27 +144,44 @@ def _with_ci(value, interval) -> str:
     return _fmt(value) + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if value is not None and interval else "")
 
 
+def _engine_cell(value, interval, status: str, prompts: int, flags: list[str]) -> str:
+    """A speedup in the engine tables, marked as the main table marks it: (n=k) without an interval, ! flagged."""
+    text = _fmt(value)
+    if value is not None and interval:
+        text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+    elif value is not None and "few_samples" in flags:
+        text += f" (n={prompts})"
+    if status == "partial":
+        text += " partial"
+    return text + (" !" if flags and value is not None else "")
+
+
 def engine_lines(engines: list[dict]) -> list[str]:
     """The engine comparison: vLLM's reference against ours, and each vLLM point beside ours."""
     if not engines:
         return []
-    lines = ["", "Engines (the same prompts; each engine's speedups are against its own reference):", "",
+    lines = ["", "Engines (the same prompts, not back to back: in each repeat our points ran, then vLLM's; each "
+             "engine's speedups are against its own reference):", "",
              "| comparison | vLLM reference tok/s | ours tok/s | vLLM / ours tok/s [95% CI] | greedy tokens equal |",
              "|---|---|---|---|---|"]
     for row in engines:
         ref = row["reference"]
         comparison = f"batch={row['batch_size']} " + ("greedy" if row["temperature"] is None else f"T={row['temperature']}")
-        lines.append(f"| {comparison} | {_fmt(ref['vllm_tok_s'])} | {_fmt(ref['ours_tok_s'])} | "
-                     f"{_with_ci(ref['tok_s_ratio'], ref['tok_s_ratio_ci95'])} | "
+        ratio_text = _engine_cell(ref["tok_s_ratio"], ref["tok_s_ratio_ci95"], "ok", ref["prompt_batches"],
+                                  ref["flags"] + ([] if ref["tok_s_ratio_ci95"] else ["few_samples"]))
+        lines.append(f"| {comparison} | {_fmt(ref['vllm_tok_s'])} | {_fmt(ref['ours_tok_s'])} | {ratio_text} | "
                      f"{_fmt(ref.get('exact_match'), '{:.3f}')} |")
     points = [p for row in engines for p in row["points"]]
     if points:
         lines += ["", "| vLLM point | speedup [95% CI] | accept | MAT | our point | speedup [95% CI] | accept | MAT |",
                   "|---|---|---|---|---|---|---|---|"]
         for p in points:
-            lines.append(f"| {md_cell(p['vllm'])} | {_with_ci(p['vllm_speedup'], p['vllm_speedup_ci95'])} | "
-                         f"{_fmt(p['vllm_acceptance_rate'], '{:.3f}')} | {_fmt(p['vllm_mean_accepted_tokens'], '{:.2f}')} | "
-                         f"{md_cell(p['ours'])} | {_with_ci(p['ours_speedup'], p['ours_speedup_ci95'])} | "
+            mine = _engine_cell(p["vllm_speedup"], p["vllm_speedup_ci95"], p["vllm_status"], p["vllm_prompt_batches"],
+                                p["vllm_flags"])
+            other = _engine_cell(p["ours_speedup"], p["ours_speedup_ci95"], p["ours_status"], p["ours_prompt_batches"],
+                                 p["ours_flags"])
+            lines.append(f"| {md_cell(p['vllm'])} | {mine} | {_fmt(p['vllm_acceptance_rate'], '{:.3f}')} | "
+                         f"{_fmt(p['vllm_mean_accepted_tokens'], '{:.2f}')} | {md_cell(p['ours'])} | {other} | "
                          f"{_fmt(p['ours_acceptance_rate'], '{:.3f}')} | {_fmt(p['ours_mean_accepted_tokens'], '{:.2f}')} |")
     return lines
 
@@ -223,7 +247,7 @@ def plots(summary: dict, out_dir: Path) -> list[str]:
     fixed = [r for r in measured if r.get("gamma") is None and not REGISTRY[r["method"]].is_reference
              and r["metrics"].get("speedup") is not None]
     written = []
-    for metric, label in [("speedup", "speedup vs baseline (95% CI)"), ("acceptance_rate", "acceptance rate"),
+    for metric, label in [("speedup", f"speedup vs {reference_name(summary)} (95% CI)"), ("acceptance_rate", "acceptance rate"),
                           ("block_efficiency", "block efficiency (tokens / target forward)")]:
         figure, axes = plt.subplots(figsize=(6, 4))
         lines: dict[str, list[dict]] = {}
@@ -284,7 +308,7 @@ def _bars(runs: list[dict], out_dir: Path, plt, name: str, title: str) -> str:
         axes.set_yticks(ys, [r["label"] + (" (partial)" if r["status"] == "partial" else "") + (" !" if r.get("flags") else "")
                              for r in runs], fontsize=7)
     axes.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    axes.set_xlabel("speedup vs baseline")
+    axes.set_xlabel(f"speedup vs {reference_name({'runs': runs})}")
     axes.set_title(title, fontsize=9)
     axes.grid(axis="x", alpha=0.3)
     return _save(figure, out_dir, name, plt)
@@ -313,7 +337,7 @@ def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
                               xytext=(4, 2), fontsize=7)
     axes.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=30, ha="right", fontsize=8)
     axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    axes.set_ylabel("speedup vs baseline (95% CI)")
+    axes.set_ylabel(f"speedup vs {reference_name(summary)} (95% CI)")
     axes.set_title(f"speedup per {summary.get('group_by') or 'group'}", fontsize=9)
     if labels:
         axes.legend(fontsize=6)

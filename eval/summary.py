@@ -14,7 +14,7 @@ from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, ru
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
 from eval.records import AXES, EARLIER_PROCESS, OLD_COST_KEYS, CostProbe, Point, per_process
-from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio_of_totals, strict
+from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
 from eval.totals import cross_process_pairs, paired_clusters, processes_of, throughput, units
 
 
@@ -187,7 +187,7 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
         summary["engines"] = engines
     for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "vllm", "status", "group_by",
                 "ci_target"):
-        if key in progress:
+        if progress.get(key) is not None and progress.get(key) != {}:
             summary[key] = progress[key]
     replaced: list[str] = []
     summary = strict(summary, replaced=replaced)
@@ -210,12 +210,17 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
             continue
         clusters = paired_clusters(theirs, ours)
         vllm_ref = next(p for p in by_point if by_point[p] is theirs)
+        ours_ref = next(p for p in by_point if by_point[p] is ours)
+        flags = sorted({f["code"] for p in (vllm_ref, ours_ref) for f in (overall.get(p.label) or {}).get("flags", [])})
         row = {"batch_size": comparison[0], "temperature": comparison[1],
-               "reference": {"vllm": vllm_ref.label, "ours": reference_method("ours"),
-                             "vllm_tok_s": throughput(theirs), "ours_tok_s": throughput(ours),
+               "reference": {"vllm": vllm_ref.label, "ours": ours_ref.label,
+                             # both over the batches both measured, as the ratio
+                             "vllm_tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
+                             "ours_tok_s": ratio(sum(c[2] for c in clusters), sum(c[3] for c in clusters)),
                              "tok_s_ratio": ratio_of_totals(clusters) if clusters else None,
                              "tok_s_ratio_ci95": bootstrap_ci(clusters) if clusters else None,
-                             "prompts": len(clusters)},
+                             "prompt_batches": len(clusters),
+                             "flags": flags},
                "points": []}
         if comparison[1] is None:
             match = exact_match(theirs, ours)
@@ -233,7 +238,12 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
             keys = ("speedup", "speedup_ci95", "acceptance_rate", "mean_accepted_tokens", "throughput_tok_s")
             row["points"].append({"vllm": point.label, "ours": twin.label,
                                   **{f"vllm_{k}": mine["metrics"].get(k) for k in keys},
-                                  **{f"ours_{k}": other["metrics"].get(k) for k in keys}})
+                                  **{f"ours_{k}": other["metrics"].get(k) for k in keys},
+                                  "vllm_prompt_batches": mine["batches"]["prompts"],
+                                  "ours_prompt_batches": other["batches"]["prompts"],
+                                  "vllm_status": mine["status"], "ours_status": other["status"],
+                                  "vllm_flags": sorted({f["code"] for f in mine["flags"]}),
+                                  "ours_flags": sorted({f["code"] for f in other["flags"]})})
         rows.append(row)
     return rows
 

@@ -39,6 +39,7 @@ GENERATE_TIMEOUT_S = 3600.0
 # fit in the memory free for `pairing: auto` to keep them resident together
 RESIDENT_HEADROOM = 1.5
 CPU_KV_BYTES = 256 * 2**20  # runner/vllm_worker.py's default KV cache on a CPU
+ENGINE_OVERHEAD_BYTES = 2 * 2**30  # a worker, its front end and engine-core processes (Python, torch, vLLM)
 
 
 class VllmDead(RuntimeError):
@@ -59,16 +60,18 @@ class VllmProcess:
     """One worker process: JSON jobs in, one JSON line out per job. Its own session (process group), so a Ctrl-C at
     the terminal reaches this process only, and close() takes the worker and every engine process it spawned down."""
 
-    def __init__(self, python: str, log: Path, name: str):
+    def __init__(self, python: str, log: Path, name: str, env: dict | None = None):
         self.name, self.log_path = name, log
+        self.busy = False  # a job is in flight: the worker reads stdin only between jobs
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log, "a")
         self._log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} worker for {name}\n")
         self._log.flush()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         try:
             self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._log, env=env, cwd=WORKER.parent.parent, start_new_session=True)
+                                         stderr=self._log, env=env, cwd=WORKER.parent.parent, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         except OSError as error:
             self._log.close()
             raise UserError(f"vllm.python: {python} cannot run ({error.strerror}); give the interpreter of an "
@@ -84,6 +87,7 @@ class VllmProcess:
         except (BrokenPipeError, OSError):
             raise VllmDead(f"the vLLM worker exited; its log: {self.log_path}") from None
         deadline = time.monotonic() + timeout
+        self.busy = True
         with selectors.DefaultSelector() as selector:
             selector.register(self.proc.stdout, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
@@ -104,16 +108,28 @@ class VllmProcess:
             code = self.proc.wait(timeout=30)
             raise VllmDead(f"the vLLM worker exited (code {code}) during {job.get('op')}; its log: {self.log_path}")
         line, self._buffer = self._buffer.split(b"\n", 1)
+        self.busy = False
         return json.loads(line)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def close(self, force: bool = False) -> None:
-        """Stop the engine and the worker: a stop job (a clean shutdown), else SIGTERM (the worker shuts its engine
-        down), else SIGKILL of the whole process group (the engine processes vLLM spawned included)."""
+        """Stop the engine and the worker: a stop job (a clean shutdown; not while a job is in flight, which the
+        worker would finish first), else SIGTERM (the worker shuts its engine down), else SIGKILL of the whole process
+        group (the engine processes vLLM spawned included). Ctrl-C and SIGTERM are held off meanwhile: a second one
+        must not leave an engine behind."""
+        if self.proc.stdin.closed:  # closed before: its process group may be gone, and its pid reused
+            return
+        held = _hold_signals()
         try:
-            if self.alive() and not force:
+            self._close(force)
+        finally:
+            _release_signals(held)
+
+    def _close(self, force: bool) -> None:
+        try:
+            if self.alive() and not force and not self.busy:
                 try:
                     self.proc.stdin.write(b'{"op": "stop"}\n')
                     self.proc.stdin.flush()
@@ -139,6 +155,30 @@ class VllmProcess:
                 except OSError:
                     pass
             self._log.close()
+
+
+def _die_with_parent() -> None:
+    """In the worker, before it runs: SIGTERM when this process dies (even by SIGKILL), so a worker never outlives
+    the run that started it (Linux; elsewhere the worker ends at stdin EOF after its job)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _hold_signals() -> dict:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _release_signals(held: dict) -> None:
+    for sig, handler in held.items():
+        signal.signal(sig, handler)
 
 
 def uses_vllm(config) -> bool:
@@ -198,12 +238,21 @@ def check_vllm(config, log: Path) -> dict:
     return {"python": python, "vllm": answer["vllm"], "models": dirs}
 
 
-def folder_bytes(path: str) -> int | None:
-    """Weights on disk of a local folder (safetensors / bin files); None for a hub id."""
+def resident_bytes(path: str, dtype: str) -> int | None:
+    """The weights a model holds in memory at dtype: its folder's safetensors (else .bin) files, scaled from the
+    checkpoint's dtype (config.json torch_dtype) to the run's; None for a hub id."""
     folder = Path(path)
     if not folder.is_dir():
         return None
-    return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+    files = [f for f in folder.iterdir() if f.suffix == ".safetensors"] or \
+        [f for f in folder.iterdir() if f.suffix in (".bin", ".pt")]  # both kinds: the same weights twice
+    size = sum(f.stat().st_size for f in files)
+    width = {"float32": 4, "float16": 2, "bfloat16": 2}
+    try:
+        stored = json.loads((folder / "config.json").read_text()).get("torch_dtype") or "float32"
+    except (OSError, ValueError):
+        stored = "float32"
+    return int(size * width.get(dtype, 4) / width.get(str(stored), 4))
 
 
 def free_memory(device: str) -> int | None:
@@ -243,6 +292,7 @@ class VllmExecutor:
         self.log = experiment.out_dir / "vllm-worker.log"
         self.engines: dict[str, Engine] = {}  # json of the engine's arguments -> the engine
         self.failed: dict[Point, str] = {}
+        self._reported: set[str] = set()  # failed points whose failure went to a unit result
         drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name)) for d in self.config.draft}
         self._drafts = drafts
         self.pairing = self._pairing()
@@ -253,7 +303,8 @@ class VllmExecutor:
         config, v = self.config, self.config.vllm
         prompts = self.session.prompt_set.prompts
         longest = max(len(p.token_ids) for p in prompts)
-        kwargs = {"model": self.checked["models"]["target"], "dtype": v.dtype or config.target.dtype,
+        kwargs = {"model": self.checked["models"]["target"], "dtype": self.dtype(),
+                  "enable_prefix_caching": False,  # every prompt prefilled every time, as our engine does
                   "tensor_parallel_size": v.tensor_parallel_size, "seed": config.seed % 2**31,
                   "max_model_len": v.max_model_len or longest + config.generation.max_new_tokens + 16,
                   "skip_tokenizer_init": False}
@@ -273,29 +324,36 @@ class VllmExecutor:
         kwargs.update(v.engine_args)
         return kwargs
 
+    def dtype(self) -> str:
+        """vllm.dtype, else the dtype our engine runs the target in (auto resolved as ours is: float32 on a CPU), so
+        the engines compare at one precision."""
+        if self.config.vllm.dtype and self.config.vllm.dtype != "auto":
+            return self.config.vllm.dtype
+        from utils.models import resolve_dtype
+
+        import torch
+
+        return str(resolve_dtype(self.config.target.dtype, torch.device(self.config.device))).removeprefix("torch.")
+
     def _pairing(self) -> str:
         v = self.config.vllm
         if v.pairing != "auto":
             return v.pairing
         models = self.checked["models"]
-        sizes = {role: folder_bytes(path) for role, path in models.items()}
+        sizes = {role: resident_bytes(path, self.dtype()) for role, path in models.items()}
         if any(size is None for size in sizes.values()):
             return "engine"  # a hub id: its size is not known before it downloads
-        engines = 0
-        for method in self.config.methods:
-            spec = REGISTRY[method]
-            if spec.engine != "vllm":
-                continue
-            count = 1
-            for axis, values in [("gamma", self.config.speculative.gamma)]:
-                if axis in spec.axes:
-                    count *= len(values)
-            drafts = [d.name for d in self.config.draft if d.kind in spec.draft_kinds] if spec.needs_draft else []
-            engines += count * max(1, len(drafts))
-        need = RESIDENT_HEADROOM * (engines * sizes["target"] + sum(s for r, s in sizes.items() if r != "target")
-                                    * len(self.config.speculative.gamma))
+        engines: dict[str, int] = {}  # distinct engines of a comparison -> the bytes they hold
+        for point in points_of(self.config, self.config.batch_size[0], self.config.generation.temperatures()[0],
+                               engine="vllm"):
+            kwargs = self.engine_kwargs(point)
+            drafted = (kwargs.get("speculative_config") or {}).get("model")
+            draft = next((sizes[r] for r, path in models.items() if r != "target" and path == drafted), 0)
+            engines[json.dumps(kwargs, sort_keys=True, default=str)] = sizes["target"] + draft
+        need = RESIDENT_HEADROOM * sum(engines.values()) + len(engines) * ENGINE_OVERHEAD_BYTES
         if not self.config.device.startswith("cuda"):
-            need += engines * (v.kv_cache_memory_bytes or CPU_KV_BYTES)
+            kv = v.kv_cache_memory_bytes or int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 0)) * 2**30) or CPU_KV_BYTES
+            need += len(engines) * kv
         free = free_memory(self.config.device)
         return "batch" if free is not None and need <= free else "engine"
 
@@ -322,7 +380,7 @@ class VllmExecutor:
 
             free, total = torch.cuda.mem_get_info(torch.device(self.config.device))
             kwargs["gpu_memory_utilization"] = round(max(0.02, 0.9 * free / total / max(1, sharing)), 3)
-        engine.process = VllmProcess(self.checked["python"], self.log, engine.name)
+        engine.process = VllmProcess(self.checked["python"], self.log, engine.name, self.worker_env())
         engine.warmed = set()  # a new engine: its first calls are slow again
         try:
             answer = engine.process.ask({"op": "start", "engine": kwargs}, self.config.vllm.start_timeout_s)
@@ -335,14 +393,37 @@ class VllmExecutor:
             engine.start_s = answer.get("start_s")
         return engine
 
+    def worker_env(self) -> dict:
+        """The devices vLLM may use: the run's GPU (cuda:N -> CUDA_VISIBLE_DEVICES=N, and N more for tensor
+        parallelism), none on a CPU run; on a CPU, its compute threads on every core as ours (the CPU build keeps one
+        core for its front end by default: on 2 cores it would compute on 1 while we compute on 2)."""
+        env = {}
+        device = self.config.device
+        if device.startswith("cuda"):
+            first = int(device.split(":")[1]) if ":" in device else 0
+            if "CUDA_VISIBLE_DEVICES" not in os.environ:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(self.config.vllm.tensor_parallel_size))
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
+        return env
+
     def stop(self, engine: Engine) -> None:
         if engine.process is not None:
-            engine.process.close()
-            engine.process = None
+            process, engine.process = engine.process, None
+            process.close()
 
     def close(self) -> None:
-        for engine in self.engines.values():
-            self.stop(engine)
+        """Every engine down, whatever fails or interrupts one of them."""
+        held = _hold_signals()
+        try:
+            for engine in self.engines.values():
+                try:
+                    self.stop(engine)
+                except Exception:  # noqa: BLE001 - the others must still be stopped
+                    pass
+        finally:
+            _release_signals(held)
 
     # -- jobs -------------------------------------------------------------------------------------
     def _job(self, batch, temperature, max_new_tokens: int, seed: int) -> dict:
@@ -352,14 +433,15 @@ class VllmExecutor:
                 "stop_token_ids": list(self.session.eos)}
 
     def generate(self, engine: Engine, job: dict) -> dict:
+        """One job; a dead worker or engine fails the engine (every point on it), a job's own error only the caller's
+        point."""
         try:
             answer = engine.process.ask(job, GENERATE_TIMEOUT_S)
         except VllmDead as error:
             answer = {"ok": False, "error": str(error)}
-        if not answer.get("ok"):
+        if not answer.get("ok") and (engine.process is None or not engine.process.alive()):
             engine.failed = f"vLLM: {answer.get('error')}"
-            if not engine.process.alive():
-                self.stop(engine)
+            self.stop(engine)
         return answer
 
     def drift_probe(self, engine: Engine, point: Point) -> None:
@@ -372,6 +454,8 @@ class VllmExecutor:
         for _ in range(4):  # the median of three after a discarded one, as our engine's probe
             answer = self.generate(engine, self._job(first, None, 1, 0))
             if not answer.get("ok"):
+                self.experiment.progress.notes.append(f"vLLM engine {engine.name}: its drift probe failed "
+                                                      f"({answer.get('error')}); no reading")
                 return
             walls.append(answer["wall_s"])
         if walls:
@@ -387,17 +471,28 @@ class VllmExecutor:
         batch = self.session.batches(unit.batch_size)[0]
         short = min(self.config.generation.max_new_tokens, 2 * max(self.config.speculative.gamma) + 2)
         for _ in range(self.config.warmup):
-            if not self.generate(engine, self._job(batch, unit.temperature, short, 0)).get("ok"):
+            answer = self.generate(engine, self._job(batch, unit.temperature, short, 0))
+            if not answer.get("ok"):
+                self.failed.setdefault(point, f"vLLM, in the warmup: {answer.get('error')}")
                 return
         engine.warmed.add(point)
 
-    def run_batch(self, engine: Engine, point: Point, unit: Unit) -> list[dict] | None:
+    def run_batch(self, engine: Engine, point: Point, unit: Unit) -> list[dict] | str:
+        """The point's records of one batch, or why there are none."""
         batch = self.session.batches(unit.batch_size)[unit.batch_index]
         seed = (self.config.seed * 1_000_003 + unit.batch_index * 101 + unit.repeat) % 2**63
         answer = self.generate(engine, self._job(batch, unit.temperature, self.config.generation.max_new_tokens, seed))
         if not answer.get("ok"):
-            return None
-        return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset)
+            return f"vLLM: {answer.get('error')}"
+        rows = answer.get("rows") or []
+        odd = [r.get("finish_reason") for r in rows if r.get("stop_reason") not in ("eos", "length")]
+        if len(rows) != len(batch) or odd:
+            return (f"vLLM answered {len(rows)} rows for a batch of {len(batch)}" if len(rows) != len(batch) else
+                    f"vLLM ended a row with finish_reason {odd[0]!r} (not a stop or the length)")
+        try:
+            return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset)
+        except (KeyError, TypeError, ValueError) as error:
+            return f"vLLM's answer could not be read ({type(error).__name__}: {error})"
 
     # -- the units ----------------------------------------------------------------------------------
     def execute(self, units: list[Unit], done: set) -> None:
@@ -466,13 +561,15 @@ class VllmExecutor:
     def _run(self, point: Point, unit: Unit, result) -> None:
         from runner.session import failure
 
-        engine = self.engine_of(point)
-        if skipped_reason(point) or point in self.failed:
+        if skipped_reason(point) or point.label in self._reported:  # a failure is said once
             return
-        rows = None if engine.failed else self.run_batch(engine, point, unit)
-        if rows is None:
-            self.failed[point] = engine.failed or "vLLM engine failed"
-            result.failures.append(failure(point, "failed", self.failed[point]))
+        engine = self.engine_of(point)
+        rows = engine.failed or self.failed.get(point) or self.run_batch(engine, point, unit)
+        if isinstance(rows, str):
+            self.failed[point] = rows
+            self._reported.add(point.label)
+            result.failures.append(failure(point, "failed", rows))
+            rows = None
         else:
             result.rows.extend(rows)
             wall = rows[0]["latency_s"] if rows else 0.0
@@ -490,8 +587,12 @@ class VllmExecutor:
                    "to repeat (a Williams design); a vllm_* point and vllm_generate ran the same prompts minutes "
                    "apart, not back to back, and each engine's drift probe (the first prompt, 1 new token) ran at "
                    "its start and end"))
-        progress.vllm = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
-                         "order": what}
+        entry = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
+                 "order": what, "cpu_reserved_cores": None if self.config.device.startswith("cuda") else
+                 int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
+        processes = dict(progress.vllm.get("processes") or {})  # a resumed run may pair otherwise: each says its own
+        processes[PROCESS] = entry
+        progress.vllm = {**entry, "processes": processes}
 
 
 def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str) -> list[dict]:
@@ -500,11 +601,8 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
     rows = []
     spec = REGISTRY[point.method]
     for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
-        rounds = rounds_of(row.get("spec"), row["new_tokens"]) if spec.has_rounds else None
-        if spec.is_reference:
-            forwards = row["new_tokens"]
-        else:
-            forwards = None if rounds is None else 1 + len(rounds)
+        rounds = rounds_of(row.get("spec"), row["new_tokens"], row.get("steps")) if spec.has_rounds else None
+        forwards = len(row["steps"]) if row.get("steps") else None  # one target forward per engine step
         extra = {"engine": "vllm", "vllm_ttft_s": row.get("ttft_s"), "vllm_latency_s": row.get("latency_s")}
         if index == 0 and answer.get("counters") is not None:
             extra["vllm_batch_counters"] = answer["counters"]
@@ -520,25 +618,30 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
     return rows
 
 
-def rounds_of(spec: dict | None, new_tokens: int) -> list[dict] | None:
-    """Our rounds from vLLM's detailed per-request counters: one round per verification step that had drafts
-    ({drafted, accepted, emitted = accepted + 1}); vLLM does not count steps without drafts (an n-gram without a
-    match), so the tokens the counted rounds leave unexplained (after the prefill's first token) are rounds that
-    drafted nothing, one token each; where the counted rounds explain more tokens than the row has, the last round
-    was cut by the stop (an eos, or max_new_tokens) and emitted fewer (its accepted count stays the verifier's, as our
-    engine records a round cut at an eos). None without the counters."""
-    if not spec or "per_step_accepted" not in spec and spec.get("num_spec_steps"):
+def rounds_of(spec: dict | None, new_tokens: int, steps: list[int] | None) -> list[dict] | None:
+    """Our rounds from vLLM's detailed per-request counters and the tokens each engine step gave the row.
+
+    steps[0] is the prefill's step (one token); every later step is one target forward: a verification step that
+    had drafts (vLLM's per_step_drafted/per_step_accepted, in order) or a plain step that drafted nothing (an n-gram
+    miss; vLLM does not count those), which gives one token. So the rounds are the counted steps ({drafted,
+    accepted, emitted = accepted + 1}) plus len(steps) - 1 - counted plain rounds of one token each; where the
+    rounds explain more tokens than the row has, the stop (an eos, max_new_tokens) cut the last step, which is the
+    last counted one (a plain step cannot be cut) and emitted what steps[-1] says (its accepted count stays the
+    verifier's, as our engine records a round cut at an eos). None where the counters are missing, or disagree with
+    the steps (then the note says so and no round figure is made up)."""
+    if not spec or not steps or ("per_step_accepted" not in spec and spec.get("num_spec_steps")):
         return None
-    accepted = list(spec.get("per_step_accepted") or [])
-    drafted = list(spec.get("per_step_drafted") or [])
-    rounds = [{"drafted": int(d), "accepted": int(a), "emitted": int(a) + 1} for a, d in zip(accepted, drafted)]
-    left = new_tokens - 1 - sum(r["emitted"] for r in rounds)
-    if left > 0:
-        rounds += [{"drafted": 0, "accepted": 0, "emitted": 1} for _ in range(left)]
-    while left < 0 and rounds:  # the last round(s) ran past the stop
-        cut = min(-left, rounds[-1]["emitted"])
-        rounds[-1]["emitted"] -= cut  # accepted stays what vLLM's verifier accepted, as our engine records it
-        left += cut
-        if rounds[-1]["emitted"] == 0:
-            rounds.pop()
-    return rounds
+    accepted = [int(a) for a in spec.get("per_step_accepted") or []]
+    drafted = [int(d) for d in spec.get("per_step_drafted") or []]
+    plain = len(steps) - 1 - len(accepted)
+    if len(accepted) != len(drafted) or plain < 0 or sum(steps) != new_tokens:
+        return None
+    rounds = [{"drafted": d, "accepted": a, "emitted": a + 1} for a, d in zip(accepted, drafted)]
+    cut = 1 + sum(r["emitted"] for r in rounds) + plain - new_tokens
+    if cut < 0:
+        return None
+    if cut:
+        if not rounds or rounds[-1]["emitted"] - cut != steps[-1]:
+            return None
+        rounds[-1]["emitted"] -= cut
+    return rounds + [{"drafted": 0, "accepted": 0, "emitted": 1} for _ in range(plain)]

@@ -13,8 +13,9 @@ Jobs and results:
         -> {"ok": true, "start_s": seconds to build the engine, "speculative": bool, "vllm": version}
   {"op": "generate", "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": null (greedy) or float,
    "top_k": null or int, "top_p": null or float (with a temperature), "seed": int, "stop_token_ids": [...]}
-        -> {"ok": true, "wall_s": seconds of the whole LLM.generate call, "rows": [{"output_ids", "new_tokens",
-            "stop_reason": "eos"|"length", "ttft_s", "latency_s", "decode_s", "spec"}], "counters": {"num_drafts",
+        -> {"ok": true, "wall_s": seconds from the first request's submission to the last one's end, "rows":
+            [{"output_ids", "new_tokens", "steps": tokens per engine step, "stop_reason": "eos"|"length", "ttft_s",
+            "latency_s", "decode_s", "spec"}], "counters": {"num_drafts",
             "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos"} for this call, or null without speculation}
   {"op": "check", "models": {role: folder or hub id}, "packages": [module names]}
         -> {"ok": true, "vllm": version, "unsupported": {role: "<architectures> (not in vLLM's model registry)"},
@@ -77,12 +78,13 @@ def counter_delta(before: dict, after: dict) -> dict:
     return delta
 
 
-def row_of(output) -> dict:
-    """One request's answer. output_ids end with the EOS or stop token when one ended the row (vLLM keeps it);
-    stop_reason "eos" covers both (finish_reason "stop"), "length" is max_new_tokens or max_model_len."""
+def row_of(output, ids: list[int], steps: list[int]) -> dict:
+    """One request's answer. output: its final (delta) RequestOutput; ids: every token it generated, in order (they
+    end with the EOS or stop token when one ended the row: vLLM keeps it); steps: the tokens each engine step gave
+    it (a step is one target forward: the prefill's, then one per decode or verification step). stop_reason "eos"
+    covers eos and stop tokens (finish_reason "stop"), "length" is max_new_tokens or max_model_len."""
     completion = output.outputs[0]
-    ids = [int(t) for t in completion.token_ids]
-    row = {"output_ids": ids, "new_tokens": len(ids),
+    row = {"output_ids": ids, "new_tokens": len(ids), "steps": steps,
            "stop_reason": {"stop": "eos", "length": "length"}.get(completion.finish_reason, completion.finish_reason),
            "finish_reason": completion.finish_reason, "ttft_s": None, "latency_s": None, "decode_s": None,
            "spec": None}
@@ -92,7 +94,7 @@ def row_of(output) -> dict:
         # first/last_token_ts: the engine core's monotonic clock
         decode = max(0.0, stats.last_token_ts - stats.first_token_ts)
         row.update(ttft_s=stats.first_token_latency, decode_s=decode, latency_s=stats.first_token_latency + decode)
-    spec = getattr(completion, "spec_decode_metrics", None)  # with per_request_spec_decode_metrics="summary"
+    spec = getattr(completion, "spec_decode_metrics", None)  # with per_request_spec_decode_metrics set
     if spec is not None:
         row["spec"] = spec.to_dict()
     return row
@@ -102,6 +104,7 @@ class Worker:
     def __init__(self):
         self.llm = None
         self.speculative = False
+        self.batches = 0
 
     def shutdown(self):
         llm, self.llm = self.llm, None
@@ -118,6 +121,9 @@ class Worker:
         if "model" not in kwargs:
             raise ValueError("engine.model is required")
         kwargs.setdefault("disable_log_stats", False)  # get_metrics() and RequestOutput.metrics need it
+        # a benchmark's prompts must be prefilled every time (our engine does): a cached prefix would skip the prefill
+        # of a prompt the warmup or another point ran, and it makes vLLM count a phantom draft step
+        kwargs.setdefault("enable_prefix_caching", False)
         if not ("kv_cache_memory_bytes" in kwargs or "gpu_memory_utilization" in kwargs
                 or os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
             kwargs["kv_cache_memory_bytes"] = DEFAULT_KV_CACHE_BYTES
@@ -174,13 +180,45 @@ class Worker:
             ignore_eos=False,
             detokenize=False,
         )
-        requests = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompts]
+        # LLM.generate would return final outputs only: the requests go to the engine here and it is stepped until
+        # they finish, with delta outputs, so that the tokens each step gave each request are known (a step is one
+        # target forward; vLLM's spec-decode counters do not count steps that drafted nothing)
+        from vllm.sampling_params import RequestOutputKind
+
+        params.output_kind = RequestOutputKind.DELTA
+        engine = self.llm.llm_engine
+        self.batches += 1
+        order = [f"speculate-{self.batches}-{i}" for i in range(len(prompts))]
+        got = {rid: {"ids": [], "steps": [], "final": None} for rid in order}
         before = spec_counters(self.llm.get_metrics()) if self.speculative else None
         began = time.perf_counter()
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        try:
+            for rid, ids in zip(order, prompts):
+                engine.add_request(rid, {"prompt_token_ids": [int(t) for t in ids]}, params.clone())
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    entry = got.get(output.request_id)
+                    if entry is None:
+                        continue
+                    new = [int(t) for t in output.outputs[0].token_ids]
+                    if new:
+                        entry["ids"] += new
+                        entry["steps"].append(len(new))
+                    if output.finished:
+                        entry["final"] = output
+        except BaseException:
+            try:
+                engine.abort_request([rid for rid in order if got[rid]["final"] is None])
+            except Exception:  # noqa: BLE001 - the engine may be dead; the error that matters is raised below
+                pass
+            raise
         wall = time.perf_counter() - began
+        missing = [rid for rid in order if got[rid]["final"] is None]
+        if missing:
+            raise RuntimeError(f"{len(missing)} request(s) did not finish")
         counters = counter_delta(before, spec_counters(self.llm.get_metrics())) if self.speculative else None
-        return {"ok": True, "wall_s": wall, "rows": [row_of(output) for output in outputs], "counters": counters}
+        rows = [row_of(got[rid]["final"], got[rid]["ids"], got[rid]["steps"]) for rid in order]
+        return {"ok": True, "wall_s": wall, "rows": rows, "counters": counters}
 
     def engine_dead(self) -> bool:
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)

@@ -183,6 +183,20 @@ class VllmConfig(Strict):
     engine_args: dict[str, Any] = Field({}, description="more keyword arguments of vllm.LLM, passed as they are")
     start_timeout_s: float = Field(900, gt=0, allow_inf_nan=False, description="an engine not up by then fails")
 
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args(cls, value):
+        # what the tool sets per point or relies on to measure: overriding it would change what a point is
+        reserved = {"model", "dtype", "seed", "max_model_len", "speculative_config", "per_request_spec_decode_metrics",
+                    "disable_log_stats", "enable_prefix_caching", "tensor_parallel_size", "enforce_eager",
+                    "kv_cache_memory_bytes", "gpu_memory_utilization", "quantization", "revision"}
+        taken = sorted(set(value) & reserved)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} cannot be set in vllm.engine_args: the tool sets it (per point, or "
+                             "to measure: the points' speculative_config, detailed per-request counters, no prefix "
+                             "cache); use the vllm.* keys or the point's axes")
+        return value
+
 
 class ReportConfig(Strict):
     summary_file_name: str | None = Field(None, description="an extra copy of summary.json under this name")
@@ -246,10 +260,10 @@ class Config(Strict):
         for method in self.methods:
             spec = REGISTRY[method]
             if spec.needs_draft and not any(d.kind in spec.draft_kinds for d in self.draft):
-                kinds = " or ".join(spec.draft_kinds)
-                raise ValueError(f"method {method} needs a draft of kind {kinds}: add draft: {{model: ..."
-                                 f"{'' if spec.draft_kinds == ('model',) else ', kind: ' + spec.draft_kinds[0]}}}, or "
-                                 f"drop {method}")
+                if spec.draft_kinds == ("model",):
+                    raise ValueError(f"method {method} needs a draft model: add draft: {{model: ...}}, or drop {method}")
+                raise ValueError(f"method {method} needs a draft of kind {' or '.join(spec.draft_kinds)}: add draft: "
+                                 f"{{model: ..., kind: {spec.draft_kinds[0]}}}, or drop {method}")
             if "exit_layer" in spec.axes and not self.speculative.exit_layer:
                 raise ValueError(f"method {method} needs speculative.exit_layer (the target layers that draft), "
                                  "e.g. exit_layer: [4, 8]")

@@ -45,12 +45,28 @@ def test_the_engine_comparison_by_hand():
     ref = row["reference"]
     assert (row["batch_size"], row["temperature"]) == (1, None)
     assert abs(ref["vllm_tok_s"] - 32 / 4.0) < 1e-12 and abs(ref["ours_tok_s"] - 32 / 16.0) < 1e-12
-    assert abs(ref["tok_s_ratio"] - 4.0) < 1e-12 and ref["prompts"] == 8
+    assert abs(ref["tok_s_ratio"] - 4.0) < 1e-12 and ref["prompt_batches"] == 8
     assert ref["exact_match"] == 7 / 8  # prompt 0 differs
     (pair,) = row["points"]
     assert pair["vllm"] == "vllm_draft draft=d gamma=2 batch=1 greedy"
     assert pair["ours"] == "speculative draft=d gamma=2 constant batch=1 greedy"
     assert abs(pair["vllm_speedup"] - 1.25) < 1e-12 and abs(pair["ours_speedup"] - 2.0) < 1e-12
+
+
+def test_the_engine_comparison_uses_only_batches_both_references_measured():
+    samples = [s for s in _two_engines() if not (s["method"] == "vllm_generate" and s["batch_index"] >= 4)]
+    (row,) = summarize(samples, {})["engines"]
+    ref = row["reference"]
+    # 4 paired prompts: vLLM 16 tokens in 2.0 s, ours 16 in 8.0 s; too few prompts for an interval
+    assert ref["prompt_batches"] == 4 and ref["tok_s_ratio_ci95"] is None
+    assert abs(ref["vllm_tok_s"] - 8.0) < 1e-12 and abs(ref["ours_tok_s"] - 2.0) < 1e-12
+    assert abs(ref["tok_s_ratio"] - ref["vllm_tok_s"] / ref["ours_tok_s"]) < 1e-12
+    (pair,) = row["points"]
+    assert pair["vllm_prompt_batches"] == 4 and pair["ours_prompt_batches"] == 8 and "few_samples" in pair["vllm_flags"]
+    from eval.report import engine_lines
+
+    text = "\n".join(engine_lines([row]))
+    assert "4.00 (n=4)" in text and "1.25 (n=4) !" in text
 
 
 def test_without_vllm_generate_a_vllm_point_has_no_ratio():
@@ -61,18 +77,29 @@ def test_without_vllm_generate_a_vllm_point_has_no_ratio():
     assert "engines" not in summary
 
 
-def test_rounds_from_vllms_per_step_counters():
-    # three verification steps drafting 3: accepted 2, 0, 1 -> emitted 3, 1, 2, after the prefill's token: 7 tokens
+def test_rounds_from_vllms_per_step_counters_and_steps():
+    plain = {"drafted": 0, "accepted": 0, "emitted": 1}
+    # the prefill's token, then three verification steps drafting 3: accepted 2, 0, 1 -> 3, 1, 2 tokens
     spec = {"per_step_accepted": [2, 0, 1], "per_step_drafted": [3, 3, 3], "num_spec_steps": 3}
-    assert rounds_of(spec, 7) == [{"drafted": 3, "accepted": 2, "emitted": 3}, {"drafted": 3, "accepted": 0, "emitted": 1},
-                                  {"drafted": 3, "accepted": 1, "emitted": 2}]
-    # n-gram: one counted step (2 drafted, 1 accepted: 2 tokens) explains 3 of 6; 3 steps drafted nothing
+    assert rounds_of(spec, 7, [1, 3, 1, 2]) == [{"drafted": 3, "accepted": 2, "emitted": 3},
+                                                {"drafted": 3, "accepted": 0, "emitted": 1},
+                                                {"drafted": 3, "accepted": 1, "emitted": 2}]
+    # n-gram: 4 decode steps, one counted (2 drafted, 1 accepted: 2 tokens), 3 that drafted nothing
     spec = {"per_step_accepted": [1], "per_step_drafted": [2], "num_spec_steps": 1}
-    assert rounds_of(spec, 6) == [{"drafted": 2, "accepted": 1, "emitted": 2}] + [
-        {"drafted": 0, "accepted": 0, "emitted": 1}] * 3
-    # the stop cut the last step: 1 + 4 + 4 = 9 explained, 6 generated: the last round emitted 1 of its 4
+    assert rounds_of(spec, 6, [1, 1, 1, 2, 1]) == [{"drafted": 2, "accepted": 1, "emitted": 2}] + [plain] * 3
+    # the stop cut the last step: it explains 4 tokens, gave 1
     spec = {"per_step_accepted": [3, 3], "per_step_drafted": [3, 3], "num_spec_steps": 2}
-    assert rounds_of(spec, 6) == [{"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 3, "emitted": 1}]
-    # no step had drafts (vLLM omits the arrays): every token after the first is a plain step
-    assert rounds_of({"num_spec_steps": 0, "num_draft_tokens": 0}, 3) == [{"drafted": 0, "accepted": 0, "emitted": 1}] * 2
-    assert rounds_of(None, 5) is None
+    assert rounds_of(spec, 6, [1, 4, 1]) == [{"drafted": 3, "accepted": 3, "emitted": 4},
+                                             {"drafted": 3, "accepted": 3, "emitted": 1}]
+    # plain steps AND a cut last step (their counts cancel in the tokens alone): 3 misses, then 4 of 4 accepted cut
+    # to 2 tokens at max_new_tokens 6: 5 forwards (tau 6/5), MAT (2 + 3) / 4
+    spec = {"per_step_accepted": [4], "per_step_drafted": [4], "num_spec_steps": 1}
+    rounds = rounds_of(spec, 6, [1, 1, 1, 1, 2])
+    assert rounds == [{"drafted": 4, "accepted": 4, "emitted": 2}] + [plain] * 3
+    assert 1 + len(rounds) == 5 and sum(r["emitted"] for r in rounds) / len(rounds) == 1.25
+    # no step had drafts (vLLM omits the arrays): every decode step is a plain round
+    assert rounds_of({"num_spec_steps": 0, "num_draft_tokens": 0}, 3, [1, 1, 1]) == [plain] * 2
+    # counters that disagree with the steps (one counted step more than there were decode steps): no rounds
+    assert rounds_of({"per_step_accepted": [0, 1], "per_step_drafted": [2, 2]}, 3, [1, 2]) is None
+    assert rounds_of(None, 5, [1, 1, 1, 1, 1]) is None
+    assert rounds_of({"per_step_accepted": [1], "per_step_drafted": [2]}, 3, None) is None

@@ -132,7 +132,7 @@ def test_batch_pairing_run_with_a_failing_engine(root):
     assert metrics["acceptance_rate"] == accepted / drafted
     assert metrics["predicted_speedup"] is None and metrics["draft_cost_ratio_c"] is None
     (engines,) = summary["engines"]
-    assert engines["reference"]["prompts"] == 4
+    assert engines["reference"]["prompt_batches"] == 4
     assert "Engines" in (out / "summary.md").read_text()
 
 

@@ -155,6 +155,7 @@ def test_baseline_rows(baseline):
     for row in baseline["rows"]:
         assert row["new_tokens"] == len(row["output_ids"]) and 0 < row["new_tokens"] <= MAX_NEW
         assert row["stop_reason"] == ("eos" if row["output_ids"][-1] == EOS else "length")
+        assert row["steps"] == [1] * row["new_tokens"]  # one token per engine step without speculation
         assert 0 < row["ttft_s"] <= row["latency_s"] <= baseline["wall_s"] + 1.0
 
 
@@ -165,11 +166,14 @@ def test_greedy_speculation_equals_the_baseline(worker, models, baseline, name):
     assert answer["start_s"] > 0 and answer["speculative"] is True
     result = worker.generate()
     assert result["ok"], result
+    k = SPECULATIVE[name](models[1])["num_speculative_tokens"]
     for row, base in zip(result["rows"], baseline["rows"]):
         assert row["output_ids"] == base["output_ids"]
         assert row["stop_reason"] == base["stop_reason"]
+        assert sum(row["steps"]) == row["new_tokens"] and row["steps"][0] == 1 and max(row["steps"]) <= k + 1
+        spec = row["spec"]  # detailed per-request counters: one entry per step that had drafts, never more
+        assert len(spec.get("per_step_drafted") or []) <= len(row["steps"]) - 1
     counters = result["counters"]
-    k = SPECULATIVE[name](models[1])["num_speculative_tokens"]
     assert counters["num_drafts"] > 0
     assert 0 <= counters["num_accepted_tokens"] <= counters["num_draft_tokens"] <= k * counters["num_drafts"]
     per_pos = counters["accepted_per_pos"]
