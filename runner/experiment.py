@@ -250,7 +250,7 @@ class Experiment:
         resumed run and each Ray worker measure their own, and eval takes each point's from the processes that ran it."""
         key, process = str(unit.batch_size), result.process
         if process not in self.progress.processes:
-            drivers = sum(1 for p in self.progress.processes.values() if not p.get("worker"))
+            drivers = sum(1 for p in self.progress.processes.values() if not p.get("worker") and not p.get("vllm"))
             self.progress.processes[process] = {"name": result.worker or f"process {drivers + 1}",
                                                 "worker": result.worker}
         if result.costs is not None:

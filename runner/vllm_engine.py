@@ -462,7 +462,8 @@ class VllmExecutor:
             key = f"{PROCESS}/vllm {engine.name}"
             drift = self.experiment.progress.drift.setdefault(str(point.batch_size), {})
             drift.setdefault(key, []).append(sorted(walls[1:])[1])
-            self.experiment.progress.processes.setdefault(key, {"name": f"vLLM engine {engine.name}", "worker": None})
+            self.experiment.progress.processes.setdefault(key, {"name": f"vLLM engine {engine.name}", "worker": None,
+                                                                "vllm": True})
 
     def warm_up(self, engine: Engine, point: Point, unit: Unit) -> None:
         """Each point's first batch with a short budget, untimed (vLLM warms its own kernels as it starts)."""
