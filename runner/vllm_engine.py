@@ -169,16 +169,26 @@ def _die_with_parent() -> None:
 
 
 def _hold_signals() -> dict:
+    """Ctrl-C and SIGTERM deferred: a handler that only records them, so that a shutdown is not cut short. Returns
+    what _release_signals needs (nothing off the main thread, where signals cannot be handled)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    return {"previous": previous, "caught": caught}
 
 
 def _release_signals(held: dict) -> None:
-    for sig, handler in held.items():
+    """The handlers back, then each signal that came meanwhile delivered to them (a deferred Ctrl-C still stops)."""
+    if not held:
+        return
+    for sig, handler in held["previous"].items():
         signal.signal(sig, handler)
+    for sig in dict.fromkeys(held["caught"]):
+        signal.raise_signal(sig)
 
 
 def uses_vllm(config) -> bool:

@@ -58,3 +58,18 @@ def test_a_vllm_run_that_cannot_start_is_one_line(tiny, tmp_path, vllm, model, f
     path.write_text(yaml.safe_dump(config))
     result = run_launch(["--config", path, "--output-dir", tmp_path / "out"])
     assert_one_clean_line(result, fragment)
+
+
+def test_a_ctrl_c_during_a_workers_shutdown_is_deferred_not_lost():
+    import os
+    import signal
+
+    from runner.vllm_engine import _hold_signals, _release_signals
+
+    outer = _hold_signals()
+    os.kill(os.getpid(), signal.SIGINT)  # while every engine is being stopped
+    inner = _hold_signals()
+    os.kill(os.getpid(), signal.SIGINT)  # while one worker is being closed
+    _release_signals(inner)  # still inside the outer shutdown: nothing raised yet
+    with pytest.raises(KeyboardInterrupt):
+        _release_signals(outer)
