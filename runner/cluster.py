@@ -112,11 +112,12 @@ def _gpus_here(cluster) -> int:
 
 
 class RayExecutor:
-    """Runs units on Ray workers, as many at once as there are workers."""
+    """Runs units on Ray workers, as many at once as there are workers, and yields each one as it finishes."""
 
-    def __init__(self, experiment, device):
-        self.experiment, self.device = experiment, device
-        self.cluster = experiment.config.cluster
+    def __init__(self, config, device, raw_config: dict, status=None):
+        self.config, self.device, self.raw_config = config, device, raw_config
+        self.cluster = config.cluster
+        self._status = status
 
     def __enter__(self):
         import ray
@@ -144,29 +145,30 @@ class RayExecutor:
         actor = ray.remote(_Worker).options(num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus,
                                             max_restarts=cluster.max_retries, max_task_retries=cluster.max_retries)
         device = "cuda:0" if self.device.type == "cuda" else "cpu"  # Ray gives each worker its own GPU as cuda:0
-        raw = self.experiment.folder.raw_config
-        self.workers = {f"w{i}": actor.remote(raw, device, f"w{i}") for i in range(workers)}
-        with self.experiment.console.status(f"starting {workers} Ray worker(s) (each loads the models)"):
+        self.workers = {f"w{i}": actor.remote(self.raw_config, device, f"w{i}") for i in range(workers)}
+        import contextlib
+
+        starting = f"starting {workers} Ray worker(s) (each loads the models)"
+        with self._status(starting) if self._status else contextlib.nullcontext():
             infos = ray.get([w.info.remote() for w in self.workers.values()])
         self._describe(infos)
         self.num_prompts = len(infos[0]["prompt_set"].prompts)
         return self
 
     def _describe(self, infos: list[dict]) -> None:
-        experiment = self.experiment
-        experiment.describe_load(SimpleNamespace(**{k: infos[0][k] for k in ("prompt_set", "notes", "numerics")}))
-        progress = experiment.progress
-        for info in infos:
-            progress.workers[info["worker"]] = {k: info[k] for k in ("hostname", "device", "device_name", "numerics")}
-            experiment.folder.write_env(info["env"], info["process"])  # env.json: every process's machine
+        """What the experiment records of the workers (Experiment.describe): the first one's prompts, models and
+        numerics, every worker's machine for env.json, and notes."""
+        self.loaded = SimpleNamespace(**{k: infos[0][k] for k in ("prompt_set", "notes", "numerics")})
+        self.environments = [(info["env"], info["process"]) for info in infos]
+        self.workers_info = {info["worker"]: {k: info[k] for k in ("hostname", "device", "device_name", "numerics")}
+                             for info in infos}
         names = sorted({info["device_name"] for info in infos})
-        progress.notes.append(f"ran on a Ray cluster: {len(infos)} workers ({self.cluster.num_cpus} CPU, "
-                              f"{self.cluster.num_gpus} GPU each) on {', '.join(names)}")
+        self.notes = [f"ran on a Ray cluster: {len(infos)} workers ({self.cluster.num_cpus} CPU, "
+                      f"{self.cluster.num_gpus} GPU each) on {', '.join(names)}"]
         if len(names) > 1:
-            progress.notes.append("workers ran on different hardware (" + "; ".join(
+            self.notes.append("workers ran on different hardware (" + "; ".join(
                 f"{i['worker']}: {i['device_name']}" for i in infos) + "): a ratio pairs each batch with its own "
                 "baseline on one worker, but throughputs mix machines (each point's c and v are its workers' own)")
-        experiment.folder.save_progress()
 
     def __exit__(self, *exc):
         import ray
@@ -174,37 +176,25 @@ class RayExecutor:
         ray.shutdown()
         return False
 
-    def execute(self, units: list, done: set) -> None:
+    def run(self, units: list, done: set):
         import ray
 
         from runner.plan import points_of
 
-        experiment = self.experiment
         queue = list(units)
         idle = list(self.workers)
         running = {}  # object ref -> (worker id, unit)
         while queue or running:
             while queue and idle:
                 worker, unit = idle.pop(0), queue.pop(0)
-                keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(experiment.config, unit.batch_size,
-                                                                                   unit.temperature)}
+                keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(self.config, unit.batch_size,
+                                                                                   unit.temperature, engine="ours")}
                 ref = self.workers[worker].run_unit.remote(unit, done & keys)
                 running[ref] = (worker, unit)
             ready, _ = ray.wait(list(running), num_returns=1)
             worker, unit = running.pop(ready[0])
             idle.append(worker)
-            result = ray.get(ready[0])  # a worker that died is restarted and the unit retried by Ray
-            where = f"batch {unit.batch_index + 1}/{-(-self.num_prompts // unit.batch_size)} repeat {unit.repeat}"
-            for label in result.rates:
-                rows = [r for r in result.rows if _label(r) == label]
-                experiment.display.point_done(label, rows, where, worker)
-            experiment.accept(unit, result)
-
-
-def _label(record: dict) -> str:
-    from eval.records import Point
-
-    return Point.of(record).label
+            yield unit, ray.get(ready[0])  # a worker that died is restarted and the unit retried by Ray
 
 
 if __name__ == "__main__":  # pragma: no cover

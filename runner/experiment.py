@@ -15,7 +15,7 @@ from eval.report import print_table
 from runner.display import Display
 from runner.plan import Unit, comparisons, points_of, units_of
 from runner.probes import PROCESS, environment
-from runner.session import Session, UnitResult
+from runner.session import Session, UnitResult, apply_engine  # noqa: F401 (apply_engine: kept importable here)
 from runner.storage import ReportFolder
 from runner.vllm_engine import VllmExecutor, check_vllm, uses_vllm
 from utils import UserError
@@ -45,16 +45,6 @@ def preflight(config: Config) -> torch.device:
 
         check_ray(config)
     return device
-
-
-def apply_engine(config: Config, loaded) -> str:
-    """Swap in the CPU linear kernels the config asks for; returns what was done, for the notes."""
-    from utils.cpu_linear import pack_linears, usable
-
-    if config.engine.cpu_linear == "default" or loaded.quantization != "none" or not usable(loaded.model):
-        return "nn.Linear"
-    count = pack_linears(loaded.model, config.engine.pack_batch_hint)
-    return f"oneDNN prepacked linear x{count} (batch hint {config.engine.pack_batch_hint})"
 
 
 def _raise_interrupt(signum, frame):
@@ -120,15 +110,18 @@ class Experiment:
         return EXIT_POINTS_FAILED if failed else EXIT_OK
 
     def _run(self, device: torch.device) -> None:
+        """The executors run units and yield them finished; this process alone keeps what they bring (accept)."""
         self.progress.failures = []  # failed points are retried on resume
         if self.config.cluster.backend == "ray":
             from runner.cluster import RayExecutor
 
-            executor = RayExecutor(self, device)
+            executor = RayExecutor(self.config, device, self.folder.raw_config, self.console.status)
         else:
-            executor = LocalExecutor(self, device)
+            executor = LocalExecutor(self.config, device, self.console.status)
         with executor:
-            vllm = VllmExecutor(self, executor.session, self.vllm_checked) if self.vllm_checked else None
+            self.describe(executor)
+            vllm = VllmExecutor(self.config, executor.loaded, self.vllm_checked, self.out_dir) \
+                if self.vllm_checked else None
             try:
                 self.sweep(executor, vllm)
             finally:  # Ctrl-C, SIGTERM or a failure: no vLLM worker or engine process is left behind
@@ -143,7 +136,16 @@ class Experiment:
             memory["gpu_peak_allocated_bytes"] = max(peaks, default=None)
         self.progress.memory = memory
 
-    def describe_load(self, session: Session) -> None:
+    def describe(self, executor) -> None:
+        """What an executor found as it started: its processes' machines (env.json), Ray workers, and the notes."""
+        self.describe_load(executor.loaded)
+        for env, process in getattr(executor, "environments", []):
+            self.folder.write_env(env, process)
+        self.progress.workers.update(getattr(executor, "workers_info", {}))
+        self.progress.notes.extend(getattr(executor, "notes", []))
+        self.folder.save_progress()
+
+    def describe_load(self, session) -> None:
         """What the loaded session tells the report: prompts, models, numerics."""
         prompts = session.prompt_set
         self.progress.prompts = {"source": prompts.source, "count": len(prompts.prompts), "truncated": prompts.truncated,
@@ -158,7 +160,7 @@ class Experiment:
         """Repeat by repeat, every unit not yet on disk; `repeats: auto` stops a comparison once every
         speedup CI in it is narrow enough (or at max_repeats, or past time_budget_s)."""
         config = self.config
-        num_prompts = executor.num_prompts
+        num_prompts = self.num_prompts = executor.num_prompts
         pending = comparisons(config)
         started = time.monotonic()
         done = self.folder.done_batches()
@@ -181,10 +183,12 @@ class Experiment:
                             else:
                                 mine.append(unit)
                 self.folder.save_progress()
-                if units["ours"]:
-                    executor.execute(units["ours"], done)
-                if units["vllm"]:
-                    vllm.execute(units["vllm"], done)
+                for engine, runner in (("ours", executor), ("vllm", vllm)):
+                    if units[engine]:
+                        for unit, result in runner.run(units[engine], done):
+                            self.accept(unit, result)
+                        if engine == "vllm":
+                            self._keep_vllm(runner.info)
                 if config.repeats != "auto":
                     continue
                 # a resumed run goes on to the repeats already on disk before it judges anything
@@ -245,14 +249,23 @@ class Experiment:
         return verdicts
 
     # -- what a unit brings back ----------------------------------------------------------------------
+    def _keep_vllm(self, info: dict) -> None:
+        """The vLLM engine's version, interpreter and pairing, per process (a resumed run may pair otherwise)."""
+        processes = dict(self.progress.vllm.get("processes") or {})
+        processes[PROCESS] = info
+        self.progress.vllm = {**info, "processes": processes}
+        self.folder.save_progress()
+
     def _keep_probes(self, unit: Unit, result: UnitResult) -> None:
         """The process's cost probe of this batch size (once) and its drift probe reading, kept per process: a
         resumed run and each Ray worker measure their own, and eval takes each point's from the processes that ran it."""
-        key, process = str(unit.batch_size), result.process
+        key, process = str(unit.batch_size), result.probe_process or result.process
         if process not in self.progress.processes:
             drivers = sum(1 for p in self.progress.processes.values() if not p.get("worker") and not p.get("vllm"))
-            self.progress.processes[process] = {"name": result.worker or f"process {drivers + 1}",
+            self.progress.processes[process] = {"name": result.probe_name or result.worker or f"process {drivers + 1}",
                                                 "worker": result.worker}
+            if result.probe_process:
+                self.progress.processes[process]["vllm"] = True
         if result.costs is not None:
             self.progress.costs.setdefault(key, {}).setdefault(process, result.costs.to_json())
         if result.drift_probe_s is not None:
@@ -263,12 +276,19 @@ class Experiment:
         the comparison's costs and the drift probe; then rebuild the summary."""
         self.folder.append(result.rows)
         known = {(tuple(Point.of(f).key), f["status"]) for f in self.progress.failures}
+        where = f"batch {unit.batch_index + 1}/{-(-getattr(self, 'num_prompts', 0) // unit.batch_size)} repeat {unit.repeat}"
+        for label in result.rates:
+            if self.display:
+                self.display.point_done(label, [r for r in result.rows if Point.of(r).label == label], where,
+                                        result.worker)
         for entry in result.failures:
             if (Point.of(entry).key, entry["status"]) not in known:
                 self.progress.failures.append(entry)
                 known.add((Point.of(entry).key, entry["status"]))
                 if entry["status"] == "failed":
                     self.console.print(f"[red]{Point.of(entry).label} failed: {entry['error']}; the sweep goes on[/red]")
+                    if self.display:
+                        self.display.point_done(Point.of(entry).label, None, where, result.worker)
         for note in result.notes:
             if note not in self.progress.notes:
                 self.progress.notes.append(note)
@@ -279,34 +299,25 @@ class Experiment:
         if time.monotonic() - self._summary_at > SUMMARY_EVERY_S:
             self.folder.write_summary()
             self._summary_at = time.monotonic()
-        if self.display:
+        if self.display and (result.rows or result.failures):
             self.display.unit_done(result.worker or "local")
 
 
 class LocalExecutor:
-    """Runs the units in this process, one after another."""
+    """Runs the units in this process, one after another, and yields each one finished."""
 
-    def __init__(self, experiment: Experiment, device: torch.device):
-        self.experiment, self.device = experiment, device
-        self.session = Session(experiment.config, device, worker=None, status=experiment.console.status)
+    def __init__(self, config: Config, device: torch.device, status=None):
+        self.session = Session(config, device, worker=None, status=status)
 
     def __enter__(self):
         self.session.load()
-        self.experiment.describe_load(self.session)
+        self.loaded = self.session
         self.num_prompts = len(self.session.prompt_set.prompts)
         return self
 
     def __exit__(self, *exc):
         return False
 
-    def execute(self, units: list[Unit], done: set) -> None:
-        experiment = self.experiment
-
-        def on_point(point, outcome):
-            rows = outcome[0] if isinstance(outcome, tuple) else None
-            experiment.display.point_done(point.label, rows, where)
-
+    def run(self, units: list[Unit], done: set):
         for unit in units:
-            where = f"batch {unit.batch_index + 1}/{-(-self.num_prompts // unit.batch_size)} repeat {unit.repeat}"
-            result = self.session.run_unit(unit, done, on_point)
-            experiment.accept(unit, result)
+            yield unit, self.session.run_unit(unit, done)

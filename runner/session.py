@@ -35,6 +35,18 @@ class UnitResult:
     notes: list[str] = field(default_factory=list)
     worker: str | None = None
     process: str = PROCESS
+    probe_process: str | None = None  # drift_probe_s measured elsewhere than `process` (a vLLM engine): keyed by this
+    probe_name: str | None = None  # ... and named so in the report
+
+
+def apply_engine(config, loaded) -> str:
+    """Swap in the CPU linear kernels the config asks for; returns what was done, for the notes."""
+    from utils.cpu_linear import pack_linears, usable
+
+    if config.engine.cpu_linear == "default" or loaded.quantization != "none" or not usable(loaded.model):
+        return "nn.Linear"
+    count = pack_linears(loaded.model, config.engine.pack_batch_hint)
+    return f"oneDNN prepacked linear x{count} (batch hint {config.engine.pack_batch_hint})"
 
 
 def left_pad(token_lists: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +111,6 @@ class Session:
             except VocabMismatch as error:
                 raise UserError(f"{role}.model: {error}") from None
             self.drafts[draft_config.name] = draft
-        from runner.experiment import apply_engine  # the CPU kernels, the same for every model of the run
-
         for loaded in [self.target, *self.drafts.values()]:
             loaded.kernels = apply_engine(config, loaded)
             release_file_mappings(loaded.model)  # weights in memory of their own: the mmap'd files close

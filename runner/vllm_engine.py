@@ -30,6 +30,7 @@ from decode.methods import REGISTRY
 from eval.records import Point, SampleRecord
 from runner.plan import Unit, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
+from runner.session import UnitResult, failure
 from utils import UserError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -293,13 +294,14 @@ class Engine:
 
 
 class VllmExecutor:
-    """Runs the vLLM points of the units it is given; keeps what they measure through experiment.accept, as the
-    local and Ray executors do."""
+    """Runs the vLLM points of the units it is given and yields each finished unit (and each drift reading), as the
+    local and Ray executors do; the experiment keeps what they bring. session: the loaded prompts and tokenizer."""
 
-    def __init__(self, experiment, session, checked: dict):
-        self.experiment, self.session, self.config = experiment, session, experiment.config
+    def __init__(self, config, session, checked: dict, out_dir: Path):
+        self.session, self.config = session, config
         self.checked = checked
-        self.log = experiment.out_dir / "vllm-worker.log"
+        self.log = Path(out_dir) / "vllm-worker.log"
+        self.info: dict = {}  # version, interpreter, pairing and order, for progress.json's vllm
         self.engines: dict[str, Engine] = {}  # json of the engine's arguments -> the engine
         self.failed: dict[Point, str] = {}
         self._reported: set[str] = set()  # failed points whose failure went to a unit result
@@ -454,9 +456,10 @@ class VllmExecutor:
             self.stop(engine)
         return answer
 
-    def drift_probe(self, engine: Engine, point: Point) -> None:
+    def drift_probe(self, engine: Engine, point: Point, unit: Unit):
         """The first prompt, one new token, greedy, through the point's engine: the same work at each of its starts
-        and ends. Kept per engine (each is its own process), so the drift flag compares like with like."""
+        and ends. Kept per engine (each is its own process), so the drift flag compares like with like. Yields the
+        reading as a unit result without records (unit: the comparison it belongs to)."""
         if engine.failed:
             return
         first = self.session.prompt_set.prompts[:1]
@@ -464,16 +467,12 @@ class VllmExecutor:
         for _ in range(4):  # the median of three after a discarded one, as our engine's probe
             answer = self.generate(engine, self._job(first, None, 1, 0))
             if not answer.get("ok"):
-                self.experiment.progress.notes.append(f"vLLM engine {engine.name}: its drift probe failed "
-                                                      f"({answer.get('error')}); no reading")
+                yield unit, self._result(notes=[f"vLLM engine {engine.name}: its drift probe failed "
+                                                f"({answer.get('error')}); no reading"])
                 return
             walls.append(answer["wall_s"])
-        if walls:
-            key = f"{PROCESS}/vllm {engine.name}"
-            drift = self.experiment.progress.drift.setdefault(str(point.batch_size), {})
-            drift.setdefault(key, []).append(sorted(walls[1:])[1])
-            self.experiment.progress.processes.setdefault(key, {"name": f"vLLM engine {engine.name}", "worker": None,
-                                                                "vllm": True})
+        yield unit, self._result(drift_probe_s=sorted(walls[1:])[1], probe_process=f"{PROCESS}/vllm {engine.name}",
+                                 probe_name=f"vLLM engine {engine.name}")
 
     def warm_up(self, engine: Engine, point: Point, unit: Unit) -> None:
         """Each point's first batch with a short budget, untimed (vLLM warms its own kernels as it starts)."""
@@ -506,44 +505,46 @@ class VllmExecutor:
             return f"vLLM's answer could not be read ({type(error).__name__}: {error})"
 
     # -- the units ----------------------------------------------------------------------------------
-    def execute(self, units: list[Unit], done: set) -> None:
+    def run(self, units: list[Unit], done: set):
         by_comparison: dict[tuple, list[Unit]] = {}
         for unit in units:
             by_comparison.setdefault(unit.comparison, []).append(unit)
-        for comparison, mine in by_comparison.items():
-            points = points_of(self.config, comparison[0], comparison[1], engine="vllm")
-            if not points:
-                continue
-            self._note_pairing()
-            if self.pairing == "batch":
-                self._by_batch(points, mine, done)
-            else:
-                self._by_engine(points, mine, done)
-        # no engine stays resident while our engine's units run (the next repeat): an idle engine holds memory,
-        # and its threads would share the cores our timings use
-        self.close()
+        try:
+            for comparison, mine in by_comparison.items():
+                points = points_of(self.config, comparison[0], comparison[1], engine="vllm")
+                if not points:
+                    continue
+                self._note_pairing()
+                if self.pairing == "batch":
+                    yield from self._by_batch(points, mine, done)
+                else:
+                    yield from self._by_engine(points, mine, done)
+        finally:
+            # no engine stays resident while our engine's units run (the next repeat): an idle engine holds memory,
+            # and its threads would share the cores our timings use
+            self.close()
 
     def _pending(self, point: Point, units: list[Unit], done: set) -> list[Unit]:
         return [u for u in units if point.key + (u.repeat, u.batch_index) not in done]
 
-    def _by_batch(self, points: list[Point], units: list[Unit], done: set) -> None:
+    def _by_batch(self, points: list[Point], units: list[Unit], done: set):
         live = [p for p in points if p not in self.failed and not skipped_reason(p) and self._pending(p, units, done)]
         for index, point in enumerate(live):  # every engine up before the first batch, each in its own process
             engine = self.start(point, sharing=len(live) - index)
             self.warm_up(engine, point, units[0])  # the first calls of an engine are slow: the probe comes after
-            self.drift_probe(engine, point)
+            yield from self.drift_probe(engine, point, units[0])
         for unit in units:
-            result, ran = self._result(unit), False
+            result, ran = self._result(), False
             for point in order_of(points, unit):
                 if point in live and point.key + (unit.repeat, unit.batch_index) not in done:
                     self._run(point, unit, result)
                     ran = True
             if ran:
-                self.experiment.accept(unit, result)
+                yield unit, result
         for point in live:
-            self.drift_probe(self.engine_of(point), point)
+            yield from self.drift_probe(self.engine_of(point), point, units[-1])
 
-    def _by_engine(self, points: list[Point], units: list[Unit], done: set) -> None:
+    def _by_engine(self, points: list[Point], units: list[Unit], done: set):
         repeat = units[0].repeat if units else 0
         order = [points[i] for i in williams_order(len(points), repeat)]
         for point in order:
@@ -553,25 +554,21 @@ class VllmExecutor:
             engine = self.start(point)
             try:
                 self.warm_up(engine, point, pending[0])  # the first calls of an engine are slow: the probe after
-                self.drift_probe(engine, point)
+                yield from self.drift_probe(engine, point, pending[0])
                 for unit in pending:
-                    result = self._result(unit)
+                    result = self._result()
                     self._run(point, unit, result)
-                    self.experiment.accept(unit, result)
+                    yield unit, result
                     if point in self.failed:
                         break
-                self.drift_probe(engine, point)
+                yield from self.drift_probe(engine, point, pending[-1])
             finally:
                 self.stop(engine)
 
-    def _result(self, unit: Unit):
-        from runner.session import UnitResult
-
-        return UnitResult(worker=None, process=PROCESS)
+    def _result(self, **fields):
+        return UnitResult(worker=None, process=PROCESS, **fields)
 
     def _run(self, point: Point, unit: Unit, result) -> None:
-        from runner.session import failure
-
         if skipped_reason(point) or point.label in self._reported:  # a failure is said once
             return
         engine = self.engine_of(point)
@@ -580,17 +577,12 @@ class VllmExecutor:
             self.failed[point] = rows
             self._reported.add(point.label)
             result.failures.append(failure(point, "failed", rows))
-            rows = None
         else:
             result.rows.extend(rows)
             wall = rows[0]["latency_s"] if rows else 0.0
             result.rates[point.label] = sum(r["new_tokens"] for r in rows) / wall if wall > 0 else 0.0
-        if self.experiment.display:
-            self.experiment.display.point_done(point.label, rows, f"batch {unit.batch_index + 1} repeat {unit.repeat}",
-                                               "vllm")
 
     def _note_pairing(self) -> None:
-        progress = self.experiment.progress
         what = (f"pairing {self.pairing}" + (" (vllm.pairing: auto)" if self.config.vllm.pairing == "auto" else "")
                 + ": " + ("every vLLM engine of a comparison resident, one worker process each; each batch runs every vllm_* "
                    "point back to back in the units' order, as our engine's points" if self.pairing == "batch" else
@@ -598,12 +590,9 @@ class VllmExecutor:
                    "to repeat (a Williams design); a vllm_* point and vllm_generate ran the same prompts minutes "
                    "apart, not back to back, and each engine's drift probe (the first prompt, 1 new token) ran at "
                    "its start and end"))
-        entry = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
-                 "order": what, "cpu_reserved_cores": None if self.config.device.startswith("cuda") else
-                 int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
-        processes = dict(progress.vllm.get("processes") or {})  # a resumed run may pair otherwise: each says its own
-        processes[PROCESS] = entry
-        progress.vllm = {**entry, "processes": processes}
+        self.info = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
+                     "order": what, "cpu_reserved_cores": None if self.config.device.startswith("cuda") else
+                     int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
 
 
 def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str) -> list[dict]:

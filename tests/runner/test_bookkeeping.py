@@ -33,7 +33,7 @@ class FakeExecutor:
         self.exp, self.num_prompts, self.speed, self.stop_after, self.process = exp, num_prompts, speed, stop_after, process
         self.ran = []
 
-    def execute(self, units, done):
+    def run(self, units, done):
         for unit in units:
             if self.stop_after is not None and len(self.ran) == self.stop_after:
                 raise KeyboardInterrupt
@@ -46,8 +46,8 @@ class FakeExecutor:
                                        draft=point.draft, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}],
                                        process=self.process))
             self.ran.append(unit)
-            self.exp.accept(unit, UnitResult(rows=rows, process=self.process, drift_probe_s=0.1,
-                                             costs=CostProbe(c_by_draft={"draft": 0.3}, v={2: 1.2})))
+            yield unit, UnitResult(rows=rows, process=self.process, drift_probe_s=0.1,
+                                   costs=CostProbe(c_by_draft={"draft": 0.3}, v={2: 1.2}))
 
 
 def test_partial_counts_every_planned_repeat(tmp_path):
@@ -135,17 +135,17 @@ def test_repeats_auto_says_when_each_comparison_stopped(tmp_path):
 class FailingExecutor(FakeExecutor):
     """gamma 2 fails from repeat 1 on (as a point that hits an error does for the rest of a session)."""
 
-    def execute(self, units, done):
+    def run(self, units, done):
         for unit in units:
             if unit.repeat >= 1:
                 label = next(p for p in points_of(self.exp.config, 1, None) if p.gamma == 2)
                 rows = [record("baseline", unit.batch_index, unit.batch_index, unit.repeat, tokens=4, latency=2.0,
                                process=self.process)]
                 self.ran.append(unit)
-                self.exp.accept(unit, UnitResult(rows=rows, process=self.process, failures=[
-                    {**asdict(label), "status": "failed", "error": "RuntimeError: boom"}]))
+                yield unit, UnitResult(rows=rows, process=self.process, failures=[
+                    {**asdict(label), "status": "failed", "error": "RuntimeError: boom"}])
             else:
-                super().execute([unit], done)
+                yield from super().run([unit], done)
 
 
 def test_repeats_auto_does_not_repeat_for_a_failed_point(tmp_path):
