@@ -305,6 +305,11 @@ class VllmExecutor:
         self.engines: dict[str, Engine] = {}  # json of the engine's arguments -> the engine
         self.failed: dict[Point, str] = {}
         self._reported: set[str] = set()  # failed points whose failure went to a unit result
+        longest = max(len(p.token_ids) for p in session.prompt_set.prompts)
+        if config.vllm.max_model_len and config.vllm.max_model_len < longest + config.generation.max_new_tokens:
+            raise UserError(f"vllm.max_model_len: {config.vllm.max_model_len} is below the longest prompt ({longest} "
+                            f"tokens) + max_new_tokens ({config.generation.max_new_tokens}): vLLM would cut rows short; "
+                            "raise it or leave it unset")
         drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name)) for d in self.config.draft}
         self._drafts = drafts
         self.pairing = self._pairing()
