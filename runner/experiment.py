@@ -184,6 +184,13 @@ class Experiment:
                                 mine.append(unit)
                 self.folder.save_progress()
                 for engine, runner in (("ours", executor), ("vllm", vllm)):
+                    if engine == "vllm" and units[engine] and hasattr(executor, "release"):
+                        # vLLM loads its own copies of the models: ours leave memory (and the GPU) meanwhile
+                        executor.release()
+                        note = ("our engine's models were released while vLLM ran (vLLM loads its own copies), and "
+                                "loaded again, warmed up and probed anew for a later repeat")
+                        if note not in self.progress.notes:
+                            self.progress.notes.append(note)
                     if units[engine]:
                         for unit, result in runner.run(units[engine], done):
                             self.accept(unit, result)
@@ -318,6 +325,13 @@ class LocalExecutor:
     def __exit__(self, *exc):
         return False
 
+    def release(self) -> None:
+        """Our engine's models out of memory while another engine (vLLM) runs; run() loads them again if needed."""
+        if self.session.target is not None:
+            self.session.release_models()
+
     def run(self, units: list[Unit], done: set):
+        if self.session.released:
+            self.session.load()
         for unit in units:
             yield unit, self.session.run_unit(unit, done)

@@ -91,6 +91,7 @@ class Session:
         return self._status(f"loading {what}") if self._status else contextlib.nullcontext()
 
     def load(self) -> None:
+        self._released = False
         config = self.config
         torch.manual_seed(config.seed)
         if not any(REGISTRY[m].engine == "ours" for m in config.methods):
@@ -129,6 +130,20 @@ class Session:
                                   drafts={label: d.model for label, d in self.drafts.items()},
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
                                   options=config.speculative.model_dump())
+
+    @property
+    def released(self) -> bool:
+        return getattr(self, "_released", False)
+
+    def release_models(self) -> None:
+        """Drop the models (vLLM runs next and needs the memory); run_unit's caller reloads them (load) if units of
+        our engine come after. Prompts and tokenizer stay."""
+        import gc
+
+        self.target, self.drafts, self.context = None, {}, None
+        self.prepared.clear()  # a reload warms up and measures again
+        self._released = True
+        gc.collect()
 
     def load_prompts_only(self) -> None:
         """Every method runs in vLLM: the tokenizer and the prompts, no model (vLLM loads its own)."""
