@@ -65,7 +65,7 @@ class ReportFolder:
         progress = self.path / "progress.json"
         if progress.is_file():
             saved_progress = json.loads(progress.read_text())
-            for key in ("costs", "drift", "numerics", "workers", "processes"):
+            for key in ("costs", "drift", "numerics", "workers", "processes", "vllm"):
                 setattr(self.progress, key, saved_progress.get(key) or {})
             # a folder from before probes were kept per process: its entries become the earlier process's
             self.progress.costs = {b: per_process(e, OLD_COST_KEYS) for b, e in self.progress.costs.items()}
