@@ -13,6 +13,7 @@ import torch
 
 from decode.drafters.base import Drafter, Proposal
 from decode.kv import KVState
+from decode.static_kv import new_state
 from decode.sampling import accept_greedy, accept_sampled, logits_to_probs, sample
 from decode.settings import Generation, Sampling
 
@@ -52,7 +53,7 @@ class RowRecord:
 
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[KVState, torch.Tensor]:
     """prompt_ids, prompt_mask [B, P] -> (the model's KV state, fp32 logits [B, V] of the next token)."""
-    state = KVState()
+    state = new_state(model)  # decode/kv.py's, or the compiled mode's static one
     logits = state.forward(model, prompt_ids, prompt_mask, last_only=True)[:, -1]
     # one check per batch (a host sync): broken weights or an fp16 overflow show up here
     if not bool(torch.isfinite(logits).all()):

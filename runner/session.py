@@ -43,6 +43,8 @@ def apply_engine(config, loaded) -> str:
     """Swap in the CPU linear kernels the config asks for; returns what was done, for the notes."""
     from utils.cpu_linear import pack_linears, usable
 
+    if config.engine.compile:  # inductor compiles nn.Linear; it cannot lower oneDNN's packed weights
+        return "nn.Linear, compiled"
     if config.engine.cpu_linear == "default" or loaded.quantization != "none" or not usable(loaded.model):
         return "nn.Linear"
     count = pack_linears(loaded.model, config.engine.pack_batch_hint)
@@ -124,12 +126,48 @@ class Session:
         self.eos = eos_ids(self.tokenizer, self.target.model)
         self.pad_id = self.tokenizer.pad_token_id
         self._refuse_ragged_batches_if_wrong()
-        self.notes = self._notes()
+        compile_note = self._compile_models() if config.engine.compile else None
+        self.notes = self._notes() + ([compile_note] if compile_note else [])
         self.numerics = self._probe_numerics()
         self.context = RunContext(target=self.target.model, tokenizer=self.tokenizer,
                                   drafts={label: d.model for label, d in self.drafts.items()},
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
                                   options=config.speculative.model_dump())
+
+    def _compile_models(self) -> str:
+        """engine.compile: each model gets static buffers sized for this run and a compiled step per width
+        (decode/static_kv.py): 1 (a plain step, a draft step) and gamma + 1 for every gamma."""
+        from decode.static_kv import CompiledModel, CompileRefused, attach
+
+        config = self.config
+        widths = (1, *(g + 1 for g in config.speculative.gamma))
+        longest = max(len(p.token_ids) for p in self.prompt_set.prompts)
+        # the draft's prefill cost probe feeds the prompt twice (runner/probes.py draft_prefill_cost)
+        max_length = 2 * longest + config.generation.max_new_tokens + max(widths) + 1
+        mode = None if config.engine.compile_mode == "auto" else config.engine.compile_mode
+        for role, loaded in [("target", self.target)] + [(f"draft {label}", d) for label, d in self.drafts.items()]:
+            if loaded.attn_implementation == "flash_attention_2":  # auto picked it; the compiled mode builds masks
+                loaded.model.set_attn_implementation("sdpa")
+                loaded.attn_implementation = "sdpa"
+            try:
+                compiled = CompiledModel(loaded.model, widths, max_length, tuple(config.batch_size), mode,
+                                         config.engine.compile_backend)
+            except CompileRefused as error:
+                raise UserError(f"{role} {loaded.source}: {error}") from None
+            attach(loaded.model, compiled)
+        return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width "
+                          f"{list(compiled.step_widths)} and batch size (torch.compile, backend "
+                          f"{config.engine.compile_backend}, mode {compiled.mode}), compiled in each comparison's "
+                          "probes and warmup; a step of fewer tokens runs padded to the next width")
+
+    def compiled_models(self) -> dict:
+        """role -> the CompiledModel of each loaded model (engine.compile), for warm flags and the report."""
+        from decode.static_kv import compiled_of
+
+        if not self.config.engine.compile or self.target is None:
+            return {}
+        loaded = [("target", self.target)] + [(label, d) for label, d in self.drafts.items()]
+        return {role: compiled_of(m.model) for role, m in loaded if compiled_of(m.model) is not None}
 
     @property
     def released(self) -> bool:
@@ -247,11 +285,16 @@ class Session:
                 state["failed"].add(point)
                 state["failures"].append(failure(point, "skipped", reason))
         ids, mask = self.batch_tensors(self.batches(batch_size)[0])
+        compiled = self.compiled_models().values()
+        for model in compiled:  # this comparison's shapes compile in its probes and warmup, not after
+            model.warm = False
         with torch.inference_mode():
             if state["costs"] is None:
                 state["costs"] = self._measure_costs(points, ids, mask, state)
             self.context.costs = state["costs"]
             self._warm_up(points, state, ids, mask, temperature)
+            for model in compiled:
+                model.warm = True
         self.prepared[key] = state
         return state
 
@@ -315,6 +358,8 @@ class Session:
                             worker=self.worker)
         points = points_of(self.config, unit.batch_size, unit.temperature, engine="ours")
         self.context.costs = state["costs"]
+        compiled = self.compiled_models()
+        recompiled = {role: model.recompiles_after_warmup for role, model in compiled.items()}
         with torch.inference_mode():
             result.drift_probe_s = drift_probe(self.target.model, ids, mask, self.clock)
             for point in order_of(points, unit):
@@ -330,6 +375,10 @@ class Session:
                     result.rates[point.label] = rate
                 if on_point:
                     on_point(point, outcome)
+        for role, model in compiled.items():
+            if model.recompiles_after_warmup > recompiled[role]:
+                result.notes.append(f"engine.compile: the {role} compiled new graphs after the warmup of batch size "
+                                    f"{unit.batch_size}; the batches where it did include compilation time")
         return result
 
     def _run_point(self, point: Point, unit: Unit, batch, ids, mask) -> tuple[list[dict], float] | str:

@@ -34,17 +34,40 @@ def test_config_validates_and_reads_only_repository_files(path):
 @pytest.mark.e2e
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_runs_with_tiny_models(path, tmp_path_factory, tmp_path):
+    run_shipped(path, tmp_path_factory, tmp_path, {})
+
+
+CPU_CONFIGS = [p for p in CONFIGS if load_config(p)[0].device == "cpu"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("path", CPU_CONFIGS, ids=lambda p: p.name)
+def test_cpu_config_runs_exactly_compiled(path, tmp_path_factory, tmp_path):
+    """engine.compile: true on every shipped CPU config: our engine's greedy points give the baseline's tokens, and
+    nothing compiles after a comparison's warmup (dynamo's graphs, without inductor's code generation: CI's time)."""
+    summary = run_shipped(path, tmp_path_factory, tmp_path, {"engine.compile": True, "engine.compile_backend": "eager",
+                                                             "warmup": 1, "generation.max_new_tokens": 12}, vllm=False)
+    ours = [r for r in summary["runs"] if not r["method"].startswith(("vllm_", "hf_")) and r["status"] == "ok"]
+    assert any(r["metrics"].get("rounds") for r in ours), "no speculative point of ours ran"
+    for run in ours:
+        if run["temperature"] is None:
+            assert run["metrics"]["exact_match"] == 1.0, run["label"]
+    assert any(n.startswith("engine.compile: static KV caches") for n in summary["notes"])
+    assert not [n for n in summary["notes"] if "compiled new graphs after the warmup" in n]
+
+
+def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True) -> dict:
     target, draft = save_tiny_pair(tmp_path_factory.getbasetemp() / "shipped")
     config, raw = load_config(path)
     overrides = {"device": "cpu", "dataset.num_samples": 2, "generation.max_new_tokens": 4, "warmup": 0, "repeats": 1,
-                 "dataset.chat_template": False, "dataset.max_prompt_tokens": 24}
+                 "dataset.chat_template": False, "dataset.max_prompt_tokens": 24, **extra}
     vllm_methods = [m for m in config.methods if m.startswith("vllm_")]
     heads = [m for m in vllm_methods if m in ("vllm_eagle", "vllm_mtp", "vllm_suffix")]  # no head or MTP model here
     if heads:
         overrides["methods"] = [m for m in config.methods if m not in heads]
         vllm_methods = [m for m in vllm_methods if m not in heads]
         config.methods = overrides["methods"]
-    if vllm_methods and os.environ.get("SPECULATE_VLLM_PYTHON"):  # vLLM's CPU build takes heads of 64, not 16
+    if vllm_methods and vllm and os.environ.get("SPECULATE_VLLM_PYTHON"):  # vLLM's CPU build takes heads of 64, not 16
         target, draft = save_vllm_pair(tmp_path_factory.mktemp("vllm-pair"))
         overrides.update({"vllm.python": os.environ["SPECULATE_VLLM_PYTHON"], "vllm.enforce_eager": True,
                           "vllm.kv_cache_memory_bytes": 64 * 2**20})
@@ -62,3 +85,4 @@ def test_config_runs_with_tiny_models(path, tmp_path_factory, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runs"] and all(r["status"] in ("ok", "skipped") for r in summary["runs"])
+    return summary

@@ -165,6 +165,13 @@ class EngineConfig(Strict):
     cpu_linear: Literal["auto", "default", "onednn_packed"] = Field(
         "auto", description="auto: oneDNN prepacked linears on a CPU in float32 without quantization; default: nn.Linear")
     pack_batch_hint: int = Field(4, ge=1, le=64)
+    compile: bool = Field(False, description="static KV caches and one torch.compile'd graph per decode step shape "
+                                             "(on CUDA a CUDA graph: one launch per step); docs/compiled-engine.md")
+    compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "auto", description="torch.compile's mode; auto: reduce-overhead (CUDA graphs) on CUDA, default on a CPU")
+    compile_backend: Literal["inductor", "eager"] = Field(
+        "inductor", description="torch.compile's backend; eager: dynamo's graph capture without code generation "
+                                "(checks that the step compiles as one graph, quickly; no speed-up)")
 
 
 class VllmConfig(Strict):
@@ -285,7 +292,28 @@ class Config(Strict):
             raise ValueError(f"speculative.ngram_min: {self.speculative.ngram_min} cannot apply to hf_prompt_lookup "
                              "(transformers matches n-grams down to 1 and takes no minimum); set ngram_min: 1, or "
                              "run hf_prompt_lookup in a run of its own")
+        if self.engine.compile:
+            self._check_compilable()
         return self
+
+    def _check_compilable(self) -> None:
+        """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""
+        for role, model in [("target", self.target)] + [(f"draft[{i}]", d) for i, d in enumerate(self.draft)]:
+            if role != "target" and model.kind != "model":
+                continue
+            if model.quantization != "none":
+                raise ValueError(f"engine.compile: {role} is quantized ({model.quantization}, bitsandbytes), whose "
+                                 "kernels the compiled mode does not compile; set engine.compile: false, or "
+                                 f"{role}.quantization: none with dtype bfloat16")
+            if model.device_map is not None:
+                raise ValueError(f"engine.compile: {role} is split by device_map, and a compiled step runs on one "
+                                 f"device; drop {role}.device_map, or set engine.compile: false")
+            if self.engine.cpu_linear == "onednn_packed":
+                raise ValueError("engine.cpu_linear: onednn_packed cannot be compiled (inductor lowers nn.Linear "
+                                 "itself); set cpu_linear: auto, or engine.compile: false")
+            if model.attn_implementation == "flash_attention_2":
+                raise ValueError(f"engine.compile: {role}.attn_implementation flash_attention_2 takes no prebuilt "
+                                 "attention mask; use auto or sdpa with engine.compile")
 
     @property
     def exit_layers(self) -> list[int]:

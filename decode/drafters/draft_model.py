@@ -6,6 +6,7 @@ import torch
 from decode.drafters.base import Drafter, Proposal
 from decode.drafters.schedules import Schedule
 from decode.kv import KVState
+from decode.static_kv import new_state
 from decode.sampling import logits_to_probs, sample
 from decode.settings import Sampling
 
@@ -39,7 +40,7 @@ class DraftModelDrafter(Drafter):
         return self.state.forwards
 
     def start(self, prompt_ids, prompt_mask):
-        self.state = KVState()
+        self.state = new_state(self.model)
         self.pending: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]  # committed, not yet fed
         self.device = prompt_ids.device
         if self.schedule is not None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import copy
 import functools
 import types
+import weakref
 
 from torch import nn
 
 from decode.drafters.draft_model import DraftModelDrafter
+from decode.static_kv import attach
 
 # (body attribute, layer-list attribute) of the supported layouts; the final norm and the LM head sit beside
 # the layer list (model.norm + lm_head; transformer.ln_f + lm_head) and are shared as they are
@@ -87,12 +89,21 @@ def early_exit_view(model, exit_layer: int):
     view = _shallow(model)
     setattr(view, body_name, body)
     view.config = config
+    compiled = view.__dict__.pop("_speculate_compiled", None)  # the target's compiled step is not the view's
+    if compiled is not None:
+        attach(view, compiled.for_view(view))
     return view
+
+
+_VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class EarlyExitDrafter(DraftModelDrafter):
     """A DraftModelDrafter over the target's early-exit view: its own KV cache of the first exit_layer layers."""
 
     def __init__(self, target, exit_layer: int, target_vocab_size: int, sampling, generator=None, schedule=None):
-        super().__init__(early_exit_view(target, exit_layer), target_vocab_size, sampling, generator, schedule)
+        views = _VIEWS.setdefault(target, {})  # one view per target and depth: a compiled view compiles once
+        if exit_layer not in views:
+            views[exit_layer] = early_exit_view(target, exit_layer)
+        super().__init__(views[exit_layer], target_vocab_size, sampling, generator, schedule)
         self.exit_layer = exit_layer
