@@ -27,7 +27,8 @@ def test_baseline_records_each_tokens_top2_gap():
         # an EOS that ends the first row early and never comes in the second: one row drops out of the batch mid-way
         eos = next(t for t in free[0].output_ids[1:] if t not in free[1].output_ids)
         rows = generate_baseline(target, ids, mask, Generation(max_new_tokens=10, eos_token_ids=(eos,)))
-        sampled = generate_baseline(target, ids, mask, Generation(10, Sampling(True, 1.0)), torch.Generator().manual_seed(0))
+        sampled = generate_baseline(target, ids, mask, Generation(10, Sampling(True, 1.0)),
+                                    torch.Generator().manual_seed(0))
         for row, record in enumerate(rows):
             assert len(record.top2_gaps) == record.new_tokens  # rows that stop early (EOS) keep their own steps
             prompt = ids[row, mask[row].bool()].tolist()
