@@ -45,6 +45,9 @@ class RowRecord:
     draft_s: float = 0.0  # draft prefill included
     draft_prefill_s: float = 0.0
     rounds: list[dict] = field(default_factory=list)  # speculative only: {"drafted", "accepted", "emitted"}
+    # greedy baseline only: per new token, its top-1 minus top-2 fp32 logit. A method's token that differs at
+    # step k can be a rounding flip only if this gap is within the logits' drift (eval/flags.py possible_bug)
+    top2_gaps: list[float] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -94,15 +97,27 @@ def _append(records: list[RowRecord], active: list[int], emitted: list[list[int]
     return still_running, taken
 
 
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits -> [...] top-1 minus top-2 logit: how far the argmax is from flipping."""
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
 def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation: Generation,
                       generator: torch.Generator | None = None, clock: Clock | None = None) -> list[RowRecord]:
-    """The target alone: prefill, then one forward per token. prompt_ids, prompt_mask [B, P]."""
+    """The target alone: prefill, then one forward per token. prompt_ids, prompt_mask [B, P].
+
+    Greedy, each row also keeps its top2_gaps (one per new token)."""
     clock = clock or Clock(prompt_ids.device)
     records = [RowRecord() for _ in range(prompt_ids.shape[0])]
     active = list(range(len(records)))
+    greedy = not generation.sampling.do_sample
+    gaps = []  # greedy: per step, (the rows it ran, their top2_gap [B'] left on the device)
     start = clock.now()
     state, logits = prefill(model, prompt_ids, prompt_mask)
     token = choose_next(logits, generation.sampling, generator)  # [B]
+    if greedy:
+        gaps.append((active, top2_gap(logits)))
     # host sync, once per step: the loop needs each row's token to stop it at its own EOS
     emitted = [[t] for t in token.tolist()]
     elapsed = clock.now() - start
@@ -117,6 +132,8 @@ def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
             token, active = token[rows], [active[i] for i in running]
         logits = state.forward(model, token[:, None], last_only=True)[:, -1]
         token = choose_next(logits, generation.sampling, generator)
+        if greedy:
+            gaps.append((active, top2_gap(logits)))
         emitted = [[t] for t in token.tolist()]  # host sync, as above
         elapsed = clock.now() - start
         for row in active:
@@ -124,6 +141,11 @@ def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
         running, _ = _append(records, active, emitted, generation, elapsed)
     for record in records:
         record.target_s = record.latency_s
+    if gaps:  # one transfer after the timed loop; a step's active rows each took one token (_append stops the rest)
+        values = iter(torch.cat([gap for _, gap in gaps]).tolist())
+        for rows, _ in gaps:
+            for row in rows:
+                records[row].top2_gaps.append(next(values))
     return records
 
 

@@ -99,17 +99,25 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
 
 
 def exact_match(samples: list[dict], baseline: list[dict]) -> dict | None:
-    """Greedy outputs against the baseline's on the same (repeat, sample_id)."""
-    reference = {(s.get("repeat", 0), s["sample_id"]): s["output_ids"] for s in baseline}
+    """Greedy outputs against the baseline's on the same (repeat, sample_id). Each mismatch says where it starts
+    (first_mismatch) and, where the baseline recorded its top-2 logit gaps, baseline_gap: the baseline's top-1 minus
+    top-2 logit at that token (eval/flags.py weighs it against the numerics drift), null where the outputs differ in
+    length only (no token to compare: no rounding flip does that)."""
+    reference = {(s.get("repeat", 0), s["sample_id"]): s for s in baseline}
     pairs = [(s, reference.get((s.get("repeat", 0), s["sample_id"]))) for s in samples]
     pairs = [(s, ref) for s, ref in pairs if ref is not None]
     if not pairs:
         return None
     mismatches = []
     for s, ref in sorted(pairs, key=lambda p: (p[0].get("repeat", 0), p[0]["sample_id"])):
-        first = first_mismatch(s["output_ids"], ref)
-        if first is not None:
-            mismatches.append({"sample_id": s["sample_id"], "repeat": s.get("repeat", 0), "first_mismatch": first})
+        first = first_mismatch(s["output_ids"], ref["output_ids"])
+        if first is None:
+            continue
+        mismatch = {"sample_id": s["sample_id"], "repeat": s.get("repeat", 0), "first_mismatch": first}
+        gaps = ref.get("top2_gaps")
+        if gaps:
+            mismatch["baseline_gap"] = gaps[first] if first < min(len(gaps), len(s["output_ids"])) else None
+        mismatches.append(mismatch)
     return {"exact_match": 1 - len(mismatches) / len(pairs), "mismatches": mismatches}
 
 

@@ -1,5 +1,5 @@
 """The report legend: what every figure, flag and field of summary.json means (METRICS.md's definitions)."""
-from eval.flags import COST_SPREAD_LIMIT, DRIFT_LIMIT, NUMERICS_DRIFT
+from eval.flags import COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, NUMERICS_DRIFT
 from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
 
 LEGEND = {
@@ -65,7 +65,9 @@ LEGEND = {
     "efficiency": "measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
                   "decode_efficiency: decode speedup / predicted speedup",
     "exact_match": "greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
-                   "mismatches list where each starts (first_mismatch, a token index)",
+                   "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
+                   "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "
+                   "differ in length only)",
     "accuracy": "GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
                 "accuracy_cut: answers cut at max_new_tokens before '####' (of accuracy_graded); when more than half "
                 "are cut the notes say the accuracy is not meaningful",
@@ -78,9 +80,13 @@ LEGEND = {
              f"process) or the baseline's tok/s on the same batches in different repeats moved by more than "
              f"{DRIFT_LIMIT:.0%} (max / min - 1); cost_unstable: a cost probe this point uses has repetitions spread "
              f"over (max - min) / median > {COST_SPREAD_LIMIT:.0%}, or the workers that ran it measured c or v that far "
-             f"apart; cost_implausible: v < 1 or c > 1; possible_bug: greedy output differs from the baseline while "
-             f"the target's numerics probe shows no drift above {NUMERICS_DRIFT:g} in max |logit diff| (fp32 rounding "
-             f"is ~1e-5); a mismatch above it is explained in the notes instead",
+             f"apart; cost_implausible: v < 1 or c > 1; possible_bug: a greedy output differs from the baseline's "
+             f"where rounding cannot flip a token: at its first differing token the baseline's top-1 logit led its "
+             f"top-2 by more than {FLIP_REACH:g} x the drift, the target's numerics probe's max |logit diff| (over "
+             f"every verify width M the run uses, for a bf16 or quantized target; each logit moves by up to the drift), "
+             f"or the outputs differ in length only, or no probe ran; records without the baseline's gaps (older "
+             f"runs) flag any mismatch while the drift is at most {NUMERICS_DRIFT:g} (fp32 rounding is ~1e-5). A "
+             f"mismatch within reach of the drift is explained in the notes instead",
     "group": "dataset.group_by's value; null: the overall run. At batch size 1 a group's figures are exact; at batch "
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
              "that group in the batch",

@@ -100,6 +100,8 @@ class SampleRecord:
     peak_memory_bytes: int | None  # CUDA: the batch's peak allocated memory
     worker: str | None = None  # the worker that measured it (a Ray run), else None
     process: str | None = None  # the OS process that measured it (runner/probes.py PROCESS)
+    # the greedy baseline: per new token its top-1 minus top-2 logit (4 significant digits), else None
+    top2_gaps: list[float] | None = None
     extra: dict = field(default_factory=dict)
 
     @property

@@ -23,6 +23,9 @@ from utils.models import check_exit_layers, load_model, model_devices, release_f
 
 # errors of a point at run time (the point fails, the sweep goes on); anything else is a bug
 RUNTIME_ERRORS = (RuntimeError, FloatingPointError, ValueError, IndexError)
+# the numerics probe of a bf16 or quantized model verifies M = gamma + 1 tokens for each gamma up to this (a wider
+# gamma probes M = 17): each width costs a prefill and a verification of the probe's two short prompts
+MAX_PROBED_GAMMA = 16
 
 
 @dataclass
@@ -234,7 +237,9 @@ class Session:
     def _probe_numerics(self) -> dict:
         """Per model: how far one multi-token forward is from the same tokens fed one by one, and a row in
         a ragged batch from the row alone. Greedy exactness rests on these being tiny (fp32); in bf16 or with
-        quantized kernels they are not, and the report uses them to explain any exact-match below 1.0."""
+        quantized kernels they are not, and the report weighs each greedy mismatch against them (eval/flags.py).
+        A quantized or non-fp32 model is probed at every verify width M the run uses (its kernels may take
+        another path at another M); fp32 unquantized once, at M = 5."""
         from decode.probes import numerics_probe
 
         prompts = [p.token_ids for p in self.prompt_set.prompts[:2]]
@@ -245,11 +250,13 @@ class Session:
         with torch.inference_mode():
             for role, loaded in [("target", self.target)] + [(label, d) for label, d in self.drafts.items()]:
                 try:
-                    probe = numerics_probe(loaded.model, ids, mask)
+                    probe = numerics_probe(loaded.model, ids, mask, self._probe_widths(loaded))
                 except RUNTIME_ERRORS as error:
                     probe = {"error": one_line(error)}
                 for key, value in list(probe.items()):  # NaN logits (broken weights) give no difference to report
-                    if isinstance(value, float) and value != value:
+                    if isinstance(value, dict):  # the readings per verify width
+                        probe[key] = {width: None if diff != diff else diff for width, diff in value.items()}
+                    elif isinstance(value, float) and value != value:
                         probe[key] = None
                         probe["error"] = "the model returned NaN logits"
                 probe.update(dtype=loaded.dtype, quantization=loaded.quantization)
@@ -258,6 +265,13 @@ class Session:
                 else:
                     result["drafts"][role] = probe
         return result
+
+    def _probe_widths(self, loaded) -> tuple[int, ...]:
+        """The verify widths M = gamma + 1 of the run's gammas (each capped at MAX_PROBED_GAMMA) for a quantized or
+        non-fp32 model. fp32 unquantized drifts ~1e-5 at any M, far below a gap that a flip needs: one probe, M = 5."""
+        if loaded.quantization == "none" and loaded.dtype == "float32":
+            return (5,)
+        return tuple(sorted({min(gamma, MAX_PROBED_GAMMA) + 1 for gamma in self.config.speculative.gamma}))
 
     def generation(self, temperature: float | None, max_new_tokens: int | None = None) -> Generation:
         g = self.config.generation
@@ -411,6 +425,7 @@ class Session:
                 target_forwards=record.target_forwards, draft_forwards=record.draft_forwards,
                 target_s=record.target_s, draft_s=record.draft_s, draft_prefill_s=record.draft_prefill_s,
                 rounds=record.rounds if REGISTRY[point.method].has_rounds else None, peak_memory_bytes=peak,
+                top2_gaps=[float(f"{gap:.4g}") for gap in record.top2_gaps] or None,
                 worker=self.worker, process=PROCESS).to_json())
         wall = max(r.latency_s for r in records)
         return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)

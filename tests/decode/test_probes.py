@@ -36,8 +36,9 @@ def test_position_bias_probe_returns_a_finite_difference():
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_numerics_probe_reports_finite_drifts(arch):
     ids, mask = ragged_batch([3, 9, 5], seed=2)
-    result = numerics_probe(tiny_model(arch, seed=1), ids, mask, num_tokens=4)
-    assert set(result) == {"verify_vs_stepwise_max_logit_diff", "batched_vs_single_max_logit_diff", "tokens"}
+    result = numerics_probe(tiny_model(arch, seed=1), ids, mask, widths=(4,))
+    assert set(result) == {"verify_vs_stepwise_max_logit_diff", "verify_vs_stepwise_by_width",
+                           "batched_vs_single_max_logit_diff", "tokens"}
     assert result["tokens"] == 4
     for key in ("verify_vs_stepwise_max_logit_diff", "batched_vs_single_max_logit_diff"):
         assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] >= 0
