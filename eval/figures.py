@@ -122,13 +122,19 @@ def exact_match(samples: list[dict], baseline: list[dict]) -> dict | None:
 
 
 def cost_figures(point: Point, metrics: dict, costs: CostProbe | None) -> dict:
-    """c, v and the predicted speedup, where Leviathan's model applies: a constant draft length, measured costs."""
-    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "predicted_speedup", "predicted_speedup_v1",
-                         "efficiency", "decode_efficiency"])
+    """c, v and the predicted speedup, where Leviathan's model applies: a constant draft length, measured costs.
+    Beside c, what says whether it measures the models or the host: the weight bytes ratio, the GPU's busy shares."""
+    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "weight_bytes_ratio", "draft_busy_share",
+                         "target_busy_share", "predicted_speedup", "predicted_speedup_v1", "efficiency",
+                         "decode_efficiency"])
     if not REGISTRY[point.method].has_rounds or costs is None or point.gamma is None:
         return out
     c, v = costs.c_for(point.draft), costs.v_for(point.gamma)
     out["draft_cost_ratio_c"], out["verify_cost_ratio_v"] = c, v
+    if point.draft is not None:
+        out["weight_bytes_ratio"] = costs.bytes_ratio_for(point.draft)
+        out["draft_busy_share"] = costs.busy_share_for(point.draft)
+        out["target_busy_share"] = costs.busy_share_for(None)
     alpha = metrics.get("alpha")
     if c is None or v is None or alpha is None or not metrics.get("constant_draft_length"):
         return out

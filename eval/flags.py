@@ -28,6 +28,21 @@ NUMERICS_DRIFT = 1e-4
 FLIP_REACH = 2.0
 # GSM8K: the accuracy means nothing when more than half the answers were cut before '####'
 CUT_MAJORITY = 0.5
+# host_bound: the forwards measured Python dispatching kernels, not the models. Decoding at a small batch is memory
+# bound: a forward reads every weight once, so it costs about its weight bytes, and c comes near the draft's weight
+# bytes over the target's (the offline CPU pair, Qwen2.5-Coder 0.5B -> 1.5B in fp32: c 0.371, bytes ratio 0.355).
+# An eager transformers forward launches ~2,000 kernels one by one from Python; where a launch costs more than its
+# kernel's work, a forward costs about its kernel count whatever the model's width, and c drifts to the ratio of the
+# layer counts (Qwen3 0.6B -> 4B on an H100: c 0.78, about their 28/36 layers, where the bytes ratio is 0.15).
+# The rule where no busy times exist: c at least HOST_BOUND_EXCESS times the bytes ratio (then at least half the
+# draft's forward is not reading its weights; a small draft's smaller kernels reach less of the memory bandwidth,
+# which alone puts c somewhat above the ratio, not twice), and c at least HOST_BOUND_MIN_C (there the excess is a
+# large part of every round: 4 drafts at c 0.3 cost 1.2 target forwards; a tiny draft at c 0.1 costs little whatever
+# its cause). Where CUDA busy times exist (the profiler's kernel time in the draft's 1-token forward / its wall time)
+# they measure it directly and decide instead: a GPU idle over half the draft's forward waited for the host
+HOST_BOUND_EXCESS = 2.0
+HOST_BOUND_MIN_C = 0.3
+HOST_BOUND_BUSY = 0.5
 
 
 def ci_verdict(speedup: float | None, interval: list | None, prompts: int, ci_target: float = CI_WIDE) -> str | None:
@@ -128,7 +143,8 @@ def possible_bug(metrics: dict, drift: float | None) -> dict | None:
 
 
 def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
-    """cost_unstable: one probe's repetitions (each worker's), or the workers' c or v, disagree; cost_implausible."""
+    """cost_unstable: one probe's repetitions (each worker's), or the workers' c or v, disagree; cost_implausible;
+    host_bound."""
     flags = []
     for worker, probe in (costs.per_worker or {"": costs}).items():
         where = f" on worker {worker}" if len(costs.per_worker) > 1 else ""
@@ -139,7 +155,7 @@ def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
                               f"repetitions spread over {value:.0%} of their median (max - min), the same forward each "
                               "time: the machine was not steady while c and v were measured, so they and the prediction "
                               "are uncertain"})
-                return flags + implausible(metrics)
+                return flags + implausible(metrics) + host_bound(metrics)
     if len(costs.per_worker) > 1:
         for name, values in (("c", [p.c_for(point.draft) for p in costs.per_worker.values()]),
                              ("v", [p.v_for(point.gamma) for p in costs.per_worker.values()])):
@@ -151,7 +167,7 @@ def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
                               f"apart by {value:.0%} of their median ({shown}): the prediction uses their median, "
                               "which describes none of them well"})
                 break
-    return flags + implausible(metrics)
+    return flags + implausible(metrics) + host_bound(metrics)
 
 
 def implausible(metrics: dict) -> list[dict]:
@@ -163,6 +179,28 @@ def implausible(metrics: dict) -> list[dict]:
              "one (v < 1), or a draft dearer than the target (c > 1), is implausible; check the 1-token forward's "
              "kernel path first: the baseline decodes at M = 1, so a slow M = 1 path slows the baseline too and "
              "inflates every speedup"}]
+
+
+def host_bound(metrics: dict) -> list[dict]:
+    """host_bound by the rule above (HOST_BOUND_*): the draft's forward waits on the host more than it computes."""
+    c, bytes_ratio = metrics.get("draft_cost_ratio_c"), metrics.get("weight_bytes_ratio")
+    busy, target_busy = metrics.get("draft_busy_share"), metrics.get("target_busy_share")
+    if busy is not None:
+        if busy >= HOST_BOUND_BUSY:
+            return []
+        target = f", the target's {target_busy:.0%}" if target_busy is not None else ""
+        why = (f"the GPU was busy {busy:.0%} of the draft's 1-token forward{target} (kernel time / wall time): the "
+               "rest it waited for the host to launch the next kernel")
+    elif c is not None and bytes_ratio and c >= HOST_BOUND_EXCESS * bytes_ratio and c >= HOST_BOUND_MIN_C:
+        why = (f"c = {c:.3f} is {c / bytes_ratio:.1f}x the draft's weight bytes over the target's "
+               f"({bytes_ratio:.3f}), while a forward that reads its weights, as decoding does, costs about its "
+               "bytes: most of the draft's forward is the host dispatching kernels one by one")
+    else:
+        return []
+    return [{"code": "host_bound", "message": why + ". The speedups then measure Python and kernel-launch overhead "
+             "(how many dispatches speculation saves), not the memory-bound decoding that speculative decoding "
+             "exploits; for figures of the models, run the compiled engine (engine.compile: true) or vLLM (the vllm_* "
+             "methods)"}]
 
 
 def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[dict]:

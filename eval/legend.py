@@ -1,5 +1,6 @@
 """The report legend: what every figure, flag and field of summary.json means (METRICS.md's definitions)."""
-from eval.flags import COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, NUMERICS_DRIFT
+from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
+                        HOST_BOUND_MIN_C, NUMERICS_DRIFT)
 from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
 
 LEGEND = {
@@ -59,6 +60,13 @@ LEGEND = {
     "draft_cost_ratio_c": "one 1-token draft forward / one 1-token target forward, medians of interleaved "
                           "repetitions measured in the run at this batch size",
     "verify_cost_ratio_v": "one (gamma+1)-token target forward / one 1-token target forward, measured likewise",
+    "weight_bytes_ratio": "the draft's weight bytes / the target's, as loaded (the tensors each model holds: "
+                          "parameters, buffers, oneDNN-packed or bitsandbytes-quantized weights, a tied embedding "
+                          "once): what c comes near where decoding is memory bound; the tables' 'bytes' column, "
+                          "beside c",
+    "draft_busy_share": "CUDA only: the GPU's busy time (its kernels' time, from the profiler) in the draft's 1-token "
+                        "forward / that forward's wall time; target_busy_share: the same for the target's; null on a "
+                        "CPU",
     "predicted_speedup": "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma*c + v)); predicted_speedup_v1 uses v = 1 "
                          "(Leviathan et al. 2023, Thm 3.8). Only where the model applies: a constant draft length, a "
                          "draft model, c and v measured; else null and the notes say why",
@@ -80,7 +88,13 @@ LEGEND = {
              f"process) or the baseline's tok/s on the same batches in different repeats moved by more than "
              f"{DRIFT_LIMIT:.0%} (max / min - 1); cost_unstable: a cost probe this point uses has repetitions spread "
              f"over (max - min) / median > {COST_SPREAD_LIMIT:.0%}, or the workers that ran it measured c or v that far "
-             f"apart; cost_implausible: v < 1 or c > 1; possible_bug: a greedy output differs from the baseline's "
+             f"apart; cost_implausible: v < 1 or c > 1; "
+             f"host_bound: the draft's forward waits on the host (Python dispatching eager kernels one by one) more "
+             f"than it computes: its GPU busy share below {HOST_BOUND_BUSY:.0%} where CUDA busy times exist, else c >= "
+             f"{HOST_BOUND_EXCESS:g}x the weight bytes ratio and c >= {HOST_BOUND_MIN_C:g}; its speedups then measure "
+             f"Python and kernel-launch overhead, not the memory-bound decoding that speculation exploits: the "
+             f"compiled engine (engine.compile: true) or vLLM (the vllm_* methods) measure the models; "
+             f"possible_bug: a greedy output differs from the baseline's "
              f"where rounding cannot flip a token: at its first differing token the baseline's top-1 logit led its "
              f"top-2 by more than {FLIP_REACH:g} x the drift, the target's numerics probe's max |logit diff| (over "
              f"every verify width M the run uses, for a bf16 or quantized target; each logit moves by up to the drift), "

@@ -132,7 +132,9 @@ class CostProbe:
     one 1-token target forward. Written to progress.json as `to_json()`; the cost_model schedule reads it live.
 
     c: a 1-token draft forward per draft label; v: a (gamma+1)-token target forward per draft length gamma. The
-    repetitions behind each median are kept so the report can say when they disagree (cost_unstable)."""
+    repetitions behind each median are kept so the report can say when they disagree (cost_unstable). Beside c, what
+    says whether it measures the models or the host (host_bound): each model's weight bytes as loaded, and on CUDA
+    the GPU's busy time in a 1-token forward."""
     c_by_draft: dict[str, float] = field(default_factory=dict)
     v: dict[int, float] = field(default_factory=dict)
     target_forward_s: float | None = None  # the median 1-token target forward, seconds
@@ -140,6 +142,10 @@ class CostProbe:
     draft_reps_s: dict[str, list[float]] = field(default_factory=dict)  # draft label -> 1-token repetitions (s)
     draft_prefill: dict[str, dict] = field(default_factory=dict)  # draft label -> {fixed, per_token, width}
     workers: list[str] = field(default_factory=list)  # a Ray run: the workers whose probes these are (medians)
+    target_weight_bytes: int | None = None  # bytes of the tensors the model holds (runner/probes.py weight_bytes)
+    draft_weight_bytes: dict[str, int] = field(default_factory=dict)  # draft label -> the same
+    target_busy_s: float | None = None  # CUDA: the GPU's busy time in a 1-token target forward (median), seconds
+    draft_busy_s: dict[str, float] = field(default_factory=dict)  # draft label -> the same for its 1-token forward
     per_worker: dict = field(default_factory=dict, repr=False)  # worker -> its CostProbe (not written: each is)
 
     def c_for(self, draft: str | None) -> float | None:
@@ -147,6 +153,23 @@ class CostProbe:
 
     def v_for(self, gamma: int | None) -> float | None:
         return None if gamma is None else self.v.get(int(gamma))
+
+    def bytes_ratio_for(self, draft: str | None) -> float | None:
+        """The draft's weight bytes / the target's: what c would be if both forwards only read their weights."""
+        held = None if draft is None else self.draft_weight_bytes.get(draft)
+        return held / self.target_weight_bytes if held and self.target_weight_bytes else None
+
+    def busy_share_for(self, draft: str | None) -> float | None:
+        """CUDA: the GPU's busy time / the wall time of a 1-token forward of the draft (of the target for None). The
+        draft's wall time is c target forwards (c is the ratio of the two medians)."""
+        if not self.target_forward_s:
+            return None
+        if draft is None:
+            busy, wall = self.target_busy_s, self.target_forward_s
+        else:
+            c = self.c_for(draft)
+            busy, wall = self.draft_busy_s.get(draft), None if c is None else c * self.target_forward_s
+        return busy / wall if busy is not None and wall else None
 
     def repetitions(self, draft: str | None, gamma: int | None) -> dict[str, list[float]]:
         """The repetitions behind c_for(draft) and v_for(gamma), named for the report."""
@@ -161,7 +184,9 @@ class CostProbe:
         return {"c_by_draft": self.c_by_draft, "v": {str(k): x for k, x in self.v.items()},
                 "target_forward_s": self.target_forward_s,
                 "target_reps_s": {str(k): x for k, x in self.target_reps_s.items()},
-                "draft_reps_s": self.draft_reps_s, "draft_prefill": self.draft_prefill, "workers": self.workers}
+                "draft_reps_s": self.draft_reps_s, "draft_prefill": self.draft_prefill, "workers": self.workers,
+                "target_weight_bytes": self.target_weight_bytes, "draft_weight_bytes": self.draft_weight_bytes,
+                "target_busy_s": self.target_busy_s, "draft_busy_s": self.draft_busy_s}
 
     @classmethod
     def from_json(cls, row: dict | None) -> "CostProbe | None":
@@ -182,7 +207,10 @@ class CostProbe:
                 draft_reps[name[len("draft_"):-len("_1")]] = values
         return cls(c_by_draft=c_by_draft, v={int(k): x for k, x in (row.get("v") or {}).items()},
                    target_forward_s=row.get("target_forward_s"), target_reps_s=target_reps, draft_reps_s=draft_reps,
-                   draft_prefill=dict(row.get("draft_prefill") or {}), workers=list(row.get("workers") or []))
+                   draft_prefill=dict(row.get("draft_prefill") or {}), workers=list(row.get("workers") or []),
+                   target_weight_bytes=row.get("target_weight_bytes"),
+                   draft_weight_bytes=dict(row.get("draft_weight_bytes") or {}), target_busy_s=row.get("target_busy_s"),
+                   draft_busy_s=dict(row.get("draft_busy_s") or {}))
 
     @classmethod
     def across_workers(cls, probes: dict[str, "CostProbe"]) -> "CostProbe | None":
@@ -201,7 +229,16 @@ class CostProbe:
                    v={g: _median([p.v.get(g) for p in listed]) for g in gammas},
                    target_forward_s=_median([p.target_forward_s for p in listed]),
                    draft_prefill=next((p.draft_prefill for p in listed if p.draft_prefill), {}),
+                   target_weight_bytes=_median([p.target_weight_bytes for p in listed]),
+                   draft_weight_bytes=_medians([p.draft_weight_bytes for p in listed]),
+                   target_busy_s=_median([p.target_busy_s for p in listed]),
+                   draft_busy_s=_medians([p.draft_busy_s for p in listed]),
                    workers=sorted(probes), per_worker=dict(probes))
+
+
+def _medians(entries: list[dict]) -> dict:
+    """Per key, the median over the entries that have it."""
+    return {key: _median([entry.get(key) for entry in entries]) for key in sorted({k for e in entries for k in e})}
 
 
 def _median(values: list) -> float | None:

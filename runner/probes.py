@@ -72,15 +72,101 @@ def _timed_forward(state: KVState, model, tokens: torch.Tensor, clock) -> float:
     return elapsed
 
 
+def _busy_forward_s(state: KVState, model, tokens: torch.Tensor, clock, forwards: int) -> float | None:
+    """CUDA: the seconds the GPU spent executing a forward of tokens [B, 1] (kernels, copies, memsets: the union of
+    their intervals, from the profiler's device activity), over `forwards` forwards one after another (the cache grows
+    a token each, as in decoding), then back to the prompt's cache; None when the profiler saw no device activity, or
+    another profiler runs (one per process). One profiler session for them all: kineto prints two lines per session.
+
+    Not CUDA events around the forward: the stream reaches the start event at once and the end event after the last
+    kernel, so their span holds every gap in which the GPU waited for Python to launch the next kernel, and equals
+    the wall time whether the GPU worked through it or idled. The profiler's host overhead slows the launches, not
+    the kernels, so the busy time holds though the wall time under it does not (the wall time is the timed
+    repetitions')."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    clock.now()  # synchronises every device the models use: no earlier kernel runs inside the window
+    traced = profile(activities=[ProfilerActivity.CUDA])
+    try:
+        traced.start()
+    except RuntimeError:  # a profiler already runs in this process (a user's): no busy time, the probe goes on
+        return None
+    try:
+        for _ in range(forwards):
+            state.forward(model, tokens)
+        clock.now()  # every kernel of the forwards ran inside the window
+    finally:
+        traced.stop()
+    state.keep_prefix_of_last(forwards, torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device), 0)
+    spans = [(e.time_range.start, e.time_range.end) for e in traced.events()
+             if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    return busy_time_s(spans, unit_s=1e-6) / forwards if spans else None
+
+
+def busy_time_s(spans: list[tuple[float, float]], unit_s: float = 1.0) -> float:
+    """The time covered by any of the (start, end) spans (kernels on several streams or GPUs overlap: counted once),
+    in seconds given the spans' unit."""
+    busy, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reached:
+            busy += end - max(start, reached)
+            reached = end
+    return busy * unit_s
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the tensors a model holds as loaded, each storage once (tied embeddings share one): parameters and
+    buffers; tensors held as plain attributes (utils/cpu_linear.py's PackedLinear keeps its oneDNN-packed weight and
+    its bias so, replacing the nn.Linear's); and what a parameter carries beside its data (bitsandbytes: a 4-bit
+    weight's packed uint8 data and its quant_state's absmax and code, an 8-bit weight's int8 data and its SCB scales).
+    Meta tensors (offloaded to disk) hold nothing."""
+    seen, total = set(), 0
+    for tensor in _held_tensors(model):
+        if tensor.device.type == "meta":
+            continue
+        try:
+            storage = tensor.untyped_storage()
+            key, size = (str(tensor.device), storage.data_ptr()), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # oneDNN's opaque blocked layout: no storage, its elements' size
+            key, size = id(tensor), tensor.numel() * tensor.element_size()
+        if key not in seen:
+            seen.add(key)
+            total += size
+    return total
+
+
+def _held_tensors(model: torch.nn.Module):
+    for module in model.modules():
+        for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
+            if isinstance(tensor, torch.Tensor):
+                yield tensor
+                yield from _attached(tensor)
+
+
+def _attached(owner, depth: int = 3):
+    """Tensors an object keeps in its attributes, and those of its attributes' attributes (bitsandbytes' quant_state
+    and its nested state2), a few levels deep."""
+    if depth == 0:
+        return
+    for value in vars(owner).values() if hasattr(owner, "__dict__") else ():
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
+            yield from _attached(value, depth - 1)
+
+
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
-                  draft_prefill: bool = False) -> CostProbe:
+                  draft_prefill: bool = False, busy_reps: int = 3) -> CostProbe:
     """c = t(1-token draft forward) / t(1-token target forward) per draft; v_k = t((k+1)-token target forward)
     / t(1-token target forward) for each draft length k = width - 1, at this batch's cache length.
 
     The forwards are interleaved, one of each per repetition (after one untimed pass), so that drift of the
     machine touches every ratio alike; each time is the median over the repetitions, and the repetitions
     are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's prefill
-    cost (draft_prefill_cost; only the cost_model schedule reads it).
+    cost (draft_prefill_cost; only the cost_model schedule reads it). Beside c, for the host_bound flag: each model's
+    weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of `busy_reps`, after the timed
+    repetitions: the profiler slows the host).
     """
     states = {"target": _prefilled(target, ids, mask)}
     models = {"target": target}
@@ -97,6 +183,10 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
                 times[(name, width)].append(elapsed)
     median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
     target_one = median[("target", 1)]
+    busy = {}
+    if ids.device.type == "cuda":
+        tokens = ids[:, -1:].contiguous()
+        busy = {name: _busy_forward_s(states[name], model, tokens, clock, busy_reps) for name, model in models.items()}
     return CostProbe(
         c_by_draft={label: median[(f"draft:{label}", 1)] / target_one for label in drafts},
         v={w - 1: median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
@@ -105,6 +195,10 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         draft_reps_s={name.removeprefix("draft:"): values for (name, _), values in times.items() if name != "target"},
         draft_prefill={label: draft_prefill_cost(model, ids, mask, clock, target_one)
                        for label, model in drafts.items()} if draft_prefill else {},
+        target_weight_bytes=weight_bytes(target),
+        draft_weight_bytes={label: weight_bytes(model) for label, model in drafts.items()},
+        target_busy_s=busy.get("target"),
+        draft_busy_s={label: busy[f"draft:{label}"] for label in drafts if busy.get(f"draft:{label}") is not None},
     )
 
 

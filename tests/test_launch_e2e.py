@@ -117,6 +117,21 @@ def test_report_files_are_strict_json_with_probes_and_memory(sweep_run):
     assert memory["peak_rss_bytes"] >= memory["rss_bytes"] > 0 and memory["peak_anon_bytes"] > 0
 
 
+def test_the_cost_probes_record_each_model_s_weight_bytes(sweep_run):
+    _, out = sweep_run
+    # fp32 tiny Llamas, width 64, 96 words: 36,992 parameters a layer, untied embedding and head 6,144 each, a final
+    # norm of 64, and 64 bytes of rotary buffers. Target 3 layers: 493,376 bytes; draft 1 layer: 197,440 bytes
+    probes = [probe for entry in json.loads((out / "progress.json").read_text())["costs"].values()
+              for probe in entry.values()]
+    assert len(probes) == 2  # batch sizes 1 and 3, one process
+    for probe in probes:
+        assert probe["target_weight_bytes"] == 493_376 and probe["draft_weight_bytes"] == {"llama-draft": 197_440}
+        assert probe["target_busy_s"] is None and probe["draft_busy_s"] == {}  # a CPU: no GPU busy time
+    summary = json.loads((out / "summary.json").read_text())
+    ratios = [r["metrics"]["weight_bytes_ratio"] for r in summary["runs"] if r["method"] == "speculative"]
+    assert len(ratios) == 6 and ratios == [pytest.approx(197_440 / 493_376)] * 6  # 3 gammas x 2 batch sizes
+
+
 def test_a_piped_run_prints_a_line_per_batch(sweep_run):
     result, _ = sweep_run  # stdout and stderr are pipes here, as in CI logs or under nohup
     lines = [line for line in result.stderr.splitlines() if "tok/s so far" in line]
