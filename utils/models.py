@@ -290,24 +290,32 @@ def release_file_mappings(model) -> int:
     its own, one tensor at a time, so the mapping closes.
 
     transformers loads safetensors by mmap: on a CPU the weights stay pages of the file. Once the oneDNN
-    packing has made its own copies of the linear weights, the file's pages (all of them were read) are
-    still mapped through the tensors left behind (embeddings, norms), and a resident set of weights x 2
-    is what `top` and a container's accounting show. Copying the small rest frees the mapping; the peak
+    packing has made its own copies of the linear weights, the tensors left behind (embeddings, norms) still
+    hold the file mapped. Each is copied, and its file pages leave the resident set at once, so the peak
     extra memory is one tensor. Returns how many tensors were copied.
     """
+    from utils.memory import drop_file_pages, file_mapped_ranges
+
+    ranges = file_mapped_ranges()
     copied = 0
     with torch.no_grad():
         for module in model.modules():
             for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
-                if tensor is None or tensor.device.type != "cpu":
+                if tensor is None or tensor.device.type != "cpu" or not _in_ranges(tensor, ranges):
                     continue
-                owned = tensor.data.clone()
-                tensor.data = owned
+                mapped = tensor.data
+                tensor.data = mapped.clone()
+                drop_file_pages(mapped, ranges)
                 copied += 1
     import gc
 
     gc.collect()
     return copied
+
+
+def _in_ranges(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    address = tensor.data_ptr()
+    return any(start <= address < stop for start, stop in ranges)
 
 
 def vllm_model(cfg: ModelConfig, role: str) -> str:
