@@ -235,19 +235,25 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=cfg.quantization == "4bit", load_in_8bit=cfg.quantization == "8bit",
             bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
-        kwargs["device_map"] = {"": device}
     device_map = getattr(cfg, "device_map", None)
     if device_map is not None:  # one model over several devices, placed by accelerate as transformers does
         kwargs["device_map"] = device_map
         if getattr(cfg, "max_memory", None):
             kwargs["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in cfg.max_memory.items()}
+    elif device.type != "cpu" or cfg.quantization != "none":
+        # straight onto the device: no full copy on the host first. On a CPU, unquantized, the weights stay
+        # memory-mapped from their file (release_file_mappings copies what packing leaves)
+        kwargs["device_map"] = {"": device}
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=gguf_file, revision=cfg.revision)
-        model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        text_only = None if gguf_file or isinstance(device_map, dict) else text_only_config(where, cfg.revision)
+        model = _load_text_model(where, text_only, kwargs) if text_only is not None else None
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        else:
+            source += f" (its text model alone, {type(model).__name__})"
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
         raise ModelLoadError(_explain(role, cfg, source, error)) from None
-    if cfg.quantization == "none" and device_map is None:
-        model = model.to(device)
     model.eval()
     model.requires_grad_(False)
     if tokenizer.pad_token_id is None:
@@ -255,6 +261,50 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
     return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size)
+
+
+# where the text model's weights sit in a multimodal checkpoint (LLaVA-style: gemma-3, PaliGemma, Mistral-3, ...),
+# as the original checkpoints and transformers 5's own layout name them -> the text-only class's names
+TEXT_MODEL_KEYS = {r"^language_model\.model\.": "model.", r"^model\.language_model\.": "model.",
+                   r"^language_model\.lm_head\.": "lm_head."}
+
+
+def text_only_config(where: str, revision: str | None):
+    """The text config of a multimodal checkpoint whose text model has a causal-LM class of its own
+    (gemma-3 4B and up: Gemma3ForConditionalGeneration holds a Gemma3ForCausalLM's weights next to a vision
+    tower), or None: a plain causal LM, or a config not readable here (from_pretrained then explains)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        hf_config = AutoConfig.from_pretrained(where, revision=revision)
+    except Exception:
+        return None
+    text = hf_config.get_text_config(decoder=True)
+    if text is hf_config or type(text) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return None
+    return text
+
+
+def _load_text_model(where: str, text_config, kwargs: dict):
+    """The text-only causal LM of a multimodal checkpoint, or None when the checkpoint's text weights are
+    not all found under TEXT_MODEL_KEYS (the caller then loads the full model). The vision weights are left
+    on disk, which transformers reports as unexpected keys: that report is silenced, and missing keys are
+    checked here instead."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(where, config=text_config, key_mapping=TEXT_MODEL_KEYS,
+                                                           output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if info["missing_keys"] or info["mismatched_keys"]:
+        del model
+        return None
+    return model
 
 
 def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) -> LoadedModel:
