@@ -27,6 +27,10 @@ class LoadedModel:
     quantization: str
     vocab_size: int  # output rows of the LM head (may exceed the tokenizer: padded rows)
     kernels: str = "nn.Linear"
+    # attn_implementation auto with a choice (CUDA, flash-attn 2 usable): the implementations runner/attention.py
+    # times at load, the one loaded first; () when there is nothing to choose
+    attention_candidates: tuple[str, ...] = ()
+    attention_note: str = ""  # how auto resolved and why, for the report's notes ("" when not auto)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,6 +103,18 @@ def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> st
     if name == "auto":
         return "flash_attention_2" if flash_attention_problem(device, dtype) is None else "sdpa"
     return name
+
+
+def auto_attention(name: str, attention: str, device: torch.device, dtype: torch.dtype) -> dict:
+    """LoadedModel's attention_candidates and attention_note for a model loaded with `attention`. Where
+    flash_attention_2 can run, auto does not trust it blindly: both are measured at load on the run's batch
+    (runner/attention.py). Elsewhere (a CPU, fp32, no flash-attn) auto is sdpa, and the note says why."""
+    if name != "auto":
+        return {}
+    if attention == "flash_attention_2":
+        return {"attention_candidates": ("flash_attention_2", "sdpa"),
+                "attention_note": "auto: flash_attention_2 and sdpa both run here, not yet measured"}
+    return {"attention_note": f"auto -> sdpa (flash_attention_2 not usable: {flash_attention_problem(device, dtype)})"}
 
 
 def model_devices(model) -> list[torch.device]:
@@ -260,7 +276,8 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size)
+    return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size,
+                       **auto_attention(cfg.attn_implementation, attention, device, dtype))
 
 
 # where the text model's weights sit in a multimodal checkpoint (LLaVA-style: gemma-3, PaliGemma, Mistral-3, ...),
@@ -319,7 +336,8 @@ def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) 
     model = model.to(device).eval().requires_grad_(False)
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, "none", vocab_size)
+    return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, "none", vocab_size,
+                       **auto_attention(cfg.attn_implementation, attention, device, dtype))
 
 
 def _explain(role: str, cfg: ModelConfig, source: str, error: Exception) -> str:
