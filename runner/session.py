@@ -15,6 +15,7 @@ from decode import Clock, Generation, Sampling, check_vocab_compatible
 from decode.methods import REGISTRY, RunContext
 from decode.vocab import VocabMismatch
 from eval.records import CostProbe, Point, SampleRecord
+from runner.attention import settle_attention
 from runner.plan import Unit, batches_of, order_of, points_of, skipped_reason
 from runner.probes import PROCESS, drift_probe, measure_costs
 from utils import UserError
@@ -124,6 +125,8 @@ class Session:
         others = tuple(sorted((d for d in devices if d.type == "cuda" and d != self.device), key=str))
         if others:  # a model split over several GPUs: every clock read synchronises all of them
             self.clock = Clock(self.device, extra_devices=others)
+        for loaded in [self.target, *self.drafts.values()]:  # attn_implementation auto, where it has a choice
+            settle_attention(loaded, max(config.batch_size), max(config.speculative.gamma) + 1, self.clock)
         self.tokenizer = self.target.tokenizer
         self.prompt_set = load_prompts(config.dataset, self.tokenizer)
         self.eos = eos_ids(self.tokenizer, self.target.model)
@@ -220,6 +223,7 @@ class Session:
         loaded = [("target", self.target)] + [(f"draft {label}", d) for label, d in self.drafts.items()]
         notes = [f"{role}: {m.source} ({m.dtype}, {m.attn_implementation}, quantization {m.quantization}, {m.kernels})"
                  for role, m in loaded]
+        notes += [f"{role}: attention {m.attention_note}" for role, m in loaded if m.attention_note]
         notes += self._prompt_notes()
         if any(not REGISTRY[m].per_row_timing and REGISTRY[m].engine == "ours" for m in self.config.methods):
             notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "

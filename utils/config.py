@@ -29,7 +29,10 @@ class ModelConfig(Strict):
     revision: str | None = None
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     quantization: Literal["none", "8bit", "4bit"] = "none"
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="auto: sdpa, except where flash_attention_2 can run (CUDA, fp16/bf16, flash-attn 2): "
+                            "both are then timed at load on the largest batch size and the fastest that gives "
+                            "sdpa's greedy tokens is kept; the notes say which and why")
     device_map: str | dict[str, Any] | None = Field(None, description="'auto' or module -> device: split a model "
                                                     "over several devices (accelerate)")
     max_memory: dict[str, str] | None = Field(None, description="device -> size ('20GiB'), with device_map")

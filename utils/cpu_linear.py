@@ -31,12 +31,27 @@ def usable(model: nn.Module) -> bool:
 
 
 def pack_linears(model: nn.Module, batch_hint: int = 4) -> int:
-    """Replace every fp32 nn.Linear of a CPU model in place; returns how many were replaced."""
+    """Replace every fp32 nn.Linear of a CPU model in place; returns how many were replaced.
+
+    A weight memory-mapped from its file (safetensors loading) has its pages given back as soon as its packed
+    copy exists: otherwise every page packing read stays resident until the file closes, and the resident
+    set peaks at the weights twice (file pages + packed copies). A weight another module still uses (an LM
+    head tied to the embeddings) keeps its pages.
+    """
+    from utils.memory import drop_file_pages, file_mapped_ranges
+
+    uses: dict[int, int] = {}  # storage address -> parameters and buffers on it (tied weights share one)
+    for _, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        address = tensor.untyped_storage().data_ptr()
+        uses[address] = uses.get(address, 0) + 1
+    ranges = file_mapped_ranges()
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 setattr(parent, name, PackedLinear(child, batch_hint))
                 replaced += 1
+                if uses.get(child.weight.untyped_storage().data_ptr()) == 1:
+                    drop_file_pages(child.weight, ranges)
     return replaced
 

@@ -27,6 +27,10 @@ class LoadedModel:
     quantization: str
     vocab_size: int  # output rows of the LM head (may exceed the tokenizer: padded rows)
     kernels: str = "nn.Linear"
+    # attn_implementation auto with a choice (CUDA, flash-attn 2 usable): the implementations runner/attention.py
+    # times at load, the one loaded first; () when there is nothing to choose
+    attention_candidates: tuple[str, ...] = ()
+    attention_note: str = ""  # how auto resolved and why, for the report's notes ("" when not auto)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,6 +103,18 @@ def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> st
     if name == "auto":
         return "flash_attention_2" if flash_attention_problem(device, dtype) is None else "sdpa"
     return name
+
+
+def auto_attention(name: str, attention: str, device: torch.device, dtype: torch.dtype) -> dict:
+    """LoadedModel's attention_candidates and attention_note for a model loaded with `attention`. Where
+    flash_attention_2 can run, auto does not trust it blindly: both are measured at load on the run's batch
+    (runner/attention.py). Elsewhere (a CPU, fp32, no flash-attn) auto is sdpa, and the note says why."""
+    if name != "auto":
+        return {}
+    if attention == "flash_attention_2":
+        return {"attention_candidates": ("flash_attention_2", "sdpa"),
+                "attention_note": "auto: flash_attention_2 and sdpa both run here, not yet measured"}
+    return {"attention_note": f"auto -> sdpa (flash_attention_2 not usable: {flash_attention_problem(device, dtype)})"}
 
 
 def model_devices(model) -> list[torch.device]:
@@ -235,26 +251,77 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=cfg.quantization == "4bit", load_in_8bit=cfg.quantization == "8bit",
             bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
-        kwargs["device_map"] = {"": device}
     device_map = getattr(cfg, "device_map", None)
     if device_map is not None:  # one model over several devices, placed by accelerate as transformers does
         kwargs["device_map"] = device_map
         if getattr(cfg, "max_memory", None):
             kwargs["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in cfg.max_memory.items()}
+    elif device.type != "cpu" or cfg.quantization != "none":
+        # straight onto the device: no full copy on the host first. On a CPU, unquantized, the weights stay
+        # memory-mapped from their file (release_file_mappings copies what packing leaves)
+        kwargs["device_map"] = {"": device}
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=gguf_file, revision=cfg.revision)
-        model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        text_only = None if gguf_file or isinstance(device_map, dict) else text_only_config(where, cfg.revision)
+        model = _load_text_model(where, text_only, kwargs) if text_only is not None else None
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        else:
+            source += f" (its text model alone, {type(model).__name__})"
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
         raise ModelLoadError(_explain(role, cfg, source, error)) from None
-    if cfg.quantization == "none" and device_map is None:
-        model = model.to(device)
     model.eval()
     model.requires_grad_(False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size)
+    return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size,
+                       **auto_attention(cfg.attn_implementation, attention, device, dtype))
+
+
+# where the text model's weights sit in a multimodal checkpoint (LLaVA-style: gemma-3, PaliGemma, Mistral-3, ...),
+# as the original checkpoints and transformers 5's own layout name them -> the text-only class's names
+TEXT_MODEL_KEYS = {r"^language_model\.model\.": "model.", r"^model\.language_model\.": "model.",
+                   r"^language_model\.lm_head\.": "lm_head."}
+
+
+def text_only_config(where: str, revision: str | None):
+    """The text config of a multimodal checkpoint whose text model has a causal-LM class of its own
+    (gemma-3 4B and up: Gemma3ForConditionalGeneration holds a Gemma3ForCausalLM's weights next to a vision
+    tower), or None: a plain causal LM, or a config not readable here (from_pretrained then explains)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        hf_config = AutoConfig.from_pretrained(where, revision=revision)
+    except Exception:
+        return None
+    text = hf_config.get_text_config(decoder=True)
+    if text is hf_config or type(text) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return None
+    return text
+
+
+def _load_text_model(where: str, text_config, kwargs: dict):
+    """The text-only causal LM of a multimodal checkpoint, or None when the checkpoint's text weights are
+    not all found under TEXT_MODEL_KEYS (the caller then loads the full model). The vision weights are left
+    on disk, which transformers reports as unexpected keys: that report is silenced, and missing keys are
+    checked here instead."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(where, config=text_config, key_mapping=TEXT_MODEL_KEYS,
+                                                           output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if info["missing_keys"] or info["mismatched_keys"]:
+        del model
+        return None
+    return model
 
 
 def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) -> LoadedModel:
@@ -269,7 +336,8 @@ def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) 
     model = model.to(device).eval().requires_grad_(False)
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, "none", vocab_size)
+    return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, "none", vocab_size,
+                       **auto_attention(cfg.attn_implementation, attention, device, dtype))
 
 
 def _explain(role: str, cfg: ModelConfig, source: str, error: Exception) -> str:
@@ -290,24 +358,32 @@ def release_file_mappings(model) -> int:
     its own, one tensor at a time, so the mapping closes.
 
     transformers loads safetensors by mmap: on a CPU the weights stay pages of the file. Once the oneDNN
-    packing has made its own copies of the linear weights, the file's pages (all of them were read) are
-    still mapped through the tensors left behind (embeddings, norms), and a resident set of weights x 2
-    is what `top` and a container's accounting show. Copying the small rest frees the mapping; the peak
+    packing has made its own copies of the linear weights, the tensors left behind (embeddings, norms) still
+    hold the file mapped. Each is copied, and its file pages leave the resident set at once, so the peak
     extra memory is one tensor. Returns how many tensors were copied.
     """
+    from utils.memory import drop_file_pages, file_mapped_ranges
+
+    ranges = file_mapped_ranges()
     copied = 0
     with torch.no_grad():
         for module in model.modules():
             for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
-                if tensor is None or tensor.device.type != "cpu":
+                if tensor is None or tensor.device.type != "cpu" or not _in_ranges(tensor, ranges):
                     continue
-                owned = tensor.data.clone()
-                tensor.data = owned
+                mapped = tensor.data
+                tensor.data = mapped.clone()
+                drop_file_pages(mapped, ranges)
                 copied += 1
     import gc
 
     gc.collect()
     return copied
+
+
+def _in_ranges(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    address = tensor.data_ptr()
+    return any(start <= address < stop for start, stop in ranges)
 
 
 def vllm_model(cfg: ModelConfig, role: str) -> str:
