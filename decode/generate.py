@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decode.drafters.base import Drafter, Proposal
-from decode.kv import KVState
+from decode.kv import KVState, host_to_device
 from decode.static_kv import new_state
 from decode.sampling import accept_greedy, accept_sampled, logits_to_probs, sample
 from decode.settings import Generation, Sampling
@@ -162,6 +162,11 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     max_new_tokens and its proposal length (its schedule, or no n-gram match). A row with draft_limit 0
     takes a plain target step inside the batch's forward; a round in which no row drafts (G = 0) is one
     target forward of the last tokens alone. Each row's draft_limit is recorded as the round's "drafted".
+
+    Host syncs per round: one read of the verification result (with sdpa or eager attention on a model without
+    sliding windows; more with a schedule that stops rows mid-round), plus the three clock reads, which
+    synchronise CUDA devices to split time into draft and target. Every other host fact (hole counts, the
+    drafters' view of the tokens) is derived from that read; host-to-device copies go through pinned memory.
     """
     clock = clock or Clock(prompt_ids.device)
     sampling = generation.sampling
@@ -184,12 +189,12 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
             record.draft_s += draft_prefill_s
             record.draft_prefill_s = draft_prefill_s
             record.draft_forwards += drafter.forwards  # the draft's prefill; 0 for a drafter without a model
+        drafter.observe([row[0] for row in emitted])
     while running:
         if len(running) < len(active):
-            rows = torch.tensor(running, device=token.device)
-            state.select_rows(rows)
-            drafter.select_rows(rows)
-            token, active = token[rows], [active[i] for i in running]
+            state.select_rows(running)
+            drafter.select_rows(torch.tensor(running))
+            token, active = token[host_to_device(running, token.device)], [active[i] for i in running]
         # gamma clipped per row so that a round never emits past max_new_tokens
         budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
 
@@ -202,7 +207,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         else:  # every row has one token left: a plain target step
             proposal = Proposal(token.new_zeros(len(active), 0), None)
         num_drafted = proposal.tokens.shape[1]  # G: the widest row's draft
-        draft_limit = torch.tensor(budget_host, device=token.device).clamp(max=num_drafted)  # [B]
+        draft_limit = host_to_device(budget_host, token.device).clamp(max=num_drafted)  # [B]
         if proposal.lengths is not None:
             draft_limit = torch.minimum(draft_limit, proposal.lengths)
         drafted_at = clock.now()
@@ -223,7 +228,9 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         draft_limit_host = [row[2] for row in host]
 
         # 4. roll both caches back to each row's accepted prefix
-        state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1)
+        state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1,
+                                  [accepted + 1 for accepted in accepted_host])
+        drafter.observe([row[1] for row in host], [row[3:] for row in host])
         if max(budget_host) > 0:
             drafter.commit(accepted_len, accepted_host, draft_limit_host)
         verified_at = clock.now()

@@ -15,19 +15,58 @@ Sliding-window attention (Mistral, Qwen2 with use_sliding_window, gemma-2/3 loca
 cache slots, not positions: a hole inside a row would shrink its window. For such models the cache
 is kept hole-free (compacted right after any rollback that leaves holes), so a row's slot index is
 its position plus a constant left pad and a window of W slots is a window of W tokens.
+
+Devices and host syncs. The mask lives on the engine's device (that of the input ids) and has a copy on the
+host (numpy, so no torch op and no device is involved): hole counts, compaction sizes and whether a forward
+needs an attention mask at all are read there, never from the device. Each model is fed on its input
+embedding's device and its logits come back to the engine's device; each cache layer is indexed with an index
+on that layer's own device (a target split over several GPUs by a device map).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
 
 # compact once rollback holes are more than this share of the slots after each row's left padding
 COMPACT_HOLE_FRACTION = 0.25
 
 # layer types whose attention pattern is computed from slot indices within a window
 WINDOWED_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+
+# model types whose decoder hands its attention mask to transformers' create_causal_mask and uses it for nothing
+# else (ALiBi models such as Bloom and Falcon build their bias from the 2-D mask), so a prebuilt 4-D mask, built
+# by that same function, is taken as it is; with sdpa and eager attention this saves the host sync by which
+# transformers decides whether a mask is needed at all (at every one-token forward, e.g. a draft step)
+PREBUILT_MASK_MODEL_TYPES = frozenset({
+    "llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3", "olmo2",
+    "granite", "gpt_neox"})
+PREBUILT_MASK_ATTENTION = ("sdpa", "eager")
+
+
+def host_to_device(values, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list, numpy array or CPU tensor on `device`. To a GPU the copy goes through pinned memory and does
+    not block (a copy from pageable memory waits for every queued kernel); on a CPU it is the host tensor."""
+    host = values if isinstance(values, torch.Tensor) else torch.as_tensor(values, dtype=dtype)
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def input_device(model) -> torch.device:
+    """Where the model takes its input ids: its input embedding's device (the first one of a device map)."""
+    return model.get_input_embeddings().weight.device
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """tensor on device; between two GPUs without a host sync."""
+    if tensor.device == device:
+        return tensor
+    return tensor.to(device, non_blocking=tensor.device.type == "cuda" and device.type == "cuda")
 
 
 class CacheLayoutError(ValueError):
@@ -54,7 +93,8 @@ def sliding_window_of(config) -> int | None:
 @dataclass
 class KVState:
     cache: DynamicCache = field(default_factory=DynamicCache)
-    mask: torch.Tensor | None = None  # [B, L] long, 1 = slot belongs to the row
+    mask: torch.Tensor | None = None  # [B, L] long on the engine's device, 1 = slot belongs to the row
+    _host: tuple | None = field(default=None, repr=False)  # (mask, its copy [B, L] on the host)
     forwards: int = 0
     hole_free: bool = False  # set from the model's config at the first forward (sliding-window attention)
     compactions: int = 0  # gathers done by `compact`
@@ -64,24 +104,69 @@ class KVState:
     def length(self) -> int:
         return 0 if self.mask is None else self.mask.shape[1]
 
-    def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None,
+    @property
+    def mask_host(self) -> np.ndarray | None:
+        """The mask on the host; read from the device (a sync) only if `mask` was set from outside."""
+        if self.mask is None:
+            return None
+        if self._host is None or self._host[0] is not self.mask:
+            self._host = (self.mask, self.mask.cpu().numpy().astype(np.int64))
+        return self._host[1]
+
+    def _set_mask(self, mask: torch.Tensor, host: np.ndarray) -> None:
+        self.mask, self._host = mask, (mask, host)
+
+    def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | np.ndarray | None = None,
                 last_only: bool = False) -> torch.Tensor:
         """Append input_ids [B, S] (input_mask [B, S], 1 = real token) and return fp32 logits.
 
+        input_ids are on the engine's device, where the logits come back. input_mask is a numpy array (built
+        on the host: no sync) or a tensor on the engine's device (read to the host once: a sync, as at prefill).
         Returns [B, S, V], or [B, 1, V] with last_only (the LM head runs on the last slot alone).
         """
         if self.mask is None and sliding_window_of(getattr(model, "config", None)) is not None:
             self.hole_free = True
+        engine = input_ids.device
         if input_mask is None:
+            input_host = np.ones(tuple(input_ids.shape), dtype=np.int64)
             input_mask = torch.ones_like(input_ids)
+        elif isinstance(input_mask, np.ndarray):
+            input_host = input_mask.astype(np.int64)
+            input_mask = host_to_device(input_host, engine)
+        else:
+            input_host = input_mask.cpu().numpy().astype(np.int64)
         base = 0 if self.mask is None else self.mask.sum(dim=1, keepdim=True)  # [B, 1] tokens so far
         position_ids = (base + input_mask.cumsum(dim=1) - 1).clamp_min(0)  # [B, S]
-        self.mask = input_mask if self.mask is None else torch.cat([self.mask, input_mask], dim=1)
-        out = model(input_ids=input_ids, attention_mask=self.mask, position_ids=position_ids,
-                    past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        if self.mask is None:
+            self._set_mask(input_mask, input_host)
+        else:
+            self._set_mask(torch.cat([self.mask, input_mask], dim=1), np.concatenate([self.mask_host, input_host], 1))
+        feed = input_device(model)
+        position_ids = to_device(position_ids, feed)
+        out = model(input_ids=to_device(input_ids, feed), attention_mask=self._attention_mask(model, feed, position_ids),
+                    position_ids=position_ids, past_key_values=self.cache, use_cache=True,
+                    logits_to_keep=1 if last_only else 0)
         self.forwards += 1
         self._check_layout()
-        return out.logits.float()
+        return to_device(out.logits, engine).float()
+
+    def _attention_mask(self, model, feed: torch.device, position_ids: torch.Tensor):
+        """The mask to hand the model for the slots so far. For a model type in PREBUILT_MASK_MODEL_TYPES with
+        sdpa or eager attention and no sliding window: None where every slot is real (causal alone), else the
+        4-D mask transformers would build from the 2-D one; transformers reads the 2-D mask on the host to decide
+        which (at every one-token forward), the host copy answers without a sync. Any other model: the 2-D mask.
+        """
+        config = model.config
+        if (getattr(config, "model_type", None) not in PREBUILT_MASK_MODEL_TYPES or self.hole_free
+                or getattr(config, "_attn_implementation", None) not in PREBUILT_MASK_ATTENTION):
+            return to_device(self.mask, feed)
+        if self.mask_host.all():
+            return None
+        embeddings = model.get_input_embeddings().weight
+        # create_causal_mask reads only the batch size, query length, dtype and device of inputs_embeds
+        shape_only = torch.empty((position_ids.shape[0], position_ids.shape[1], 0), dtype=embeddings.dtype, device=feed)
+        return create_causal_mask(config=config, inputs_embeds=shape_only, attention_mask=to_device(self.mask, feed),
+                                  past_key_values=self.cache, position_ids=position_ids, allow_is_causal_skip=False)
 
     def _check_layout(self) -> None:
         # a DynamicCache built from a sliding-window config keeps only the last W-1 slots of a layer,
@@ -94,60 +179,77 @@ class KVState:
                     f"cache layer {index} ({type(layer).__name__}) holds {keys.shape[-2]} slots but the mask has "
                     f"{self.length}; build KVState's cache as a plain DynamicCache() (no config), whose layers are not trimmed")
 
-    def keep_prefix_of_last(self, num_new: int, kept: torch.Tensor, max_kept: int) -> None:
+    def keep_prefix_of_last(self, num_new: int, kept: torch.Tensor, max_kept: int, kept_host=None) -> None:
         """Of the last num_new slots keep the first kept[b] for each row [B]; mask the rest.
 
-        max_kept = max(kept), known on the host: the columns after it are cropped.
+        max_kept = max(kept), known on the host: the columns after it are cropped. kept_host: kept on the host
+        where the caller has it; without it kept is read (a host sync).
         """
+        kept_host = np.asarray(kept.tolist() if kept_host is None else kept_host, dtype=np.int64)
         start = self.length - num_new
         offsets = torch.arange(num_new, device=self.mask.device)
         new_mask = self.mask[:, start:] * (offsets[None, :] < kept[:, None])
-        self.mask = torch.cat([self.mask[:, :start], new_mask[:, :max_kept]], dim=1)
+        new_host = self.mask_host[:, start:] * (np.arange(num_new)[None, :] < kept_host[:, None])
+        self._set_mask(torch.cat([self.mask[:, :start], new_mask[:, :max_kept]], dim=1),
+                       np.concatenate([self.mask_host[:, :start], new_host[:, :max_kept]], axis=1))
         if max_kept < num_new:
             self._map_slots(lambda t: t[:, :, : start + max_kept])
         self.maybe_compact()
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only the given rows [B'] (finished rows stop costing work)."""
-        self.mask = self.mask[rows]
-        self._map_slots(lambda t: t[rows])
+    def select_rows(self, rows) -> None:
+        """Keep only the given rows [B'] (finished rows stop costing work): a list, or a tensor on any device
+        (read to the host unless on the CPU)."""
+        rows_host = np.asarray(rows.tolist() if isinstance(rows, torch.Tensor) else rows, dtype=np.int64)
+        index = self._index_on(rows if isinstance(rows, torch.Tensor) else rows_host)
+        self._set_mask(self.mask[index(self.mask.device)], self.mask_host[rows_host])
+        self._map_slots(lambda t: t[index(t.device)])
         self.maybe_compact()
 
+    @staticmethod
+    def _index_on(index):
+        """device -> index on that device: one copy per device however many cache layers live there."""
+        copies = {index.device: index} if isinstance(index, torch.Tensor) else {}
+
+        def on(device: torch.device) -> torch.Tensor:
+            if device not in copies:
+                source = next(iter(copies.values()), None)
+                copies[device] = to_device(source, device) if source is not None else host_to_device(index, device)
+            return copies[device]
+        return on
+
     def hole_counts(self) -> tuple[int, int, int]:
-        """(rollback holes, leading columns no row uses, slots after the rows' left padding). One host sync.
+        """(rollback holes, leading columns no row uses, slots after the rows' left padding), from the host copy.
 
         A row's holes are its masked slots after its first real slot; left padding is not a hole.
         """
-        count = self.mask.sum(dim=1)  # [B]
-        first_real = torch.where(count > 0, (self.mask != 0).int().argmax(dim=1), self.length)  # [B]
+        count = self.mask_host.sum(axis=1)  # [B]
+        first_real = np.where(count > 0, (self.mask_host != 0).argmax(axis=1), self.length)  # [B]
         span = self.length - first_real  # [B] slots from the row's first real one on
-        holes = (span - count).sum()
-        holes_host, unused_host, span_host = torch.stack([holes, first_real.min(), span.sum()]).tolist()
-        return int(holes_host), int(unused_host), int(span_host)
+        return int((span - count).sum()), int(first_real.min()), int(span.sum())
 
     def maybe_compact(self) -> None:
         if self.mask is None or not self.mask.numel():
             return
-        # .item() syncs; it runs once per round, right after the round's one other sync
         holes, unused, span = self.hole_counts()
         if holes and (self.hole_free or holes > COMPACT_HOLE_FRACTION * span):
             self.compact()
         elif unused:  # columns of padding that no row needs any more (its longest row finished): a slice, no copy
             self.slots_freed += unused * self.mask.shape[0]
-            self.mask = self.mask[:, unused:]
+            self._set_mask(self.mask[:, unused:], self.mask_host[:, unused:])
             self._map_slots(lambda t: t[:, :, unused:])
 
     def compact(self) -> None:
         """Move each row's slots to the right end, in order, and drop the columns no row needs."""
-        new_length = int(self.mask.sum(dim=1).max().item())
+        new_length = int(self.mask_host.sum(axis=1).max())
         old_length = self.length
         # a stable sort of the 0/1 mask puts holes first and keeps the row's own order
         order = torch.argsort(self.mask, dim=1, stable=True)[:, old_length - new_length:]  # [B, L']
-        self.mask = self.mask.gather(1, order)
+        order_host = np.argsort(self.mask_host, axis=1, kind="stable")[:, old_length - new_length:]
+        self._set_mask(self.mask.gather(1, order), np.take_along_axis(self.mask_host, order_host, axis=1))
+        index = self._index_on(order)
 
         def gather_slots(t: torch.Tensor) -> torch.Tensor:  # t: [B, H, L, D]
-            index = order[:, None, :, None].expand(t.shape[0], t.shape[1], new_length, t.shape[3])
-            return t.gather(2, index)
+            return t.gather(2, index(t.device)[:, None, :, None].expand(t.shape[0], t.shape[1], new_length, t.shape[3]))
 
         self._map_slots(gather_slots)
         self.compactions += 1

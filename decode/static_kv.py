@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from decode.kv import KVState, sliding_window_of
+from decode.kv import KVState, host_to_device, sliding_window_of
 
 
 class CompileRefused(ValueError):
@@ -244,6 +244,8 @@ class StaticKVState:
             self._start(input_ids.shape[0])
         if input_mask is None:
             input_mask = torch.ones_like(input_ids)
+        elif not isinstance(input_mask, torch.Tensor):  # a host (numpy) mask, as the drafters build them
+            input_mask = host_to_device(input_mask, input_ids.device)
         widest = self.compiled.step_widths[-1]
         if first or input_ids.shape[1] > widest:
             # the prefill, or a catch-up wider than any compiled step: eager when first, else in compiled chunks
@@ -283,7 +285,7 @@ class StaticKVState:
         self.length += num_tokens
         return logits[self.rows, :num_tokens]
 
-    def keep_prefix_of_last(self, num_new: int, kept: torch.Tensor, max_kept: int) -> None:
+    def keep_prefix_of_last(self, num_new: int, kept: torch.Tensor, max_kept: int, kept_host=None) -> None:
         """Of the last num_new columns keep the first kept[b] for each live row [B]; the rest become holes."""
         start = self.length - num_new
         offsets = torch.arange(num_new, device=kept.device)
@@ -294,8 +296,8 @@ class StaticKVState:
         self.length = start + max_kept
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only the given live rows [B']; the others become dead rows of the buffers."""
-        keep = self.rows[rows]
+        """Keep only the given live rows [B'] (a tensor or a host list); the others become dead rows of the buffers."""
+        keep = self.rows[host_to_device(rows, self.rows.device)]
         dead = torch.ones(self.buffers.valid.shape[0], dtype=torch.bool, device=keep.device)
         dead[keep] = False
         self.buffers.valid[dead] = False

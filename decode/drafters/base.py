@@ -20,12 +20,37 @@ class Drafter(ABC):
     """A source of draft tokens for a batch of rows.
 
     The engine calls, per batch: `start` once with the prompts; then per round `propose` with each row's
-    last committed token, `commit` with the verification result, and `select_rows` when rows finish.
+    last committed token, `commit` with the verification result, and `select_rows` when rows finish. After
+    `start` and after each round's verification, `observe` hands over host copies of what the engine read.
     The drafter owns the length of each row's draft (its schedule); a row may draft nothing. A new
     drafting method is one subclass (draft model, prompt lookup, early exit).
     """
 
     forwards: int = 0  # model forwards spent drafting since `start` (its prefill included), for the records
+    _observed: list[int] | None = None  # each row's last committed token on the host, from `observe`
+    _observed_drafts: list[list[int]] | None = None  # each row's last proposal on the host, from `observe`
+
+    def observe(self, last_tokens: list[int], drafts: list[list[int]] | None = None) -> None:
+        """Host copies of what the engine's sync read: each row's last committed token (what the next `propose`
+        gets as last_tokens) and, after a round, each row's proposed tokens (the G of `Proposal.tokens`). Reading
+        the tensors again would wait on every kernel queued since (a host sync); a drafter that needs them on
+        the host takes them from here (`_last_tokens_host`, `_drafts_host`)."""
+        self._observed, self._observed_drafts = list(last_tokens), drafts
+
+    def _last_tokens_host(self, last_tokens: torch.Tensor) -> list[int]:
+        """last_tokens [B] on the host: as observed, else read (a host sync)."""
+        observed, self._observed = self._observed, None
+        return observed if observed is not None and len(observed) == last_tokens.shape[0] else last_tokens.tolist()
+
+    def _drafts_host(self, drafts: torch.Tensor) -> list[list[int]]:
+        """The last proposal's tokens [B, G] on the host: as observed, else read (a host sync)."""
+        observed, self._observed_drafts = self._observed_drafts, None
+        return observed if observed is not None and len(observed) == drafts.shape[0] else drafts.tolist()
+
+    def _keep_observed(self, kept: list[int]) -> None:
+        """select_rows for the observed last tokens."""
+        if self._observed is not None:
+            self._observed = [self._observed[r] for r in kept]
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
@@ -45,4 +70,4 @@ class Drafter(ABC):
 
     @abstractmethod
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only these rows [B'] from now on."""
+        """Keep only these rows [B'] (a CPU tensor: reading it costs no sync) from now on."""

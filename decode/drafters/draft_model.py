@@ -1,11 +1,12 @@
 """A smaller causal LM as the drafter (Leviathan et al. 2023), with a draft-length schedule."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal
 from decode.drafters.schedules import Schedule
-from decode.kv import KVState
+from decode.kv import KVState, host_to_device
 from decode.static_kv import new_state
 from decode.sampling import logits_to_probs, sample
 from decode.settings import Sampling
@@ -22,6 +23,9 @@ class DraftModelDrafter(Drafter):
 
     schedule: each row's length per round (decode/drafters/schedules.py); None drafts max_tokens every round,
     the constant schedule at the engine's gamma (clipped to the budget).
+
+    The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
+    input embedding's device and brings its logits back to the engine's device.
     """
 
     def __init__(self, model, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
@@ -43,6 +47,7 @@ class DraftModelDrafter(Drafter):
         self.state = new_state(self.model)
         self.pending: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]  # committed, not yet fed
         self.device = prompt_ids.device
+        self._observed = self._observed_drafts = None
         if self.schedule is not None:
             self.schedule.start(prompt_ids.shape[0])
         # a schedule may judge the draft's prefill dearer than anything drafting can save on this batch
@@ -67,18 +72,19 @@ class DraftModelDrafter(Drafter):
 
     def _catch_up_inputs(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """last_tokens [B] -> [B, P] ids and mask: each row's pending tokens, then its last token, right-aligned
-        (P = 1 and no mask when nothing is pending, the usual case: no copy through the host)."""
+        (P = 1 and no mask when nothing is pending, the usual case: no copy through the host). The mask is
+        built on the host (numpy), the ids copied to the device without a sync."""
         width = 1 + max(len(p) for p in self.pending)
         if width == 1:
             return last_tokens[:, None], None
-        last = last_tokens.tolist()
-        ids = torch.zeros(len(last), width, dtype=torch.long)
-        mask = torch.zeros(len(last), width, dtype=torch.long)
+        last = [min(t, self.input_vocab_size - 1) for t in self._last_tokens_host(last_tokens)]
+        ids = np.zeros((len(last), width), dtype=np.int64)
+        mask = np.zeros((len(last), width), dtype=np.int64)
         for row, tokens in enumerate(self.pending):
             row_tokens = tokens + [last[row]]
-            ids[row, width - len(row_tokens):] = torch.tensor(row_tokens)
+            ids[row, width - len(row_tokens):] = row_tokens
             mask[row, width - len(row_tokens):] = 1
-        return ids.to(self.device), mask.to(self.device)
+        return host_to_device(ids, self.device), mask
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
         if self.off:
@@ -93,7 +99,7 @@ class DraftModelDrafter(Drafter):
         # 1. catch up: each row's pending tokens and its last token in one forward, whose last logits draft d_1
         input_ids, input_mask = self._catch_up_inputs(last_tokens)  # [B, P]
         self.pending = [[] for _ in self.pending]
-        remaining = torch.tensor(lengths, device=last_tokens.device)  # [B] each row's draft length so far allowed
+        remaining = host_to_device(lengths, last_tokens.device)  # [B] each row's draft length so far allowed
         tokens, probs = [], []
         for step in range(num_tokens):
             # 2. one draft step for every row: rows that wanted fewer tokens (or stopped) draft on, ignored
@@ -129,7 +135,7 @@ class DraftModelDrafter(Drafter):
 
     def _no_drafts(self, last_tokens: torch.Tensor) -> Proposal:
         """No row drafts this round: the engine takes a plain target step; each last token waits to be fed."""
-        last = last_tokens.clamp(max=self.input_vocab_size - 1).tolist()
+        last = [min(t, self.input_vocab_size - 1) for t in self._last_tokens_host(last_tokens)]
         for row in range(len(self.pending)):
             self.pending[row].append(last[row])
         self.last_proposal = last_tokens.new_zeros(len(last), 0)  # [B, 0]
@@ -144,17 +150,19 @@ class DraftModelDrafter(Drafter):
         # this round fed [pending.., last token, d_1 .. d_{G-1}]: of the last G slots keep the last token and
         # the accepted drafts that were fed
         kept = accepted_len.clamp(max=drafted - 1) + 1  # [B]
-        self.state.keep_prefix_of_last(drafted, kept, min(max(accepted_len_host), drafted - 1) + 1)
+        kept_host = [min(accepted, drafted - 1) + 1 for accepted in accepted_len_host]
+        self.state.keep_prefix_of_last(drafted, kept, max(kept_host), kept_host)
         full = [row for row, accepted in enumerate(accepted_len_host) if accepted == drafted]
         if full:  # every one of G drafts accepted: the last one was never fed (its ids were in the engine's sync)
-            last_draft = self.last_proposal[:, -1].tolist()
+            drafts = self._drafts_host(self.last_proposal)
             for row in full:
-                self.pending[row].append(last_draft[row])
+                self.pending[row].append(drafts[row][-1])
 
     def select_rows(self, rows):
-        if not self.off:
-            self.state.select_rows(rows)
         kept = rows.tolist()
+        if not self.off:
+            self.state.select_rows(kept)
+        self._keep_observed(kept)
         self.pending = [self.pending[r] for r in kept]
         if self.schedule is not None:
             self.schedule.select_rows(kept)

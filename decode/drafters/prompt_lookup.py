@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from decode.drafters.base import Drafter, Proposal
+from decode.kv import host_to_device
 
 
 class NgramIndex:
@@ -80,12 +81,13 @@ class PromptLookupDrafter(Drafter):
         ids, mask = prompt_ids.tolist(), prompt_mask.tolist()
         self.rows = [NgramIndex([t for t, m in zip(row, row_mask) if m]) for row, row_mask in zip(ids, mask)]
         self.device = prompt_ids.device
+        self._observed = self._observed_drafts = None
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
         limits = row_limits if row_limits is not None else [max_tokens] * len(self.rows)
-        # the tokens were part of the engine's last host sync: reading them waits on no new kernel
+        # the tokens were part of the engine's last host sync (observe)
         drafts = []
-        for row, token in enumerate(last_tokens.tolist()):
+        for row, token in enumerate(self._last_tokens_host(last_tokens)):
             self.rows[row].extend([token])
             drafts.append(self.rows[row].propose(self.ngram_max, self.ngram_min, min(max_tokens, limits[row])))
         width = max((len(d) for d in drafts), default=0)  # G: a round with no match anywhere has G = 0
@@ -94,11 +96,13 @@ class PromptLookupDrafter(Drafter):
             tokens[row, :len(draft)] = torch.tensor(draft, dtype=torch.long)
         self.last_drafts = drafts
         lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long)  # [B]
-        return Proposal(tokens.to(self.device), None, lengths.to(self.device))
+        return Proposal(host_to_device(tokens, self.device), None, host_to_device(lengths, self.device))
 
     def commit(self, accepted_len, accepted_len_host, drafted_host):
         for row, accepted in enumerate(accepted_len_host):
             self.rows[row].extend(self.last_drafts[row][:accepted])
 
     def select_rows(self, rows):
-        self.rows = [self.rows[r] for r in rows.tolist()]
+        kept = rows.tolist()
+        self.rows = [self.rows[r] for r in kept]
+        self._keep_observed(kept)
