@@ -297,7 +297,8 @@ class StaticKVState:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given live rows [B'] (a tensor or a host list); the others become dead rows of the buffers."""
-        keep = self.rows[host_to_device(rows, self.rows.device)]
+        on_device = isinstance(rows, torch.Tensor) and rows.device == self.rows.device
+        keep = self.rows[rows if on_device else host_to_device(rows, self.rows.device)]
         dead = torch.ones(self.buffers.valid.shape[0], dtype=torch.bool, device=keep.device)
         dead[keep] = False
         self.buffers.valid[dead] = False
