@@ -94,6 +94,7 @@ class CompiledModel:
         self.warm = False  # set by the runner after the warmup: any compile after it is a recompile
         self.recompiles_after_warmup = 0
         self.calls = 0
+        self.views: list[CompiledModel] = []  # compiled steps of views over this model's weights (early exit)
         # every CompiledModel compiles the same function (this class's _forward): dynamo keeps its graphs in one
         # cache, guarded per model, per batch capacity and per width; past its limit (8) it would run eagerly, silently
         for limit in ("recompile_limit", "accumulated_recompile_limit"):
@@ -104,8 +105,22 @@ class CompiledModel:
         self._step = torch.compile(self._forward, backend=backend, dynamic=False, fullgraph=True, **options)
 
     def for_view(self, view) -> "CompiledModel":
-        """The same settings for another module over the same weights (early exit's truncated target)."""
-        return CompiledModel(view, self.step_widths, self.max_length, self.batch_sizes, self.mode, self.backend)
+        """The same settings for another module over the same weights (early exit's truncated target); kept in
+        `views`, so the runner warms and counts it with this one."""
+        compiled = CompiledModel(view, self.step_widths, self.max_length, self.batch_sizes, self.mode, self.backend)
+        self.views.append(compiled)
+        return compiled
+
+    def precompile(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Compile every width at every batch capacity up to this batch's [B, P], on a throwaway state: a graph the
+        warmup's own rounds happened not to need (a catch-up after a full accept, a short last batch) compiles
+        here, not inside a timed batch."""
+        for capacity in [b for b in self.batch_sizes if b <= ids.shape[0]]:
+            state = StaticKVState(self)
+            state.forward(self.model, ids[:capacity], mask[:capacity], last_only=True)
+            for width in self.step_widths:
+                state.forward(self.model, ids[:capacity, -1:].expand(-1, width).contiguous())
+                state.keep_prefix_of_last(width, torch.zeros(capacity, dtype=torch.long, device=ids.device), 0)
 
     # -- shapes -----------------------------------------------------------------------------------------
     def capacity(self, batch: int) -> int:
@@ -152,8 +167,8 @@ class CompiledModel:
         if self.window is not None:
             masks["sliding_attention"] = (seen & (query - key_positions < self.window)) | itself
         masks = {kind: self._as_mask(mask) for kind, mask in masks.items()}
-        if self.mask_keys is None:
-            return masks["full_attention"]
+        if self.mask_keys is None:  # one kind for every layer: windowed where the config has a window (Mistral)
+            return masks["sliding_attention" if self.window is not None else "full_attention"]
         return {kind: masks.get(kind, masks["full_attention"]) for kind in self.mask_keys}
 
     def _as_mask(self, allowed: torch.Tensor) -> torch.Tensor:
@@ -308,18 +323,21 @@ class StaticKVState:
         """Holes cost nothing here (every step attends over L_max columns); compaction only frees room."""
 
     def compact(self) -> None:
-        """Move each row's valid columns to the left end, in order (one gather per layer, in place)."""
+        """Move each row's valid columns to the right end of the columns kept, in order (one gather per layer, in
+        place), as decode/kv.py does: a row's newest tokens stay its last columns, so a drafter's rollback of the
+        last G columns after a compaction in the middle of its draft steps still finds them there."""
         buffers = self.buffers
         valid = buffers.valid
         new_length = int(valid.sum(dim=1).max().item())
-        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # valid columns first, in order
+        order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)[:, valid.shape[1] - new_length:]  # [B, L']
         for layer in buffers.cache.layers:
             if layer.is_initialized:
                 for tensor in (layer.keys, layer.values):
-                    index = order[:, None, :, None].expand(tensor.shape)
-                    tensor.copy_(tensor.gather(2, index))
-        buffers.positions.copy_(buffers.positions.gather(1, order))
-        valid.copy_(valid.gather(1, order))
+                    index = order[:, None, :, None].expand(tensor.shape[0], tensor.shape[1], new_length, tensor.shape[3])
+                    tensor[:, :, :new_length] = tensor.gather(2, index)
+        buffers.positions[:, :new_length] = buffers.positions.gather(1, order)
+        valid[:, :new_length] = valid.gather(1, order)
+        valid[:, new_length:] = False
         self.slots_freed += (self.length - new_length) * len(self.rows)
         self.length = new_length
         self.compactions += 1

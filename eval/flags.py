@@ -186,7 +186,8 @@ def host_bound(metrics: dict) -> list[dict]:
     c, bytes_ratio = metrics.get("draft_cost_ratio_c"), metrics.get("weight_bytes_ratio")
     busy, target_busy = metrics.get("draft_busy_share"), metrics.get("target_busy_share")
     if busy is not None:
-        if busy >= HOST_BOUND_BUSY:
+        # a draft whose c is small costs little whatever keeps it waiting: the same floor as without busy times
+        if busy >= HOST_BOUND_BUSY or (c is not None and c < HOST_BOUND_MIN_C):
             return []
         target = f", the target's {target_busy:.0%}" if target_busy is not None else ""
         why = (f"the GPU was busy {busy:.0%} of the draft's 1-token forward{target} (kernel time / wall time): the "

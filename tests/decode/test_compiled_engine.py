@@ -8,6 +8,7 @@ import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.early_exit import EarlyExitDrafter
+from decode.kv import KVState
 from decode.static_kv import CompiledModel, CompileRefused, StaticKVState, attach, new_state
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from test_sliding_window import tiny_windowed
@@ -32,7 +33,7 @@ def run(target, draft, ids, mask, gamma, max_new_tokens=24, sampling=Sampling(),
                                     generation, gamma, generator)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen2-window", "gemma3-window"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen2-window", "gemma3-window", "mistral-window"])
 def test_compiled_greedy_equals_eager_and_baseline(arch):
     if arch.endswith("-window"):  # window 4: every row's attention is cut by it within the first rounds
         target = tiny_windowed(arch.split("-")[0], window=4, seed=1)
@@ -157,3 +158,28 @@ def test_refusals_are_one_line():
     assert compiled.capacity(3) == 4 and compiled.capacity(1) == 1
     with pytest.raises(CompileRefused, match="above the configured batch sizes"):
         compiled.capacity(5)
+
+
+def test_static_state_follows_the_eager_cache_through_multi_step_rollbacks_and_compactions():
+    """As a drafter uses it: several steps, then a rollback of all of them keeping a prefix per row. One row keeps
+    2 tokens a round, a different one each round: the columns in use grow twice as fast as any row, so the small
+    static buffers compact in the middle of rounds; every step's logits equal the eager cache's."""
+    model = tiny_model("llama", seed=1, layers=2)
+    ids, mask = ragged_batch([6, 2, 4])
+    cmodel = compiled_copy(model, (1, 2, 3), 20, (3,))
+    static, eager = new_state(cmodel), KVState()
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        static.forward(cmodel, ids, mask, last_only=True)
+        eager.forward(model, ids, mask, last_only=True)
+        for round_index in range(12):
+            for _ in range(3):  # a last token and two drafts, one step each
+                tokens = torch.randint(3, VOCAB, (3, 1), generator=generator)
+                torch.testing.assert_close(static.forward(cmodel, tokens), eager.forward(model, tokens),
+                                           rtol=1e-4, atol=1e-4)
+            fed = 3
+            kept = torch.zeros(3, dtype=torch.long)
+            kept[round_index % 3] = 2
+            for state in (static, eager):
+                state.keep_prefix_of_last(fed, kept, int(kept.max()))
+    assert static.compactions >= 1

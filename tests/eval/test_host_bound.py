@@ -73,6 +73,8 @@ def test_cuda_busy_times_decide_where_they_exist():
     assert flagged(probe(**GPU_EAGER, target_busy=0.95, draft_busy=0.468)) == []
     # busy times alone, no weight bytes: 0.3 s of 0.78 s = 38%
     assert flagged(probe(0.78, draft_busy=0.3)) == ["host_bound"]
+    # a draft at c 0.1 busy 0.02 s of its 0.1 s (20%): it costs a tenth of a target step whatever keeps it waiting
+    assert flagged(probe(0.1, draft_busy=0.02)) == []
 
 
 def test_workers_probes_give_their_medians():
