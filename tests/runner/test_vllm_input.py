@@ -66,10 +66,15 @@ def test_a_ctrl_c_during_a_workers_shutdown_is_deferred_not_lost():
 
     from runner.vllm_engine import _hold_signals, _release_signals
 
-    outer = _hold_signals()
-    os.kill(os.getpid(), signal.SIGINT)  # while every engine is being stopped
-    inner = _hold_signals()
-    os.kill(os.getpid(), signal.SIGINT)  # while one worker is being closed
-    _release_signals(inner)  # still inside the outer shutdown: nothing raised yet
-    with pytest.raises(KeyboardInterrupt):
-        _release_signals(outer)
+    # Python's own Ctrl-C handler, as in launch.py: not whatever an earlier test in this process left installed
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        outer = _hold_signals()
+        os.kill(os.getpid(), signal.SIGINT)  # while every engine is being stopped
+        inner = _hold_signals()
+        os.kill(os.getpid(), signal.SIGINT)  # while one worker is being closed
+        _release_signals(inner)  # still inside the outer shutdown: nothing raised yet
+        with pytest.raises(KeyboardInterrupt):
+            _release_signals(outer)
+    finally:
+        signal.signal(signal.SIGINT, previous)
