@@ -93,7 +93,6 @@ class CompiledModel:
         self.compiles = 0  # graphs compiled for this model (dynamo's count, read around each call)
         self.warm = False  # set by the runner after the warmup: any compile after it is a recompile
         self.recompiles_after_warmup = 0
-        self.calls = 0
         self.views: list[CompiledModel] = []  # compiled steps of views over this model's weights (early exit)
         # every CompiledModel compiles the same function (this class's _forward): dynamo keeps its graphs in one
         # cache, guarded per model, per batch capacity and per width; past its limit (8) it would run eagerly, silently
@@ -197,7 +196,6 @@ class CompiledModel:
         self.compiles += new
         if self.warm:
             self.recompiles_after_warmup += new
-        self.calls += 1
         return logits
 
     def summary(self) -> dict:
@@ -236,10 +234,6 @@ class StaticKVState:
         self.forwards = 0
         self.compactions = 0
         self.slots_freed = 0
-
-    @property
-    def cache(self) -> Cache:
-        return self.buffers.cache
 
     def _start(self, batch: int) -> None:
         self.buffers = self.compiled.buffers_for(batch, self)
@@ -318,9 +312,6 @@ class StaticKVState:
         dead[keep] = False
         self.buffers.valid[dead] = False
         self.rows = keep
-
-    def maybe_compact(self) -> None:
-        """Holes cost nothing here (every step attends over L_max columns); compaction only frees room."""
 
     def compact(self) -> None:
         """Move each row's valid columns to the right end of the columns kept, in order (one gather per layer, in

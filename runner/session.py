@@ -162,9 +162,9 @@ class Session:
                 raise UserError(f"{role} {loaded.source}: {error}") from None
             attach(loaded.model, compiled)
         return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width "
-                          f"{list(compiled.step_widths)} and batch size (torch.compile, backend "
-                          f"{config.engine.compile_backend}, mode {compiled.mode}), compiled in each comparison's "
-                          "probes and warmup; a step of fewer tokens runs padded to the next width")
+                f"{list(compiled.step_widths)} and batch size (torch.compile, backend {config.engine.compile_backend}, "
+                f"mode {compiled.mode}), compiled in each comparison's probes and warmup; a step of fewer tokens runs "
+                "padded to the next width")
 
     def compiled_models(self) -> dict:
         """role -> the CompiledModel of each loaded model (engine.compile), for warm flags and the report."""
@@ -178,6 +178,9 @@ class Session:
             for index, view in enumerate(model.views):
                 compiled[f"{role} view {index}"] = view
         return compiled
+
+    def _graphs_compiled(self) -> int:
+        return sum(model.compiles for model in self.compiled_models().values())
 
     @property
     def released(self) -> bool:
@@ -382,16 +385,14 @@ class Session:
                             worker=self.worker)
         points = points_of(self.config, unit.batch_size, unit.temperature, engine="ours")
         self.context.costs = state["costs"]
-        compiled = self.compiled_models()
-        recompiled = {role: model.recompiles_after_warmup for role, model in compiled.items()}
         with torch.inference_mode():
             result.drift_probe_s = drift_probe(self.target.model, ids, mask, self.clock)
             for point in order_of(points, unit):
                 if point in state["failed"] or point.key + (unit.repeat, unit.batch_index) in done:
                     continue
-                graphs = sum(m.compiles for m in self.compiled_models().values())
+                graphs = self._graphs_compiled()
                 outcome = self._run_point(point, unit, batch, ids, mask)
-                if graphs < sum(m.compiles for m in self.compiled_models().values()) and not isinstance(outcome, str):
+                if graphs < self._graphs_compiled() and not isinstance(outcome, str):
                     # engine.compile: a graph compiled inside this timed batch; it is compiled now: measure again
                     result.notes.append(f"engine.compile: {point.label} compiled a graph inside a timed batch "
                                         f"(batch size {unit.batch_size}); that batch was run again")
@@ -405,10 +406,6 @@ class Session:
                     result.rates[point.label] = rate
                 if on_point:
                     on_point(point, outcome)
-        for role, model in compiled.items():
-            if model.recompiles_after_warmup > recompiled[role]:
-                result.notes.append(f"engine.compile: the {role} compiled new graphs after the warmup of batch size "
-                                    f"{unit.batch_size}; the batches where it did include compilation time")
         return result
 
     def _run_point(self, point: Point, unit: Unit, batch, ids, mask) -> tuple[list[dict], float] | str:
