@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from decode import Clock, DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative  # noqa: E402
 from decode.probes import numerics_probe  # noqa: E402
 from decode.static_kv import CompiledModel, attach  # noqa: E402
+from eval.figures import exact_match  # noqa: E402
 from eval.flags import rounding_explains  # noqa: E402
 
 VOCAB = 512
@@ -74,14 +75,10 @@ def guarded(target, ids, mask, base, spec, gamma=4) -> tuple[str, str]:
     with torch.inference_mode():
         drift_probe = numerics_probe(target, ids, mask, widths=(gamma + 1,))
     drift = max(drift_probe["verify_vs_stepwise_max_logit_diff"], drift_probe["batched_vs_single_max_logit_diff"])
-    mismatches = []
-    for b, s in zip(base, spec):
-        first = next((i for i, (x, y) in enumerate(zip(b.output_ids, s.output_ids)) if x != y), None)
-        if first is None and len(b.output_ids) != len(s.output_ids):
-            mismatches.append({"baseline_gap": None})
-        elif first is not None:
-            gaps = b.top2_gaps or []
-            mismatches.append({"baseline_gap": gaps[first]} if first < len(gaps) else {})
+    # the report's own comparison (eval/figures.py): first mismatch and the baseline's gap there
+    mismatches = exact_match([{"sample_id": i, "output_ids": s.output_ids} for i, s in enumerate(spec)],
+                             [{"sample_id": i, "output_ids": b.output_ids, "top2_gaps": b.top2_gaps}
+                              for i, b in enumerate(base)])["mismatches"]
     unexplained = [m for m in mismatches if not rounding_explains(m, drift)]
     detail = f"{len(base) - len(mismatches)}/{len(base)} rows equal, drift {drift:.2g}"
     if mismatches:
