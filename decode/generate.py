@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal
@@ -212,38 +213,90 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
             draft_limit = torch.minimum(draft_limit, proposal.lengths)
         drafted_at = clock.now()
 
-        # 2. verify: one target forward over [last token, d_1 .. d_G]
-        target_logits = state.forward(target, torch.cat([token[:, None], proposal.tokens], dim=1))  # [B, G+1, V]
-
-        # 3. select the accepted prefix and the next token
-        if sampling.do_sample:
-            target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
-            accepted_len, token = accept_sampled(proposal.tokens, proposal.probs, target_probs, draft_limit, generator)
+        if proposal.layout is not None:
+            host, kept_rounds, accepted_len, token = _tree_round(state, target, token, proposal, sampling, generator)
+            accepted_host = [row[0] for row in host]
+            draft_limit_host = proposal.layout.row_nodes()
+            drafter.observe([row[1] for row in host], [row[2] for row in host])
+            drafter.commit(accepted_len, accepted_host, draft_limit_host, [row[3] for row in host])
+            verified_at = clock.now()
+            emitted = [[row[2][node] for node in row[3]] + [row[1]] for row in host]
         else:
-            accepted_len, token = accept_greedy(proposal.tokens, target_logits, draft_limit)
-        # host sync, once per round: each row's accepted length decides which tokens it appends,
-        # whether it stopped at EOS, and how far the caches roll back
-        host = torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], proposal.tokens], dim=1).tolist()
-        accepted_host = [row[0] for row in host]
-        draft_limit_host = [row[2] for row in host]
-
-        # 4. roll both caches back to each row's accepted prefix
-        state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1,
-                                  [accepted + 1 for accepted in accepted_host])
-        drafter.observe([row[1] for row in host], [row[3:] for row in host])
-        if max(budget_host) > 0:
-            drafter.commit(accepted_len, accepted_host, draft_limit_host)
-        verified_at = clock.now()
-
-        emitted = [row[3: 3 + row[0]] + [row[1]] for row in host]
+            kept_rounds = None
+            emitted, accepted_host, draft_limit_host, verified_at, token = _chain_round(
+                state, target, drafter, token, proposal, draft_limit, num_drafted, budget_host, sampling, generator,
+                clock)
         running, taken = _append(records, active, emitted, generation, verified_at - start)
         draft_forwards = drafter.forwards - draft_forwards_before
         for local, row in enumerate(active):
             record = records[row]
             record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
-                                  "emitted": taken[local]})
+                                  "emitted": taken[local], **(kept_rounds[local] if kept_rounds else {})})
             record.target_forwards += 1
             record.draft_forwards += draft_forwards
             record.draft_s += drafted_at - round_start
             record.target_s += verified_at - drafted_at
     return records
+
+
+def _chain_round(state, target, drafter, token, proposal, draft_limit, num_drafted, budget_host, sampling, generator,
+                 clock):
+    """Verify, accept and roll back a chain proposal. Returns (emitted per row, accepted per row, drafted per row,
+    the clock reading after the round, the next token [B])."""
+    # 2. verify: one target forward over [last token, d_1 .. d_G]
+    target_logits = state.forward(target, torch.cat([token[:, None], proposal.tokens], dim=1))  # [B, G+1, V]
+
+    # 3. select the accepted prefix and the next token
+    if sampling.do_sample:
+        target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        accepted_len, token = accept_sampled(proposal.tokens, proposal.probs, target_probs, draft_limit, generator)
+    else:
+        accepted_len, token = accept_greedy(proposal.tokens, target_logits, draft_limit)
+    # host sync, once per round: each row's accepted length decides which tokens it appends,
+    # whether it stopped at EOS, and how far the caches roll back
+    host = torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], proposal.tokens], dim=1).tolist()
+    accepted_host = [row[0] for row in host]
+    draft_limit_host = [row[2] for row in host]
+
+    # 4. roll both caches back to each row's accepted prefix
+    state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1,
+                              [accepted + 1 for accepted in accepted_host])
+    drafter.observe([row[1] for row in host], [row[3:] for row in host])
+    if max(budget_host) > 0:
+        drafter.commit(accepted_len, accepted_host, draft_limit_host)
+    verified_at = clock.now()
+    emitted = [row[3: 3 + row[0]] + [row[1]] for row in host]
+    return emitted, accepted_host, draft_limit_host, verified_at, token
+
+
+def _tree_round(state, target, token, proposal, sampling, generator):
+    """Verify a tree proposal in one target forward over [root, nodes] with the tree mask, accept a path, roll the
+    target's cache back to it. Returns per row [accepted length, next token, the proposal's tokens, the path's node
+    indices], read in one host sync; each row's round facts for its record: the tree ("parents", valid nodes
+    only), the accepted nodes' sibling "ranks" and the children "tried" at each depth reached (decode/tree.py); and accepted_len [B], the next token [B] on the device."""
+    from decode.sampling import accept_tree_greedy, accept_tree_sampled
+
+    layout = proposal.layout
+    depth = max(layout.max_depth, 1)
+    target_logits = state.forward_tree(target, torch.cat([token[:, None], proposal.tokens], dim=1),
+                                       layout.verify_parents(), layout.verify_valid(), new_round=True)
+    children = host_to_device(layout.children, token.device)
+    if sampling.do_sample:
+        target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        accepted_len, next_token, path = accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children,
+                                                             depth, generator)
+    else:
+        accepted_len, next_token, path = accept_tree_greedy(proposal.tokens, target_logits, children, depth)
+    # host sync, once per round, as for a chain
+    read = torch.cat([accepted_len[:, None], next_token[:, None], path, proposal.tokens], dim=1).tolist()
+    host, facts = [], []
+    keep = np.zeros((layout.batch, layout.nodes + 1), dtype=bool)
+    keep[:, 0] = True  # the root: the last committed token
+    for row, values in enumerate(read):
+        nodes = [node for node in values[2: 2 + depth] if node >= 0]
+        keep[row, [node + 1 for node in nodes]] = True
+        host.append([values[0], values[1], values[2 + depth:], nodes])
+        ranks, tried = layout.round_facts(row, nodes)
+        facts.append({"ranks": ranks, "tried": tried, "parents": layout.row_parents(row)})
+    state.keep_region(keep)
+    return host, facts, accepted_len, next_token

@@ -69,6 +69,10 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=tensor.device.type == "cuda" and device.type == "cuda")
 
 
+class TreeUnsupported(ValueError):
+    """A model whose attention cannot take a tree mask; the message is one line for the user."""
+
+
 class CacheLayoutError(ValueError):
     """The cache's layers do not hold one slot per mask column (e.g. a sliding-window layer trimmed them)."""
 
@@ -99,6 +103,7 @@ class KVState:
     hole_free: bool = False  # set from the model's config at the first forward (sliding-window attention)
     compactions: int = 0  # gathers done by `compact`
     slots_freed: int = 0  # cache slots (rows x columns) dropped by compaction and by cropping unused columns
+    _tree: dict | None = field(default=None, repr=False)  # the tree round under way (forward_tree), else None
 
     @property
     def length(self) -> int:
@@ -149,6 +154,119 @@ class KVState:
         self.forwards += 1
         self._check_layout()
         return to_device(out.logits, engine).float()
+
+    # -- token trees (decode/tree.py) ----------------------------------------------------------------------
+    def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
+                     new_round: bool) -> torch.Tensor:
+        """Append tree nodes input_ids [B, S] and return fp32 logits [B, S, V].
+
+        A round's tree nodes form a region of columns (`new_round` starts one at the current end). parents [B, S]
+        (host) index the region's columns (earlier forwards of the round included), -1: the node follows the
+        committed prefix; valid [B, S] (host) False for padding nodes, which become holes at once. A node sees the
+        committed prefix (within the window, on sliding-window layers) and its ancestors in the region, and itself;
+        its position is the prefix's length + its depth. The round ends with `keep_region`.
+        """
+        config = model.config
+        implementation = getattr(config, "_attn_implementation", None)
+        if getattr(config, "model_type", None) not in PREBUILT_MASK_MODEL_TYPES or implementation not in PREBUILT_MASK_ATTENTION:
+            raise TreeUnsupported(
+                f"token trees need a custom attention mask: sdpa or eager attention on a model type in "
+                f"{sorted(PREBUILT_MASK_MODEL_TYPES)}; this is {getattr(config, 'model_type', None)!r} with "
+                f"{implementation!r} (set attn_implementation: sdpa, or tree: null)")
+        if self.mask is None:
+            raise ValueError("forward_tree needs a prefilled cache")
+        if self.mask is not None and sliding_window_of(config) is not None:
+            self.hole_free = True
+        engine = input_ids.device
+        batch, width = input_ids.shape
+        parents = np.asarray(parents, dtype=np.int64)
+        valid = np.asarray(valid, dtype=bool)
+        if new_round or self._tree is None:
+            committed = self.mask_host.sum(axis=1)  # [B] tokens so far: the root's children sit at this position
+            self._tree = {"start": self.length, "base": committed, "positions": np.zeros((batch, 0), np.int64),
+                          "ancestors": np.zeros((batch, 0, 0), bool)}
+        tree = self._tree
+        old = tree["positions"].shape[1]
+        positions = np.concatenate([tree["positions"], np.zeros((batch, width), np.int64)], axis=1)
+        ancestors = np.zeros((batch, old + width, old + width), dtype=bool)
+        ancestors[:, :old, :old] = tree["ancestors"]
+        for row in range(batch):
+            for node in range(width):
+                column, parent = old + node, parents[row, node]
+                if not valid[row, node] or parent < 0:
+                    positions[row, column] = tree["base"][row]
+                else:
+                    if parent >= column:
+                        raise ValueError(f"tree node {node} of row {row}: its parent {parent} is not an earlier node")
+                    positions[row, column] = positions[row, parent] + 1
+                    ancestors[row, column] = ancestors[row, parent]
+                ancestors[row, column, column] = True
+        tree["positions"], tree["ancestors"] = positions, ancestors
+        input_host = valid.astype(np.int64)
+        prefix_host = self.mask_host[:, :tree["start"]]
+        # each committed column's position: holes are masked, so a count of the row's real slots is exact
+        prefix_positions = np.cumsum(prefix_host, axis=1) - 1
+        self._set_mask(torch.cat([self.mask, host_to_device(input_host, engine)], dim=1),
+                       np.concatenate([self.mask_host, input_host], axis=1))
+        region_valid = self.mask_host[:, tree["start"]:].astype(bool)  # [B, R]
+        query = positions[:, old:, None]  # [B, S, 1]
+        seen_prefix = np.broadcast_to(prefix_host.astype(bool)[:, None, :], (batch, width, prefix_host.shape[1]))
+        seen_region = ancestors[:, old:, :] & region_valid[:, None, :]
+        seen_region[:, np.arange(width), old + np.arange(width)] = True  # a padding node sees itself (no empty row)
+        full = np.concatenate([seen_prefix, seen_region], axis=2)  # [B, S, L]
+        window = sliding_window_of(config)
+        masks = {"full_attention": full}
+        if window is not None:
+            key_positions = np.concatenate([prefix_positions, positions], axis=1)[:, None, :]  # [B, 1, L]
+            masks["sliding_attention"] = full & (query - key_positions < window)
+        feed = input_device(model)
+        dtype = model.get_input_embeddings().weight.dtype
+        built = {kind: self._model_mask(mask, implementation, dtype, feed) for kind, mask in masks.items()}
+        layer_types = getattr(config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config,
+                              "layer_types", None)
+        if layer_types:
+            attention_mask = {kind: built.get(kind, built["full_attention"]) for kind in set(layer_types)}
+        else:
+            attention_mask = built["sliding_attention" if window is not None else "full_attention"]
+        position_ids = host_to_device(positions[:, old:], feed)
+        out = model(input_ids=to_device(input_ids, feed), attention_mask=attention_mask, position_ids=position_ids,
+                    past_key_values=self.cache, use_cache=True)
+        self.forwards += 1
+        self._check_layout()
+        return to_device(out.logits, engine).float()
+
+    @staticmethod
+    def _model_mask(allowed: np.ndarray, implementation: str, dtype: torch.dtype, device) -> torch.Tensor:
+        """[B, S, L] host bool -> the [B, 1, S, L] mask the attention takes: bool for sdpa, additive for eager."""
+        allowed = host_to_device(np.ascontiguousarray(allowed[:, None]), device, dtype=torch.bool)
+        if implementation == "sdpa":
+            return allowed
+        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+    @property
+    def region_width(self) -> int:
+        """Columns of the tree round under way (0: none)."""
+        return 0 if self._tree is None else self.length - self._tree["start"]
+
+    def keep_region(self, keep: np.ndarray) -> None:
+        """End a tree round: of its region's columns keep those with keep [B, R] (host bool: the accepted path),
+        mask the rest, crop the columns after the last kept one, compact as after any rollback."""
+        if self._tree is None:
+            raise ValueError("keep_region without a tree round")
+        start, self._tree = self._tree["start"], None
+        keep = np.asarray(keep, dtype=bool)
+        region = self.length - start
+        if keep.shape != (self.mask.shape[0], region):
+            raise ValueError(f"keep_region: keep has shape {keep.shape}, the region is {(self.mask.shape[0], region)}")
+        new_host = self.mask_host[:, start:] * keep
+        kept_columns = np.flatnonzero(new_host.any(axis=0))
+        end = int(kept_columns[-1]) + 1 if kept_columns.size else 0
+        new_mask = self.mask[:, start:] * host_to_device(keep.astype(np.int64), self.mask.device)
+        self._set_mask(torch.cat([self.mask[:, :start], new_mask[:, :end]], dim=1),
+                       np.concatenate([self.mask_host[:, :start], new_host[:, :end]], axis=1))
+        if end < region:
+            self._map_slots(lambda t: t[:, :, : start + end])
+        self.maybe_compact()
 
     def _attention_mask(self, model, feed: torch.device, position_ids: torch.Tensor):
         """The mask to hand the model for the slots so far. For a model type in PREBUILT_MASK_MODEL_TYPES with

@@ -112,3 +112,93 @@ def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
     rejected = (accepted_len < draft_limit)[:, None]  # [B, 1]
     next_probs = torch.where(rejected, residual_distribution(p_next, q_next), p_next)  # [B, V]
     return accepted_len, sample(next_probs, generator)
+
+
+def _children_of(children: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+    """children [B, N+1, K], column [B] -> [B, K] the children (verification columns, -1 pads) of each row's column."""
+    return children.gather(1, column[:, None, None].expand(-1, 1, children.shape[2])).squeeze(1)
+
+
+def _tree_columns(tokens: torch.Tensor) -> torch.Tensor:
+    """tokens [B, N] -> [B, N+1] by verification column: column 0 is the root (its token is never compared)."""
+    return torch.cat([tokens.new_zeros(tokens.shape[0], 1), tokens], dim=1)
+
+
+def accept_tree_greedy(tokens: torch.Tensor, target_logits: torch.Tensor, children: torch.Tensor, max_depth: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification of a token tree (decode/tree.py).
+
+    tokens [B, N] the nodes; target_logits [B, N+1, V] by verification column (0: the root, i + 1: node i);
+    children [B, N+1, K] each column's children in rank order (verification columns, -1 pads). From the root, follow
+    the first child whose token is the target's argmax at its parent, for at most max_depth steps.
+    Returns accepted_len [B], next_token [B] (the target's argmax after the path) and path [B, max_depth] (the
+    accepted nodes' indices, depth by depth; -1 past the path). A row on one path only ever follows the tokens the
+    target itself would produce: the output equals the target's own.
+    """
+    target_tokens = target_logits.argmax(dim=-1)  # [B, N+1]
+    by_column = _tree_columns(tokens)
+    batch = tokens.shape[0]
+    column = torch.zeros(batch, dtype=torch.long, device=tokens.device)
+    alive = torch.ones(batch, dtype=torch.bool, device=tokens.device)
+    path = torch.full((batch, max_depth), -1, dtype=torch.long, device=tokens.device)
+    for depth in range(max_depth):
+        kids = _children_of(children, column)  # [B, K]
+        match = (kids >= 0) & (by_column.gather(1, kids.clamp(min=0)) == target_tokens.gather(1, column[:, None]))
+        match &= alive[:, None]
+        found = match.any(dim=1)
+        chosen = kids.gather(1, match.long().argmax(dim=1, keepdim=True)).squeeze(1)  # the first matching sibling
+        column = torch.where(found, chosen, column)
+        path[:, depth] = torch.where(found, chosen - 1, -1)
+        alive &= found
+    accepted_len = (path >= 0).sum(dim=1)
+    return accepted_len, target_tokens.gather(1, column[:, None]).squeeze(1), path
+
+
+def accept_tree_sampled(tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                        children: torch.Tensor, max_depth: int, generator: torch.Generator | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SpecInfer's multi-step speculative sampling over a token tree (Miao et al. 2024, Alg. 2, Thm. 4.2).
+
+    tokens [B, N]; draft_probs [B, N, V]: the q each node was drawn from (its parent's draft distribution; siblings
+    drawn i.i.d. from it may repeat a token), or None: every node a point mass (deterministic children: a draft's
+    top-k, n-gram matches); target_probs [B, N+1, V] by verification column; children as in accept_tree_greedy.
+    At each node on the path, with p the target's distribution there: children are tried in rank order, child x
+    accepted with probability min(1, p(x) / q(x)); after a rejection p <- norm(max(0, p - q)) (a point mass: p with
+    x removed). When no child is accepted (or the node is a leaf) the next token is drawn from the current p.
+    Each step is a rejection sampler of the current p whose proposal is independent of the earlier steps, so the
+    token emitted at every depth is distributed exactly as the target's. Returns accepted_len, next_token, path as
+    accept_tree_greedy. No host sync.
+    """
+    batch, vocab = tokens.shape[0], target_probs.shape[-1]
+    device = tokens.device
+    by_column = _tree_columns(tokens)
+    q_by_column = None if draft_probs is None else torch.cat([draft_probs[:, :1], draft_probs], dim=1)  # [B, N+1, V]
+    column = torch.zeros(batch, dtype=torch.long, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    path = torch.full((batch, max_depth), -1, dtype=torch.long, device=device)
+    next_probs = torch.zeros(batch, vocab, dtype=target_probs.dtype, device=device)
+    rows_of = lambda table, cols: table.gather(1, cols[:, None, None].expand(-1, 1, vocab)).squeeze(1)  # noqa: E731
+    for depth in range(max_depth):
+        p = rows_of(target_probs, column)  # [B, V]
+        kids = _children_of(children, column)  # [B, K]
+        accepted = torch.full((batch,), -1, dtype=torch.long, device=device)
+        for rank in range(kids.shape[1]):
+            kid = kids[:, rank]
+            tried = (kid >= 0) & alive & (accepted < 0)
+            x = by_column.gather(1, kid.clamp(min=0)[:, None])  # [B, 1]
+            if q_by_column is None:
+                q = torch.zeros_like(p).scatter_(1, x, 1.0)
+            else:
+                q = rows_of(q_by_column, kid.clamp(min=0))
+            ratio = acceptance_probability(p.gather(1, x).squeeze(1), q.gather(1, x).squeeze(1))
+            uniform = torch.rand(batch, generator=generator, device=device)
+            take = tried & (uniform < ratio)
+            p = torch.where((tried & ~take)[:, None], residual_distribution(p, q), p)
+            accepted = torch.where(take, kid, accepted)
+        found = accepted >= 0
+        next_probs = torch.where((alive & ~found)[:, None], p, next_probs)
+        column = torch.where(found, accepted, column)
+        path[:, depth] = torch.where(found, accepted - 1, -1)
+        alive &= found
+    next_probs = torch.where(alive[:, None], rows_of(target_probs, column), next_probs)
+    return (path >= 0).sum(dim=1), sample(next_probs, generator), path

@@ -174,6 +174,11 @@ class TreeLayout:
     def verify_valid(self) -> np.ndarray:
         return np.concatenate([np.ones((self.batch, 1), dtype=bool), self.valid], axis=1)
 
+    def row_parents(self, row: int) -> list[int]:
+        """Row `row`'s tree as its valid nodes' parents, renumbered over the valid nodes (-1: the root)."""
+        index = np.cumsum(self.valid[row]) - 1
+        return [int(index[p]) if p >= 0 else -1 for p, ok in zip(self.parents[row], self.valid[row]) if ok]
+
     def round_facts(self, row: int, path: list[int]) -> tuple[list[int], list[int]]:
         """Row `row`'s accepted path (node indices from depth 1 down) -> (the sibling rank of each accepted node,
         the number of children the verification tried at each depth it reached: at depth d the children of the path's

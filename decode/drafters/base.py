@@ -14,6 +14,9 @@ class Proposal:
     tokens: torch.Tensor  # [B, G] drafted token ids; row b's entries past lengths[b] are padding (never accepted)
     probs: torch.Tensor | None  # [B, G, V_target] q of each drafted position; None = deterministic drafter (point mass)
     lengths: torch.Tensor | None = None  # [B] long, each <= G: row b's drafts are tokens[b, :lengths[b]]; None = all G
+    # a token tree (decode/tree.py): the host structure of tokens [B, N]; probs [B, N, V] then holds the q each node
+    # was drawn from (its parent's), None: point masses. None: a chain (lengths apply)
+    layout: object = None
 
 
 class Drafter(ABC):
@@ -64,9 +67,11 @@ class Drafter(ABC):
         before max_new_tokens) where given."""
 
     @abstractmethod
-    def commit(self, accepted_len: torch.Tensor, accepted_len_host: list[int], drafted_host: list[int]) -> None:
+    def commit(self, accepted_len: torch.Tensor, accepted_len_host: list[int], drafted_host: list[int],
+               path_host: list[list[int]] | None = None) -> None:
         """After verification: accepted_len [B] (and the same on the host), how many of the last proposal each
-        row kept; drafted_host, how many of its drafts the target verified (its length, clipped to its budget)."""
+        row kept; drafted_host, how many of its drafts the target verified (its length, clipped to its budget).
+        After a tree proposal, path_host: each row's accepted nodes (indices into the proposal), depth by depth."""
 
     @abstractmethod
     def select_rows(self, rows: torch.Tensor) -> None:

@@ -29,8 +29,10 @@ class DraftModelDrafter(Drafter):
     """
 
     def __init__(self, model, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
-                 schedule: Schedule | None = None):
+                 schedule: Schedule | None = None, tree=None):
         self.model = model
+        # a token tree instead of a chain (decode/drafters/tree.py: StaticTree, DynamicTree, or auto's policy)
+        self.tree = tree
         self.target_vocab_size = target_vocab_size
         self.sampling = sampling
         self.generator = generator
@@ -92,6 +94,11 @@ class DraftModelDrafter(Drafter):
             return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
         lengths = self._lengths(max_tokens, row_limits)  # each row's schedule, clipped to its budget
         num_tokens = max(lengths, default=0)
+        shape = None
+        if self.tree is not None and num_tokens > 0:
+            shape = self.tree.shape_for_round(num_tokens)  # None: no drafting this round (auto)
+            if shape is None:
+                num_tokens = 0
         if num_tokens == 0:
             return self._no_drafts(last_tokens)
         # an id the draft cannot embed (a padded row of a bigger target) only costs acceptance
@@ -99,6 +106,13 @@ class DraftModelDrafter(Drafter):
         # 1. catch up: each row's pending tokens and its last token in one forward, whose last logits draft d_1
         input_ids, input_mask = self._catch_up_inputs(last_tokens)  # [B, P]
         self.pending = [[] for _ in self.pending]
+        if shape is not None:
+            root_logits = self._to_target_vocab(self.state.forward(self.model, input_ids, input_mask,
+                                                                   last_only=True)[:, -1])
+            proposal, self.fed_nodes = self.tree.draft(self, root_logits, lengths, shape)
+            self.last_proposal = proposal.tokens
+            return proposal
+        self.fed_nodes = None
         remaining = host_to_device(lengths, last_tokens.device)  # [B] each row's draft length so far allowed
         tokens, probs = [], []
         for step in range(num_tokens):
@@ -141,10 +155,20 @@ class DraftModelDrafter(Drafter):
         self.last_proposal = last_tokens.new_zeros(len(last), 0)  # [B, 0]
         return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
 
-    def commit(self, accepted_len, accepted_len_host, drafted_host):
+    def tree_forward(self, ids: torch.Tensor, parents, new_round: bool) -> torch.Tensor:
+        """One draft forward over tree nodes ids [B, F] (parents: region columns, -1: after the root; decode/kv.py
+        forward_tree) -> their logits over the target's vocabulary [B, F, V_t]."""
+        ids = ids.clamp(max=self.input_vocab_size - 1)
+        valid = np.ones(tuple(ids.shape), dtype=bool)
+        return self._to_target_vocab(self.state.forward_tree(self.model, ids, parents, valid, new_round))
+
+    def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
         drafted = self.last_proposal.shape[1]  # G
         if self.schedule is not None:
             self.schedule.update(drafted_host, accepted_len_host)
+        if path_host is not None:
+            self._commit_tree(path_host)
+            return
         if drafted == 0:
             return
         # this round fed [pending.., last token, d_1 .. d_{G-1}]: of the last G slots keep the last token and
@@ -157,6 +181,23 @@ class DraftModelDrafter(Drafter):
             drafts = self._drafts_host(self.last_proposal)
             for row in full:
                 self.pending[row].append(drafts[row][-1])
+
+    def _commit_tree(self, path_host: list[list[int]]) -> None:
+        """Keep the fed nodes of each row's accepted path in the draft cache; a path's last node, if the draft never
+        fed it (a leaf), waits in `pending` like a chain's last draft after a full accept."""
+        if hasattr(self.tree, "observe"):
+            self.tree.observe(path_host)
+        fed = self.fed_nodes or [{} for _ in path_host]  # per row: node -> draft cache column of this round
+        width = self.state.region_width
+        if width:
+            keep = np.zeros((len(path_host), width), dtype=bool)
+            for row, path in enumerate(path_host):
+                keep[row, [fed[row][node] for node in path if node in fed[row]]] = True
+            self.state.keep_region(keep)
+        drafts = self._drafts_host(self.last_proposal) if any(path_host) else None
+        for row, path in enumerate(path_host):
+            if path and path[-1] not in fed[row]:
+                self.pending[row].append(min(drafts[row][path[-1]], self.input_vocab_size - 1))
 
     def select_rows(self, rows):
         kept = rows.tolist()

@@ -1,0 +1,175 @@
+"""Draft-model token trees (decode/tree.py): a static shape, EAGLE-2's dynamic tree, and the shape `auto` picks.
+
+Each round the drafter's catch-up forward gives the root's draft distribution; the tree grows depth by depth, the
+nodes of a depth that have children fed to the draft in ONE forward with the tree mask (each sees the prefix and
+its ancestors). Nodes at the deepest level (and leaves) are never fed: their tokens only need the target's check.
+
+Children of a node:
+- greedy: the draft's top-k tokens (distinct), rank 0 its argmax; a rank past the draft's vocabulary is padding;
+- sampling, static tree: k draws i.i.d. from the node's warped q (siblings may repeat a token), each node's q kept
+  for SpecInfer's acceptance rule;
+- sampling, dynamic tree: the top-k of q by cumulative probability, deterministic: point masses (probs None).
+Both are exact under decode/sampling.py accept_tree_sampled.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from decode.drafters.base import Proposal
+from decode.sampling import logits_to_probs, sample
+from decode.tree import TreeLayout, depths_and_ranks
+
+
+def breadth_first(parents: list[int]) -> list[int]:
+    """The same tree with its nodes ordered depth by depth (siblings keep their order), parents renumbered."""
+    depths, _ = depths_and_ranks(parents)
+    order = sorted(range(len(parents)), key=lambda node: (depths[node], node))
+    new_index = {old: new for new, old in enumerate(order)}
+    return [new_index[parents[old]] if parents[old] >= 0 else -1 for old in order]
+
+
+def trim_depth(parents: list[int], max_depth: int) -> list[int]:
+    """The nodes at depth <= max_depth of a breadth-first tree (a prefix of it)."""
+    depths, _ = depths_and_ranks(parents)
+    return [p for p, d in zip(parents, depths) if d <= max_depth]
+
+
+class StaticTree:
+    """One shape every round (a branching list, or auto's choice), trimmed to the round's depth cap."""
+
+    def __init__(self, parents: list[int], sampling):
+        self.parents = breadth_first(list(parents))
+        self.sampling = sampling
+
+    def shape_for_round(self, max_depth: int) -> list[int] | None:
+        shape = trim_depth(self.parents, max_depth)
+        return shape or None
+
+    @torch.no_grad()
+    def draft(self, drafter, root_logits: torch.Tensor, lengths: list[int], parents: list[int]):
+        """root_logits [B, V_t] -> (Proposal with its TreeLayout, fed nodes: one dict node -> draft cache column,
+        shared by every row)."""
+        batch = root_logits.shape[0]
+        count = len(parents)
+        depths, ranks = depths_and_ranks(parents)
+        sampling = self.sampling
+        useful = min(drafter.input_vocab_size, drafter.target_vocab_size)  # greedy ranks past it are padding
+        logits_of = {-1: root_logits}
+        tokens: list[torch.Tensor | None] = [None] * count
+        probs: list[torch.Tensor | None] = [None] * count
+        fed: dict[int, int] = {}
+        has_children = set(p for p in parents if p >= 0)
+        for depth in range(1, max(depths) + 1):
+            level = [node for node in range(count) if depths[node] == depth]
+            for parent in dict.fromkeys(parents[node] for node in level):
+                kids = [node for node in level if parents[node] == parent]
+                logits = logits_of[parent]
+                if sampling.do_sample:
+                    q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # [B, V]
+                    draws = sample(q[:, None, :].expand(-1, len(kids), -1), drafter.generator)  # [B, k] i.i.d.
+                    for j, node in enumerate(kids):
+                        tokens[node], probs[node] = draws[:, j], q
+                else:
+                    top = logits.topk(min(len(kids), logits.shape[-1]), dim=-1).indices  # [B, k']
+                    for j, node in enumerate(kids):
+                        tokens[node] = top[:, min(j, top.shape[1] - 1)]
+            feed = [node for node in level if node in has_children]
+            if feed:
+                ids = torch.stack([tokens[node] for node in feed], dim=1)  # [B, F]
+                region = np.array([[fed[parents[node]] if parents[node] >= 0 else -1 for node in feed]] * batch)
+                logits = drafter.tree_forward(ids, region, new_round=not fed)
+                for j, node in enumerate(feed):
+                    fed[node] = len(fed)
+                    logits_of[node] = logits[:, j]
+        valid = np.zeros((batch, count), dtype=bool)
+        limit = np.asarray(lengths)[:, None]
+        valid[:] = (np.asarray(depths)[None, :] <= limit)
+        if not sampling.do_sample:
+            valid &= np.asarray(ranks)[None, :] < useful
+        for node, parent in enumerate(parents):  # a padding node's subtree is padding
+            if parent >= 0:
+                valid[:, node] &= valid[:, parent]
+        layout = TreeLayout(np.array([parents] * batch), valid)
+        stacked = torch.stack(tokens, dim=1)
+        q = torch.stack(probs, dim=1) if sampling.do_sample else None
+        return Proposal(stacked, q, layout=layout), [fed] * batch
+
+
+class DynamicTree:
+    """EAGLE-2's dynamic tree (Li et al. 2024): each depth expands the top_k frontier nodes with the highest
+    cumulative draft probability by their top_k children each (one draft forward of top_k nodes per depth); at the
+    end the `budget` nodes of highest cumulative probability (a tree: a node's probability is at most its
+    parent's) are verified. Children are deterministic (point masses under sampling). One host read per depth: the
+    frontier's parents decide the next forward's tree mask."""
+
+    def __init__(self, budget: int, top_k: int, sampling):
+        self.budget, self.top_k, self.sampling = budget, top_k, sampling
+
+    def shape_for_round(self, max_depth: int):
+        return max_depth  # the depth; the shape comes out of the draft
+
+    def _log_q(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.sampling.do_sample:
+            s = self.sampling
+            return logits_to_probs(logits, s.temperature, s.top_k, s.top_p).log()
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    @torch.no_grad()
+    def draft(self, drafter, root_logits: torch.Tensor, lengths: list[int], max_depth: int):
+        batch = root_logits.shape[0]
+        k = min(self.top_k, root_logits.shape[-1])
+        top = self._log_q(root_logits).topk(k, dim=-1)
+        scores, toks = top.values.cpu().numpy(), top.indices.cpu().numpy()  # host read
+        # candidates per row: token, cumulative log q, parent candidate (-1: root), depth, fed column
+        cand_tok = [list(toks[b]) for b in range(batch)]
+        cand_score = [list(scores[b]) for b in range(batch)]
+        cand_parent = [[-1] * k for _ in range(batch)]
+        cand_depth = [[1] * k for _ in range(batch)]
+        fed: list[dict[int, int]] = [{} for _ in range(batch)]
+        frontier = [list(range(k)) for _ in range(batch)]  # candidate ids
+        for depth in range(1, max_depth):
+            ids = torch.as_tensor([[cand_tok[b][c] for c in frontier[b]] for b in range(batch)],
+                                  device=root_logits.device)
+            region = np.array([[fed[b][cand_parent[b][c]] if cand_parent[b][c] >= 0 else -1 for c in frontier[b]]
+                               for b in range(batch)])
+            logits = drafter.tree_forward(ids, region, new_round=depth == 1)  # [B, F, V]
+            for b in range(batch):
+                for c in frontier[b]:
+                    fed[b][c] = len(fed[b])
+            base = torch.as_tensor([[cand_score[b][c] for c in frontier[b]] for b in range(batch)],
+                                   device=logits.device, dtype=torch.float32)
+            top = (base[:, :, None] + self._log_q(logits)).topk(k, dim=-1)  # [B, F, k]
+            scores, toks = top.values.cpu().numpy(), top.indices.cpu().numpy()  # host read
+            new_frontier = []
+            for b in range(batch):
+                first = len(cand_tok[b])
+                for f, parent in enumerate(frontier[b]):
+                    for j in range(k):
+                        cand_tok[b].append(int(toks[b, f, j]))
+                        cand_score[b].append(float(scores[b, f, j]))
+                        cand_parent[b].append(parent)
+                        cand_depth[b].append(depth + 1)
+                added = np.arange(first, len(cand_tok[b]))
+                order = sorted(added, key=lambda c: (-cand_score[b][c], c))
+                new_frontier.append([int(c) for c in order[:k]])
+            frontier = new_frontier
+        rows_parents, rows_tokens, rows_fed = [], [], []
+        for b in range(batch):
+            allowed = [c for c in range(len(cand_tok[b]))
+                       if cand_depth[b][c] <= lengths[b] and cand_score[b][c] > -np.inf]
+            chosen = sorted(sorted(allowed, key=lambda c: (-cand_score[b][c], c))[: self.budget])
+            index = {c: i for i, c in enumerate(chosen)}
+            rows_parents.append([index[cand_parent[b][c]] if cand_parent[b][c] >= 0 else -1 for c in chosen])
+            rows_tokens.append([cand_tok[b][c] for c in chosen])
+            rows_fed.append({index[c]: column for c, column in fed[b].items() if c in index})
+        width = max(1, max(len(p) for p in rows_parents))
+        parents = np.full((batch, width), -1, dtype=np.int64)
+        valid = np.zeros((batch, width), dtype=bool)
+        tokens = np.zeros((batch, width), dtype=np.int64)
+        for b in range(batch):
+            n = len(rows_parents[b])
+            parents[b, :n], valid[b, :n], tokens[b, :n] = rows_parents[b], True, rows_tokens[b]
+        proposal = Proposal(torch.as_tensor(tokens, device=root_logits.device), None,
+                            layout=TreeLayout(parents, valid))
+        return proposal, rows_fed
