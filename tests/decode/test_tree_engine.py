@@ -1,0 +1,181 @@
+"""Token trees (decode/tree.py): verified in one target forward with a tree mask, greedy output equal to the target's
+own token for token, sampled output distributed as the target's (SpecInfer's rule), and never less accepted per round
+than the chain the tree contains."""
+import numpy as np
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.drafters.tree import DynamicTree, StaticTree
+from decode.sampling import accept_greedy, accept_tree_greedy, accept_tree_sampled
+from decode.tree import TreeLayout, static_parents
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
+from test_sliding_window import tiny_windowed
+from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
+
+GREEDY = Sampling(False)
+
+
+def tree_of(kind: str, sampling=GREEDY):
+    if kind == "dynamic":
+        return DynamicTree(budget=10, top_k=3, sampling=sampling)
+    branching = {"3-2-1-1": [3, 2, 1, 1], "deep": [1] * 12, "wide": [2 * VOCAB], "2-2": [2, 2]}[kind]
+    return StaticTree(static_parents(branching), sampling)
+
+
+def run_tree(target, draft, lengths, kind, max_new_tokens=20, depth=6):
+    ids, mask = ragged_batch(lengths)
+    generation = Generation(max_new_tokens, GREEDY, (2,))
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        drafter = DraftModelDrafter(draft, target.config.vocab_size, GREEDY, tree=tree_of(kind))
+        spec = generate_speculative(target, drafter, ids, mask, generation, depth)
+    return base, spec
+
+
+MODELS = {
+    "llama": lambda: tiny_model("llama"),
+    "qwen2": lambda: tiny_model("qwen2"),
+    "gpt2": lambda: tiny_model("gpt2"),
+    "mistral-window4": lambda: tiny_windowed("mistral", 4, 0),  # windows far shorter than the text and the tree
+    "gemma3-window4": lambda: tiny_windowed("gemma3", 4, 0),  # a sliding layer and a global one: a dict of masks
+}
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+@pytest.mark.parametrize("kind", ["3-2-1-1", "dynamic"])
+def test_greedy_tree_equals_baseline(arch, kind):
+    target = MODELS[arch]()
+    draft = noisy_copy(target, 0.15)
+    rounds = []
+    for lengths in ([6], [5, 9, 1, 7]):  # batch 1 and a ragged batch of 4
+        base, spec = run_tree(target, draft, lengths, kind)
+        assert [r.output_ids for r in spec] == [r.output_ids for r in base]
+        rounds += [r for s in spec for r in s.rounds]
+    # the test bites: rounds accept a node other than the draft's first choice, reject at depth 1, accept deep
+    assert any(any(rank > 0 for rank in r["ranks"]) for r in rounds)
+    assert any(r["accepted"] == 0 for r in rounds) and any(r["accepted"] >= 2 for r in rounds)
+
+
+@pytest.mark.parametrize("kind", ["deep", "wide"])
+def test_tree_deeper_than_the_budget_or_wider_than_the_vocabulary(kind):
+    target = tiny_model("llama")
+    base, spec = run_tree(target, noisy_copy(target, 0.1), [5, 9, 1, 7], kind, max_new_tokens=9, depth=12)
+    assert [r.output_ids for r in spec] == [r.output_ids for r in base]
+    for sample in spec:
+        generated = 1
+        for r in sample.rounds:
+            depth = max(depth_of(r["parents"]), default=0)  # 0: the row had no budget left to draft
+            assert depth <= 9 - generated - 1, "a row's tree is cut at its budget: no round emits past max_new_tokens"
+            if kind == "wide" and depth:
+                assert r["drafted"] == VOCAB, "a rank past the draft's vocabulary is padding, not a node"
+            generated += r["emitted"]
+
+
+def depth_of(parents):
+    depths = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def test_round_records_by_hand():
+    """A [2, 1] tree whose target follows the second child then its child: ranks [1, 0], tried [2, 1], and the
+    draft cache keeps exactly the fed path node."""
+    layout = TreeLayout(np.array([static_parents([2, 1])]), np.ones((1, 4), dtype=bool))
+    # nodes: 0 (rank 0), 1 (rank 1) under the root; 2 under 0, 3 under 1
+    assert layout.round_facts(0, [1, 3]) == ([1, 0], [2, 1])
+    assert layout.round_facts(0, []) == ([], [2])
+    assert layout.round_facts(0, [0]) == ([0], [2, 1])
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    logits = torch.full((1, 5, 10), -1.0)
+    logits[0, 0, 6] = logits[0, 2, 8] = logits[0, 4, 3] = 1.0  # root -> 6 (node 1), node 1 -> 8 (node 3), then 3
+    accepted, token, path = accept_tree_greedy(tokens, logits, torch.as_tensor(layout.children), 2)
+    assert accepted.tolist() == [2] and token.tolist() == [3] and path.tolist() == [[1, 3]]
+
+
+def test_a_tree_containing_the_chain_never_accepts_less():
+    """Hand-made logits: rows where the chain's drafts are right, wrong at depth 1 or 2, and where only a sibling
+    is right. The tree [chain + a sibling at each depth] accepts at least what the chain does, row by row."""
+    chain = torch.tensor([[4, 5, 6]] * 4)  # d1 d2 d3
+    # tree: node 0 = d1 (rank 0), node 1 = 9 (rank 1); node 2 = d2 under 0, node 3 = 8 under 0; node 4 = d3 under 2
+    parents = [-1, -1, 0, 0, 2]
+    tree_tokens = torch.tensor([[4, 9, 5, 8, 6]] * 4)
+    wants = [  # the target's argmax after the root, d1, d2 (and d3) per row
+        [4, 5, 6, 1],  # chain right all along
+        [9, 5, 6, 1],  # d1 wrong, the sibling right
+        [4, 8, 6, 1],  # d2 wrong, its sibling right
+        [7, 5, 6, 1],  # nothing right
+    ]
+    chain_logits = torch.zeros(4, 4, 10)
+    tree_logits = torch.zeros(4, 6, 10)
+    column_of_chain_prefix = {0: 0, 1: 1, 2: 3, 3: 5}  # the chain's prefix of length i sits at tree column ...
+    for row, want in enumerate(wants):
+        for i, token in enumerate(want):
+            chain_logits[row, i, token] = 1.0
+            tree_logits[row, column_of_chain_prefix[i], token] = 1.0
+        tree_logits[row, 2, 0] = tree_logits[row, 4, 0] = 1.0  # off-chain nodes predict 0
+    tree_logits[1, 2, 0], tree_logits[1, 2, 1] = 0.0, 1.0  # after the sibling 9 of row 1 the target says 1
+    chain_accepted, _ = accept_greedy(chain, chain_logits, torch.full((4,), 3))
+    layout = TreeLayout(np.array([parents] * 4), np.ones((4, 5), dtype=bool))
+    tree_accepted, _, _ = accept_tree_greedy(tree_tokens, tree_logits, torch.as_tensor(layout.children), 3)
+    assert chain_accepted.tolist() == [3, 0, 1, 0]
+    assert tree_accepted.tolist() == [3, 1, 2, 0]
+
+
+def first_token_counts(p, q, tokens, parents, rows=200_000, point_mass=False):
+    """The next token after a one-level tree under accept_tree_sampled, over many rows at once."""
+    layout = TreeLayout(np.array([parents] * rows), np.ones((rows, len(parents)), dtype=bool))
+    target = p.expand(rows, len(parents) + 1, -1)
+    draft = None if point_mass else q.expand(rows, len(parents), -1)
+    generator = torch.Generator().manual_seed(0)
+    tokens = tokens.expand(rows, -1) if tokens.shape[0] == 1 else tokens
+    accepted, token, path = accept_tree_sampled(tokens, draft, target, torch.as_tensor(layout.children), 1, generator)
+    first = torch.where(accepted > 0, tokens.gather(1, path.clamp(min=0))[:, 0], token)
+    return torch.bincount(first, minlength=p.shape[-1])
+
+
+@pytest.mark.parametrize("case", ["iid-repeats", "point-masses-repeat"])
+def test_tree_sampling_rule_keeps_the_target_distribution(case):
+    """SpecInfer's rule with siblings that repeat a token: drawn i.i.d. from q, or point masses (deterministic
+    children) where the same token appears twice. The first emitted token is distributed as p."""
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.1, 0.6, 0.1, 0.1, 0.1])  # far from p: many rejections, residuals used
+    if case == "iid-repeats":  # three siblings drawn i.i.d. from q per row: 1 often twice or three times
+        tokens = torch.multinomial(q, 3 * 200_000, replacement=True, generator=torch.Generator().manual_seed(1))
+        tokens = tokens.view(200_000, 3)
+    else:
+        tokens = torch.tensor([[1, 1, 3]])  # deterministic siblings 1, 1, 3
+    counts = first_token_counts(p, q, tokens, [-1, -1, -1], point_mass=case != "iid-repeats")
+    statistic, critical = chi_square(counts, p)
+    assert statistic < critical, f"chi2 {statistic:.1f} > {critical:.1f}: {counts.tolist()}"
+    # the test can tell another distribution: the draft's own, or the rule without the residual update
+    wrong = first_token_counts(q, q * 0 + 0.2, tokens, [-1, -1, -1], point_mass=case != "iid-repeats")
+    assert chi_square(wrong, p)[0] > 3 * critical  # the test can tell another distribution
+
+
+def joint_counts(records) -> torch.Tensor:
+    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
+    return torch.bincount(pairs, minlength=V * V)
+
+
+@pytest.mark.parametrize("kind", ["static-iid", "dynamic-point-masses"])
+def test_tree_speculative_sampling_matches_target_distribution(kind):
+    """End to end: tokens 2 and 3 come from one tree round (depth 2); their joint is the target's, enumerated."""
+    sampling = Sampling(True, 1.0)
+    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
+    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    rows = 12_000
+    ids = PROMPT.expand(rows, -1).contiguous()
+    mask = torch.ones_like(ids)
+    generation = Generation(max_new_tokens=4, sampling=sampling)
+    generator = torch.Generator().manual_seed(0)
+    tree = StaticTree(static_parents([2, 2]), sampling) if kind == "static-iid" else DynamicTree(4, 2, sampling)
+    with torch.inference_mode():
+        spec = generate_speculative(target, DraftModelDrafter(draft, V, sampling, generator, tree=tree), ids, mask,
+                                    generation, gamma=2, generator=generator)
+    first = [r.rounds[0] for r in spec]
+    assert all(max(depth_of(r["parents"])) == 2 for r in first)
+    assert any(r["ranks"][:1] == [1] for r in first), "a second sibling must be accepted sometimes"
+    statistic, critical = chi_square(joint_counts(spec), exact_joint_of_tokens_2_and_3(target, sampling))
+    assert statistic < critical, f"tree sampling is off the target's distribution: chi2 {statistic:.1f} > {critical:.1f}"
