@@ -10,10 +10,12 @@ occurrence sits right before the tail and leaves fewer than max_tokens tokens af
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal
 from decode.kv import host_to_device
+from decode.tree import TreeLayout
 
 
 class NgramIndex:
@@ -62,6 +64,49 @@ class NgramIndex:
         return self.tokens[best_end + 1: best_end + 1 + max_tokens]
 
 
+    def propose_many(self, ngram_max: int, ngram_min: int, max_tokens: int, matches: int) -> list[list[int]]:
+        """Up to `matches` different continuations (at most max_tokens each): occurrences of the tail n-gram
+        ordered as `propose` ranks them (the longest match first, then the earliest), so the first is `propose`'s."""
+        if not self.tokens or max_tokens <= 0 or matches <= 0:
+            return []
+        occurrences = self.positions[self.tokens[-1]]
+        found = []
+        for index in range(len(occurrences) - 1):
+            end = occurrences[index]
+            length = self._match_length(end, ngram_max)
+            if length >= ngram_min:
+                found.append((-length, end))
+        continuations = []
+        for _, end in sorted(found):
+            continuation = self.tokens[end + 1: end + 1 + max_tokens]
+            if continuation not in continuations:
+                continuations.append(continuation)
+                if len(continuations) == matches:
+                    break
+        return continuations
+
+
+def trie_of(continuations: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """Continuations -> one tree (tokens, parents; -1: the root) that shares their common prefixes, breadth first,
+    with at most `budget` nodes: the earlier continuations' nodes first (the better matches), a later one cut where
+    the budget ends. A node's children keep the order in which the continuations reached them (rank 0: the best)."""
+    nodes: dict[tuple, int] = {}
+    order: list[tuple] = []  # (depth, first continuation, token path) of each node, in the order they were added
+    for which, continuation in enumerate(continuations):
+        for depth in range(1, len(continuation) + 1):
+            key = tuple(continuation[:depth])
+            if key not in nodes:
+                if len(nodes) == budget:
+                    break
+                nodes[key] = len(nodes)
+                order.append(key)
+    by_depth = sorted(order, key=lambda key: (len(key), nodes[key]))  # siblings keep their order of arrival
+    index = {key: i for i, key in enumerate(by_depth)}
+    tokens = [key[-1] for key in by_depth]
+    parents = [index[key[:-1]] if len(key) > 1 else -1 for key in by_depth]
+    return tokens, parents
+
+
 def lookup(history: list[int], ngram_max: int, ngram_min: int, max_tokens: int) -> list[int]:
     """The prompt-lookup draft for one text: see NgramIndex.propose."""
     return NgramIndex(history).propose(ngram_max, ngram_min, max_tokens)
@@ -72,19 +117,26 @@ class PromptLookupDrafter(Drafter):
     padding, then each round's last token (the correction or bonus token, or the prefill's token) when it
     arrives with `propose`, then the drafts `commit` says were accepted. `forwards` stays 0: no model."""
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, matches: int = 1, budget: int | None = None):
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError(f"prompt lookup needs 1 <= ngram_min <= ngram_max, got {ngram_min}, {ngram_max}")
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        # matches > 1: a token tree of up to `matches` different continuations (their shared prefixes merged), at
+        # most `budget` nodes; 1: today's chain
+        self.matches, self.budget = matches, budget
 
     def start(self, prompt_ids, prompt_mask):
         ids, mask = prompt_ids.tolist(), prompt_mask.tolist()
         self.rows = [NgramIndex([t for t, m in zip(row, row_mask) if m]) for row, row_mask in zip(ids, mask)]
         self.device = prompt_ids.device
         self._observed = self._observed_drafts = None
+        self.last_tree = None
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
         limits = row_limits if row_limits is not None else [max_tokens] * len(self.rows)
+        if self.matches > 1:
+            return self._propose_tree(last_tokens, max_tokens, limits)
+        self.last_tree = None
         # the tokens were part of the engine's last host sync (observe)
         drafts = []
         for row, token in enumerate(self._last_tokens_host(last_tokens)):
@@ -98,7 +150,36 @@ class PromptLookupDrafter(Drafter):
         lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long)  # [B]
         return Proposal(host_to_device(tokens, self.device), None, host_to_device(lengths, self.device))
 
-    def commit(self, accepted_len, accepted_len_host, drafted_host):
+    def _propose_tree(self, last_tokens, max_tokens, limits):
+        """Each row's continuations merged into a trie (point masses). No match in any row: G = 0, a plain step."""
+        trees = []
+        for row, token in enumerate(self._last_tokens_host(last_tokens)):
+            self.rows[row].extend([token])
+            continuations = self.rows[row].propose_many(self.ngram_max, self.ngram_min, min(max_tokens, limits[row]),
+                                                        self.matches)
+            trees.append(trie_of(continuations, self.budget or max_tokens * self.matches))
+        width = max(len(tokens) for tokens, _ in trees)
+        self.last_tree = trees
+        if width == 0:
+            self.last_drafts = [[] for _ in trees]
+            zeros = torch.zeros(len(trees), dtype=torch.long)
+            return Proposal(host_to_device(torch.zeros(len(trees), 0, dtype=torch.long), self.device), None,
+                            host_to_device(zeros, self.device))
+        tokens = np.zeros((len(trees), width), dtype=np.int64)
+        parents = np.full((len(trees), width), -1, dtype=np.int64)
+        valid = np.zeros((len(trees), width), dtype=bool)
+        for row, (row_tokens, row_parents) in enumerate(trees):
+            tokens[row, :len(row_tokens)], parents[row, :len(row_tokens)] = row_tokens, row_parents
+            valid[row, :len(row_tokens)] = True
+        return Proposal(host_to_device(tokens, self.device), None, layout=TreeLayout(parents, valid))
+
+    def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
+        if path_host is not None:  # a tree round: the accepted path's tokens join the text
+            for row, path in enumerate(path_host):
+                self.rows[row].extend([self.last_tree[row][0][node] for node in path])
+            return
+        if self.last_tree is not None:  # a tree round in which no row matched (G = 0): nothing was accepted
+            return
         for row, accepted in enumerate(accepted_len_host):
             self.rows[row].extend(self.last_drafts[row][:accepted])
 

@@ -179,3 +179,33 @@ def test_tree_speculative_sampling_matches_target_distribution(kind):
     assert any(r["ranks"][:1] == [1] for r in first), "a second sibling must be accepted sometimes"
     statistic, critical = chi_square(joint_counts(spec), exact_joint_of_tokens_2_and_3(target, sampling))
     assert statistic < critical, f"tree sampling is off the target's distribution: chi2 {statistic:.1f} > {critical:.1f}"
+
+
+def test_prompt_lookup_matches_make_a_trie():
+    from decode.drafters.prompt_lookup import NgramIndex, trie_of
+
+    #            0  1  2  3  4  5  6  7  8  9 10 11 12
+    index = NgramIndex([5, 7, 8, 9, 5, 7, 8, 4, 5, 6, 3, 1, 5])
+    # the tail 5 occurs at 0, 4, 8; each match is one token long: the earliest first
+    assert index.propose_many(3, 1, 3, matches=3) == [[7, 8, 9], [7, 8, 4], [6, 3, 1]]
+    assert index.propose_many(3, 1, 3, matches=1) == [index.propose(3, 1, 3)]
+    tokens, parents = trie_of([[7, 8, 9], [7, 8, 4], [6, 3, 1]], budget=6)
+    # breadth first: 7, 6 | 8, 3 | 9, 4 (the budget cuts the third continuation's 1)
+    assert tokens == [7, 6, 8, 3, 9, 4] and parents == [-1, -1, 0, 1, 2, 2]
+
+
+def test_prompt_lookup_tree_is_exact():
+    from decode.drafters.prompt_lookup import PromptLookupDrafter
+
+    target = tiny_model("qwen2")
+    generation = Generation(24, GREEDY, (2,))
+    # prompts that repeat themselves, so that lookups match, several times, with different continuations
+    ids = torch.tensor([[0, 0, 5, 7, 8, 9, 5, 7, 8, 4, 5, 7, 3, 5, 7], [5, 6, 9, 9, 5, 6, 11, 5, 6, 9, 9, 5, 6, 12, 5]])
+    mask = (torch.arange(15) >= torch.tensor([[2], [0]])).long()
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        spec = generate_speculative(target, PromptLookupDrafter(2, 1, matches=3, budget=8), ids, mask, generation, 4)
+    assert [r.output_ids for r in spec] == [r.output_ids for r in base]
+    rounds = [r for s in spec for r in s.rounds]
+    branched = [r for r in rounds if len(set(r.get("parents", []))) < len(r.get("parents", []))]
+    assert branched, "some round verified several continuations (a node with two children)"
