@@ -73,6 +73,21 @@ class TreeUnsupported(ValueError):
     """A model whose attention cannot take a tree mask; the message is one line for the user."""
 
 
+def tree_support_problem(model) -> str | None:
+    """Why token trees cannot run on this model (one line), or None: a tree needs a custom 4-D attention mask, which
+    sdpa and eager attention take on the model types whose decoder uses create_causal_mask alone."""
+    config = model.config
+    implementation = getattr(config, "_attn_implementation", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in PREBUILT_MASK_MODEL_TYPES:
+        return (f"token trees need a custom attention mask, which model type {model_type!r} does not take (supported: "
+                f"{', '.join(sorted(PREBUILT_MASK_MODEL_TYPES))}); use speculative.tree: null")
+    if implementation not in PREBUILT_MASK_ATTENTION:
+        return (f"token trees need a custom attention mask, which attention {implementation!r} does not take; "
+                "set attn_implementation: sdpa (or eager), or speculative.tree: null")
+    return None
+
+
 class CacheLayoutError(ValueError):
     """The cache's layers do not hold one slot per mask column (e.g. a sliding-window layer trimmed them)."""
 
@@ -168,11 +183,9 @@ class KVState:
         """
         config = model.config
         implementation = getattr(config, "_attn_implementation", None)
-        if getattr(config, "model_type", None) not in PREBUILT_MASK_MODEL_TYPES or implementation not in PREBUILT_MASK_ATTENTION:
-            raise TreeUnsupported(
-                f"token trees need a custom attention mask: sdpa or eager attention on a model type in "
-                f"{sorted(PREBUILT_MASK_MODEL_TYPES)}; this is {getattr(config, 'model_type', None)!r} with "
-                f"{implementation!r} (set attn_implementation: sdpa, or tree: null)")
+        problem = tree_support_problem(model)
+        if problem:
+            raise TreeUnsupported(problem)
         if self.mask is None:
             raise ValueError("forward_tree needs a prefilled cache")
         if self.mask is not None and sliding_window_of(config) is not None:

@@ -127,6 +127,7 @@ class Session:
             self.clock = Clock(self.device, extra_devices=others)
         for loaded in [self.target, *self.drafts.values()]:  # attn_implementation auto, where it has a choice
             settle_attention(loaded, max(config.batch_size), max(config.speculative.gamma) + 1, self.clock)
+        self._check_trees()
         self.tokenizer = self.target.tokenizer
         self.prompt_set = load_prompts(config.dataset, self.tokenizer)
         self.eos = eos_ids(self.tokenizer, self.target.model)
@@ -139,6 +140,28 @@ class Session:
                                   drafts={label: d.model for label, d in self.drafts.items()},
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
                                   options=config.speculative.model_dump())
+
+    def _check_trees(self) -> None:
+        """speculative.tree: the models must take a tree mask (decode/kv.py tree_support_problem); flash-attn 2 that
+        attn_implementation auto picked gives way to sdpa, as in the compiled mode."""
+        from decode.kv import tree_support_problem
+
+        if all(label is None for label in getattr(self.config.speculative, "tree", [None])):
+            return
+        for role, loaded in [("target", self.target)] + [(f"draft {label}", d) for label, d in self.drafts.items()]:
+            if loaded.attn_implementation == "flash_attention_2" and self.config_attention(role) == "auto":
+                loaded.model.set_attn_implementation("sdpa")
+                loaded.attn_implementation = "sdpa"
+            problem = tree_support_problem(loaded.model)
+            if problem:
+                raise UserError(f"{role} {loaded.source}: {problem}")
+
+    def config_attention(self, role: str) -> str:
+        """The attn_implementation the config asked for a role ("target", "draft <label>")."""
+        if role == "target":
+            return self.config.target.attn_implementation
+        label = role.split(" ", 1)[1]
+        return next(d.attn_implementation for d in self.config.draft if d.name == label)
 
     def _compile_models(self) -> str:
         """engine.compile: each model gets static buffers sized for this run and a compiled step per width

@@ -110,7 +110,7 @@ class DraftModelDrafter(Drafter):
             root_logits = self._to_target_vocab(self.state.forward(self.model, input_ids, input_mask,
                                                                    last_only=True)[:, -1])
             proposal, self.fed_nodes = self.tree.draft(self, root_logits, lengths, shape)
-            self.last_proposal = proposal.tokens
+            self.last_proposal, self.last_layout = proposal.tokens, proposal.layout
             return proposal
         self.fed_nodes = None
         remaining = host_to_device(lengths, last_tokens.device)  # [B] each row's draft length so far allowed
@@ -186,7 +186,7 @@ class DraftModelDrafter(Drafter):
         """Keep the fed nodes of each row's accepted path in the draft cache; a path's last node, if the draft never
         fed it (a leaf), waits in `pending` like a chain's last draft after a full accept."""
         if hasattr(self.tree, "observe"):
-            self.tree.observe(path_host)
+            self.tree.observe(path_host, self.last_layout)
         fed = self.fed_nodes or [{} for _ in path_host]  # per row: node -> draft cache column of this round
         width = self.state.region_width
         if width:

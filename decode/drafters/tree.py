@@ -173,3 +173,89 @@ class DynamicTree:
         proposal = Proposal(torch.as_tensor(tokens, device=root_logits.device), None,
                             layout=TreeLayout(parents, valid))
         return proposal, rows_fed
+
+
+class AutoTree(StaticTree):
+    """`tree: auto`: each round, the tree worth the most tokens per unit of cost (decode/tree_policy.py best_tree:
+    Sequoia's construction with acceptance by depth and sibling rank), or no drafting at all when nothing beats a
+    plain target step.
+
+    - Acceptance: from the point's recent rounds (the last RECENT of them, this batch's included, updated after
+      every round), so a prompt on which the draft does badly shrinks the tree within a few rounds, and one on which
+      it does well grows it. The point's warmup drafts EXPLORE (ranks and depths to measure) to seed them.
+    - Cost of a round: depth x c (one draft forward per depth, the catch-up included) + v(n) (the verification of n
+      nodes and the root), both measured in this run (runner/probes.py), v interpolated between measured n.
+    - After PROBE_EVERY rounds without drafting, one round drafts the best tree of at least one node: without it an
+      estimate that says "off" could never be revised.
+    """
+
+    RECENT = 48
+    PROBE_EVERY = 8
+    EXPLORE = [4, 2, 2, 1, 1, 1, 1, 1]
+
+    def __init__(self, memory: "AutoMemory", c: float, v: dict[int, float], sampling, explore: bool = False):
+        super().__init__([], sampling)
+        self.memory, self.c, self.explore = memory, c, explore
+        self.v = {0: 1.0, **{int(n): float(value) for n, value in v.items()}}
+        self.node_counts = sorted(n for n in self.v if n > 0)
+        self.off_rounds = 0
+        self.layout_parents: list[int] = []
+
+    @classmethod
+    def for_point(cls, ctx, point, sampling) -> "AutoTree":
+        costs = ctx.costs
+        c = costs.c_for(point.draft) if costs else None
+        if c is None or not costs.v:
+            raise ValueError("tree: auto needs the measured costs c and v, and the cost probes did not run")
+        memory = ctx.memory.setdefault(("tree_auto", point.key), AutoMemory(cls.RECENT))
+        return cls(memory, c, dict(costs.v), sampling, explore=ctx.warming_up)
+
+    def cost(self, nodes: int, depth: int) -> float:
+        """A round's cost in 1-token target forwards: depth draft forwards and the verification of nodes + 1."""
+        return depth * self.c + self.verify_cost(nodes)
+
+    def verify_cost(self, nodes: int) -> float:
+        """v(n): measured, else linear between the nearest measured n (beyond the largest: its slope)."""
+        if nodes in self.v:
+            return self.v[nodes]
+        known = sorted(self.v)
+        lower = max((n for n in known if n < nodes), default=known[0])
+        upper = min((n for n in known if n > nodes), default=None)
+        if upper is None:
+            lower, upper = known[-2], known[-1]
+        slope = (self.v[upper] - self.v[lower]) / (upper - lower)
+        return self.v[lower] + slope * (nodes - lower)
+
+    def shape_for_round(self, max_depth: int):
+        from decode.tree import static_parents
+        from decode.tree_policy import TreeStats, best_tree
+
+        if self.explore:
+            shape = trim_depth(static_parents(self.EXPLORE), max_depth)
+        else:
+            stats = TreeStats(self.memory.rounds)
+            shape = best_tree(stats, self.node_counts, self.cost, max_depth=max_depth)
+            if not shape:
+                self.off_rounds += 1
+                if self.off_rounds % self.PROBE_EVERY == 0:
+                    shape = best_tree(stats, self.node_counts, lambda n, d: self.cost(n, d) if n else float("inf"),
+                                      max_depth=max_depth)
+        self.memory.shapes.append(len(shape))
+        self.layout_parents = shape
+        return shape or None
+
+    def observe(self, path_host: list[list[int]], layout) -> None:
+        """After a round: its rows' facts (ranks and children tried on the accepted path) join the recent rounds."""
+        for row, path in enumerate(path_host):
+            ranks, tried = layout.round_facts(row, path)
+            self.memory.rounds.append({"accepted": len(path), "ranks": ranks, "tried": tried})
+
+
+class AutoMemory:
+    """What `tree: auto` keeps across a point's batches: its recent rounds, and the size of each round's tree."""
+
+    def __init__(self, recent: int):
+        from collections import deque
+
+        self.rounds = deque(maxlen=recent)
+        self.shapes: list[int] = []

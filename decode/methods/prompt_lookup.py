@@ -6,7 +6,16 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.generate import generate_speculative  # torch loads when a method runs, not with the registry
     from decode.drafters.prompt_lookup import PromptLookupDrafter  # imported when run: the registry loads without every drafter's dependencies
 
-    drafter = PromptLookupDrafter(ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1))
+    from decode.tree import branching_or_budget, tree_nodes
+
+    label = getattr(point, "tree", None)
+    matches, budget = 1, None
+    if label is not None:  # a trie of several matches: a static label's first branching, or top_k for a dynamic one
+        shape = branching_or_budget(label)
+        matches = shape[0] if isinstance(shape, list) else ctx.options.get("tree_top_k", 4)
+        budget = tree_nodes(label, point.gamma)
+    drafter = PromptLookupDrafter(ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1),
+                                  matches=matches, budget=budget)
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                 ctx.clock)
 

@@ -28,13 +28,32 @@ def evidence_of(ctx, point):
     return ctx.memory.setdefault(("cost_model", point.key), PointEvidence(point.gamma))
 
 
+def tree_for(ctx, point, sampling):
+    """The point's token tree drafter (decode/drafters/tree.py), None for a chain."""
+    from decode.drafters.tree import DynamicTree, StaticTree
+    from decode.tree import AUTO, branching_or_budget, static_parents
+
+    label = getattr(point, "tree", None)
+    if label is None:
+        return None
+    if label == AUTO:
+        from decode.drafters.tree import AutoTree
+
+        return AutoTree.for_point(ctx, point, sampling)
+    shape = branching_or_budget(label)
+    if isinstance(shape, int):
+        return DynamicTree(shape, ctx.options.get("tree_top_k", 4), sampling)
+    return StaticTree(static_parents(shape), sampling)
+
+
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.drafters import DraftModelDrafter  # torch loads when a method runs, not with the registry
     from decode.generate import generate_speculative
 
-    schedule = schedule_for(ctx, point, point.draft, generation.max_new_tokens)
+    tree = tree_for(ctx, point, generation.sampling)
+    schedule = None if tree is not None else schedule_for(ctx, point, point.draft, generation.max_new_tokens)
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
-                                schedule=schedule)
+                                schedule=schedule, tree=tree)
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                    ctx.clock)
     evidence = getattr(schedule, "evidence", None)  # cost_model's; the warmup's budget is not the run's
