@@ -33,7 +33,9 @@ def round_tried(r: dict) -> list[int]:
 
 def round_depth(r: dict) -> int:
     """The deepest node of the round's tree (a chain: its drafted tokens)."""
-    depths, _ = depths_and_ranks(round_parents(r))
+    if "parents" not in r:
+        return r["drafted"]
+    depths, _ = depths_and_ranks(r["parents"])
     return max(depths, default=0)
 
 
