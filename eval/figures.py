@@ -4,10 +4,12 @@ from __future__ import annotations
 import statistics
 
 from decode.methods import REGISTRY
+from decode.tree import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, units
+from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
 from utils.data import extract_gsm8k_answer
 
 
@@ -49,12 +51,14 @@ def constant_draft_length(samples: list[dict], gamma: int | None) -> bool:
     return all(s["new_tokens"] <= budget for s in samples) and reached <= {budget}
 
 
-def speculation_figures(samples: list[dict], gamma: int | None) -> dict:
-    """Acceptance figures from the rounds; those of drafted tokens None when no round drafted one."""
+def speculation_figures(samples: list[dict], gamma: int | None, tree: str | None = None) -> dict:
+    """Acceptance figures from the rounds; those of drafted tokens None when no round drafted one. A tree (its label,
+    decode/tree.py) drafts nodes: acceptance by position is by depth, and Leviathan's alpha and constant draft length,
+    which describe a chain, are None."""
     rounds = [r for s in samples for r in s.get("rounds") or []]
     figures = dict.fromkeys(["rounds", "acceptance_rate", "mean_accepted_tokens", "alpha", "per_position_acceptance",
                              "accepted_histogram", "drafted_per_round", "max_drafted", "zero_draft_rounds",
-                             "constant_draft_length"])
+                             "constant_draft_length", "acceptance_by_depth_rank"])
     figures["rounds"] = len(rounds)
     if not rounds:
         return figures
@@ -68,14 +72,17 @@ def speculation_figures(samples: list[dict], gamma: int | None) -> dict:
     )
     if not sum(drafted):
         return figures
-    longest = max(max(drafted), gamma or 0)
-    figures["constant_draft_length"] = constant_draft_length(samples, gamma)
+    depths = [round_depth(r) for r in rounds]  # a chain's: its drafted tokens
+    longest = max(max(depths), tree_depth(tree, gamma) or 0)
     figures["acceptance_rate"] = sum(accepted) / sum(drafted)
     figures["per_position_acceptance"] = [
-        ratio(sum(a >= i for a, d in zip(accepted, drafted) if d >= i), sum(d >= i for d in drafted))
+        ratio(sum(a >= i for a, d in zip(accepted, depths) if d >= i), sum(d >= i for d in depths))
         for i in range(1, longest + 1)]
     figures["accepted_histogram"] = [sum(a == k for a, d in zip(accepted, drafted) if d > 0) for k in range(longest + 1)]
-    figures["alpha"] = solve_alpha(rounds)
+    figures["acceptance_by_depth_rank"] = acceptance_by_depth_rank(rounds)
+    if tree is None:
+        figures["constant_draft_length"] = constant_draft_length(samples, gamma)
+        figures["alpha"] = solve_alpha(rounds)
     return figures
 
 
@@ -121,25 +128,43 @@ def exact_match(samples: list[dict], baseline: list[dict]) -> dict | None:
     return {"exact_match": 1 - len(mismatches) / len(pairs), "mismatches": mismatches}
 
 
-def cost_figures(point: Point, metrics: dict, costs: CostProbe | None) -> dict:
-    """c, v and the predicted speedup, where Leviathan's model applies: a constant draft length, measured costs.
-    Beside c, what says whether it measures the models or the host: the weight bytes ratio, the GPU's busy shares."""
+def tree_draft_cost(point: Point, costs: CostProbe) -> float | None:
+    """c of a tree point's drafter: 0 for one that runs no model (no draft, no exit layer: n-gram lookup); None where
+    its forward was not measured (early exit's layers)."""
+    if point.draft is None and point.exit_layer is None:
+        return 0.0
+    return costs.c_for(point.draft)
+
+
+def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: list[dict]) -> dict:
+    """c, v and the predicted speedup: for a chain where Leviathan's model applies (a constant draft length, measured
+    costs); for a tree (Sequoia's model, eval/trees.py) from its rounds, with v at each round's node count. Beside c,
+    what says whether it measures the models or the host: the weight bytes ratio, the GPU's busy shares."""
     out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "weight_bytes_ratio", "draft_busy_share",
                          "target_busy_share", "predicted_speedup", "predicted_speedup_v1", "efficiency",
                          "decode_efficiency"])
-    if not REGISTRY[point.method].has_rounds or costs is None or point.gamma is None:
+    tree = tree_of(point)
+    if not REGISTRY[point.method].has_rounds or costs is None or (point.gamma is None and tree is None):
         return out
-    c, v = costs.c_for(point.draft), costs.v_for(point.gamma)
+    c, v = costs.c_for(point.draft), costs.v_for(tree_nodes(tree, point.gamma))  # a chain's nodes: gamma
     out["draft_cost_ratio_c"], out["verify_cost_ratio_v"] = c, v
     if point.draft is not None:
         out["weight_bytes_ratio"] = costs.bytes_ratio_for(point.draft)
         out["draft_busy_share"] = costs.busy_share_for(point.draft)
         out["target_busy_share"] = costs.busy_share_for(None)
-    alpha = metrics.get("alpha")
-    if c is None or v is None or alpha is None or not metrics.get("constant_draft_length"):
-        return out
-    out["predicted_speedup"] = predicted_speedup(alpha, point.gamma, c, v)
-    out["predicted_speedup_v1"] = predicted_speedup(alpha, point.gamma, c, 1.0)
+    if tree is not None:
+        out["verify_cost_by_nodes"] = {str(n): x for n, x in sorted(costs.v.items())}
+        c_tree = tree_draft_cost(point, costs)
+        if c_tree is None or metrics.get("acceptance_rate") is None:
+            return out
+        rounds = [r for s in samples for r in s.get("rounds") or []]
+        out["predicted_speedup"], out["predicted_speedup_v1"] = tree_prediction(rounds, c_tree, costs.v_at_nodes)
+    else:
+        alpha = metrics.get("alpha")
+        if c is None or v is None or alpha is None or not metrics.get("constant_draft_length"):
+            return out
+        out["predicted_speedup"] = predicted_speedup(alpha, point.gamma, c, v)
+        out["predicted_speedup_v1"] = predicted_speedup(alpha, point.gamma, c, 1.0)
     out["efficiency"] = ratio(metrics.get("speedup"), out["predicted_speedup"])
     out["decode_efficiency"] = ratio(metrics.get("decode_speedup"), out["predicted_speedup"])
     return out
@@ -153,6 +178,8 @@ def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str 
     if REGISTRY[point.method].engine != "ours":
         return ("vLLM runs draft and target inside its own scheduler step, so no lone draft or verification forward "
                 "can be timed through it: c and v, and so the prediction, are not measurable there")
+    if tree_of(point) is not None:
+        return tree_prediction_gap(point, metrics, costs)
     if not metrics.get("constant_draft_length"):
         if point.gamma and (metrics.get("max_drafted") or 0) < point.gamma:
             return (f"no round drafted gamma (at most {metrics.get('max_drafted')}: the max_new_tokens budget or the "
@@ -166,6 +193,17 @@ def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str 
     if metrics.get("draft_cost_ratio_c") is None:
         return "no c was measured for this draft"
     return "no v was measured for this gamma"
+
+
+def tree_prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str:
+    if costs is None:
+        return "no cost probe ran at this batch size in the process(es) that ran them"
+    if tree_draft_cost(point, costs) is None:
+        return ("no c was measured for this draft" if point.draft is not None else
+                "no draft cost c is measured for an early-exit drafter (its forward is the target's first layers)")
+    measured = max(costs.v, default=0)
+    return (f"no v was measured at {metrics.get('max_drafted')} tree nodes (a {(metrics.get('max_drafted') or 0) + 1}"
+            f"-token target forward; measured up to {measured} nodes), and the tree prediction prices every round")
 
 
 def per_request_times(samples: list[dict]) -> tuple[list[float], list[float]] | None:
@@ -203,7 +241,7 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
         metrics["prefill_share"] = ratio(sum(min(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0), s["latency_s"])
                                              for s in samples), sum(latencies))
     if spec.has_rounds:
-        metrics.update(speculation_figures(samples, point.gamma))
+        metrics.update(speculation_figures(samples, point.gamma, tree_of(point)))
         metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies)) \
             if spec.engine == "ours" else None  # vLLM does not time its drafter apart
     metrics.update(dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"]))
@@ -223,5 +261,5 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
     if point.temperature is None and spec.is_reference:
         metrics["exact_match"], metrics["mismatches"] = 1.0, []
     metrics.update(gsm8k_figures(samples))
-    metrics.update(cost_figures(point, metrics, costs))
+    metrics.update(cost_figures(point, metrics, costs, samples))
     return metrics

@@ -4,9 +4,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from decode.methods import REGISTRY
+from decode.tree import tree_nodes
 from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process
 from eval.stats import MIN_PROMPTS, spread
 from eval.totals import throughput
+from eval.trees import tree_of
 
 # a speedup whose 95% CI reaches further than +-10% of it is flagged: at that width two points a few percent apart
 # cannot be ranked, and the best gamma is a guess. config.ci_target changes it (repeats: auto stops on the same rule)
@@ -146,9 +148,10 @@ def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
     """cost_unstable: one probe's repetitions (each worker's), or the workers' c or v, disagree; cost_implausible;
     host_bound."""
     flags = []
+    nodes = tree_nodes(tree_of(point), point.gamma)  # the verification's width less one (a chain: gamma)
     for worker, probe in (costs.per_worker or {"": costs}).items():
         where = f" on worker {worker}" if len(costs.per_worker) > 1 else ""
-        for name, values in probe.repetitions(point.draft, point.gamma).items():
+        for name, values in probe.repetitions(point.draft, nodes).items():
             value = spread(values)
             if value is not None and value > COST_SPREAD_LIMIT:
                 flags.append({"code": "cost_unstable", "message": f"cost probe {name}{where}: its {len(values)} "
@@ -158,7 +161,7 @@ def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
                 return flags + implausible(metrics) + host_bound(metrics)
     if len(costs.per_worker) > 1:
         for name, values in (("c", [p.c_for(point.draft) for p in costs.per_worker.values()]),
-                             ("v", [p.v_for(point.gamma) for p in costs.per_worker.values()])):
+                             ("v", [p.v_for(nodes) for p in costs.per_worker.values()])):
             value = spread([v for v in values if v is not None])
             if value is not None and value > COST_SPREAD_LIMIT:
                 shown = ", ".join(f"{w} {x:.3f}" for w, x in zip(costs.per_worker, values) if x is not None)
@@ -240,7 +243,7 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
         flags.append({"code": "drift", "message": f"the baseline's tok/s on the same batches moved by {moved:.0%} "
                       "between repeats: the machine changed speed during the run"})
     costs = machine.get("costs")
-    if spec.has_rounds and costs is not None and point.gamma is not None:
+    if spec.has_rounds and costs is not None and (point.gamma is not None or tree_of(point)):
         flags += cost_flags(point, metrics, costs)
     bug = possible_bug(metrics, numerics_drift(machine.get("numerics") or {}))
     if bug:

@@ -40,26 +40,51 @@ LEGEND = {
     "block_efficiency": "tau = N / target forwards, the prefill forward and its token included: mean tokens per "
                         "target call (baseline 1.0)",
     "mean_accepted_tokens": "MAT = sum(emitted e_r) / rounds R, the correction or bonus token included: what vLLM and "
-                            "SGLang call acceptance length, Spec-Bench's #MAT (baseline 1.0)",
+                            "SGLang call acceptance length, Spec-Bench's #MAT (baseline 1.0); for a tree the same: its "
+                            "accepted path length plus one, per round",
+    "tree": "the shape of a round's draft (config speculative.tree): null, a chain of gamma; '3-2-1-1', a static tree "
+            "with 3 children at the root, 2 under each of those, ...; 'dynamic-N', EAGLE-2's dynamic tree keeping the "
+            "best N nodes; 'auto', the shape the tree policy picks. A tree's round verifies all its nodes in one target "
+            "forward and accepts one path from the root. The tables show the tree and nodes/rd columns where a point "
+            "has a tree",
     "rounds": "R: speculation rounds (target verification forwards after the prefill), all sequences",
     "acceptance_rate": "sum(accepted a_r) / sum(drafted gamma_r) over all rounds of all sequences; rounds that "
-                       "drafted nothing add nothing; null when no round drafted a token",
+                       "drafted nothing add nothing; null when no round drafted a token. For a tree: accepted path "
+                       "length / nodes verified (besides the root), which falls as the tree widens whatever its "
+                       "accepted path: compare trees by MAT and acceptance_by_depth_rank",
+    "acceptance_by_depth_rank": "p(d, r) = hits / trials per depth d (1: the root's children) and sibling rank r (0: "
+                                "the drafter's first choice at its parent): hits = rounds whose accepted path's node at "
+                                "depth d has rank r, trials = rounds that reached depth d (accepted the path to d - 1) "
+                                "with more than r children there. Unconditional on the siblings before r: the chance "
+                                "that the rank-r child is the one accepted once its parent is (Sequoia's positional "
+                                "acceptance). A chain has rank 0 only and p(d, 0) = P(draft d accepted | drafts 1..d-1 "
+                                "accepted). In summary.json a list per depth: {depth, p, hits, trials}, each list by "
+                                "rank; the report prints 'd1: r0 p (trials), r1 ...' per tree point",
     "per_position_acceptance": "P(draft i accepted) = rounds with a_r >= i / rounds that drafted at least i; "
                                "unconditional (not given that draft i-1 was accepted). With a constant draft length "
-                               "and no round cut by max_new_tokens it is count_i / rounds",
+                               "and no round cut by max_new_tokens it is count_i / rounds. For a tree, i is a depth: "
+                               "rounds whose accepted path reached depth i / rounds whose tree did",
     "accepted_histogram": "rounds with a_r = 0, 1, ..., gamma, over the rounds that drafted at least one token",
     "constant_draft_length": "true when the rounds drafted gamma: every round, but for rounds cut by the max_new_tokens "
                              "budget (the engine drafts at most max_new_tokens - generated - 1), and at least one round "
-                             "drafted the full gamma: then Leviathan's model at gamma applies",
-    "drafted_per_round": "mean drafted tokens per round; zero_draft_rounds: share of rounds that drafted nothing (a "
-                         "plain target step)",
+                             "drafted the full gamma: then Leviathan's model at gamma applies; null for a tree",
+    "drafted_per_round": "mean drafted tokens per round (a tree: nodes verified besides the root, the tables' nodes/rd); "
+                         "zero_draft_rounds: share of rounds that drafted nothing (a plain target step)",
     "alpha": "Leviathan's alpha from the rounds, for every schedule: the alpha with sum_r E[a_r | gamma_r, alpha] = "
              "sum_r a_r over the rounds that drafted, E[a | g, alpha] = alpha (1 - alpha^g) / (1 - alpha); every draft "
              "accepted gives 1, none 0; null when no round drafted a token. Not solved from tau, which counts the "
-             "prefill's forward and token and so reads low for short outputs",
+             "prefill's forward and token and so reads low for short outputs. Null for a tree: Leviathan's model is "
+             "of a chain (acceptance_by_depth_rank describes a tree)",
     "draft_cost_ratio_c": "one 1-token draft forward / one 1-token target forward, medians of interleaved "
                           "repetitions measured in the run at this batch size",
-    "verify_cost_ratio_v": "one (gamma+1)-token target forward / one 1-token target forward, measured likewise",
+    "verify_cost_ratio_v": "one (gamma+1)-token target forward / one 1-token target forward, measured likewise; for a "
+                           "tree of n nodes besides its root, v(n): one (n+1)-token target forward (null for auto, "
+                           "whose n varies)",
+    "verify_cost_by_nodes": "tree points: v(n) at every node count n measured at the point's batch size (the "
+                            "verification of n nodes is an (n+1)-token forward; the run probes the n of each tree it "
+                            "sweeps, and 1, 2, 3, 4, 6, 8, 12, 16, 24, 32 for auto); the prediction interpolates "
+                            "linearly between them (v(0) = 1) and has none beyond the largest. The report's 'Costs of "
+                            "the trees' prints it per batch size",
     "weight_bytes_ratio": "the draft's weight bytes / the target's, as loaded (the tensors each model holds: "
                           "parameters, buffers, oneDNN-packed or bitsandbytes-quantized weights, a tied embedding "
                           "once): what c comes near where decoding is memory bound; the tables' 'bytes' column, "
@@ -69,7 +94,14 @@ LEGEND = {
                         "CPU",
     "predicted_speedup": "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma*c + v)); predicted_speedup_v1 uses v = 1 "
                          "(Leviathan et al. 2023, Thm 3.8). Only where the model applies: a constant draft length, a "
-                         "draft model, c and v measured; else null and the notes say why",
+                         "draft model, c and v measured; else null and the notes say why. A tree: sum_r E[e_r] / "
+                         "sum_r (D_r c + v(n_r)) over the point's rounds, E[e_r] = 1 + the sum over the round's nodes "
+                         "of the product of p(depth, rank) (acceptance_by_depth_rank, the point's own) along the "
+                         "node's path (Sequoia's expected accepted length; a (depth, rank) never tried counts 0), D_r "
+                         "the round's draft forwards (its tree's depth unless the round records draft_forwards), each "
+                         "priced as a 1-token draft forward c (0 for a drafter without a model), n_r its nodes; "
+                         "predicted_speedup_v1 uses v(n) = 1. Rows of a batch verify the batch's widest tree, "
+                         "which v(n_r) of each row's own does not price",
     "efficiency": "measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
                   "decode_efficiency: decode speedup / predicted speedup",
     "exact_match": "greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "

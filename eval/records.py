@@ -131,7 +131,8 @@ class CostProbe:
     """The cost ratios of Leviathan's model measured at one batch size (runner/probes.py measure_costs), in units of
     one 1-token target forward. Written to progress.json as `to_json()`; the cost_model schedule reads it live.
 
-    c: a 1-token draft forward per draft label; v: a (gamma+1)-token target forward per draft length gamma. The
+    c: a 1-token draft forward per draft label; v: a (gamma+1)-token target forward per draft length gamma (a tree of
+    n nodes besides its root verifies n+1 tokens: its v is keyed n, v_at_nodes). The
     repetitions behind each median are kept so the report can say when they disagree (cost_unstable). Beside c, what
     says whether it measures the models or the host (host_bound): each model's weight bytes as loaded, and on CUDA
     the GPU's busy time in a 1-token forward."""
@@ -153,6 +154,20 @@ class CostProbe:
 
     def v_for(self, gamma: int | None) -> float | None:
         return None if gamma is None else self.v.get(int(gamma))
+
+    def v_at_nodes(self, nodes: int) -> float | None:
+        """v of a tree of `nodes` nodes besides its root: its verification is a (nodes+1)-token target forward, v keyed
+        `nodes` where measured, else linear between the nearest measured node counts below and above (0 nodes: the
+        1-token forward itself, 1.0 by definition); None above the largest measured."""
+        known = {0: 1.0, **{int(n): x for n, x in self.v.items() if x is not None}}
+        if nodes in known:
+            return known[nodes]
+        below = max((n for n in known if n < nodes), default=None)
+        above = min((n for n in known if n > nodes), default=None)
+        if below is None or above is None:
+            return None
+        share = (nodes - below) / (above - below)
+        return known[below] + share * (known[above] - known[below])
 
     def bytes_ratio_for(self, draft: str | None) -> float | None:
         """The draft's weight bytes / the target's: what c would be if both forwards only read their weights."""

@@ -9,10 +9,11 @@ from decode.methods import REGISTRY
 from utils.io import write_atomic, write_json
 
 COLUMNS = [  # (header, metric path, format)
-    ("point", "label", "{}"), ("status", "status", "{}"),
+    ("point", "label", "{}"), ("status", "status", "{}"), ("tree", "tree", "{}"),
     ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup [95% CI]", "speedup", "{:.2f}"),
     ("dec speedup [95% CI]", "decode_speedup", "{:.2f}"),
-    ("accept", "acceptance_rate", "{:.3f}"), ("tau", "block_efficiency", "{:.3f}"),
+    ("nodes/rd", "drafted_per_round", "{:.2f}"), ("accept", "acceptance_rate", "{:.3f}"),
+    ("tau", "block_efficiency", "{:.3f}"),
     ("MAT", "mean_accepted_tokens", "{:.3f}"), ("alpha", "alpha", "{:.3f}"),
     ("c", "draft_cost_ratio_c", "{:.3f}"), ("bytes", "weight_bytes_ratio", "{:.3f}"),
     ("v", "verify_cost_ratio_v", "{:.3f}"),
@@ -21,7 +22,9 @@ COLUMNS = [  # (header, metric path, format)
     ("TTFT s", "ttft_s.mean", "{:.3f}"), ("prefill %", "prefill_share", "{:.0%}"), ("TPOT ms", "tpot_s.mean", "{:.1f}"),
     ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
 ]
-RUN_KEYS = ("label", "status", "method", "draft", "gamma", "schedule", "exit_layer", "batch_size", "temperature", "group")
+RUN_KEYS = ("label", "status", "method", "draft", "gamma", "tree", "schedule", "exit_layer", "batch_size", "temperature",
+            "group")
+TREE_COLUMNS = ("tree", "nodes/rd")  # shown in a table that has a tree point
 
 
 def _value(run: dict, path: str):
@@ -60,8 +63,14 @@ def cell(run: dict, path: str, fmt: str) -> str:
     return text
 
 
+def columns_for(runs: list[dict]) -> list[tuple]:
+    """The table's columns: the tree ones only where a run has a tree."""
+    trees = any(run.get("tree") is not None for run in runs)
+    return [column for column in COLUMNS if trees or column[0] not in TREE_COLUMNS]
+
+
 def rows(runs: list[dict]) -> list[list[str]]:
-    return [[cell(run, path, fmt) for _, path, fmt in COLUMNS] for run in runs]
+    return [[cell(run, path, fmt) for _, path, fmt in columns_for(runs)] for run in runs]
 
 
 def md_cell(text: str) -> str:
@@ -70,7 +79,7 @@ def md_cell(text: str) -> str:
 
 
 def _table(runs: list[dict]) -> list[str]:
-    headers = [h for h, _, _ in COLUMNS]
+    headers = [h for h, _, _ in columns_for(runs)]
     return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + [
         "| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(runs)]
 
@@ -86,6 +95,7 @@ def markdown(summary: dict, title: str = "") -> str:
         lines += _table([r for r in summary["runs"] if r.get("group") == group])
     if any(r.get("flags") for r in summary["runs"]):
         lines += ["", "! = flagged: the notes say why (legend: flags)."]
+    lines += tree_lines(overall)
     if summary.get("best"):
         lines += ["", "Best:"]
     for comparison, methods in (summary.get("best") or {}).items():
@@ -128,6 +138,36 @@ def markdown(summary: dict, title: str = "") -> str:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     lines += ["", "Legend:"] + [f"- {k}: {v}" for k, v in summary["legend"].items()]
     return "\n".join(lines) + "\n"
+
+
+def depth_rank_text(table: list[dict]) -> str:
+    """acceptance_by_depth_rank, compact: 'd1: r0 0.667 (3), r1 0.000 (1); d2: ...' (trials in parentheses)."""
+    return "; ".join(f"d{row['depth']}: " + ", ".join(f"r{rank} {_fmt(p, '{:.3f}')} ({trials})" for rank, (p, trials)
+                                                     in enumerate(zip(row["p"], row["trials"]))) for row in table)
+
+
+def tree_lines(runs: list[dict]) -> list[str]:
+    """Per tree point its acceptance by depth and rank; the costs: v(n) per batch size, as the tree predictions use."""
+    trees = [r for r in runs if r.get("tree") is not None and r["status"] in ("ok", "partial")]
+    if not trees:
+        return []
+    lines = ["", "Trees, acceptance by depth d and sibling rank r (p = hits / trials, trials in parentheses; legend: "
+             "acceptance_by_depth_rank):"]
+    lines += [f"- {r['label']}: {depth_rank_text(r['metrics'].get('acceptance_by_depth_rank') or []) or 'no round drafted'}"
+              for r in trees]
+    tables: dict[int, dict[tuple, list[str]]] = {}
+    for r in trees:
+        measured = tuple((r["metrics"].get("verify_cost_by_nodes") or {}).items())
+        if measured:
+            tables.setdefault(r["batch_size"], {}).setdefault(measured, []).append(r["label"])
+    if tables:
+        lines += ["", "Costs of the trees (legend: verify_cost_by_nodes):"]
+    for batch_size, by_table in tables.items():
+        for measured, labels in by_table.items():
+            which = f" ({'; '.join(labels)})" if len(by_table) > 1 else ""
+            lines.append(f"- v(n) at batch={batch_size}{which}: " + ", ".join(f"n={n} {v:.3f}" if v is not None else
+                                                                               f"n={n} -" for n, v in measured))
+    return lines
 
 
 def reference_name(summary: dict) -> str:
@@ -216,9 +256,9 @@ def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
 
 
 def _line_key(run: dict) -> str:
-    """One line per (method, draft, schedule, exit layer) and batch size (and temperature)."""
-    parts = [run["method"]] + [f"{shown}{run[k]}" for k, shown in (("draft", ""), ("schedule", ""), ("exit_layer", "exit="))
-                               if run.get(k) is not None]
+    """One line per (method, draft, tree, schedule, exit layer) and batch size (and temperature)."""
+    parts = [run["method"]] + [f"{shown}{run[k]}" for k, shown in (("draft", ""), ("tree", "tree="), ("schedule", ""),
+                                                                   ("exit_layer", "exit=")) if run.get(k) is not None]
     parts.append(f"batch {run['batch_size']}")
     if run.get("temperature") is not None:
         parts.append(f"T={run['temperature']}")

@@ -16,6 +16,7 @@ from eval.legend import LEGEND
 from eval.records import AXES, EARLIER_PROCESS, OLD_COST_KEYS, CostProbe, Point, per_process
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
 from eval.totals import cross_process_pairs, paired_clusters, processes_of, throughput, units
+from eval.trees import tree_of
 
 
 # ---- the summary --------------------------------------------------------------------------------------
@@ -24,7 +25,7 @@ def point_order(point: Point) -> tuple:
     methods = list(REGISTRY)
     return (point.temperature is not None, point.temperature or 0, point.batch_size,
             not REGISTRY[point.method].is_reference, methods.index(point.method), point.draft or "",
-            point.gamma or 0, point.schedule or "", point.exit_layer or 0)
+            point.gamma or 0, tree_of(point) or "", point.schedule or "", point.exit_layer or 0)
 
 
 def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | None:
@@ -64,7 +65,7 @@ def display_names(progress: dict, processes) -> dict[str, str]:
 def missing_costs(progress: dict, point: Point, samples: list[dict], costs: CostProbe | None) -> str | None:
     """A note where some processes that ran a point measured no costs (their probe failed) and others did."""
     entry = costs_entry(progress, point.batch_size)
-    if costs is None or not REGISTRY[point.method].has_rounds or point.gamma is None:
+    if costs is None or not REGISTRY[point.method].has_rounds or (point.gamma is None and tree_of(point) is None):
         return None
     ran = processes_of(samples)
     without = sorted(ran - {name for name, row in entry.items() if row})
@@ -275,7 +276,7 @@ def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -
     for comparison, entry in best.items():
         for method, chosen in entry.items():
             modelled = [r for r in eligible if r["method"] == method and comparison_name(r) == comparison
-                        and r["metrics"].get("predicted_speedup") is not None]
+                        and r["metrics"].get("predicted_speedup") is not None and r.get("tree") is None]
             if not modelled:
                 continue
             # the best point's own alpha where the model applies to it, else the best modelled point's
@@ -283,9 +284,9 @@ def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -
                           max(modelled, key=lambda r: r["metrics"]["speedup"]))
             costs = costs_by_label.get(source["label"]) or CostProbe()
             alpha, c = source["metrics"]["alpha"], source["metrics"]["draft_cost_ratio_c"]
-            line = ("method", "draft", "schedule", "exit_layer", "batch_size", "temperature")
+            line = ("method", "draft", "tree", "schedule", "exit_layer", "batch_size", "temperature")
             swept = {r["gamma"] for r in runs if r["group"] is None and r["gamma"] is not None
-                     and all(r[axis] == source[axis] for axis in line)}
+                     and all(r.get(axis) == source.get(axis) for axis in line)}
             candidates = {g: predicted_speedup(alpha, g, c, costs.v_for(g)) for g in sorted(swept)
                           if costs.v_for(g) is not None}
             candidates = {g: value for g, value in candidates.items() if value is not None}

@@ -13,8 +13,13 @@ import torch
 
 from decode.kv import KVState
 from decode.static_kv import new_state
+from decode.tree import AUTO, tree_nodes
 from eval.records import CostProbe
 
+
+# Node counts whose verification the probes time for an auto tree (its shape, so its size, varies round to round):
+# the tree prediction interpolates v between them
+AUTO_TREE_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 # This OS process, as the records name it: a resumed run or a restarted Ray worker is another process, and the
 # report says which pairs of batches two processes measured (not back to back)
@@ -154,6 +159,17 @@ def _attached(owner, depth: int = 3):
             yield value
         elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
             yield from _attached(value, depth - 1)
+
+
+def verify_widths(points) -> set[int]:
+    """The target forward widths the points' verifications use: gamma + 1 for a chain, n + 1 for a tree of n nodes
+    besides its root (decode/tree.py tree_nodes; AUTO_TREE_NODES for auto)."""
+    widths = set()
+    for point in points:
+        tree = getattr(point, "tree", None)
+        nodes = AUTO_TREE_NODES if tree == AUTO else (tree_nodes(tree, point.gamma),)
+        widths |= {n + 1 for n in nodes if n}
+    return widths
 
 
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,

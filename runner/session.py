@@ -17,7 +17,7 @@ from decode.vocab import VocabMismatch
 from eval.records import CostProbe, Point, SampleRecord
 from runner.attention import settle_attention
 from runner.plan import Unit, batches_of, order_of, points_of, skipped_reason
-from runner.probes import PROCESS, drift_probe, measure_costs
+from runner.probes import PROCESS, drift_probe, measure_costs, verify_widths
 from utils import UserError
 from utils.data import load_prompts
 from utils.models import check_exit_layers, load_model, model_devices, release_file_mappings
@@ -353,7 +353,7 @@ class Session:
         if not spec_points:
             return None
         gammas = sorted({p.gamma for p in spec_points if p.gamma})
-        widths = {g + 1 for g in gammas}
+        widths = verify_widths(spec_points)  # gamma + 1 of a chain, nodes + 1 of a tree
         cost_model = any(p.schedule == "cost_model" for p in spec_points)
         if cost_model:  # it picks any draft length up to gamma, and weighs the draft's prefill
             widths |= set(range(2, max(gammas) + 2))

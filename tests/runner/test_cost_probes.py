@@ -44,3 +44,22 @@ def test_cost_probes_fit_the_draft_prefill_and_the_cost_model_reads_it(monkeypat
     # the pool is the point's, kept across batches in the context
     assert schedule_for(context, Point(method="speculative", draft="d", gamma=4, schedule="cost_model",
                                        batch_size=2), "d", 40).evidence is schedule.evidence
+
+
+def test_the_probes_time_the_widths_the_tree_points_verify(monkeypatch):
+    """A chain of gamma verifies gamma + 1 tokens, a tree of n nodes n + 1 ([3, 2]: 3 + 6 = 9 nodes, dynamic-24: 24),
+    auto a fixed ladder of node counts; v is keyed by the nodes (a clock where a W-token forward costs 1 + 0.1 (W - 1)
+    gives v(n) = 1 + 0.1 n)."""
+    from types import SimpleNamespace
+
+    import runner.probes as probes
+
+    points = [SimpleNamespace(gamma=3), SimpleNamespace(gamma=4, tree="3-2"), SimpleNamespace(gamma=4, tree="dynamic-24"),
+              SimpleNamespace(gamma=None), SimpleNamespace(gamma=2, tree=None)]
+    assert probes.verify_widths(points) == {4, 10, 25, 3}
+    assert probes.verify_widths([SimpleNamespace(gamma=5, tree="auto")]) == {2, 3, 4, 5, 7, 9, 13, 17, 25, 33}
+    monkeypatch.setattr(probes, "_timed_forward", lambda state, model, tokens, clock: 1 + 0.1 * (tokens.shape[1] - 1))
+    ids, mask = ragged_batch([4, 6], seed=3)
+    costs = probes.measure_costs(tiny_model("llama", seed=1), {}, ids, mask, sorted(probes.verify_widths(points)), None)
+    assert costs.v == {n: pytest.approx(1 + 0.1 * n) for n in (2, 3, 9, 24)}
+    assert costs.v_at_nodes(6) == pytest.approx(1.6)  # between the measured 3 and 9 nodes
