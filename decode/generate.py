@@ -230,8 +230,9 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         draft_forwards = drafter.forwards - draft_forwards_before
         for local, row in enumerate(active):
             record = records[row]
+            facts = {"draft_forwards": draft_forwards, **kept_rounds[local]} if kept_rounds else {}
             record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
-                                  "emitted": taken[local], **(kept_rounds[local] if kept_rounds else {})})
+                                  "emitted": taken[local], **facts})
             record.target_forwards += 1
             record.draft_forwards += draft_forwards
             record.draft_s += drafted_at - round_start
