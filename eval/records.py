@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 # The named axes of a sweep point. None = the axis does not apply to the point's method.
-AXES = ("method", "draft", "gamma", "schedule", "exit_layer", "batch_size", "temperature")
+AXES = ("method", "draft", "gamma", "schedule", "tree", "exit_layer", "batch_size", "temperature")
 # Points that share these are compared with one another (and with the same baseline).
 COMPARISON_AXES = ("batch_size", "temperature")
 # The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
@@ -37,6 +37,7 @@ class Point:
     draft: str | None = None  # the draft's label (config draft[i].label), for methods with a draft model
     gamma: int | None = None  # max draft tokens per round
     schedule: str | None = None  # draft-length schedule: constant | heuristic | confidence | cost_model
+    tree: str | None = None  # token tree label (decode/tree.py): "3-2-1-1", "dynamic-24", "auto"; None = a chain
     exit_layer: int | None = None  # early_exit: layers of the target that draft
     temperature: float | None = None
 
@@ -46,7 +47,7 @@ class Point:
 
     @property
     def label(self) -> str:
-        shown = {"draft": "draft={}", "gamma": "gamma={}", "schedule": "{}", "exit_layer": "exit={}",
+        shown = {"draft": "draft={}", "gamma": "gamma={}", "schedule": "{}", "tree": "tree={}", "exit_layer": "exit={}",
                  "batch_size": "batch={}", "temperature": "T={}"}
         parts = [self.method] + [shown[axis].format(getattr(self, axis)) for axis in AXES[1:]
                                  if getattr(self, axis) is not None]
@@ -73,6 +74,7 @@ class SampleRecord:
     draft: str | None
     gamma: int | None
     schedule: str | None
+    tree: str | None  # rows written before the tree axis have none: from_json reads them as None (a chain)
     exit_layer: int | None
     temperature: float | None
     # where it ran
@@ -118,7 +120,9 @@ class SampleRecord:
     @classmethod
     def from_json(cls, row: dict) -> "SampleRecord":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in row.items() if k in names})
+        # an optional axis added after the row was written (tree) did not apply to it
+        missing_axes = {axis: None for axis in AXES if axis not in row and axis not in ("method", "batch_size")}
+        return cls(**missing_axes, **{k: v for k, v in row.items() if k in names})
 
 
 def batch_key(record: dict) -> tuple:

@@ -1,6 +1,6 @@
 """The sweep plan: which points run, on which batches, in which units of work.
 
-A point is a set of named axes (eval/records.py: method, draft, gamma, schedule, exit_layer, batch_size,
+A point is a set of named axes (eval/records.py: method, draft, gamma, schedule, tree, exit_layer, batch_size,
 temperature); the registry says which axes apply to a method, so a new axis is a new entry in AXES and
 here, not a new code path. A unit of work is one batch of prompts at one (batch_size, temperature) in one
 repeat: every point of that comparison runs on it back to back, in an order that changes from unit to unit
@@ -13,6 +13,7 @@ import itertools
 from dataclasses import dataclass
 
 from decode.methods import REGISTRY
+from decode.tree import tree_depth
 from eval.records import Point
 
 
@@ -41,21 +42,30 @@ def axis_values(config, method: str) -> dict[str, list]:
         "draft": [d.name for d in config.draft if d.kind in spec.draft_kinds] if "draft" in axes else [None],
         "gamma": list(speculative.gamma) if "gamma" in axes else [None],
         "schedule": list(speculative.schedule) if "schedule" in axes else [None],
+        "tree": list(speculative.tree) if "tree" in axes else [None],
         "exit_layer": list(speculative.exit_layer or []) if "exit_layer" in axes else [None],
     }
 
 
 def points_of(config, batch_size: int, temperature: float | None, engine: str | None = None) -> list[Point]:
-    """The comparison's points, of one engine's methods where engine is given ("ours", "vllm")."""
+    """The comparison's points, of one engine's methods where engine is given ("ours", "vllm").
+
+    Per method, the chains (tree None) first, as before trees existed, then the trees in config order. A tree point
+    has no schedule (schedules choose a chain's length), and a static tree's gamma is its depth, so the gamma axis
+    does not repeat it; a dynamic tree and auto keep each gamma (their depth cap)."""
     points = []
     for method in config.methods:
         if engine is not None and REGISTRY[method].engine != engine:
             continue
         values = axis_values(config, method)
-        for draft, gamma, schedule, exit_layer in itertools.product(*values.values()):
-            points.append(Point(method=method, batch_size=batch_size, draft=draft, gamma=gamma, schedule=schedule,
-                                exit_layer=exit_layer, temperature=temperature))
-    return points
+        trees = values.pop("tree")
+        for tree in sorted(trees, key=lambda label: label is not None):  # stable: the trees keep config order
+            for draft, gamma, schedule, exit_layer in itertools.product(*values.values()):
+                if tree is not None:
+                    gamma, schedule = tree_depth(tree, gamma), None
+                points.append(Point(method=method, batch_size=batch_size, draft=draft, gamma=gamma, schedule=schedule,
+                                    tree=tree, exit_layer=exit_layer, temperature=temperature))
+    return list(dict.fromkeys(points))  # a static tree comes once per gamma and schedule: keep the first
 
 
 def comparisons(config) -> list[tuple[int, float | None]]:

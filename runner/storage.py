@@ -59,7 +59,7 @@ class ReportFolder:
         saved = self.path / "config.yaml"
         if not saved.is_file():
             raise UserError(f"--resume {self.path}: no config.yaml there; is it a report folder of this tool?")
-        if yaml.safe_load(saved.read_text()) != self.raw_config:
+        if not self._same_config(yaml.safe_load(saved.read_text())):
             raise UserError(f"--resume {self.path}: the config differs from the one this run started with; "
                             "resume with the same config and --set values (or none: the saved one is used)")
         progress = self.path / "progress.json"
@@ -72,6 +72,18 @@ class ReportFolder:
             self.progress.drift = {b: {p: old_readings(r) for p, r in per_process(e, OLD_DRIFT_KEYS).items()}
                                    for b, e in self.progress.drift.items()}
         self._drop_incomplete_batches()
+
+    def _same_config(self, saved) -> bool:
+        """The saved config is this run's, once the defaults of keys added since are filled in (a folder written before
+        speculative.tree existed has no such key; its value then was the default)."""
+        if saved == self.raw_config:
+            return True
+        from utils.config import validate
+
+        try:
+            return validate(saved).model_dump(mode="json") == self.raw_config
+        except UserError:
+            return False
 
     def _drop_incomplete_batches(self) -> None:
         """A kill can tear the write of a batch: keep only batches whose every row is on disk (once)."""

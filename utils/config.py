@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from pathlib import Path
@@ -118,6 +119,29 @@ def _sweep(value, key: str) -> list[int]:
 SCHEDULES = ("constant", "heuristic", "confidence", "cost_model")
 
 
+def tree_labels(value) -> list[str | None]:
+    """speculative.tree -> its labels (decode/tree.py tree_label). One entry (null, auto, {dynamic: N}, a branching
+    list [3, 2, 1, 1], or a label as the records write it: "3-2-1-1", "dynamic-24") or a list of entries (a sweep);
+    a list of integers is one branching list, not a sweep."""
+    from decode.tree import tree_label
+
+    def integer(k) -> bool:
+        return isinstance(k, int) and not isinstance(k, bool)
+
+    if not isinstance(value, list) or (value and all(integer(k) for k in value)):
+        return [tree_label(value)]
+    if not value:
+        raise ValueError("tree list is empty; give null (a chain), a branching list such as [3, 2, 1, 1], "
+                         "{dynamic: 24}, auto, or a list of these")
+    if any(integer(k) for k in value):
+        raise ValueError(f"tree list {json.dumps(value)} mixes integers with other entries; in a list of trees "
+                         "write each branching list in brackets, e.g. [null, [3, 2, 1, 1]]")
+    labels = [tree_label(entry) for entry in value]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"tree list {json.dumps(labels)} repeats a tree; list each once")
+    return labels
+
+
 class SpeculativeConfig(Strict):
     gamma: list[int] = Field([4], description="max draft tokens per round; a list is a sweep")
     schedule: list[Literal["constant", "heuristic", "confidence", "cost_model"]] = Field(
@@ -126,6 +150,12 @@ class SpeculativeConfig(Strict):
     exit_layer: list[int] | None = Field(None, description="early_exit: the target's first N layers draft; a list sweeps")
     ngram_max: int = Field(3, ge=1, description="prompt_lookup: longest n-gram matched")
     ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched")
+    tree: list[str | None] = Field(
+        [None], description="token trees of speculative and prompt_lookup (decode/tree.py): null (a chain of gamma), "
+                            "a branching list [3, 2, 1, 1] (a static tree: every node at depth d-1 has k_d children; "
+                            "its depth replaces gamma), {dynamic: N} (EAGLE-2's dynamic tree of N nodes, depth gamma) "
+                            "or auto (the shape the cost model picks, depth at most gamma); a list of these sweeps")
+    tree_top_k: int = Field(4, ge=1, le=16, description="dynamic trees: children per expanded node")
 
     @field_validator("gamma", mode="before")
     @classmethod
@@ -136,6 +166,11 @@ class SpeculativeConfig(Strict):
     @classmethod
     def _exit_layer(cls, value):
         return None if value is None else _sweep(value, "exit_layer")
+
+    @field_validator("tree", mode="before")
+    @classmethod
+    def _tree(cls, value):
+        return tree_labels(value)
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -295,9 +330,23 @@ class Config(Strict):
             raise ValueError(f"speculative.ngram_min: {self.speculative.ngram_min} cannot apply to hf_prompt_lookup "
                              "(transformers matches n-grams down to 1 and takes no minimum); set ngram_min: 1, or "
                              "run hf_prompt_lookup in a run of its own")
+        self._check_trees()
         if self.engine.compile:
             self._check_compilable()
         return self
+
+    def _check_trees(self) -> None:
+        """A tree applies to the methods whose axes have it, and runs on the eager engine."""
+        from decode.methods import REGISTRY
+
+        if self.speculative.tree == [None]:
+            return
+        if not any("tree" in REGISTRY[m].axes for m in self.methods):
+            takers = " or ".join(name for name, spec in REGISTRY.items() if "tree" in spec.axes)
+            raise ValueError(f"speculative.tree applies to {takers} only, and methods has none of them: add one, or "
+                             "set tree: null")
+        if self.engine.compile:
+            raise ValueError("speculative.tree needs the eager engine: set engine.compile: false or tree: null")
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""

@@ -21,4 +21,4 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
 
 SPEC = MethodSpec("prompt_lookup", "n-gram lookup in the prompt and the output so far proposes up to gamma tokens; "
-                  "no draft model (our engine)", axes=("gamma",), run=run, has_rounds=True)
+                  "no draft model (our engine)", axes=("gamma", "tree"), run=run, has_rounds=True)

@@ -38,3 +38,77 @@ def test_point_order_is_a_williams_design(n):
     assert williams_order(n, cycle + 3) == williams_order(n, 3)  # it cycles
     points = [f"p{i}" for i in range(n)]  # the unit's index is its batch index plus its repeat
     assert order_of(points, Unit(1, None, 1, 2)) == [points[i] for i in williams_order(n, 3)]
+
+
+CHAIN_SWEEP = {**VALID, "methods": ["baseline", "speculative", "prompt_lookup"],
+               "speculative": {"gamma": [2, 4], "schedule": ["constant", "heuristic"]}}
+CHAIN_LABELS = ["baseline batch=1 greedy",
+                "speculative draft=d gamma=2 constant batch=1 greedy",
+                "speculative draft=d gamma=2 heuristic batch=1 greedy",
+                "speculative draft=d gamma=4 constant batch=1 greedy",
+                "speculative draft=d gamma=4 heuristic batch=1 greedy",
+                "prompt_lookup gamma=2 batch=1 greedy",
+                "prompt_lookup gamma=4 batch=1 greedy"]
+
+
+def test_chain_points_are_those_of_before_the_tree_axis():
+    for speculative in ({}, {"tree": None}, {"tree": [None]}):
+        config = validate({**CHAIN_SWEEP, "speculative": {**CHAIN_SWEEP["speculative"], **speculative}})
+        points = points_of(config, 1, None)
+        assert [p.label for p in points] == CHAIN_LABELS
+        assert all(p.tree is None for p in points)
+
+
+def test_tree_points_follow_the_chains():
+    # a static tree's gamma is its depth (one point whatever the gammas and schedules), a dynamic tree and auto
+    # take each gamma as their depth cap; no tree point has a schedule
+    config = validate({**CHAIN_SWEEP, "speculative": {**CHAIN_SWEEP["speculative"],
+                                                      "tree": [[3, 2, 1], None, {"dynamic": 24}, "auto", [2, 2]]}})
+    labels = [p.label for p in points_of(config, 1, None)]
+    assert labels == CHAIN_LABELS[:5] + [
+        "speculative draft=d gamma=3 tree=3-2-1 batch=1 greedy",
+        "speculative draft=d gamma=2 tree=dynamic-24 batch=1 greedy",
+        "speculative draft=d gamma=4 tree=dynamic-24 batch=1 greedy",
+        "speculative draft=d gamma=2 tree=auto batch=1 greedy",
+        "speculative draft=d gamma=4 tree=auto batch=1 greedy",
+        "speculative draft=d gamma=2 tree=2-2 batch=1 greedy",
+    ] + CHAIN_LABELS[5:] + [
+        "prompt_lookup gamma=3 tree=3-2-1 batch=1 greedy",
+        "prompt_lookup gamma=2 tree=dynamic-24 batch=1 greedy",
+        "prompt_lookup gamma=4 tree=dynamic-24 batch=1 greedy",
+        "prompt_lookup gamma=2 tree=auto batch=1 greedy",
+        "prompt_lookup gamma=4 tree=auto batch=1 greedy",
+        "prompt_lookup gamma=2 tree=2-2 batch=1 greedy",
+    ]
+    points = points_of(config, 1, None)
+    assert all(p.schedule is None for p in points if p.tree is not None)
+    assert len({p.key for p in points}) == len(points)
+    # the static tree of depth 2 and the chain of gamma 2 are two points
+    gamma_2 = {p.tree for p in points if p.method == "prompt_lookup" and p.gamma == 2}
+    assert gamma_2 == {None, "dynamic-24", "auto", "2-2"}
+
+
+def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
+    # samples.jsonl lines written before the axis have no "tree": they read as chains, their batches count as done
+    # for the same plan, and the folder's config.yaml (no tree keys) is this config on --resume
+    from dataclasses import asdict
+
+    from eval.records import Point, SampleRecord, batch_key
+    from runner.storage import ReportFolder
+    from sample_records import record
+
+    old = record("speculative", sample_id=0, batch_index=3, repeat=1, gamma=4)
+    assert "tree" not in old and SampleRecord.from_json(old).tree is None
+    config = validate(VALID)
+    point, = [p for p in points_of(config, 1, None) if p.method == "speculative"]
+    assert Point.of(old) == point and batch_key(old) == point.key + (1, 3)
+    assert asdict(SampleRecord.from_json(old)) == {**old, "tree": None, "top2_gaps": None, "extra": {}}
+
+    raw = config.model_dump(mode="json")
+    older = {**raw, "speculative": {k: v for k, v in raw["speculative"].items() if not k.startswith("tree")}}
+    ReportFolder(tmp_path, older, "t", None, False).create()
+    folder = ReportFolder(tmp_path, raw, "t", None, False)
+    folder.reopen()  # does not refuse
+    with pytest.raises(Exception, match="the config differs"):
+        ReportFolder(tmp_path, {**raw, "speculative": {**raw["speculative"], "tree": ["auto"]}}, "t", None,
+                     False).reopen()
