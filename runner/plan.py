@@ -52,7 +52,8 @@ def points_of(config, batch_size: int, temperature: float | None, engine: str | 
 
     Per method, the chains (tree None) first, as before trees existed, then the trees in config order. A tree point
     has no schedule (schedules choose a chain's length), and a static tree's gamma is its depth, so the gamma axis
-    does not repeat it; a dynamic tree and auto keep each gamma (their depth cap)."""
+    does not repeat it; a dynamic tree and auto keep each gamma (their depth cap). auto is a draft model's (it prices
+    the tree with the draft's measured cost): prompt lookup takes the static and dynamic trees only."""
     points = []
     for method in config.methods:
         if engine is not None and REGISTRY[method].engine != engine:
@@ -60,6 +61,8 @@ def points_of(config, batch_size: int, temperature: float | None, engine: str | 
         values = axis_values(config, method)
         trees = values.pop("tree")
         for tree in sorted(trees, key=lambda label: label is not None):  # stable: the trees keep config order
+            if tree == "auto" and method != "speculative":
+                continue
             for draft, gamma, schedule, exit_layer in itertools.product(*values.values()):
                 if tree is not None:
                     gamma, schedule = tree_depth(tree, gamma), None

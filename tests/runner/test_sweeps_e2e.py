@@ -112,3 +112,36 @@ def test_methods_benchmark_prints_its_table(tiny, tmp_path):
     for column in ["coding", "humaneval", "writing", "overall"]:
         assert column in table.splitlines()[2]
     assert "| prompt_lookup gamma=2 batch=1 greedy |" in table
+
+
+def test_trees_chains_and_auto_in_one_run(tiny, tmp_path):
+    """A chain, a static tree, a dynamic tree and auto, greedy and sampled, batch 1 and 2; prompt lookup with
+    several matches. Greedy outputs equal the baseline's; tree rounds carry their facts; the report and the trees
+    benchmark print the tree figures."""
+    root, target, draft, _, data = tiny
+    config = base_config(target, draft, data, batch_size=[1, 2], methods=["baseline", "speculative", "prompt_lookup"],
+                         speculative={"gamma": [3], "tree": [None, [2, 1, 1], {"dynamic": 5}, "auto"]},
+                         generation={"max_new_tokens": 10, "do_sample": True, "temperature": [0, 0.8]})
+    result, out = run_config(root, "trees", config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    runs = [r for r in summary["runs"] if r["group"] is None]
+    assert all(r["status"] == "ok" for r in runs), [(r["label"], r.get("error")) for r in runs if r["status"] != "ok"]
+    labels = {r["label"] for r in runs}
+    for tree in ["tree=2-1-1", "tree=dynamic-5", "tree=auto"]:
+        assert any(tree in label and label.startswith("speculative") for label in labels), (tree, labels)
+    samples = read_jsonl(out / "samples.jsonl")
+    greedy = [s for s in samples if s["temperature"] is None]
+    base = {(s["batch_size"], s["sample_id"]): s["output_ids"] for s in greedy if s["method"] == "baseline"}
+    for s in greedy:
+        assert s["output_ids"] == base[(s["batch_size"], s["sample_id"])], (s["method"], s["tree"])
+    tree_rounds = [r for s in samples if s["tree"] not in (None, "auto") for r in s["rounds"] if r["drafted"]]
+    assert tree_rounds and all(len(r["ranks"]) == r["accepted"] and len(r["parents"]) == r["drafted"]
+                               for r in tree_rounds)
+    static = [r for s in samples if s["tree"] == "2-1-1" and s["method"] == "speculative" for r in s["rounds"]]
+    assert all(r["drafted"] <= 6 for r in static) and any(r["drafted"] == 6 for r in static)  # 2 + 2 + 2 nodes
+    for r in runs:
+        if r.get("tree") and r["method"] == "speculative":
+            assert r["metrics"]["acceptance_by_depth_rank"], r["label"]
+    report = (out / "summary.md").read_text()
+    assert "nodes/rd" in report and "v(n)" in report
