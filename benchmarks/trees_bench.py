@@ -24,11 +24,12 @@ from methods_bench import build_prompts, table  # noqa: E402
 
 
 def build(path: Path, per_category: int, humaneval: int, heldout: int) -> int:
-    build_prompts(path, per_category)
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    rows = [r for r in rows if r["category"] != "humaneval"] + [r for r in rows if r["category"] == "humaneval"][:0]
-    build_prompts(path, humaneval)
-    rows += [json.loads(line) for line in path.read_text().splitlines() if json.loads(line)["category"] == "humaneval"]
+    def written(count: int) -> list[dict]:  # methods_bench's file: count MT-Bench questions per category and HumanEval
+        build_prompts(path, count)
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    rows = [r for r in written(per_category) if r["category"] != "humaneval"]
+    rows += [r for r in written(humaneval) if r["category"] == "humaneval"]
     counts: dict[str, int] = {}
     for line in (ROOT / "configs" / "data" / "heldout_prompts.jsonl").read_text().splitlines():
         row = json.loads(line)

@@ -213,24 +213,28 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
             draft_limit = torch.minimum(draft_limit, proposal.lengths)
         drafted_at = clock.now()
 
-        if proposal.layout is not None:
-            host, kept_rounds, accepted_len, token = _tree_round(state, target, token, proposal, sampling, generator)
-            accepted_host = [row[0] for row in host]
-            draft_limit_host = proposal.layout.row_nodes()
-            drafter.observe([row[1] for row in host], [row[2] for row in host])
-            drafter.commit(accepted_len, accepted_host, draft_limit_host, [row[3] for row in host])
-            verified_at = clock.now()
-            emitted = [[row[2][node] for node in row[3]] + [row[1]] for row in host]
-        else:
-            kept_rounds = None
-            emitted, accepted_host, draft_limit_host, verified_at, token = _chain_round(
-                state, target, drafter, token, proposal, draft_limit, num_drafted, budget_host, sampling, generator,
-                clock)
+        # 2. verify: one target forward over [last token, d_1 .. d_G] (a tree: over its root and nodes)
+        target_logits = _verify(state, target, token, proposal)
+        # 3. accept: each row's accepted drafts (a tree: a path) and the target's next token
+        accepted_len, token, path = _accept(proposal, target_logits, draft_limit, sampling, generator)
+        # host sync, once per round: each row's accepted drafts decide which tokens it appends, whether it stopped
+        # at EOS, and how far the caches roll back
+        host = _read(accepted_len, token, draft_limit, path, proposal)
+        accepted_host = [row.accepted for row in host]
+        draft_limit_host = [row.drafted for row in host]
+        # 4. roll both caches back to each row's accepted drafts
+        _roll_back(state, proposal, accepted_len, host)
+        drafter.observe([row.token for row in host], [row.drafts for row in host])
+        if max(budget_host) > 0:
+            tree = {} if proposal.layout is None else {"path_host": [row.path for row in host]}
+            drafter.commit(accepted_len, accepted_host, draft_limit_host, **tree)
+        verified_at = clock.now()
+        emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
         running, taken = _append(records, active, emitted, generation, verified_at - start)
         draft_forwards = drafter.forwards - draft_forwards_before
         for local, row in enumerate(active):
             record = records[row]
-            facts = {"draft_forwards": draft_forwards, **kept_rounds[local]} if kept_rounds else {}
+            facts = {} if proposal.layout is None else {"draft_forwards": draft_forwards, **host[local].tree_facts}
             record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
                                   "emitted": taken[local], **facts})
             record.target_forwards += 1
@@ -240,64 +244,72 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     return records
 
 
-def _chain_round(state, target, drafter, token, proposal, draft_limit, num_drafted, budget_host, sampling, generator,
-                 clock):
-    """Verify, accept and roll back a chain proposal. Returns (emitted per row, accepted per row, drafted per row,
-    the clock reading after the round, the next token [B])."""
-    # 2. verify: one target forward over [last token, d_1 .. d_G]
-    target_logits = state.forward(target, torch.cat([token[:, None], proposal.tokens], dim=1))  # [B, G+1, V]
-
-    # 3. select the accepted prefix and the next token
-    if sampling.do_sample:
-        target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        accepted_len, token = accept_sampled(proposal.tokens, proposal.probs, target_probs, draft_limit, generator)
-    else:
-        accepted_len, token = accept_greedy(proposal.tokens, target_logits, draft_limit)
-    # host sync, once per round: each row's accepted length decides which tokens it appends,
-    # whether it stopped at EOS, and how far the caches roll back
-    host = torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], proposal.tokens], dim=1).tolist()
-    accepted_host = [row[0] for row in host]
-    draft_limit_host = [row[2] for row in host]
-
-    # 4. roll both caches back to each row's accepted prefix
-    state.keep_prefix_of_last(num_drafted + 1, accepted_len + 1, max(accepted_host) + 1,
-                              [accepted + 1 for accepted in accepted_host])
-    drafter.observe([row[1] for row in host], [row[3:] for row in host])
-    if max(budget_host) > 0:
-        drafter.commit(accepted_len, accepted_host, draft_limit_host)
-    verified_at = clock.now()
-    emitted = [row[3: 3 + row[0]] + [row[1]] for row in host]
-    return emitted, accepted_host, draft_limit_host, verified_at, token
+@dataclass
+class _RoundRow:
+    """One row's verification result, as read to the host."""
+    accepted: int  # drafts accepted (a tree: the path's length)
+    token: int  # the target's next token
+    drafted: int  # drafts it could accept (a tree: its valid nodes)
+    drafts: list[int]  # the proposal's tokens (G of them; a tree: its N nodes)
+    path: list[int]  # the accepted drafts' indices in `drafts`
+    tree_facts: dict = field(default_factory=dict)  # a tree round's record facts: "ranks", "tried", "parents"
 
 
-def _tree_round(state, target, token, proposal, sampling, generator):
-    """Verify a tree proposal in one target forward over [root, nodes] with the tree mask, accept a path, roll the
-    target's cache back to it. Returns per row [accepted length, next token, the proposal's tokens, the path's node
-    indices], read in one host sync; each row's round facts for its record: the tree ("parents", valid nodes
-    only), the accepted nodes' sibling "ranks" and the children "tried" at each depth reached (decode/tree.py); and accepted_len [B], the next token [B] on the device."""
+def _verify(state, target, token: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+    """fp32 target logits [B, G+1, V] over [last token, drafts]; a tree's with its tree mask (each node sees the
+    prefix and its ancestors), by verification column (0: the root, i + 1: node i)."""
+    ids = torch.cat([token[:, None], proposal.tokens], dim=1)
+    if proposal.layout is None:
+        return state.forward(target, ids)
+    layout = proposal.layout
+    return state.forward_tree(target, ids, layout.verify_parents(), layout.verify_valid(), new_round=True)
+
+
+def _accept(proposal: Proposal, target_logits: torch.Tensor, draft_limit: torch.Tensor, sampling: Sampling,
+            generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(accepted_len [B], next token [B], a tree's path [B, depth] or None): greedy or speculative sampling over a
+    chain (decode/sampling.py accept_greedy / accept_sampled) or a tree (accept_tree_greedy / accept_tree_sampled)."""
     from decode.sampling import accept_tree_greedy, accept_tree_sampled
 
-    layout = proposal.layout
-    depth = max(layout.max_depth, 1)
-    target_logits = state.forward_tree(target, torch.cat([token[:, None], proposal.tokens], dim=1),
-                                       layout.verify_parents(), layout.verify_valid(), new_round=True)
-    children = host_to_device(layout.children, token.device)
+    target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p) \
+        if sampling.do_sample else None
+    if proposal.layout is None:
+        if sampling.do_sample:
+            return (*accept_sampled(proposal.tokens, proposal.probs, target_probs, draft_limit, generator), None)
+        return (*accept_greedy(proposal.tokens, target_logits, draft_limit), None)
+    depth = max(proposal.layout.max_depth, 1)
+    children = host_to_device(proposal.layout.children, proposal.tokens.device)
     if sampling.do_sample:
-        target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        accepted_len, next_token, path = accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children,
-                                                             depth, generator)
-    else:
-        accepted_len, next_token, path = accept_tree_greedy(proposal.tokens, target_logits, children, depth)
-    # host sync, once per round, as for a chain
-    read = torch.cat([accepted_len[:, None], next_token[:, None], path, proposal.tokens], dim=1).tolist()
-    host, facts = [], []
-    keep = np.zeros((layout.batch, layout.nodes + 1), dtype=bool)
-    keep[:, 0] = True  # the root: the last committed token
-    for row, values in enumerate(read):
-        nodes = [node for node in values[2: 2 + depth] if node >= 0]
-        keep[row, [node + 1 for node in nodes]] = True
-        host.append([values[0], values[1], values[2 + depth:], nodes])
+        return accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children, depth, generator)
+    return accept_tree_greedy(proposal.tokens, target_logits, children, depth)
+
+
+def _read(accepted_len, token, draft_limit, path, proposal: Proposal) -> list[_RoundRow]:
+    """The round's one host read; a tree's rows also get their record facts from its host layout."""
+    parts = [accepted_len[:, None], token[:, None], draft_limit[:, None]] + ([] if path is None else [path])
+    values = torch.cat(parts + [proposal.tokens], dim=1).tolist()
+    layout = proposal.layout
+    if layout is None:
+        return [_RoundRow(v[0], v[1], v[2], v[3:], list(range(v[0]))) for v in values]
+    depth = path.shape[1]
+    rows = []
+    for row, v in enumerate(values):
+        nodes = [node for node in v[3: 3 + depth] if node >= 0]
         ranks, tried = layout.round_facts(row, nodes)
-        facts.append({"ranks": ranks, "tried": tried, "parents": layout.row_parents(row)})
+        rows.append(_RoundRow(v[0], v[1], int(layout.valid[row].sum()), v[3 + depth:], nodes,
+                              {"ranks": ranks, "tried": tried, "parents": layout.row_parents(row)}))
+    return rows
+
+
+def _roll_back(state, proposal: Proposal, accepted_len: torch.Tensor, host: list[_RoundRow]) -> None:
+    """Keep each row's last token and accepted drafts in the target's cache (a chain: a prefix of the round's slots;
+    a tree: the root and the path's columns), mask the rest."""
+    if proposal.layout is None:
+        state.keep_prefix_of_last(proposal.tokens.shape[1] + 1, accepted_len + 1, max(r.accepted for r in host) + 1,
+                                  [r.accepted + 1 for r in host])
+        return
+    keep = np.zeros((len(host), proposal.tokens.shape[1] + 1), dtype=bool)
+    keep[:, 0] = True  # the root: the last committed token
+    for row, r in enumerate(host):
+        keep[row, [node + 1 for node in r.path]] = True
     state.keep_region(keep)
-    return host, facts, accepted_len, next_token
