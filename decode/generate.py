@@ -274,7 +274,9 @@ def _tree_round(state, target, token, proposal, sampling, generator):
     """Verify a tree proposal in one target forward over [root, nodes] with the tree mask, accept a path, roll the
     target's cache back to it. Returns per row [accepted length, next token, the proposal's tokens, the path's node
     indices], read in one host sync; each row's round facts for its record: the tree ("parents", valid nodes
-    only), the accepted nodes' sibling "ranks" and the children "tried" at each depth reached (decode/tree.py); and accepted_len [B], the next token [B] on the device."""
+    only), the accepted nodes' sibling "ranks" and the children "tried" at each depth reached (decode/tree.py), and
+    "batch_nodes": the nodes the round's target forward verified besides the root (the batch's widest tree, whatever
+    the row's own: what the round's verification cost); and accepted_len [B], the next token [B] on the device."""
     from decode.sampling import accept_tree_greedy, accept_tree_sampled
 
     layout = proposal.layout
@@ -298,6 +300,6 @@ def _tree_round(state, target, token, proposal, sampling, generator):
         keep[row, [node + 1 for node in nodes]] = True
         host.append([values[0], values[1], values[2 + depth:], nodes])
         ranks, tried = layout.round_facts(row, nodes)
-        facts.append({"ranks": ranks, "tried": tried, "parents": layout.row_parents(row)})
+        facts.append({"ranks": ranks, "tried": tried, "parents": layout.row_parents(row), "batch_nodes": layout.nodes})
     state.keep_region(keep)
     return host, facts, accepted_len, next_token

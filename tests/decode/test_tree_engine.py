@@ -209,3 +209,21 @@ def test_prompt_lookup_tree_is_exact():
     rounds = [r for s in spec for r in s.rounds]
     branched = [r for r in rounds if len(set(r.get("parents", []))) < len(r.get("parents", []))]
     assert branched, "some round verified several continuations (a node with two children)"
+
+
+def test_a_tree_round_records_the_batchs_widest_tree():
+    """Prompt lookup tries differ row by row (a row without a match has none): every row's round records the width
+    the target verified, the widest row's trie, which is what the round cost (eval/trees.py tree_prediction)."""
+    from decode.drafters.prompt_lookup import PromptLookupDrafter
+
+    target = tiny_model("qwen2")
+    ids = torch.tensor([[0, 0, 5, 7, 8, 9, 5, 7, 8, 4, 5, 7, 3, 5, 7], [5, 6, 9, 9, 5, 6, 11, 5, 6, 9, 9, 5, 6, 12, 5]])
+    mask = (torch.arange(15) >= torch.tensor([[2], [0]])).long()
+    with torch.inference_mode():
+        spec = generate_speculative(target, PromptLookupDrafter(2, 1, matches=3, budget=8), ids, mask,
+                                    Generation(16, GREEDY, ()), 4)
+    both = list(zip(spec[0].rounds, spec[1].rounds))  # no EOS: the rows run the same rounds
+    trees = [(x, y) for x, y in both if "parents" in x]
+    assert any(x["drafted"] != y["drafted"] for x, y in trees), "the test needs rows whose tries differ"
+    for x, y in trees:
+        assert x["batch_nodes"] == y["batch_nodes"] == max(x["drafted"], y["drafted"])
