@@ -159,10 +159,12 @@ def joint_counts(records) -> torch.Tensor:
     return torch.bincount(pairs, minlength=V * V)
 
 
+@pytest.mark.parametrize("warp", [(1.0, None), (1.5, 0.9)])
 @pytest.mark.parametrize("kind", ["static-iid", "dynamic-point-masses"])
-def test_tree_speculative_sampling_matches_target_distribution(kind):
-    """End to end: tokens 2 and 3 come from one tree round (depth 2); their joint is the target's, enumerated."""
-    sampling = Sampling(True, 1.0)
+def test_tree_speculative_sampling_matches_target_distribution(kind, warp):
+    """End to end: tokens 2 and 3 come from one tree round (depth 2); their joint is the target's, enumerated. Also
+    with a temperature and top_p, which warp q (the draws, the dynamic tree's scores) and p alike."""
+    sampling = Sampling(True, warp[0], None, warp[1])
     target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
     draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
     rows = 12_000
