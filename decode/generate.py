@@ -252,7 +252,9 @@ class _RoundRow:
     drafted: int  # drafts it could accept (a tree: its valid nodes)
     drafts: list[int]  # the proposal's tokens (G of them; a tree: its N nodes)
     path: list[int]  # the accepted drafts' indices in `drafts`
-    tree_facts: dict = field(default_factory=dict)  # a tree round's record facts: "ranks", "tried", "parents"
+    # a tree round's record facts: "ranks", "tried", "parents", and "batch_nodes": the nodes the round's target forward
+    # verified besides the root (the batch's widest tree, whatever the row's own: what its verification cost)
+    tree_facts: dict = field(default_factory=dict)
 
 
 def _verify(state, target, token: torch.Tensor, proposal: Proposal) -> torch.Tensor:
@@ -297,7 +299,8 @@ def _read(accepted_len, token, draft_limit, path, proposal: Proposal) -> list[_R
         nodes = [node for node in v[3: 3 + depth] if node >= 0]
         ranks, tried = layout.round_facts(row, nodes)
         rows.append(_RoundRow(v[0], v[1], int(layout.valid[row].sum()), v[3 + depth:], nodes,
-                              {"ranks": ranks, "tried": tried, "parents": layout.row_parents(row)}))
+                              {"ranks": ranks, "tried": tried, "parents": layout.row_parents(row),
+                               "batch_nodes": layout.nodes}))
     return rows
 
 

@@ -99,9 +99,10 @@ LEGEND = {
                          "of the product of p(depth, rank) (acceptance_by_depth_rank, the point's own) along the "
                          "node's path (Sequoia's expected accepted length; a (depth, rank) never tried counts 0), D_r "
                          "the round's draft forwards (its tree's depth unless the round records draft_forwards), each "
-                         "priced as a 1-token draft forward c (0 for a drafter without a model), n_r its nodes; "
-                         "predicted_speedup_v1 uses v(n) = 1. Rows of a batch verify the batch's widest tree, "
-                         "which v(n_r) of each row's own does not price",
+                         "priced as a 1-token draft forward c (0 for a drafter without a model), n_r the nodes the "
+                         "round's target forward verified (the batch's widest tree, which a row with a smaller tree or "
+                         "none waits for too; older records without it: the row's own); predicted_speedup_v1 uses "
+                         "v(n) = 1",
     "efficiency": "measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
                   "decode_efficiency: decode speedup / predicted speedup",
     "exact_match": "greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "

@@ -39,6 +39,12 @@ def round_depth(r: dict) -> int:
     return max(depths, default=0)
 
 
+def verified_nodes(r: dict) -> int:
+    """Nodes the round's target forward verified besides the root: the batch's widest tree as recorded (a row's own
+    tree may be smaller, or empty), else the row's own."""
+    return r["batch_nodes"] if "batch_nodes" in r else r["drafted"]
+
+
 def draft_forwards(r: dict) -> int:
     """Draft forwards the round ran: as recorded, else its tree's depth (one forward per level)."""
     return r["draft_forwards"] if "draft_forwards" in r else round_depth(r)
@@ -81,13 +87,14 @@ def expected_emitted(parents: list[int], acceptance: dict[tuple[int, int], float
 
 def tree_prediction(rounds: list[dict], c: float, v_of) -> tuple[float | None, float | None]:
     """Predicted speedup over the point's own rounds: sum_r E[e_r] / sum_r (D_r c + v(n_r)), D_r the round's draft
-    forwards, n_r its nodes, v_of(n) the verification cost ratio at n nodes; and the same with v = 1. (None, None)
-    where a round's v is not known."""
+    forwards, n_r the nodes its target forward verified (the batch's widest tree: a row with a smaller tree, or none,
+    waits for that forward all the same), v_of(n) the verification cost ratio at n nodes; and the same with v = 1.
+    (None, None) where a round's v is not known."""
     table = acceptance_by_depth_rank(rounds)
     acceptance = {(row["depth"], rank): p for row in table for rank, p in enumerate(row["p"]) if p is not None}
     tokens = cost = cost_v1 = 0.0
     for r in rounds:
-        v = v_of(r["drafted"])
+        v = v_of(verified_nodes(r))
         if v is None:
             return None, None
         tokens += expected_emitted(round_parents(r), acceptance)

@@ -187,6 +187,10 @@ class AutoTree(StaticTree):
       nodes and the root), both measured in this run (runner/probes.py), v interpolated between measured n.
     - After PROBE_EVERY rounds without drafting, one round drafts the best tree of at least one node: without it an
       estimate that says "off" could never be revised.
+    - Likewise for width: once the recent rounds hold no trial of a second child at depth 1 (a run of chains pushed the
+      exploration out), a rank they never tried estimates 0 and no tree would widen again; so every PROBE_EVERY-th
+      round then picks its tree with a Beta(1, 1) prior, which prices an untried rank at 1/2 (within what is left of
+      1), at the measured node counts as always.
     """
 
     RECENT = 48
@@ -199,6 +203,7 @@ class AutoTree(StaticTree):
         self.v = {0: 1.0, **{int(n): float(value) for n, value in v.items()}}
         self.node_counts = sorted(n for n in self.v if n > 0)
         self.off_rounds = 0
+        self.rounds = 0
         self.layout_parents: list[int] = []
 
     @classmethod
@@ -234,6 +239,9 @@ class AutoTree(StaticTree):
             shape = trim_depth(static_parents(self.EXPLORE), max_depth)
         else:
             stats = TreeStats(self.memory.rounds)
+            self.rounds += 1
+            if self.rounds % self.PROBE_EVERY == 0 and len(stats.trials[0] if stats.trials else []) < 2:
+                stats = TreeStats(self.memory.rounds, prior=(1.0, 1.0))  # a width probe: see the class
             shape = best_tree(stats, self.node_counts, self.cost, max_depth=max_depth)
             if not shape:
                 self.off_rounds += 1

@@ -159,10 +159,12 @@ def joint_counts(records) -> torch.Tensor:
     return torch.bincount(pairs, minlength=V * V)
 
 
+@pytest.mark.parametrize("warp", [(1.0, None), (1.5, 0.9)])
 @pytest.mark.parametrize("kind", ["static-iid", "dynamic-point-masses"])
-def test_tree_speculative_sampling_matches_target_distribution(kind):
-    """End to end: tokens 2 and 3 come from one tree round (depth 2); their joint is the target's, enumerated."""
-    sampling = Sampling(True, 1.0)
+def test_tree_speculative_sampling_matches_target_distribution(kind, warp):
+    """End to end: tokens 2 and 3 come from one tree round (depth 2); their joint is the target's, enumerated. Also
+    with a temperature and top_p, which warp q (the draws, the dynamic tree's scores) and p alike."""
+    sampling = Sampling(True, warp[0], None, warp[1])
     target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
     draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
     rows = 12_000
@@ -209,3 +211,21 @@ def test_prompt_lookup_tree_is_exact():
     rounds = [r for s in spec for r in s.rounds]
     branched = [r for r in rounds if len(set(r.get("parents", []))) < len(r.get("parents", []))]
     assert branched, "some round verified several continuations (a node with two children)"
+
+
+def test_a_tree_round_records_the_batchs_widest_tree():
+    """Prompt lookup tries differ row by row (a row without a match has none): every row's round records the width
+    the target verified, the widest row's trie, which is what the round cost (eval/trees.py tree_prediction)."""
+    from decode.drafters.prompt_lookup import PromptLookupDrafter
+
+    target = tiny_model("qwen2")
+    ids = torch.tensor([[0, 0, 5, 7, 8, 9, 5, 7, 8, 4, 5, 7, 3, 5, 7], [5, 6, 9, 9, 5, 6, 11, 5, 6, 9, 9, 5, 6, 12, 5]])
+    mask = (torch.arange(15) >= torch.tensor([[2], [0]])).long()
+    with torch.inference_mode():
+        spec = generate_speculative(target, PromptLookupDrafter(2, 1, matches=3, budget=8), ids, mask,
+                                    Generation(16, GREEDY, ()), 4)
+    both = list(zip(spec[0].rounds, spec[1].rounds))  # no EOS: the rows run the same rounds
+    trees = [(x, y) for x, y in both if "parents" in x]
+    assert any(x["drafted"] != y["drafted"] for x, y in trees), "the test needs rows whose tries differ"
+    for x, y in trees:
+        assert x["batch_nodes"] == y["batch_nodes"] == max(x["drafted"], y["drafted"])

@@ -122,3 +122,21 @@ def test_best_tree_for_a_cost():
 def test_speculation_that_costs_too_much_is_not_done():
     # a draft token costs 2 target forwards: the best one-node tree gives 1.6 tokens for 3, under a plain step's 1
     assert best_tree(p_hand, [1, 2, 3], lambda n, depth: 1 + 2 * depth) == []
+
+
+def test_auto_probes_width_after_chains_pushed_the_exploration_out():
+    """tree: auto's recent rounds are all one-node chains, right half the time at depth 1 and never at depth 2: a second
+    child at depth 1 was never tried, so it estimates 0 and the best tree is the chain [-1] (p(1, 0) = 24 / 49: value
+    1.49 / (0.05 + v(1) 1.02) = 1.39 > 1). Every 8th round a Beta(1, 1) prior prices the untried rank at 1/2 (within 1 - p(1, 0) =
+    1/2; p(1, 0) = 25 / 50, p(2, 0) = 1 / 26): two children at the root, 2 / (0.05 + v(2) 1.04) = 1.83 beats the
+    chain's 1.5 / 1.07 = 1.40 and deeper trees."""
+    from decode.drafters.tree import AutoMemory, AutoTree
+    from decode.settings import Sampling
+
+    memory = AutoMemory(AutoTree.RECENT)
+    for i in range(AutoTree.RECENT):
+        memory.rounds.append({"accepted": 1, "ranks": [0], "tried": [1, 1]} if i % 2 else
+                             {"accepted": 0, "ranks": [], "tried": [1]})
+    auto = AutoTree(memory, 0.05, {n: 1 + 0.02 * n for n in (1, 2, 4)}, Sampling(False))
+    shapes = [auto.shape_for_round(4) for _ in range(2 * AutoTree.PROBE_EVERY)]
+    assert shapes == ([[-1]] * (AutoTree.PROBE_EVERY - 1) + [[-1, -1]]) * 2

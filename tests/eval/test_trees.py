@@ -152,3 +152,20 @@ def test_summary_of_a_tree_point_is_strict_and_notes_a_missing_v():
                for n in summary["notes"])
     json.dumps(summary, allow_nan=False)
     assert "d1: r0 0.333 (24)" in markdown(summary)
+
+
+def test_the_tree_prediction_prices_each_round_at_the_batchs_widest_tree():
+    """One batch round of 2 rows: row A verifies the [2, 1] tree (4 nodes), row B had no budget or no match (0 nodes)
+    but waits for the same 5-token target forward. Neither accepts: p(1, 0) = p(1, 1) = 0 / 1, E[e] = 1 per row.
+    c = 0.25, 2 draft forwards, v(4) = 2.0: each row's round costs 2 * 0.25 + 2.0 = 2.5, predicted 2 / 5 = 0.4 (pricing
+    B at v(0) = 1 would claim 2 / 4 = 0.5)."""
+    from eval.trees import tree_prediction
+
+    a = {"drafted": 4, "accepted": 0, "emitted": 1, "ranks": [], "tried": [2], "parents": TREE, "draft_forwards": 2,
+         "batch_nodes": 4}
+    b = {"drafted": 0, "accepted": 0, "emitted": 1, "ranks": [], "tried": [], "parents": [], "draft_forwards": 2,
+         "batch_nodes": 4}
+    v = CostProbe(v={4: 2.0})
+    assert tree_prediction([a, b], 0.25, v.v_at_nodes) == (pytest.approx(0.4), pytest.approx(2 / 3))
+    older = [{k: x for k, x in r.items() if k != "batch_nodes"} for r in (a, b)]  # records before batch_nodes
+    assert tree_prediction(older, 0.25, v.v_at_nodes)[0] == pytest.approx(0.5)
