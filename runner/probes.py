@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from decode.kv import KVState
@@ -172,15 +173,28 @@ def verify_widths(points) -> set[int]:
     return widths
 
 
+def _timed_tree_forward(state: KVState, model, tokens: torch.Tensor, clock) -> float:
+    """As _timed_forward, through the tree path (KVState.forward_tree: the ancestor mask built and handed to the
+    model) that a tree's verification takes; a chain-shaped tree of the same width costs what any tree of it does."""
+    batch, width = tokens.shape
+    parents = np.tile(np.arange(-1, width - 1), (batch, 1))
+    start = clock.now()
+    state.forward_tree(model, tokens, parents, np.ones((batch, width), dtype=bool), new_round=True)
+    elapsed = clock.now() - start
+    state.keep_region(np.zeros((batch, width), dtype=bool))
+    return elapsed
+
+
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
-                  draft_prefill: bool = False, busy_reps: int = 3) -> CostProbe:
+                  draft_prefill: bool = False, busy_reps: int = 3, tree_widths=frozenset()) -> CostProbe:
     """c = t(1-token draft forward) / t(1-token target forward) per draft; v_k = t((k+1)-token target forward)
     / t(1-token target forward) for each draft length k = width - 1, at this batch's cache length.
 
     The forwards are interleaved, one of each per repetition (after one untimed pass), so that drift of the
     machine touches every ratio alike; each time is the median over the repetitions, and the repetitions
     are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's prefill
-    cost (draft_prefill_cost; only the cost_model schedule reads it). Beside c, for the host_bound flag: each model's
+    cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
+    through the tree path (its custom mask), as their verifications run. Beside c, for the host_bound flag: each model's
     weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of `busy_reps`, after the timed
     repetitions: the profiler slows the host).
     """
@@ -194,7 +208,8 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     for rep in range(reps + 1):
         for name, width in probes:
             tokens = ids[:, -1:].expand(-1, width).contiguous()
-            elapsed = _timed_forward(states[name], models[name], tokens, clock)
+            timed = _timed_tree_forward if name == "target" and width in tree_widths else _timed_forward
+            elapsed = timed(states[name], models[name], tokens, clock)
             if rep:
                 times[(name, width)].append(elapsed)
     median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}

@@ -360,8 +360,11 @@ class Session:
         try:
             if os.environ.get("SPECULATE_INJECT_FAILURE") == "costs":  # fault injection for the tests
                 raise RuntimeError("injected failure in the cost probes")
+            chains = verify_widths([p for p in spec_points if getattr(p, "tree", None) is None])
+            if cost_model:
+                chains |= set(range(2, max(gammas) + 2))
             return measure_costs(self.target.model, self.context.drafts, ids, mask, sorted(widths), self.clock,
-                                 draft_prefill=cost_model)
+                                 draft_prefill=cost_model, tree_widths=widths - chains)
         except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory: the points may still run; no prediction
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

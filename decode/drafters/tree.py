@@ -248,7 +248,6 @@ class AutoTree(StaticTree):
                 if self.off_rounds % self.PROBE_EVERY == 0:
                     shape = best_tree(stats, self.node_counts, lambda n, d: self.cost(n, d) if n else float("inf"),
                                       max_depth=max_depth)
-        self.memory.shapes.append(len(shape))
         self.layout_parents = shape
         return shape or None
 
@@ -260,10 +259,9 @@ class AutoTree(StaticTree):
 
 
 class AutoMemory:
-    """What `tree: auto` keeps across a point's batches: its recent rounds, and the size of each round's tree."""
+    """What `tree: auto` keeps across a point's batches: its recent rounds."""
 
     def __init__(self, recent: int):
         from collections import deque
 
         self.rounds = deque(maxlen=recent)
-        self.shapes: list[int] = []

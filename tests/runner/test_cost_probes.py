@@ -63,3 +63,32 @@ def test_the_probes_time_the_widths_the_tree_points_verify(monkeypatch):
     costs = probes.measure_costs(tiny_model("llama", seed=1), {}, ids, mask, sorted(probes.verify_widths(points)), None)
     assert costs.v == {n: pytest.approx(1 + 0.1 * n) for n in (2, 3, 9, 24)}
     assert costs.v_at_nodes(6) == pytest.approx(1.6)  # between the measured 3 and 9 nodes
+
+
+def test_widths_only_trees_verify_are_timed_through_the_tree_mask(monkeypatch):
+    """A tree's verification builds a custom mask (KVState.forward_tree): the widths only trees use are timed that way,
+    a width a chain uses the chain's way; each probe leaves the prompt's cache as it found it."""
+    import runner.probes as probes
+    from decode.kv import KVState
+
+    calls = []
+    forward, forward_tree = KVState.forward, KVState.forward_tree
+    monkeypatch.setattr(KVState, "forward", lambda self, model, ids, *a, **k: calls.append(("chain", ids.shape[1]))
+                        or forward(self, model, ids, *a, **k))
+    monkeypatch.setattr(KVState, "forward_tree", lambda self, model, ids, *a, **k: calls.append(("tree", ids.shape[1]))
+                        or forward_tree(self, model, ids, *a, **k))
+    ids, mask = ragged_batch([4, 6], seed=3)
+    costs = probes.measure_costs(tiny_model("llama", seed=1), {}, ids, mask, [3, 5, 10], _Clock(), reps=1,
+                                 tree_widths={10})
+    timed = set(calls[1:])  # after the prefill
+    assert timed == {("chain", 1), ("chain", 3), ("chain", 5), ("tree", 10)}
+    assert set(costs.v) == {2, 4, 9}
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self):
+        self.t += 1.0
+        return self.t
