@@ -39,7 +39,13 @@ MODELS = {
     "gpt2": lambda: tiny_model("gpt2"),
     "mistral-window4": lambda: tiny_windowed("mistral", 4, 0),  # windows far shorter than the text and the tree
     "gemma3-window4": lambda: tiny_windowed("gemma3", 4, 0),  # a sliding layer and a global one: a dict of masks
+    "llama-eager": lambda: eager(tiny_model("llama")),  # eager attention takes the mask additive, not boolean
 }
+
+
+def eager(model):
+    model.set_attn_implementation("eager")
+    return model
 
 
 @pytest.mark.parametrize("arch", list(MODELS))
