@@ -76,16 +76,14 @@ def test_tree_points_follow_the_chains():
         "prompt_lookup gamma=3 tree=3-2-1 batch=1 greedy",
         "prompt_lookup gamma=2 tree=dynamic-24 batch=1 greedy",
         "prompt_lookup gamma=4 tree=dynamic-24 batch=1 greedy",
-        "prompt_lookup gamma=2 tree=auto batch=1 greedy",
-        "prompt_lookup gamma=4 tree=auto batch=1 greedy",
-        "prompt_lookup gamma=2 tree=2-2 batch=1 greedy",
+        "prompt_lookup gamma=2 tree=2-2 batch=1 greedy",  # no auto: it prices a draft model's tree
     ]
     points = points_of(config, 1, None)
     assert all(p.schedule is None for p in points if p.tree is not None)
     assert len({p.key for p in points}) == len(points)
     # the static tree of depth 2 and the chain of gamma 2 are two points
     gamma_2 = {p.tree for p in points if p.method == "prompt_lookup" and p.gamma == 2}
-    assert gamma_2 == {None, "dynamic-24", "auto", "2-2"}
+    assert gamma_2 == {None, "dynamic-24", "2-2"}
 
 
 def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
