@@ -67,6 +67,20 @@ def table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_on(config_path: str, overrides: list[str], data: Path, out: Path) -> Path:
+    """Run a benchmark config on a prompt file into `out` (exit codes 0 and 3, some points failed, are results)."""
+    from rich.console import Console
+
+    from runner import Experiment
+    from utils.config import load_config
+
+    config, raw = load_config(config_path, overrides + [f"dataset.path={data}"])
+    code = Experiment(config, raw, out, Console(stderr=True, width=150)).run()
+    if code not in (0, 3):
+        raise SystemExit(f"benchmark run in {out} ended with exit code {code}")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "benchmarks" / "methods.yaml"))
@@ -78,19 +92,10 @@ def main() -> int:
     if args.existing:
         out = Path(args.existing)
     else:
-        from rich.console import Console
-
-        from runner import Experiment
-        from utils.config import load_config
-
         data = ROOT / "results" / "methods-data.jsonl"
         count = build_prompts(data, args.per_category)
         print(f"{count} prompts in {data}", file=sys.stderr)
-        out = Path(args.out)
-        config, raw = load_config(args.config, args.overrides + [f"dataset.path={data}"])
-        code = Experiment(config, raw, out, Console(stderr=True, width=150)).run()
-        if code not in (0, 3):
-            raise SystemExit(f"benchmark run in {out} ended with exit code {code}")
+        out = run_on(args.config, args.overrides, data, Path(args.out))
     summary = json.loads((out / "summary.json").read_text())
     text = ("Speedup vs each engine's reference (baseline; vllm_generate for the vllm_* points), 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an "
             "interval); ! = flagged (see summary.md)\n\n" + table(summary))

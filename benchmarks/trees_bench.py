@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from methods_bench import build_prompts, table  # noqa: E402
+from methods_bench import build_prompts, run_on, table  # noqa: E402
 
 
 def build(path: Path, per_category: int, humaneval: int, heldout: int) -> int:
@@ -70,19 +70,10 @@ def main() -> int:
     if args.existing:
         out = Path(args.existing)
     else:
-        from rich.console import Console
-
-        from runner import Experiment
-        from utils.config import load_config
-
         data = ROOT / "results" / "trees-data.jsonl"
         count = build(data, args.per_category, args.humaneval, args.heldout)
         print(f"{count} prompts in {data}", file=sys.stderr)
-        out = Path(args.out)
-        config, raw = load_config(args.config, args.overrides + [f"dataset.path={data}"])
-        code = Experiment(config, raw, out, Console(stderr=True, width=150)).run()
-        if code not in (0, 3):
-            raise SystemExit(f"benchmark run in {out} ended with exit code {code}")
+        out = run_on(args.config, args.overrides, data, Path(args.out))
     summary = json.loads((out / "summary.json").read_text())
     text = ("Speedup vs the baseline, 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an interval); "
             "! = flagged (see summary.md); categories marked * are held out (nobody tuned on them)\n\n" + table(summary)

@@ -145,3 +145,21 @@ def test_trees_chains_and_auto_in_one_run(tiny, tmp_path):
             assert r["metrics"]["acceptance_by_depth_rank"], r["label"]
     report = (out / "summary.md").read_text()
     assert "nodes/rd" in report and "v(n)" in report
+
+
+def test_trees_benchmark_prints_its_table(tiny, tmp_path):
+    root, target, draft, _, _ = tiny
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trees_bench.py"), "--per-category", "1",
+                             "--humaneval", "1", "--heldout", "1", "--out", str(tmp_path / "out"),
+                             "--set", f"target.model={target}", "--set", f"draft.model={draft}",
+                             "--set", "generation.max_new_tokens=4", "--set", "dataset.chat_template=false",
+                             "--set", "dataset.max_prompt_tokens=16", "--set", "speculative.gamma=[2]",
+                             "--set", "speculative.tree=[null, [2, 1]]"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (tmp_path / "out" / "TREES.md").read_text()
+    header = text.splitlines()[2]
+    for column in ["humaneval", "translation*", "sql*", "writing", "overall"]:
+        assert f" {column} " in header, header
+    assert "| speculative draft=coder-0.5b gamma=2 tree=2-1 batch=1 greedy |" in text
+    assert "acceptance by depth and rank: d1: r0" in text
