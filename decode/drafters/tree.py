@@ -180,9 +180,10 @@ class AutoTree(StaticTree):
     Sequoia's construction with acceptance by depth and sibling rank), or no drafting at all when nothing beats a
     plain target step.
 
-    - Acceptance: from the point's recent rounds (the last RECENT of them, this batch's included, updated after
-      every round), so a prompt on which the draft does badly shrinks the tree within a few rounds, and one on which
-      it does well grows it. The point's warmup drafts EXPLORE (ranks and depths to measure) to seed them.
+    - Acceptance: from this batch's own rounds (the last RECENT, updated after every round) on top of the last PRIOR
+      rounds the point's earlier batches left (a prior worth PRIOR rounds), so a prompt on which the draft does badly
+      shrinks the tree, or stops drafting, within a few rounds, and one on which it does well grows it, whatever the
+      prompts before it did. The point's warmup drafts EXPLORE (ranks and depths to measure) to seed them.
     - Cost of a round: depth x c (one draft forward per depth, the catch-up included) + v(n) (the verification of n
       nodes and the root), both measured in this run (runner/probes.py), v interpolated between measured n.
     - After PROBE_EVERY rounds without drafting, one round drafts the best tree of at least one node: without it an
@@ -194,6 +195,7 @@ class AutoTree(StaticTree):
     """
 
     RECENT = 48
+    PRIOR = 8
     PROBE_EVERY = 8
     EXPLORE = [4, 2, 2, 1, 1, 1, 1, 1]
 
@@ -203,6 +205,10 @@ class AutoTree(StaticTree):
         self.v = {0: 1.0, **{int(n): float(value) for n, value in v.items()}}
         self.node_counts = sorted(n for n in self.v if n > 0)
         self.off_rounds = 0
+        self.prior = list(memory.rounds)[-self.PRIOR:]  # what the point's earlier batches (its warmup) left
+        from collections import deque
+
+        self.batch_rounds = deque(maxlen=self.RECENT)  # this batch's rounds, every row's
         self.rounds = 0
         self.layout_parents: list[int] = []
 
@@ -238,10 +244,11 @@ class AutoTree(StaticTree):
         if self.explore:
             shape = trim_depth(static_parents(self.EXPLORE), max_depth)
         else:
-            stats = TreeStats(self.memory.rounds)
+            evidence = self.prior + list(self.batch_rounds)
+            stats = TreeStats(evidence)
             self.rounds += 1
             if self.rounds % self.PROBE_EVERY == 0 and len(stats.trials[0] if stats.trials else []) < 2:
-                stats = TreeStats(self.memory.rounds, prior=(1.0, 1.0))  # a width probe: see the class
+                stats = TreeStats(evidence, prior=(1.0, 1.0))  # a width probe: see the class
             shape = best_tree(stats, self.node_counts, self.cost, max_depth=max_depth)
             if not shape:
                 self.off_rounds += 1
@@ -255,7 +262,9 @@ class AutoTree(StaticTree):
         """After a round: its rows' facts (ranks and children tried on the accepted path) join the recent rounds."""
         for row, path in enumerate(path_host):
             ranks, tried = layout.round_facts(row, path)
-            self.memory.rounds.append({"accepted": len(path), "ranks": ranks, "tried": tried})
+            facts = {"accepted": len(path), "ranks": ranks, "tried": tried}
+            self.memory.rounds.append(facts)
+            self.batch_rounds.append(facts)
 
 
 class AutoMemory:

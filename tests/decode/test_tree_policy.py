@@ -125,11 +125,12 @@ def test_speculation_that_costs_too_much_is_not_done():
 
 
 def test_auto_probes_width_after_chains_pushed_the_exploration_out():
-    """tree: auto's recent rounds are all one-node chains, right half the time at depth 1 and never at depth 2: a second
-    child at depth 1 was never tried, so it estimates 0 and the best tree is the chain [-1] (p(1, 0) = 24 / 49: value
-    1.49 / (0.05 + v(1) 1.02) = 1.39 > 1). Every 8th round a Beta(1, 1) prior prices the untried rank at 1/2 (within 1 - p(1, 0) =
-    1/2; p(1, 0) = 25 / 50, p(2, 0) = 1 / 26): two children at the root, 2 / (0.05 + v(2) 1.04) = 1.83 beats the
-    chain's 1.5 / 1.07 = 1.40 and deeper trees."""
+    """tree: auto's evidence (the last 8 rounds its point's earlier batches left; this batch has none yet) is all
+    one-node chains, right half the time at depth 1 and never at depth 2: a second child at depth 1 was never tried, so
+    it estimates 0 and the best tree is the chain [-1] (p(1, 0) = 4 / 9: value 1.44 / (0.05 + v(1) 1.02) = 1.35 > 1).
+    Every 8th round a Beta(1, 1) prior prices the untried rank at 1/2 (within 1 - p(1, 0) = 1/2; p(1, 0) = 5 / 10,
+    p(2, 0) = 1 / 6): two children at the root, 2 / (0.05 + v(2) 1.04) = 1.83, beat the chain's 1.5 / 1.07 = 1.40 (a
+    depth-2 node under each, (2 + 2 * 0.5 / 6) / (0.1 + v(4) 1.08) = 1.84, about ties with them)."""
     from decode.drafters.tree import AutoMemory, AutoTree
     from decode.settings import Sampling
 
@@ -139,4 +140,29 @@ def test_auto_probes_width_after_chains_pushed_the_exploration_out():
                              {"accepted": 0, "ranks": [], "tried": [1]})
     auto = AutoTree(memory, 0.05, {n: 1 + 0.02 * n for n in (1, 2, 4)}, Sampling(False))
     shapes = [auto.shape_for_round(4) for _ in range(2 * AutoTree.PROBE_EVERY)]
-    assert shapes == ([[-1]] * (AutoTree.PROBE_EVERY - 1) + [[-1, -1]]) * 2
+    probes = [AutoTree.PROBE_EVERY - 1, 2 * AutoTree.PROBE_EVERY - 1]
+    assert all(shape == [-1] for i, shape in enumerate(shapes) if i not in probes)
+    assert all(shapes[i][:2] == [-1, -1] for i in probes)  # the probe widens the root
+
+
+def test_auto_follows_this_batchs_acceptance_not_the_points_history():
+    """The point's earlier batches accepted every draft (48 rounds: the history says draft deep); this batch's first
+    rounds reject the draft at depth 1 every time. After 6 such rounds the evidence is 8 full accepts of the last
+    prior rounds and 6 rejections: p(1, 0) = 8 / 15, and with c = 0.4 and v(1) = 1.2 one node is worth
+    (1 + 8/15) / 1.6 = 0.96 < 1: auto stops drafting (a plain target step), where the history alone (48 / 49) would
+    have kept drafting."""
+    import numpy as np
+
+    from decode.drafters.tree import AutoMemory, AutoTree
+    from decode.settings import Sampling
+    from decode.tree import TreeLayout
+
+    memory = AutoMemory(AutoTree.RECENT)
+    for _ in range(AutoTree.RECENT):
+        memory.rounds.append({"accepted": 1, "ranks": [0], "tried": [1]})
+    auto = AutoTree(memory, 0.4, {1: 1.2, 2: 1.4, 4: 1.8}, Sampling(False))
+    assert auto.shape_for_round(4) is not None  # 8/9 at depth 1: one node gives (1 + 8/9) / 1.6 = 1.18
+    layout = TreeLayout(np.array([[-1]]), np.ones((1, 1), dtype=bool))
+    for _ in range(6):
+        auto.observe([[]], layout)  # the root's one child rejected
+    assert auto.shape_for_round(4) is None
