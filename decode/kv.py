@@ -88,6 +88,23 @@ def tree_support_problem(model) -> str | None:
     return None
 
 
+def layer_masks(allowed: dict, layer_types, window: int | None, additive: bool, dtype: torch.dtype):
+    """Which keys each query may see, by kind ("full_attention", and "sliding_attention" for a model with a window):
+    [B, S, L] bool -> the attention_mask a model takes: [B, 1, S, L] bool (sdpa) or additive (eager), as a dict by
+    layer type where the config lists layer_types, else the one kind its layers use (windowed where the config has a
+    window: Mistral). Used by tree verification here and by the compiled step's in-graph mask (decode/static_kv.py)."""
+    def as_mask(mask: torch.Tensor) -> torch.Tensor:
+        mask = mask[:, None]
+        if not additive:
+            return mask
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+    built = {kind: as_mask(mask) for kind, mask in allowed.items()}
+    if layer_types:
+        return {kind: built.get(kind, built["full_attention"]) for kind in sorted(set(layer_types))}
+    return built["sliding_attention" if window is not None else "full_attention"]
+
+
 class CacheLayoutError(ValueError):
     """The cache's layers do not hold one slot per mask column (e.g. a sliding-window layer trimmed them)."""
 
@@ -233,28 +250,16 @@ class KVState:
             key_positions = np.concatenate([prefix_positions, positions], axis=1)[:, None, :]  # [B, 1, L]
             masks["sliding_attention"] = full & (query - key_positions < window)
         feed = input_device(model)
-        dtype = model.get_input_embeddings().weight.dtype
-        built = {kind: self._model_mask(mask, implementation, dtype, feed) for kind, mask in masks.items()}
-        layer_types = getattr(config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config,
-                              "layer_types", None)
-        if layer_types:
-            attention_mask = {kind: built.get(kind, built["full_attention"]) for kind in set(layer_types)}
-        else:
-            attention_mask = built["sliding_attention" if window is not None else "full_attention"]
+        text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        attention_mask = layer_masks({kind: host_to_device(mask, feed, dtype=torch.bool) for kind, mask in masks.items()},
+                                     getattr(text_config, "layer_types", None), window, implementation == "eager",
+                                     model.get_input_embeddings().weight.dtype)
         position_ids = host_to_device(positions[:, old:], feed)
         out = model(input_ids=to_device(input_ids, feed), attention_mask=attention_mask, position_ids=position_ids,
                     past_key_values=self.cache, use_cache=True)
         self.forwards += 1
         self._check_layout()
         return to_device(out.logits, engine).float()
-
-    @staticmethod
-    def _model_mask(allowed: np.ndarray, implementation: str, dtype: torch.dtype, device) -> torch.Tensor:
-        """[B, S, L] host bool -> the [B, 1, S, L] mask the attention takes: bool for sdpa, additive for eager."""
-        allowed = host_to_device(np.ascontiguousarray(allowed[:, None]), device, dtype=torch.bool)
-        if implementation == "sdpa":
-            return allowed
-        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
     @property
     def region_width(self) -> int:

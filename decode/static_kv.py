@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from decode.kv import KVState, host_to_device, sliding_window_of
+from decode.kv import KVState, host_to_device, layer_masks, sliding_window_of
 
 
 class CompileRefused(ValueError):
@@ -165,18 +165,8 @@ class CompiledModel:
         masks = {"full_attention": full}
         if self.window is not None:
             masks["sliding_attention"] = (seen & (query - key_positions < self.window)) | itself
-        masks = {kind: self._as_mask(mask) for kind, mask in masks.items()}
-        if self.mask_keys is None:  # one kind for every layer: windowed where the config has a window (Mistral)
-            return masks["sliding_attention" if self.window is not None else "full_attention"]
-        return {kind: masks.get(kind, masks["full_attention"]) for kind in self.mask_keys}
-
-    def _as_mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        allowed = allowed[:, None]  # [B, 1, S, L]
-        if not self.additive_mask:
-            return allowed
-        dtype = next(self.model.parameters()).dtype
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min)
+        return layer_masks(masks, self.mask_keys, self.window, self.additive_mask,
+                           next(self.model.parameters()).dtype)
 
     def _forward(self, buffers: _Buffers, input_ids, query_positions, query_columns):
         mask = self.masks(buffers, query_positions, query_columns)

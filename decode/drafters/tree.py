@@ -185,7 +185,7 @@ class AutoTree(StaticTree):
       shrinks the tree, or stops drafting, within a few rounds, and one on which it does well grows it, whatever the
       prompts before it did. The point's warmup drafts EXPLORE (ranks and depths to measure) to seed them.
     - Cost of a round: depth x c (one draft forward per depth, the catch-up included) + v(n) (the verification of n
-      nodes and the root), both measured in this run (runner/probes.py), v interpolated between measured n.
+      nodes and the root), both measured in this run (runner/probes.py); the trees considered have the measured n.
     - After PROBE_EVERY rounds without drafting, one round drafts the best tree of at least one node: without it an
       estimate that says "off" could never be revised.
     - Likewise for width: once the recent rounds hold no trial of a second child at depth 1 (a run of chains pushed the
@@ -222,20 +222,9 @@ class AutoTree(StaticTree):
         return cls(memory, c, dict(costs.v), sampling, explore=ctx.warming_up)
 
     def cost(self, nodes: int, depth: int) -> float:
-        """A round's cost in 1-token target forwards: depth draft forwards and the verification of nodes + 1."""
-        return depth * self.c + self.verify_cost(nodes)
-
-    def verify_cost(self, nodes: int) -> float:
-        """v(n): measured, else linear between the nearest measured n (beyond the largest: its slope)."""
-        if nodes in self.v:
-            return self.v[nodes]
-        known = sorted(self.v)
-        lower = max((n for n in known if n < nodes), default=known[0])
-        upper = min((n for n in known if n > nodes), default=None)
-        if upper is None:
-            lower, upper = known[-2], known[-1]
-        slope = (self.v[upper] - self.v[lower]) / (upper - lower)
-        return self.v[lower] + slope * (nodes - lower)
+        """A round's cost in 1-token target forwards: depth draft forwards and the verification of nodes + 1 (v
+        measured at every node count the policy considers, v(0) = 1 a plain step)."""
+        return depth * self.c + self.v[nodes]
 
     def shape_for_round(self, max_depth: int):
         from decode.tree import static_parents

@@ -8,7 +8,7 @@ import torch
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.tree import DynamicTree, StaticTree
 from decode.sampling import accept_greedy, accept_tree_greedy, accept_tree_sampled
-from decode.tree import TreeLayout, static_parents
+from decode.tree import TreeLayout, depths_and_ranks, static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from test_sliding_window import tiny_windowed
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
@@ -79,10 +79,7 @@ def test_tree_deeper_than_the_budget_or_wider_than_the_vocabulary(kind):
 
 
 def depth_of(parents):
-    depths = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return depths
+    return depths_and_ranks(parents)[0]
 
 
 def test_round_records_by_hand():
