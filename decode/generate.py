@@ -15,7 +15,8 @@ import torch
 from decode.drafters.base import Drafter, Proposal
 from decode.kv import KVState, host_to_device
 from decode.static_kv import new_state
-from decode.sampling import accept_greedy, accept_sampled, logits_to_probs, sample
+from decode.sampling import (accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled, logits_to_probs,
+                             sample)
 from decode.settings import Generation, Sampling
 
 
@@ -271,8 +272,6 @@ def _accept(proposal: Proposal, target_logits: torch.Tensor, draft_limit: torch.
             generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(accepted_len [B], next token [B], a tree's path [B, depth] or None): greedy or speculative sampling over a
     chain (decode/sampling.py accept_greedy / accept_sampled) or a tree (accept_tree_greedy / accept_tree_sampled)."""
-    from decode.sampling import accept_tree_greedy, accept_tree_sampled
-
     target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p) \
         if sampling.do_sample else None
     if proposal.layout is None:
