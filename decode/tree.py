@@ -41,7 +41,9 @@ def tree_label(value) -> str | None:
         if value == AUTO:
             return AUTO
         if value.startswith(DYNAMIC_PREFIX) or all(part.isdigit() for part in value.split("-")):
-            branching_or_budget(value)  # validates
+            shape = branching_or_budget(value)  # validates
+            if isinstance(shape, list):
+                _check_node_count(shape, value)
             return value
         raise ValueError(f"tree {value!r}: expected null (a chain), a branching list such as [3, 2, 1, 1], "
                          "{dynamic: 24} or auto")
@@ -49,24 +51,44 @@ def tree_label(value) -> str | None:
         if set(value) != {"dynamic"}:
             raise ValueError(f"tree {value!r}: a dynamic tree is written {{dynamic: N}} with N its node budget")
         budget = value["dynamic"]
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 256:
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_NODES:
             raise ValueError(f"tree {value!r}: the dynamic tree's node budget must be an integer in 1..256")
         return f"{DYNAMIC_PREFIX}{budget}"
     if isinstance(value, (list, tuple)):
         if not value or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in value):
             raise ValueError(f"tree {value!r}: a branching list has one integer >= 1 per depth, e.g. [3, 2, 1, 1]")
-        label = "-".join(str(k) for k in value)
-        if len(static_parents(list(value))) > 256:
-            raise ValueError(f"tree {value!r} has {len(static_parents(list(value)))} nodes; at most 256")
-        return label
+        _check_node_count(list(value), value)
+        return "-".join(str(k) for k in value)
     raise ValueError(f"tree {value!r}: expected null, a branching list, {{dynamic: N}} or auto")
+
+
+MAX_NODES = 256
+
+
+def static_node_count(branching: list[int], cap: int = MAX_NODES) -> int:
+    """Nodes of the static tree [k1, .., kD] (k1 + k1 k2 + ...), counted by prefix products without building it;
+    stops at the first depth past `cap` and returns that running count (so [1000, 1000, 1000] costs three steps)."""
+    total, width = 0, 1
+    for k in branching:
+        width *= k
+        total += width
+        if total > cap:
+            break
+    return total
+
+
+def _check_node_count(branching: list[int], value) -> None:
+    if static_node_count(branching) > MAX_NODES:
+        shown = value if isinstance(value, str) else list(value)
+        raise ValueError(f"tree {shown!r} has more than {MAX_NODES} nodes; at most {MAX_NODES}: use fewer children "
+                         "per depth, e.g. [3, 2, 1, 1]")
 
 
 def branching_or_budget(label: str) -> list[int] | int:
     """A static label's branching list, or a dynamic label's node budget."""
     if label.startswith(DYNAMIC_PREFIX):
         budget = label[len(DYNAMIC_PREFIX):]
-        if not budget.isdigit() or not 1 <= int(budget) <= 256:
+        if not budget.isdigit() or not 1 <= int(budget) <= MAX_NODES:
             raise ValueError(f"tree {label!r}: the dynamic tree's node budget must be an integer in 1..256")
         return int(budget)
     parts = label.split("-")

@@ -91,6 +91,16 @@ class Experiment:
             self.console.print(f"[yellow]interrupted: the report holds every batch that finished; "
                                f"continue with --resume {self.out_dir}[/yellow]")
             return EXIT_INTERRUPTED
+        except UserError as error:  # refused after the folder was made (a model that cannot load, ...): say so there
+            self.progress.status = "refused"
+            self.progress.notes.append(f"refused: {error}")
+            self.folder.save_progress()
+            raise
+        except Exception as error:  # a bug: the folder says the run stopped, not that it is still running
+            self.progress.status = "crashed"
+            self.progress.notes.append(f"crashed: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
+            self.folder.save_progress()
+            raise
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

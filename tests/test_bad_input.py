@@ -1,4 +1,5 @@
 """Bad input: one line on stderr naming what is wrong, exit code 2, no traceback, before any model loads."""
+import json
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,9 @@ CASES = [
     ("repeats-text", "repeats", "many", "repeats"),
     ("group-by-missing-field", "dataset", {"group_by": "category"}, "dataset.group_by"),
     ("cluster-backend-unknown", "cluster", {"backend": "slurm"}, "cluster.backend"),
+    ("tree-of-a-billion-nodes", "speculative.tree", [1000, 1000, 1000], "at most 256"),  # counted, never built
+    ("tree-label-past-the-cap", "speculative.tree", "20-20", "at most 256"),
+    ("tree-not-integers", "speculative.tree", [2.5, 1], "one integer >= 1 per depth"),
 ]
 
 
@@ -107,6 +111,17 @@ def test_malformed_config(tiny, tmp_path, case):
     if name not in ("vocab-mismatch", "hub-id-offline", "missing-prompt-field", "no-prompts-left",
                     "group-by-missing-field"):
         assert not (tmp_path / "out" / "env.json").exists(), "refused only after starting the run"
+    elif (tmp_path / "out" / "progress.json").exists():  # refused once the folder was made: it says so
+        assert json.loads((tmp_path / "out" / "progress.json").read_text())["status"] == "refused"
+
+
+def test_auto_tree_with_prompt_lookup_alone_is_refused(tiny, tmp_path):
+    """auto is the draft model's tree: prompt lookup would get no point, and the run would silently hold the
+    baseline alone."""
+    config = edit(edit(good(tiny), "methods", ["baseline", "prompt_lookup"]), "speculative.tree", "auto")
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(config))
+    assert_one_clean_line(run_launch(["--config", file]), "prompt_lookup takes static and dynamic trees only")
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -130,6 +130,9 @@ def tree_labels(value) -> list[str | None]:
 
     if not isinstance(value, list) or (value and all(integer(k) for k in value)):
         return [tree_label(value)]
+    if all(isinstance(k, (int, float)) and not isinstance(k, bool) for k in value):
+        raise ValueError(f"tree {json.dumps(value)}: a branching list has one integer >= 1 per depth, "
+                         "e.g. [3, 2, 1, 1]")
     if not value:
         raise ValueError("tree list is empty; give null (a chain), a branching list such as [3, 2, 1, 1], "
                          "{dynamic: 24}, auto, or a list of these")
@@ -347,6 +350,12 @@ class Config(Strict):
                              "set tree: null")
         if self.engine.compile:
             raise ValueError("speculative.tree needs the eager engine: set engine.compile: false or tree: null")
+        if self.speculative.tree == ["auto"]:  # auto prices a draft model's tree: other tree methods would get no point
+            left_out = [m for m in self.methods if "tree" in REGISTRY[m].axes and m != "speculative"]
+            if left_out:
+                raise ValueError(f"speculative.tree: auto is the draft model's tree (speculative), and {left_out[0]} "
+                                 "takes static and dynamic trees only, so it would not run; add null or a static tree "
+                                 "to the list, e.g. tree: [null, auto]")
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""

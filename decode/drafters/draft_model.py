@@ -57,7 +57,9 @@ class DraftModelDrafter(Drafter):
         worth = getattr(self.schedule, "worth_drafting", None)
         self.off = worth is not None and not worth(prompt_ids.shape[1])
         if not self.off:
-            self.state.forward(self.model, prompt_ids, prompt_mask, last_only=True)
+            # a prompt id past the draft's embeddings (a smaller vocabulary, decode/vocab.py) is fed clamped, as every
+            # later feed is: the draft predicts worse there, the target still decides
+            self.state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1), prompt_mask, last_only=True)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""

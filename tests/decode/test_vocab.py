@@ -41,3 +41,21 @@ def test_different_tokenizers_are_refused():
     # a draft id the target lacks, below the draft's rows
     with pytest.raises(VocabMismatch, match="tokenizers differ"):
         check_vocab_compatible(word_level(BASE), word_level(GEMMA_LIKE), 80, 72)
+
+
+def test_a_draft_with_fewer_embedding_rows_takes_a_prompt_id_it_lacks():
+    """A draft whose vocabulary ends below the target's (gemma-3 270m for 4b) is fed a prompt holding an id past its
+    rows: its prefill clamps as every later feed does, and the output is still the target's own."""
+    import torch
+
+    from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+    from tests.tiny_models import VOCAB, ragged_batch, tiny_model
+
+    target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1, vocab_size=VOCAB - 16)
+    ids, mask = ragged_batch([6, 9], seed=3)
+    ids[:, -2] = VOCAB - 1  # an id the draft has no embedding for, in both rows' prompts
+    generation = Generation(max_new_tokens=12)
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        spec = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask, generation, 3)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
