@@ -130,7 +130,7 @@ def tree_labels(value) -> list[str | None]:
 
     if not isinstance(value, list) or (value and all(integer(k) for k in value)):
         return [tree_label(value)]
-    if all(isinstance(k, (int, float)) and not isinstance(k, bool) for k in value):
+    if value and all(isinstance(k, (int, float)) and not isinstance(k, bool) for k in value):
         raise ValueError(f"tree {json.dumps(value)}: a branching list has one integer >= 1 per depth, "
                          "e.g. [3, 2, 1, 1]")
     if not value:

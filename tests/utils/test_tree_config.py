@@ -73,7 +73,11 @@ def test_tree_top_k_range(top_k):
 
 
 def test_a_tree_needs_a_method_that_takes_it_and_the_eager_engine():
-    assert trees("auto", methods=["baseline", "prompt_lookup"]) == ["auto"]
+    assert trees("auto", methods=["baseline", "speculative"]) == ["auto"]
+    # auto is the draft model's tree: prompt lookup would run no point, so it is refused, not dropped
+    with pytest.raises(ConfigError, match="prompt_lookup takes static and dynamic trees only"):
+        trees("auto", methods=["baseline", "prompt_lookup"])
+    assert trees([None, "auto"], methods=["baseline", "prompt_lookup"]) == [None, "auto"]
     with pytest.raises(ConfigError, match="applies to speculative or prompt_lookup only"):
         trees("auto", methods=["baseline", "hf_assisted"])
     with pytest.raises(ConfigError, match="speculative.tree needs the eager engine"):
