@@ -211,13 +211,20 @@ class Session:
 
     def release_models(self) -> None:
         """Drop the models (vLLM runs next and needs the memory); run_unit's caller reloads them (load) if units of
-        our engine come after. Prompts and tokenizer stay."""
+        our engine come after. Prompts and tokenizer stay. On CUDA the caching allocator's blocks go back to the device
+        (and, with engine.compile, the CUDA graphs' memory pools with dynamo's caches), so that what another engine
+        reads as free memory is free."""
         import gc
 
         self.target, self.drafts, self.context = None, {}, None
         self.prepared.clear()  # a reload warms up and measures again
         self._released = True
+        if self.config.engine.compile:  # the compiled graphs hold the models' buffers (and CUDA graph pools)
+            torch._dynamo.reset()
         gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
 
     def load_prompts_only(self) -> None:
         """Every method runs in vLLM: the tokenizer and the prompts, no model (vLLM loads its own)."""
