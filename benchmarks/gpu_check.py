@@ -295,7 +295,8 @@ def check_cuda_graphs(ctx):
         return "FAIL", f"the compiled step ran in mode {result['mode']}, not reduce-overhead: no CUDA graphs"
     after = max(result["recordings"], result["recordings_after_warmup"])
     detail = (f"CUDA graphs recorded after the warmup: {after} (inductor's recordings counted: "
-              f"{'yes' if ctx.cache.get('counting') else 'no'}), skips {result['skips']}, cudagraph_or_error on")
+              f"{'yes' if ctx.cache.get('counting') else 'no'}), skips {result['skips']}, cudagraph_or_error "
+              f"{'on' if ctx.cache.get('or_error') else 'absent in this torch'}")
     return ("ok" if after == 0 and result["skips"] == 0 else "FAIL"), detail
 
 
@@ -653,10 +654,13 @@ def main(argv=None) -> int:
     found = versions()
     print(f"device: {device} ({name}); " + ", ".join(f"{k} {v}" for k, v in found.items()), flush=True)
     ctx = Context(device, args.compile_backend, args.budget_s)
+    strict_fp32()  # every fp32 check: no TF32
     if ctx.cuda:  # a CUDA graph the compiled step cannot take is an error, not a silent eager fallback
         import torch._inductor.config as inductor_config
 
-        inductor_config.triton.cudagraph_or_error = True
+        if hasattr(inductor_config.triton, "cudagraph_or_error"):
+            inductor_config.triton.cudagraph_or_error = True
+            ctx.cache["or_error"] = True
         ctx.cache["counting"] = count_recordings()
     print("\n| check | status | detail | s |\n|---|---|---|---|", flush=True)
     rows_done = []
