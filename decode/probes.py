@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from decode.kv import KVState
+from decode.static_kv import new_state
 
 PAD_SLOTS = 48  # left padding of the short row: long enough that a slot-index bias is O(1)
 HOLE_SLOTS = 8  # rollback holes left inside the short row
@@ -26,11 +27,14 @@ def _probe_ids(model, length: int, seed: int) -> torch.Tensor:
     return torch.randint(3, max(4, min(vocab, 1000)), (1, length), generator=generator).to(device)  # [1, S]
 
 
-def _alone(model, ids: torch.Tensor, continuation: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [1, C, V] of continuation [1, C] after prompt ids [1, P], with no padding and no holes."""
-    state = KVState()
+def _alone(model, ids: torch.Tensor, continuation: torch.Tensor, stepwise: bool = False) -> torch.Tensor:
+    """fp32 logits [1, C, V] of continuation [1, C] after prompt ids [1, P], with no padding and no holes: in one
+    forward, or one token at a time (stepwise: at batch 1 that is the M = 1 kernel path a batch-1 baseline decodes on)."""
+    state = new_state(model)
     state.forward(model, ids, last_only=True)
-    return state.forward(model, continuation)
+    if not stepwise:
+        return state.forward(model, continuation)
+    return torch.cat([state.forward(model, continuation[:, i:i + 1]) for i in range(continuation.shape[1])], dim=1)
 
 
 @torch.inference_mode()
@@ -58,33 +62,47 @@ def position_bias_probe(model, pad_slots: int = PAD_SLOTS, hole_slots: int = HOL
 
 
 @torch.inference_mode()
-def numerics_probe(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, widths: tuple[int, ...] = (5,)) -> dict:
-    """Rounding drift of the engine's paths on the given left-padded prompts [B, P].
+def numerics_probe(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, widths: tuple[int, ...] = (5,),
+                   single_steps: bool = False) -> dict:
+    """Rounding drift of the engine's paths on the given left-padded prompts [B, P], through the state the engine
+    keeps for this model (decode/static_kv.py new_state: the compiled step and its static cache where engine.compile
+    attached one, so the probe reads the kernels the run uses; one state alive at a time, so it reuses the run's
+    buffers and graphs).
 
     verify_vs_stepwise_max_logit_diff: one M-token forward after a prefill (a verification of M - 1 drafts) vs the
     same tokens fed one by one, the max over the verify widths M given (each in verify_vs_stepwise_by_width: a
     kernel can take another path at another M). batched_vs_single_max_logit_diff: each row's logits in the ragged
-    batch vs the row forwarded alone (prompt and the same tokens, at the widest M).
+    batch vs the row forwarded alone (prompt and the same tokens, at the widest M). single_steps (quantized kernels,
+    whose M = 1 path is its own, e.g. bitsandbytes 4-bit's gemv): also single_stepwise_max_logit_diff, the batch's
+    widest verification vs each row alone fed one token at a time (what a batch-1 baseline computes).
     """
     widths = sorted(set(widths))
     tokens = _probe_ids(model, widths[-1], 21).expand(prompt_ids.shape[0], -1).to(prompt_ids.device)  # [B, T]
-    stepwise = KVState()
+    stepwise = new_state(model)
     stepwise.forward(model, prompt_ids, prompt_mask, last_only=True)
     stepped = torch.cat([stepwise.forward(model, tokens[:, i:i + 1]) for i in range(widths[-1])], dim=1)  # [B, T, V]
+    del stepwise  # its static buffers free for the next state
     by_width = {}
     for width in widths:
-        verify = KVState()
+        verify = new_state(model)
         verify.forward(model, prompt_ids, prompt_mask, last_only=True)
         verified = verify.forward(model, tokens[:, :width])  # [B, M, V]
+        del verify
         by_width[str(width)] = float((verified - stepped[:, :width]).abs().max())
-    batched_diff = 0.0
+    batched_diff, single_diff = 0.0, 0.0
     for row in range(prompt_ids.shape[0]):
         real = prompt_ids[row:row + 1, prompt_mask[row].bool()]
         alone = _alone(model, real, tokens[row:row + 1])
         batched_diff = max(batched_diff, float((verified[row] - alone[0]).abs().max()))
-    return {"verify_vs_stepwise_max_logit_diff": float(torch.tensor(list(by_width.values())).max()),  # NaN stays
-            "verify_vs_stepwise_by_width": by_width,
-            "batched_vs_single_max_logit_diff": batched_diff, "tokens": widths[-1]}
+        if single_steps:
+            single = _alone(model, real, tokens[row:row + 1], stepwise=True)
+            single_diff = max(single_diff, float((verified[row] - single[0]).abs().max()))
+    result = {"verify_vs_stepwise_max_logit_diff": float(torch.tensor(list(by_width.values())).max()),  # NaN stays
+              "verify_vs_stepwise_by_width": by_width,
+              "batched_vs_single_max_logit_diff": batched_diff, "tokens": widths[-1]}
+    if single_steps:
+        result["single_stepwise_max_logit_diff"] = single_diff
+    return result
 
 
 @torch.inference_mode()

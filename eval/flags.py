@@ -45,6 +45,10 @@ CUT_MAJORITY = 0.5
 HOST_BOUND_EXCESS = 2.0
 HOST_BOUND_MIN_C = 0.3
 HOST_BOUND_BUSY = 0.5
+# int8_batch: bitsandbytes 8-bit (LLM.int8) picks its outlier columns (|x| > 6, computed in fp16) over every row of a
+# batch's activations, so a row's logits depend on the rows beside it, finished (dead) rows and verification widths
+# included: at batch > 1 greedy output need not equal the baseline's, and no rounding probe bounds how far it moves
+INT8_OUTLIER_THRESHOLD = 6.0
 
 
 def ci_verdict(speedup: float | None, interval: list | None, prompts: int, ci_target: float = CI_WIDE) -> str | None:
@@ -104,8 +108,8 @@ def target_numerics(numerics: dict | None) -> dict:
 
 
 def numerics_drift(probe: dict) -> float | None:
-    values = [probe.get(key) for key in ("verify_vs_stepwise_max_logit_diff", "batched_vs_single_max_logit_diff")
-              if probe.get(key) is not None]
+    values = [probe.get(key) for key in ("verify_vs_stepwise_max_logit_diff", "batched_vs_single_max_logit_diff",
+                                         "single_stepwise_max_logit_diff") if probe.get(key) is not None]
     return max(values) if values else None
 
 
@@ -245,10 +249,26 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
     costs = machine.get("costs")
     if spec.has_rounds and costs is not None and (point.gamma is not None or tree_of(point)):
         flags += cost_flags(point, metrics, costs)
-    bug = possible_bug(metrics, numerics_drift(machine.get("numerics") or {}))
-    if bug:
-        flags.append(bug)
+    int8 = int8_batch(point, metrics, machine.get("numerics") or {})
+    bug = None if int8 else possible_bug(metrics, numerics_drift(machine.get("numerics") or {}))
+    flags += [flag for flag in (int8, bug) if flag]
     return flags
+
+
+def int8_batch(point: Point, metrics: dict, numerics: dict) -> dict | None:
+    """The int8_batch flag: a greedy point at batch > 1 of an 8-bit target is not exact by construction (LLM.int8 is
+    not batch-invariant, INT8_OUTLIER_THRESHOLD), unless this point measured every sample equal to the baseline. It
+    stands in for possible_bug there: the mismatches have a cause that is not the engine."""
+    if numerics.get("quantization") != "8bit" or point.batch_size <= 1 or point.temperature is not None \
+            or REGISTRY[point.method].is_reference or metrics.get("exact_match") == 1.0:
+        return None
+    mismatches = metrics.get("mismatches") or []
+    measured = f"{len(mismatches)} sample(s) differ from the baseline" if metrics.get("exact_match") is not None \
+        else "no exact match measured"
+    return {"code": "int8_batch", "message": f"an 8-bit target (bitsandbytes LLM.int8) at batch {point.batch_size}: "
+            f"its outlier columns (|activation| > {INT8_OUTLIER_THRESHOLD:g}) are chosen over every row of the batch, so "
+            "a row's logits depend on the rows beside it and on the verification's width; greedy tokens need not equal "
+            f"the baseline's ({measured}), and exact_match does not test the method here: batch 1, or 4-bit, does"}
 
 
 def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference: str) -> list[str]:

@@ -133,7 +133,10 @@ LEGEND = {
              f"every verify width M the run uses, for a bf16 or quantized target; each logit moves by up to the drift), "
              f"or the outputs differ in length only, or no probe ran; records without the baseline's gaps (older "
              f"runs) flag any mismatch while the drift is at most {NUMERICS_DRIFT:g} (fp32 rounding is ~1e-5). A "
-             f"mismatch within reach of the drift is explained in the notes instead",
+             f"mismatch within reach of the drift is explained in the notes instead; "
+             f"int8_batch: an 8-bit target at batch > 1 is not exact by construction (LLM.int8 picks its outlier "
+             f"columns over all rows of a batch, so a row's logits depend on its neighbours): greedy mismatches there "
+             f"are expected (it replaces possible_bug), unless the point measured every sample equal",
     "group": "dataset.group_by's value; null: the overall run. At batch size 1 a group's figures are exact; at batch "
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
              "that group in the batch",

@@ -88,10 +88,15 @@ def _busy_forward_s(state: KVState, model, tokens: torch.Tensor, clock, forwards
     kernel, so their span holds every gap in which the GPU waited for Python to launch the next kernel, and equals
     the wall time whether the GPU worked through it or idled. The profiler's host overhead slows the launches, not
     the kernels, so the busy time holds though the wall time under it does not (the wall time is the timed
-    repetitions')."""
+    repetitions').
+
+    CUPTI is torn down when the profiler stops (TEARDOWN_CUPTI=1, unless set otherwise: torch sets 0 where CUDA graphs
+    and CUDA < 12.6 crash on a teardown): kineto otherwise leaves its callbacks subscribed, and every later kernel
+    launch of the run pays for them (benchmarks/gpu_check.py times a forward before and after this probe)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")  # read by kineto when the trace stops
     clock.now()  # synchronises every device the models use: no earlier kernel runs inside the window
     traced = profile(activities=[ProfilerActivity.CUDA])
     try:
@@ -107,6 +112,7 @@ def _busy_forward_s(state: KVState, model, tokens: torch.Tensor, clock, forwards
     state.keep_prefix_of_last(forwards, torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device), 0)
     spans = [(e.time_range.start, e.time_range.end) for e in traced.events()
              if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    del traced  # the profiler's buffers and its kineto session go with it
     return busy_time_s(spans, unit_s=1e-6) / forwards if spans else None
 
 

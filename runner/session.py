@@ -211,13 +211,20 @@ class Session:
 
     def release_models(self) -> None:
         """Drop the models (vLLM runs next and needs the memory); run_unit's caller reloads them (load) if units of
-        our engine come after. Prompts and tokenizer stay."""
+        our engine come after. Prompts and tokenizer stay. On CUDA the caching allocator's blocks go back to the device
+        (and, with engine.compile, the CUDA graphs' memory pools with dynamo's caches), so that what another engine
+        reads as free memory is free."""
         import gc
 
         self.target, self.drafts, self.context = None, {}, None
         self.prepared.clear()  # a reload warms up and measures again
         self._released = True
+        if self.config.engine.compile:  # the compiled graphs hold the models' buffers (and CUDA graph pools)
+            torch._dynamo.reset()
         gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
 
     def load_prompts_only(self) -> None:
         """Every method runs in vLLM: the tokenizer and the prompts, no model (vLLM loads its own)."""
@@ -273,18 +280,23 @@ class Session:
         a ragged batch from the row alone. Greedy exactness rests on these being tiny (fp32); in bf16 or with
         quantized kernels they are not, and the report weighs each greedy mismatch against them (eval/flags.py).
         A quantized or non-fp32 model is probed at every verify width M the run uses (its kernels may take
-        another path at another M); fp32 unquantized once, at M = 5."""
+        another path at another M: a chain's gamma + 1, a tree's nodes + 1), a quantized one also at M = 1 (a
+        batch-1 baseline's kernel); fp32 unquantized once, at M = 5. With engine.compile the probe runs the
+        compiled step (decode/probes.py), on at most the run's largest batch size of prompts."""
         from decode.probes import numerics_probe
 
         prompts = [p.token_ids for p in self.prompt_set.prompts[:2]]
         if len(prompts) == 1 or len(prompts[0]) == len(prompts[1]):  # make the batch ragged
             prompts = [prompts[0], prompts[0][: max(1, len(prompts[0]) // 2)]]
+        if self.config.engine.compile:  # the compiled step's buffers hold at most the largest batch size
+            prompts = prompts[:max(self.config.batch_size)]
         ids, mask = left_pad(prompts, self.pad_id, self.device)
         result = {"drafts": {}}
         with torch.inference_mode():
             for role, loaded in [("target", self.target)] + [(label, d) for label, d in self.drafts.items()]:
                 try:
-                    probe = numerics_probe(loaded.model, ids, mask, self._probe_widths(loaded))
+                    probe = numerics_probe(loaded.model, ids, mask, self._probe_widths(loaded),
+                                           single_steps=loaded.quantization != "none")
                 except RUNTIME_ERRORS as error:
                     probe = {"error": one_line(error)}
                 for key, value in list(probe.items()):  # NaN logits (broken weights) give no difference to report
@@ -301,11 +313,17 @@ class Session:
         return result
 
     def _probe_widths(self, loaded) -> tuple[int, ...]:
-        """The verify widths M = gamma + 1 of the run's gammas (each capped at MAX_PROBED_GAMMA) for a quantized or
-        non-fp32 model. fp32 unquantized drifts ~1e-5 at any M, far below a gap that a flip needs: one probe, M = 5."""
+        """The verify widths of the run's speculative points for a quantized or non-fp32 model: M = gamma + 1 of a
+        chain (gamma capped at MAX_PROBED_GAMMA), nodes + 1 of a tree (runner/probes.py verify_widths). fp32
+        unquantized drifts ~1e-5 at any M, far below a gap that a flip needs: one probe, M = 5."""
         if loaded.quantization == "none" and loaded.dtype == "float32":
             return (5,)
-        return tuple(sorted({min(gamma, MAX_PROBED_GAMMA) + 1 for gamma in self.config.speculative.gamma}))
+        config = self.config
+        points = [p for b in config.batch_size for t in config.generation.temperatures()
+                  for p in points_of(config, b, t, engine="ours") if REGISTRY[p.method].has_rounds and p.gamma]
+        trees = [p for p in points if getattr(p, "tree", None) is not None]
+        widths = {min(gamma, MAX_PROBED_GAMMA) + 1 for gamma in config.speculative.gamma} | verify_widths(trees)
+        return tuple(sorted(widths))
 
     def generation(self, temperature: float | None, max_new_tokens: int | None = None) -> Generation:
         g = self.config.generation

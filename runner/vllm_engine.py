@@ -209,10 +209,39 @@ def model_dirs(config) -> dict[str, str]:
     return dirs
 
 
+def engine_dtype(config) -> str:
+    """The dtype vLLM runs the target (and a draft) in: vllm.dtype, else the dtype our engine runs the target in (auto
+    resolved as ours is: float32 on a CPU), so the engines compare at one precision."""
+    if config.vllm.dtype and config.vllm.dtype != "auto":
+        return config.vllm.dtype
+    import torch
+
+    from utils.models import resolve_dtype
+
+    return str(resolve_dtype(config.target.dtype, torch.device(config.device))).removeprefix("torch.")
+
+
+def draft_dtype_problem(config) -> str | None:
+    """A draft that a vllm_* method loads with a dtype other than the engine's: vLLM builds a draft model in the
+    target's dtype (its speculative_config takes no dtype), so it would not run the draft the config names."""
+    used = {d for m in config.methods if REGISTRY[m].engine == "vllm" and REGISTRY[m].needs_draft
+            for d in REGISTRY[m].draft_kinds}
+    engine = engine_dtype(config)
+    for index, draft in enumerate(config.draft):
+        if draft.kind in used and draft.dtype != "auto" and draft.dtype != engine:
+            role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
+            return (f"{role}.dtype: {draft.dtype}, but vLLM runs a draft in the target's dtype ({engine}: vllm.dtype or "
+                    f"the target's): set {role}.dtype to {engine} or auto, or drop the vllm_* methods that use it")
+    return None
+
+
 def check_vllm(config, log: Path) -> dict:
     """Before any model loads: the interpreter runs, imports vLLM, serves the target's and drafts' architectures
     and has the packages the methods need. One line and exit 2 otherwise."""
     dirs = model_dirs(config)  # what vLLM would load: refused here before the interpreter is asked
+    problem = draft_dtype_problem(config)
+    if problem:
+        raise UserError(problem)
     python = vllm_python(config)
     if config.vllm.python and not (Path(python).is_file() and os.access(python, os.X_OK)):
         raise UserError(f"vllm.python: {python} is not an executable file; give the interpreter of an environment "
@@ -310,9 +339,12 @@ class VllmExecutor:
             raise UserError(f"vllm.max_model_len: {config.vllm.max_model_len} is below the longest prompt ({longest} "
                             f"tokens) + max_new_tokens ({config.generation.max_new_tokens}): vLLM would cut rows short; "
                             "raise it or leave it unset")
-        drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name)) for d in self.config.draft}
+        drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name), revision=d.revision,
+                                          quantization=d.quantization) for d in self.config.draft}
         self._drafts = drafts
-        self.pairing = self._pairing()
+        # decided in run(), once our engine's models are released (runner/experiment.py sweep): the free memory that
+        # `pairing: auto` weighs is then the memory vLLM gets
+        self.pairing: str | None = None
 
     # -- engines ----------------------------------------------------------------------------------
     def engine_kwargs(self, point: Point) -> dict:
@@ -337,20 +369,26 @@ class VllmExecutor:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
         speculative = REGISTRY[point.method].vllm_config(point, self._drafts, config.speculative.model_dump())
         if speculative:
-            kwargs["speculative_config"] = speculative
+            kwargs["speculative_config"] = {**speculative, **self.draft_options(point, speculative)}
         kwargs.update(v.engine_args)
         return kwargs
+
+    def draft_options(self, point: Point, speculative: dict) -> dict:
+        """The point's draft as configured, for vLLM's speculative_config where it loads that draft: its revision, and
+        4-bit as bitsandbytes (in flight, as the target's). Its dtype is the engine's: vLLM builds the draft in the
+        target's dtype (speculative_config has no dtype of its own); check_vllm refuses a draft dtype that differs."""
+        draft = self._drafts.get(getattr(point, "draft", None))
+        if draft is None or speculative.get("model") is None or speculative.get("model") != draft.vllm_model:
+            return {}
+        options = {"revision": draft.revision} if draft.revision else {}
+        if draft.quantization == "4bit":
+            options["quantization"] = "bitsandbytes"
+        return options
 
     def dtype(self) -> str:
         """vllm.dtype, else the dtype our engine runs the target in (auto resolved as ours is: float32 on a CPU), so
         the engines compare at one precision."""
-        if self.config.vllm.dtype and self.config.vllm.dtype != "auto":
-            return self.config.vllm.dtype
-        from utils.models import resolve_dtype
-
-        import torch
-
-        return str(resolve_dtype(self.config.target.dtype, torch.device(self.config.device))).removeprefix("torch.")
+        return engine_dtype(self.config)
 
     def _pairing(self) -> str:
         v = self.config.vllm
@@ -511,6 +549,8 @@ class VllmExecutor:
 
     # -- the units ----------------------------------------------------------------------------------
     def run(self, units: list[Unit], done: set):
+        if self.pairing is None:  # after our models left memory (the sweep releases them before vLLM's units)
+            self.pairing = self._pairing()
         by_comparison: dict[tuple, list[Unit]] = {}
         for unit in units:
             by_comparison.setdefault(unit.comparison, []).append(unit)

@@ -1,4 +1,6 @@
-"""The benchmark script runs end to end (on tiny models here) and prints every ratio."""
+"""The benchmark scripts run end to end (on tiny models here): the engine bench prints every ratio, the GPU check
+runs its CPU part and can fail."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -32,22 +34,58 @@ def test_benchmark_prints_the_ratio_table(tmp_path):
     assert text.count("| baseline, batch") == 2 and "| speculative gamma 2, batch 4 |" in text
 
 
-@pytest.mark.e2e
-def test_gpu_check_runs_its_cpu_part_and_fails_on_a_bug(tmp_path, monkeypatch):
-    """benchmarks/gpu_check.py on a CPU: the CPU-possible checks pass and the CUDA ones say why they are skipped;
-    with the engine's greedy acceptance broken, the exactness checks fail and the exit code says so."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import json
+CPU_CHECKS = {"fp32", "bf16", "compiled-fp32", "compiled-bf16", "release"}
 
+
+def _strict_json(path: Path) -> dict:
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.e2e
+def test_gpu_check_runs_its_cpu_part_and_fails_on_a_bug(tmp_path, monkeypatch, capsys):
+    """benchmarks/gpu_check.py on a CPU: library versions first, the CPU-possible checks pass (compiled vs eager in fp32
+    equal, the bf16 ones through the guard, the release) and the CUDA ones say why they are skipped; --require fails a
+    skipped check; a wrong token in the compiled step, or in the engine's greedy acceptance, fails its check."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_check
+    from decode.static_kv import CompiledModel
 
     out = tmp_path / "check.json"
     assert gpu_check.main(["--device", "cpu", "--compile-backend", "eager", "--json", str(out)]) == 0
-    rows = {row["check"]: row for row in json.loads(out.read_text())["checks"]}
-    assert {label for label, row in rows.items() if row["status"] == "ok"} == {
-        "greedy exact, fp32", "greedy exact, bf16 (guard)", "compiled vs eager"}
-    assert all(row["status"] == "skipped" and "CUDA" in row["detail"] for label, row in rows.items()
-               if label not in ("greedy exact, fp32", "greedy exact, bf16 (guard)", "compiled vs eager"))
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("device: cpu") and all(f"{name} " in first for name in gpu_check.LIBRARIES)
+    data = _strict_json(out)
+    assert set(data["versions"]) == {*gpu_check.LIBRARIES, "CUDA"} and data["versions"]["CUDA"] == "absent"
+    rows = {row["key"]: row for row in data["checks"]}
+    assert {key for key, row in rows.items() if row["status"] == "ok"} == CPU_CHECKS, rows
+    assert all(row["status"] == "skipped" and "CUDA" in row["detail"] for key, row in rows.items()
+               if key not in CPU_CHECKS)
+    assert "1 of 4 rows ended at the EOS" in rows["compiled-fp32"]["detail"]  # a dead row in the batch
+
+    required = tmp_path / "required.json"
+    assert gpu_check.main(["--device", "cpu", "--require", "--only", "cuda-graphs,launch", "--json", str(required)]) == 1
+    assert [(r["key"], r["status"]) for r in _strict_json(required)["checks"]] == [("cuda-graphs", "FAIL"),
+                                                                                   ("launch", "FAIL")]
+
+    real_run, calls = CompiledModel.run, []
+
+    def one_wrong_token(self, buffers, input_ids, *args, compiled=True):
+        """After the warmup, the 5th compiled step of the target: its first row's first position gets another argmax."""
+        logits = real_run(self, buffers, input_ids, *args, compiled=compiled)
+        if self.warm and compiled and self.num_layers == 2:
+            calls.append(1)
+            if len(calls) == 5:
+                logits = logits.clone()
+                logits[0, 0, (int(logits[0, 0].argmax()) + 1) % logits.shape[-1]] += 1e4
+        return logits
+
+    monkeypatch.setattr(CompiledModel, "run", one_wrong_token)
+    status, detail = gpu_check.check_compiled_fp32(gpu_check.Context(torch.device("cpu"), "eager", 600))
+    assert status == "FAIL" and "equal to eager" in detail, detail
+    monkeypatch.undo()
 
     import decode.generate as generate
     real = generate.accept_greedy
@@ -59,4 +97,14 @@ def test_gpu_check_runs_its_cpu_part_and_fails_on_a_bug(tmp_path, monkeypatch):
         return bumped, target_logits.argmax(-1).gather(1, bumped[:, None]).squeeze(1)
 
     monkeypatch.setattr(generate, "accept_greedy", off_by_one)
-    assert gpu_check.check_fp32(torch.device("cpu"))[0] == "FAIL"
+    assert gpu_check.check_fp32(gpu_check.Context(torch.device("cpu"), "eager", 600))[0] == "FAIL"
+
+
+def test_gpu_check_imports_no_optional_package():
+    """The GPU machine has no pydantic (unless its wheels are carried), bitsandbytes, flash-attn or gguf: importing the
+    check must not need them."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_check; "
+            "print(sorted(m for m in ('pydantic', 'bitsandbytes', 'flash_attn', 'gguf', 'datasets') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

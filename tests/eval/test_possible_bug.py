@@ -60,3 +60,26 @@ def test_fp32_exact_tie_is_explained_and_a_gap_above_its_drift_is_not():
 def test_without_a_probe_every_mismatch_is_flagged():
     [message] = bugs(summary_of([([5, 6], [1.0, 0.0], [5, 7])], target=None))
     assert "no numerics probe ran" in message
+
+
+def test_an_8bit_target_at_batch_above_one_is_flagged_not_exact_unless_measured_exact():
+    """LLM.int8 is not batch-invariant: at batch 2 a mismatch however wide is int8_batch, not possible_bug; at batch 1
+    the same records are judged by the drift; a batch-2 point that matched every sample gets no flag."""
+    int8 = {**BF16, "quantization": "8bit"}
+
+    def flags(pairs, batch_size):
+        samples = []
+        for i, (base, gaps, spec) in enumerate(pairs):
+            samples += [record("baseline", i, i // batch_size, output=base, tokens=len(base), top2_gaps=gaps,
+                               batch_size=batch_size),
+                        record("speculative", i, i // batch_size, output=spec, tokens=len(spec), batch_size=batch_size)]
+        summary = summarize(samples, {"numerics": {"target": int8, "drafts": {}}})
+        return {f["code"]: f["message"] for f in run(summary, "speculative")["flags"]}
+
+    wide = [([5, 6, 7, 8], [3.0, 2.0, 0.5, 1.0], [5, 6, 9, 8]), ([5, 6, 7, 8], [3.0, 2.0, 0.5, 1.0], [5, 6, 7, 8])]
+    at_two = flags(wide, 2)
+    assert "possible_bug" not in at_two and "batch 2" in at_two["int8_batch"] and "1 sample(s) differ" in at_two["int8_batch"]
+    at_one = flags(wide, 1)
+    assert "int8_batch" not in at_one and "possible_bug" in at_one
+    equal = [([5, 6, 7, 8], [3.0, 2.0, 0.5, 1.0], [5, 6, 7, 8])] * 2
+    assert "int8_batch" not in flags(equal, 2)

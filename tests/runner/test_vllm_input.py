@@ -78,3 +78,61 @@ def test_a_ctrl_c_during_a_workers_shutdown_is_deferred_not_lost():
             _release_signals(outer)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _executor(config):
+    """A VllmExecutor over a config, with a session of two prompts and a checked vLLM (none runs)."""
+    from types import SimpleNamespace
+
+    from runner.vllm_engine import VllmExecutor
+
+    prompts = [SimpleNamespace(token_ids=[5, 6, 7]), SimpleNamespace(token_ids=[5, 6])]
+    session = SimpleNamespace(prompt_set=SimpleNamespace(prompts=prompts))
+    models = {"target": "/models/t", **{d.name: f"/models/{d.name}" for d in config.draft}}
+    return VllmExecutor(config, session, {"python": sys.executable, "vllm": "0", "models": models}, "/tmp")
+
+
+def test_the_vllm_drafts_revision_and_quantization_reach_its_speculative_config():
+    from runner.plan import points_of
+
+    config = validate({**VALID, "draft": [{"model": "d", "revision": "abc123", "quantization": "4bit"},
+                                          {"model": "e"}],
+                       "methods": ["vllm_generate", "vllm_draft"], "speculative": {"gamma": [3]}})
+    executor = _executor(config)
+    by_draft = {p.draft: executor.engine_kwargs(p) for p in points_of(config, 1, None) if p.method == "vllm_draft"}
+    assert by_draft["d"]["speculative_config"] == {"method": "draft_model", "model": "/models/d",
+                                                   "num_speculative_tokens": 3, "revision": "abc123",
+                                                   "quantization": "bitsandbytes"}
+    assert by_draft["e"]["speculative_config"] == {"method": "draft_model", "model": "/models/e",
+                                                   "num_speculative_tokens": 3}
+    reference = next(p for p in points_of(config, 1, None) if p.method == "vllm_generate")
+    assert "speculative_config" not in executor.engine_kwargs(reference)
+
+
+def test_a_vllm_draft_in_another_dtype_than_the_engine_is_refused():
+    from runner.vllm_engine import draft_dtype_problem
+
+    config = validate({**VALID, "target": {"model": "t", "dtype": "bfloat16"}, "draft": {"model": "d", "dtype": "float32"},
+                       "device": "cpu", "methods": ["vllm_generate", "vllm_draft"]})
+    assert "draft.dtype: float32" in draft_dtype_problem(config) and "bfloat16" in draft_dtype_problem(config)
+    same = validate({**VALID, "target": {"model": "t", "dtype": "bfloat16"}, "draft": {"model": "d", "dtype": "bfloat16"},
+                     "methods": ["vllm_generate", "vllm_draft"]})
+    ours = validate({**VALID, "target": {"model": "t", "dtype": "bfloat16"}, "draft": {"model": "d", "dtype": "float32"},
+                     "methods": ["baseline", "speculative", "vllm_generate"]})  # vLLM loads no draft
+    assert draft_dtype_problem(same) is None and draft_dtype_problem(ours) is None
+
+
+def test_vllm_pairing_is_decided_when_vllm_runs_not_while_our_models_hold_memory(monkeypatch):
+    """pairing auto weighs the free memory: read when run() starts (after the sweep released our models), not when
+    the executor is built beside them."""
+    import runner.vllm_engine as vllm_engine
+
+    config = validate({**VALID, "methods": ["vllm_generate", "vllm_draft"], "vllm": {"pairing": "auto"}})
+    free = {"bytes": 0}  # our models loaded: nothing free
+    monkeypatch.setattr(vllm_engine, "free_memory", lambda device: free["bytes"])
+    monkeypatch.setattr(vllm_engine, "resident_bytes", lambda path, dtype: 2**20)
+    executor = _executor(config)
+    assert executor.pairing is None
+    free["bytes"] = 2**40  # released: all of it
+    list(executor.run([], set()))
+    assert executor.pairing == "batch"

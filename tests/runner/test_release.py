@@ -1,0 +1,30 @@
+"""Releasing our engine's models (vLLM runs next): they leave memory, and on CUDA the allocator's cache goes back."""
+import gc
+import weakref
+from types import SimpleNamespace
+
+import torch
+
+from runner.session import Session
+from tiny_models import tiny_model
+
+
+def test_release_drops_the_models_and_empties_the_device_cache(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the CUDA path, on a CPU: its calls recorded
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("dynamo reset"))
+    for compiled in (False, True):
+        calls.clear()
+        session = Session(SimpleNamespace(engine=SimpleNamespace(compile=compiled)), torch.device("cpu"))
+        target, draft = tiny_model("llama", seed=1, layers=1), tiny_model("llama", seed=2, layers=1)
+        alive = [weakref.ref(target), weakref.ref(draft)]
+        session.target, session.drafts = SimpleNamespace(model=target), {"d": SimpleNamespace(model=draft)}
+        session.context = SimpleNamespace(target=target, drafts={"d": draft})
+        del target, draft
+        session.release_models()
+        gc.collect()
+        assert session.released and all(ref() is None for ref in alive)
+        # the cache is emptied after the models' last references went (gc), so their blocks are free to return
+        assert calls == (["dynamo reset"] if compiled else []) + ["synchronize", "empty_cache"]
