@@ -336,7 +336,7 @@ class Config(Strict):
         return self
 
     def _check_trees(self) -> None:
-        """A tree applies to the methods whose axes have it, and runs on the eager engine."""
+        """A tree applies to the methods whose axes have it (on either engine: engine.compile compiles its widths)."""
         from decode.methods import REGISTRY
 
         if self.speculative.tree == [None]:
@@ -345,8 +345,6 @@ class Config(Strict):
             takers = " or ".join(name for name, spec in REGISTRY.items() if "tree" in spec.axes)
             raise ValueError(f"speculative.tree applies to {takers} only, and methods has none of them: add one, or "
                              "set tree: null")
-        if self.engine.compile:
-            raise ValueError("speculative.tree needs the eager engine: set engine.compile: false or tree: null")
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""
