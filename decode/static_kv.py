@@ -105,7 +105,7 @@ def _uses_gqa(config) -> bool:
 
 
 # -- CUDA graphs: recordings and skips ---------------------------------------------------------------------------
-_RECORDED = {"graphs": 0, "listening": False}
+_RECORDED = {"graphs": 0}
 
 
 def _on_compile_event(args) -> None:
@@ -121,9 +121,8 @@ def listen_for_cudagraph_recordings() -> bool:
 
     if not hasattr(CallbackTrigger, "CUDAGRAPH_RECORDING"):
         return False
-    if not _RECORDED["listening"]:
+    if _on_compile_event not in callback_handler.start_callbacks:  # torch._dynamo.reset() clears the callbacks
         callback_handler.register_start_callback(_on_compile_event)
-        _RECORDED["listening"] = True
     return True
 
 
@@ -134,7 +133,7 @@ def cudagraph_events() -> tuple[int | None, int]:
     torch._inductor.config.triton.cudagraph_or_error is set."""
     from torch._dynamo.utils import counters
 
-    return (_RECORDED["graphs"] if _RECORDED["listening"] else None), counters["inductor"]["cudagraph_skips"]
+    return (_RECORDED["graphs"] if listen_for_cudagraph_recordings() else None), counters["inductor"]["cudagraph_skips"]
 
 
 @dataclass
