@@ -341,3 +341,43 @@ def test_cuda_graph_recordings_and_skips_are_counted(monkeypatch):
         state.forward(model, ids[:, -1:])  # the first call of this list: no recording
         state.forward(model, ids[:, -1:])  # its second: a recording after the warmup
     assert compiled.summary()["recordings_after_warmup"] == 1 and compiled.recordings == 3
+
+
+def test_static_tree_rounds_follow_the_eager_cache_through_compactions():
+    """As a tree drafter uses a cache: rounds of two tree forwards (the region grows between them), each ending with a
+    path kept. The static buffers are small, so compaction runs in the middle of rounds too (the columns before the
+    region compacted, the region moved as one block); every forward's logits equal the eager cache's."""
+    import numpy as np
+
+    model = tiny_model("llama", seed=1, layers=2)
+    ids, mask = ragged_batch([6, 2, 4])
+    cmodel = compiled_copy(model, (1,), 48, (3,), tree_widths=(2, 4))
+    static, eager = new_state(cmodel), KVState()
+    generator = torch.Generator().manual_seed(0)
+    compactions_mid_round = 0
+    with torch.inference_mode():
+        static.forward(cmodel, ids, mask, last_only=True)
+        eager.forward(model, ids, mask, last_only=True)
+        for round_index in range(10):
+            # depth 1: two nodes after the prefix (row 1's second is padding); depth 2: children of each, 3 of them
+            first = torch.randint(3, VOCAB, (3, 2), generator=generator)
+            parents1, valid1 = np.full((3, 2), -1), np.array([[True, True], [True, False], [True, True]])
+            second = torch.randint(3, VOCAB, (3, 3), generator=generator)
+            parents2, valid2 = np.array([[0, 0, 1]] * 3), np.array([[True, True, True], [True, True, False]] + [[True] * 3])
+            for tokens, parents, valid, new_round in ((first, parents1, valid1, True), (second, parents2, valid2, False)):
+                before = static.compactions
+                logits = [state.forward_tree(m, tokens, parents, valid, new_round)
+                          for state, m in ((static, cmodel), (eager, model))]
+                valid_columns = torch.as_tensor(valid)
+                torch.testing.assert_close(logits[0][valid_columns], logits[1][valid_columns], rtol=1e-4, atol=1e-4)
+                compactions_mid_round += static.compactions > before and not new_round
+            assert static.region_width == eager.region_width == 5
+            keep = np.zeros((3, 5), dtype=bool)
+            keep[:, round_index % 2] = True  # a path: a depth-1 node and one of its children
+            keep[:, 2 + round_index % 2] = True
+            keep[1, 1] = keep[1, 4] = False  # row 1's padding node and its child are never kept
+            for state in (static, eager):
+                state.keep_region(keep)
+            tokens = torch.randint(3, VOCAB, (3, 1), generator=generator)  # the next round's root, a plain step
+            torch.testing.assert_close(static.forward(cmodel, tokens), eager.forward(model, tokens), rtol=1e-4, atol=1e-4)
+    assert compactions_mid_round >= 1
