@@ -6,7 +6,8 @@ Loads the config's target and draft once (fp32 nn.Linear), gives each a compiled
 (decode/static_kv.py), compiles on the first prompt (timed), then runs the baseline and speculative decoding on
 each prompt eagerly and compiled, alternating which goes first. Last, it packs the linears (oneDNN, the eager
 default on a CPU: `engine.cpu_linear: auto`) and runs the eager engine again. Prints tok/s, speedups, whether
-every output equals the eager baseline's, and the graphs compiled (and recompiled after warmup) per model.
+every output equals the eager baseline's, and per model the graphs compiled (and recompiled after warmup) and, on
+CUDA, the CUDA graphs recorded (and recorded after warmup) and skipped.
 """
 from __future__ import annotations
 
@@ -44,14 +45,16 @@ def main() -> None:
     prompts = load_prompts(config.dataset, target.tokenizer).prompts[: args.prompts]
     generation = Generation(config.generation.max_new_tokens, Sampling(), eos_ids(target.tokenizer, target.model))
     longest = max(len(p.token_ids) for p in prompts)
-    max_length = longest + generation.max_new_tokens + args.gamma + 2
+    max_length = -(-(longest + generation.max_new_tokens + args.gamma + 2) // 64) * 64  # as the runner sizes it
 
-    def twin(model):
+    def twin(model, widths):
         other = copy.copy(model)  # the same modules and weights
-        attach(other, CompiledModel(other, (1, args.gamma + 1), max_length, (1,)))
+        attach(other, CompiledModel(other, widths, max_length, (1,)))
         return other
 
-    models = {"eager": (target.model, draft.model), "compiled": (twin(target.model), twin(draft.model))}
+    # the widths each model uses (decode/static_kv.py compile_widths): the target 1 and gamma + 1, the draft 1 and 2
+    models = {"eager": (target.model, draft.model),
+              "compiled": (twin(target.model, (1, args.gamma + 1)), twin(draft.model, (1, 2)))}
     clock = Clock(device)
 
     def one(variant, method, prompt):

@@ -5,31 +5,39 @@ target does and the run measures Python dispatch. Here each model's decode step 
 (on CUDA, mode "reduce-overhead": a CUDA graph, one launch per step; on a CPU, inductor's C++ kernels) over buffers
 whose shapes never change during a run:
 
-- the KV cache: [B_cap, H, L_max, D] per layer (`ColumnLayer`), written in place at the columns of this step;
+- the KV cache: [B_cap, H_kv, L_max, D] per layer (`ColumnLayer`), written in place at the columns of this step;
 - `valid` [B_cap, L_max] bool (the masked-cache design of decode/kv.py: a column belongs to its row, or is left
   padding, a rollback hole or unused) and `positions` [B_cap, L_max] (each column's token position);
 - the attention mask is built inside the graph from them: a query sees a valid column whose position is not
   after its own (and within the window, for sliding-window layers), and itself. Positions, not column indices,
-  order the tokens, so rollback holes cost nothing and sliding windows stay exact without compaction.
+  order the tokens, so rollback holes cost nothing and sliding windows stay exact without compaction. A token
+  tree's step (`StaticKVState.forward_tree`) also takes the nodes' ancestors: before the round's region a node sees
+  the committed prefix by that rule, inside it only its ancestors (and itself);
+- a model with grouped-query attention attends through `gqa_sdpa_attention` (scaled_dot_product_attention with
+  enable_gqa): transformers' sdpa path repeats K and V to every query head whenever a mask is passed, a copy of
+  [B, H, L_max, D] per layer per step.
 
 Shapes are static per run: B_cap is the comparison's batch size (a short last batch and finished rows become
-dead rows, masked, whose outputs are dropped), L_max holds the longest prompt plus the new tokens plus one step
-(compaction runs only when a step would not fit), and a step of S tokens is padded to the smallest of the
-configured step widths >= S (1 and gamma + 1 for each gamma), its padding masked and rolled back. So a run
-compiles one graph per (model, batch capacity, step width) at its warmup and none after: `CompiledModel.compiles`
-counts graphs, and `recompiles_after_warmup` is reported.
+dead rows, masked, whose outputs are dropped), L_max holds the longest prompt plus the new tokens plus the widest
+round (compaction runs only when a step would not fit), and a step of S tokens is padded to the smallest of the
+model's step widths >= S (`compile_widths`: the target's verification widths, the draft's 1 and 2), its padding
+masked and rolled back. So a run compiles one graph per (model, batch capacity, step width, chain or tree) at its
+warmup and none after: `CompiledModel.compiles` counts graphs and `recordings` CUDA graph captures, and both are
+reported after the warmup.
 
 The prefill runs eagerly (its length varies per batch) into the same static buffers.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from decode.kv import KVState, host_to_device, layer_masks, sliding_window_of
+from decode.kv import KVState, TreeUnsupported, host_to_device, layer_masks, sliding_window_of, tree_support_problem
 
 
 class CompileRefused(ValueError):
@@ -57,11 +65,83 @@ def _text_config(config):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+# -- grouped-query attention without the K/V copy ------------------------------------------------------------------
+GQA_ATTENTION = "speculate_sdpa_gqa"  # the name it is registered under in transformers' AttentionInterface
+
+
+def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                       is_causal=None, **kwargs):
+    """transformers' sdpa attention, but with the key/value heads as they are (enable_gqa) where a mask is passed.
+
+    transformers (5.17 to 5.23) repeats K and V to every query head (`repeat_kv`: a copy of [B, H, L, D] per layer)
+    whenever a mask is passed on CUDA and a CPU, and always while torch.compile traces; the compiled step always
+    passes one. scaled_dot_product_attention takes the [B, H_kv, L, D] K and V itself (enable_gqa): the math kernel
+    and the CPU flash kernel give the same numbers as after repeat_kv; on CUDA (torch >= 2.5) the memory-efficient
+    kernel, the one a mask selects, supports it. Anything else this path does not handle (no mask, a position
+    bias, a softcap, attention sinks, a paged cache) goes to transformers' own function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (attention_mask is None or groups == 1 or key.shape[-1] != value.shape[-1]
+            or any(kwargs.get(name) is not None for name in ("position_bias", "softcap", "s_aux", "cache"))):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_gqa_attention() -> None:
+    from transformers import AttentionInterface
+
+    if GQA_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(GQA_ATTENTION, gqa_sdpa_attention)
+
+
+def _uses_gqa(config) -> bool:
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return bool(heads and kv_heads and kv_heads < heads)
+
+
+# -- CUDA graphs: recordings and skips ---------------------------------------------------------------------------
+_RECORDED = {"graphs": 0}
+
+
+def _on_compile_event(args) -> None:
+    if getattr(args.callback_trigger, "name", "") == "CUDAGRAPH_RECORDING":
+        _RECORDED["graphs"] += 1
+
+
+def listen_for_cudagraph_recordings() -> bool:
+    """Count CUDA graph recordings from here on: cudagraph trees announce each one to dynamo's compile callbacks
+    (CallbackTrigger.CUDAGRAPH_RECORDING, around CUDAGraphTreeManager.record_function). False where this torch has no
+    such trigger (then `cudagraph_events` reports recordings as None)."""
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    if not hasattr(CallbackTrigger, "CUDAGRAPH_RECORDING"):
+        return False
+    if _on_compile_event not in callback_handler.start_callbacks:  # torch._dynamo.reset() clears the callbacks
+        callback_handler.register_start_callback(_on_compile_event)
+    return True
+
+
+def cudagraph_events() -> tuple[int | None, int]:
+    """(CUDA graphs recorded in this process, graphs inductor decided to run without CUDA graphs: its
+    counters["inductor"]["cudagraph_skips"]). A re-recording (new input addresses, a new buffer set, an invariant
+    that failed) is a recording; a skipped graph runs, slower, with no error unless
+    torch._inductor.config.triton.cudagraph_or_error is set."""
+    from torch._dynamo.utils import counters
+
+    return (_RECORDED["graphs"] if listen_for_cudagraph_recordings() else None), counters["inductor"]["cudagraph_skips"]
+
+
 @dataclass
 class _Buffers:
     """One (batch capacity, length) set of static buffers of one model; reused by every batch of that shape."""
     cache: Cache
     start: torch.Tensor  # 0-d long: the first column a step writes
+    region: torch.Tensor  # 0-d long: a tree step's first column of its round's region (prefix before it)
     valid: torch.Tensor  # [B_cap, L_max] bool
     positions: torch.Tensor  # [B_cap, L_max] long
     owner: weakref.ref = field(default=lambda: None)  # the StaticKVState using them; dead: free
@@ -69,12 +149,19 @@ class _Buffers:
 
 class CompiledModel:
     """A model's compiled decode step and its static buffers. Attach with `attach` (runner/session.py); the engine
-    then builds `StaticKVState`s for it through `decode.static_kv.new_state`."""
+    then builds `StaticKVState`s for it through `decode.static_kv.new_state`.
+
+    step_widths: the widths of its plain steps (a step of S tokens runs at the smallest >= S; a wider catch-up runs
+    in chunks); tree_widths: those of its token-tree steps (forward_tree), a graph each; view_widths: the step and
+    tree widths of a view over its weights (early exit's truncated target drafts: 1 and 2)."""
 
     def __init__(self, model, step_widths: tuple[int, ...], max_length: int, batch_sizes: tuple[int, ...],
-                 mode: str | None = None, backend: str = "inductor"):
+                 mode: str | None = None, backend="inductor", tree_widths: tuple[int, ...] = (),
+                 view_widths: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 2), ())):
         self.model = model
         self.step_widths = tuple(sorted(set(step_widths)))
+        self.tree_widths = tuple(sorted(set(tree_widths)))
+        self.view_widths = view_widths
         self.max_length = max_length
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         self.device = next(model.parameters()).device
@@ -88,38 +175,61 @@ class CompiledModel:
             raise CompileRefused(f"engine.compile: attention {implementation!r} takes no prebuilt mask; "
                                  "use attn_implementation: sdpa (or eager) with engine.compile")
         self.additive_mask = implementation == "eager"
+        # sdpa with grouped-query attention: the configs whose attention the step swaps to gqa_sdpa_attention
+        self.gqa_configs = []
+        if implementation == "sdpa" and _uses_gqa(config):
+            _register_gqa_attention()
+            held = {id(m.config): m.config for m in model.modules() if getattr(m, "config", None) is not None}
+            held.setdefault(id(model.config), model.config)
+            self.gqa_configs = [c for c in held.values() if getattr(c, "_attn_implementation", None) == "sdpa"]
         self.mode = mode or ("reduce-overhead" if self.device.type == "cuda" else "default")
+        self.backend = backend  # "eager": dynamo's graph capture and guards without code generation (the tests)
+        # CUDA graphs: cudagraph trees run a graph's first call eagerly, record at its second, replay from its third
+        self.cudagraphs = (self.device.type == "cuda" and backend == "inductor"
+                           and self.mode in ("reduce-overhead", "max-autotune"))
         self.buffers: dict[int, list[_Buffers]] = {}  # by batch capacity; one set per KV state alive at once
         self.compiles = 0  # graphs compiled for this model (dynamo's count, read around each call)
-        self.warm = False  # set by the runner after the warmup: any compile after it is a recompile
+        self.recordings = 0 if listen_for_cudagraph_recordings() else None  # CUDA graphs captured (cudagraph trees)
+        self.skips = 0  # graphs inductor runs without a CUDA graph
+        self.warm = False  # set by the runner after the warmup: any compile or capture after it is a late one
         self.recompiles_after_warmup = 0
+        self.recordings_after_warmup = 0
         self.views: list[CompiledModel] = []  # compiled steps of views over this model's weights (early exit)
         # every CompiledModel compiles the same function (this class's _forward): dynamo keeps its graphs in one
         # cache, guarded per model, per batch capacity and per width; past its limit (8) it would run eagerly, silently
         for limit in ("recompile_limit", "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, limit):
                 setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 1024))
-        self.backend = backend  # "eager": dynamo's graph capture and guards without code generation (the tests)
         options = {"mode": self.mode} if backend == "inductor" else {}
         self._step = torch.compile(self._forward, backend=backend, dynamic=False, fullgraph=True, **options)
 
     def for_view(self, view) -> "CompiledModel":
-        """The same settings for another module over the same weights (early exit's truncated target); kept in
-        `views`, so the runner warms and counts it with this one."""
-        compiled = CompiledModel(view, self.step_widths, self.max_length, self.batch_sizes, self.mode, self.backend)
+        """The same settings for another module over the same weights (early exit's truncated target, which drafts:
+        view_widths); kept in `views`, so the runner warms and counts it with this one."""
+        steps, trees = self.view_widths
+        compiled = CompiledModel(view, steps, self.max_length, self.batch_sizes, self.mode, self.backend, trees,
+                                 self.view_widths)
         self.views.append(compiled)
         return compiled
 
     def precompile(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
         """Compile every width at every batch capacity up to this batch's [B, P], on a throwaway state: a graph the
         warmup's own rounds happened not to need (a catch-up after a full accept, a short last batch) compiles
-        here, not inside a timed batch."""
-        for capacity in [b for b in self.batch_sizes if b <= ids.shape[0]]:
-            state = StaticKVState(self)
-            state.forward(self.model, ids[:capacity], mask[:capacity], last_only=True)
-            for width in self.step_widths:
-                state.forward(self.model, ids[:capacity, -1:].expand(-1, width).contiguous())
-                state.keep_prefix_of_last(width, torch.zeros(capacity, dtype=torch.long, device=ids.device), 0)
+        here, not inside a timed batch. With CUDA graphs every shape runs three times: cudagraph trees record a
+        graph at its second call, so the capture happens here too, and the third replays it."""
+        for _ in range(3 if self.cudagraphs else 1):
+            for capacity in [b for b in self.batch_sizes if b <= ids.shape[0]]:
+                state = StaticKVState(self)
+                state.forward(self.model, ids[:capacity], mask[:capacity], last_only=True)
+                rows = torch.zeros(capacity, dtype=torch.long, device=ids.device)
+                for width in self.step_widths:
+                    state.forward(self.model, ids[:capacity, -1:].expand(-1, width).contiguous())
+                    state.keep_prefix_of_last(width, rows, 0)
+                for width in self.tree_widths:  # a chain-shaped tree: any tree of the width runs this graph
+                    parents = np.tile(np.arange(-1, width - 1), (capacity, 1))
+                    state.forward_tree(self.model, ids[:capacity, -1:].expand(-1, width).contiguous(), parents,
+                                       np.ones((capacity, width), dtype=bool), new_round=True)
+                    state.keep_region(np.zeros((capacity, width), dtype=bool))
 
     # -- shapes -----------------------------------------------------------------------------------------
     def capacity(self, batch: int) -> int:
@@ -129,38 +239,50 @@ class CompiledModel:
                                  f"{list(self.batch_sizes)}")
         return fitting[0]
 
-    def width_for(self, num_tokens: int) -> int:
+    def width_for(self, num_tokens: int, tree: bool = False) -> int:
         """The compiled step width a step of num_tokens runs at (num_tokens <= the widest)."""
-        return next(w for w in self.step_widths if w >= num_tokens)
+        widths = self.tree_widths if tree else self.step_widths
+        fitting = [w for w in widths if w >= num_tokens]
+        if not fitting:
+            kind = "tree step" if tree else "step"
+            raise RuntimeError(f"engine.compile: a {kind} of {num_tokens} tokens is wider than the compiled widths "
+                               f"{list(widths)}; this is a bug in choosing them (decode/static_kv.py compile_widths)")
+        return fitting[0]
 
     def buffers_for(self, batch: int, owner) -> _Buffers:
         """A free set of buffers for a batch of this size (another set only where two states of this model live at
-        once, e.g. a model drafting for itself: new buffers, so new graphs, counted)."""
+        once, e.g. a model drafting for itself: new buffers, so new graphs or, with CUDA graphs, new recordings,
+        counted)."""
         capacity = self.capacity(batch)
         pool = self.buffers.setdefault(capacity, [])
         free = next((b for b in pool if b.owner() is None), None)
         if free is None:
             start = torch.zeros((), dtype=torch.long, device=self.device)
+            region = torch.zeros((), dtype=torch.long, device=self.device)
             cache = Cache(layers=[ColumnLayer(self.max_length, start) for _ in range(self.num_layers)])
             valid = torch.zeros(capacity, self.max_length, dtype=torch.bool, device=self.device)
             positions = torch.zeros(capacity, self.max_length, dtype=torch.long, device=self.device)
             if self.device.type == "cuda":  # CUDA graphs replay on fixed addresses
-                for tensor in (start, valid, positions):
+                for tensor in (start, region, valid, positions):
                     torch._dynamo.mark_static_address(tensor)
-            free = _Buffers(cache, start, valid, positions)
+            free = _Buffers(cache, start, region, valid, positions)
             pool.append(free)
         free.owner = weakref.ref(owner)
         return free
 
     # -- the step -----------------------------------------------------------------------------------------
-    def masks(self, buffers: _Buffers, query_positions: torch.Tensor, query_columns: torch.Tensor):
+    def masks(self, buffers: _Buffers, query_positions: torch.Tensor, query_columns: torch.Tensor,
+              ancestors: torch.Tensor | None = None):
         """The attention mask(s) of a step: [B, 1, S, L_max] bool (sdpa) or additive (eager), or a dict of them
-        by layer type."""
+        by layer type. ancestors [B, S, L_max] bool (a tree step): the columns of the round's region (from
+        buffers.region on) each query sees, its ancestors; before the region the committed prefix's rule holds."""
         key_positions = buffers.positions[:, None, :]  # [B, 1, L]
         query = query_positions[:, :, None]  # [B, S, 1]
         columns = torch.arange(self.max_length, device=query_columns.device)
         itself = columns[None, None, :] == query_columns[None, :, None]  # [1, S, L]
         seen = buffers.valid[:, None, :] & (key_positions <= query)  # [B, S, L]
+        if ancestors is not None:
+            seen = (seen & (columns < buffers.region)[None, None, :]) | (ancestors & buffers.valid[:, None, :])
         full = seen | itself
         masks = {"full_attention": full}
         if self.window is not None:
@@ -168,30 +290,57 @@ class CompiledModel:
         return layer_masks(masks, self.mask_keys, self.window, self.additive_mask,
                            next(self.model.parameters()).dtype)
 
-    def _forward(self, buffers: _Buffers, input_ids, query_positions, query_columns):
-        mask = self.masks(buffers, query_positions, query_columns)
+    def _forward(self, buffers: _Buffers, input_ids, query_positions, query_columns, ancestors=None):
+        mask = self.masks(buffers, query_positions, query_columns, ancestors)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=query_positions,
                          past_key_values=buffers.cache, use_cache=True)
         return out.logits.float()
 
-    def run(self, buffers: _Buffers, input_ids, query_positions, query_columns, compiled: bool = True):
-        """One step over [B_cap, S] (S one of step_widths when compiled) -> fp32 logits [B_cap, S, V]."""
+    @contextlib.contextmanager
+    def _attention(self):
+        """The step's attention: gqa_sdpa_attention on a model with grouped-query attention (sdpa), else its own.
+        Only around the step's own calls: the model, shared with the eager paths, keeps its setting."""
+        for config in self.gqa_configs:
+            config._attn_implementation_internal = GQA_ATTENTION
+        try:
+            yield
+        finally:
+            for config in self.gqa_configs:
+                config._attn_implementation_internal = "sdpa"
+
+    def run(self, buffers: _Buffers, input_ids, query_positions, query_columns, compiled: bool = True,
+            ancestors: torch.Tensor | None = None):
+        """One step over [B_cap, S] (S one of step_widths, or tree_widths with ancestors, when compiled) -> fp32
+        logits [B_cap, S, V]."""
         from torch._dynamo.utils import counters
 
-        if not compiled:
-            return self._forward(buffers, input_ids, query_positions, query_columns)
-        before = counters["stats"]["unique_graphs"]
-        logits = self._step(buffers, input_ids, query_positions, query_columns)
-        new = counters["stats"]["unique_graphs"] - before
-        self.compiles += new
-        if self.warm:
-            self.recompiles_after_warmup += new
+        with self._attention():
+            if not compiled:
+                return self._forward(buffers, input_ids, query_positions, query_columns, ancestors)
+            before, events = counters["stats"]["unique_graphs"], cudagraph_events()
+            logits = self._step(buffers, input_ids, query_positions, query_columns, ancestors)
+            self.count_events(counters["stats"]["unique_graphs"] - before, events, cudagraph_events())
         return logits
 
+    def count_events(self, graphs: int, before: tuple, after: tuple) -> None:
+        """Add one call's new dynamo graphs and its CUDA graph events (cudagraph_events before and after it)."""
+        self.compiles += graphs
+        recorded = None if before[0] is None or after[0] is None else after[0] - before[0]
+        if recorded is not None and self.recordings is not None:
+            self.recordings += recorded
+        self.skips += after[1] - before[1]
+        if self.warm:
+            self.recompiles_after_warmup += graphs
+            self.recordings_after_warmup += recorded or 0
+
     def summary(self) -> dict:
-        return {"mode": self.mode if self.backend == "inductor" else self.backend, "step_widths": list(self.step_widths), "max_length": self.max_length,
+        return {"mode": self.mode if self.backend == "inductor" else str(self.backend),
+                "step_widths": list(self.step_widths), "tree_widths": list(self.tree_widths),
+                "max_length": self.max_length, "gqa_attention": bool(self.gqa_configs),
                 "buffer_sets": {b: len(pool) for b, pool in sorted(self.buffers.items())}, "graphs": self.compiles,
-                "recompiles_after_warmup": self.recompiles_after_warmup}
+                "recompiles_after_warmup": self.recompiles_after_warmup, "cuda_graphs": self.cudagraphs,
+                "recordings": self.recordings, "recordings_after_warmup": self.recordings_after_warmup,
+                "skips": self.skips}
 
 
 def attach(model, compiled: CompiledModel) -> None:
@@ -209,7 +358,8 @@ def new_state(model):
 
 
 class StaticKVState:
-    """KVState's interface (decode/kv.py) over a CompiledModel's static buffers.
+    """KVState's interface (decode/kv.py) over a CompiledModel's static buffers, token trees included
+    (forward_tree, keep_region, region_width).
 
     The engine's rows are a subset of the buffers' rows (`rows`): a batch smaller than the capacity, and rows
     that finished, are dead rows whose inputs are masked and whose outputs are dropped.
@@ -224,6 +374,7 @@ class StaticKVState:
         self.forwards = 0
         self.compactions = 0
         self.slots_freed = 0
+        self._tree: dict | None = None  # the tree round under way (forward_tree), else None
 
     def _start(self, batch: int) -> None:
         self.buffers = self.compiled.buffers_for(batch, self)
@@ -233,6 +384,7 @@ class StaticKVState:
         self.rows = torch.arange(batch, device=self.compiled.device)
         self.count = torch.zeros(capacity, dtype=torch.long, device=self.compiled.device)
         self.length = 0
+        self._tree = None
 
     def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None,
                 last_only: bool = False) -> torch.Tensor:
@@ -259,15 +411,19 @@ class StaticKVState:
         self.forwards += 1
         return logits[:, -1:] if last_only else logits
 
-    def _step(self, input_ids: torch.Tensor, input_mask: torch.Tensor, compiled: bool = True) -> torch.Tensor:
-        buffers, capacity = self.buffers, self.buffers.valid.shape[0]
-        num_tokens = input_ids.shape[1]
-        width = self.compiled.width_for(num_tokens) if compiled else num_tokens
+    def _room(self, width: int) -> None:
+        """Make room for a step of `width` columns (compacting), or raise."""
         if self.length + width > self.compiled.max_length:
             self.compact()
             if self.length + width > self.compiled.max_length:
                 raise RuntimeError(f"engine.compile: the static cache of {self.compiled.max_length} columns is full "
                                    f"({self.length} in use, a step of {width}); this is a bug in sizing it")
+
+    def _step(self, input_ids: torch.Tensor, input_mask: torch.Tensor, compiled: bool = True) -> torch.Tensor:
+        buffers, capacity = self.buffers, self.buffers.valid.shape[0]
+        num_tokens = input_ids.shape[1]
+        width = self.compiled.width_for(num_tokens) if compiled else num_tokens
+        self._room(width)
         device = input_ids.device
         ids = torch.zeros(capacity, width, dtype=torch.long, device=device)
         mask = torch.zeros(capacity, width, dtype=torch.long, device=device)
@@ -283,6 +439,93 @@ class StaticKVState:
         self.count += mask.sum(dim=1)
         self.length += num_tokens
         return logits[self.rows, :num_tokens]
+
+    # -- token trees (decode/tree.py) ----------------------------------------------------------------------
+    def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
+                     new_round: bool) -> torch.Tensor:
+        """KVState.forward_tree over the static buffers: append tree nodes input_ids [B, S] (parents [B, S] host:
+        columns of the round's region, -1 after the committed prefix; valid [B, S] host, False for padding nodes)
+        and return fp32 logits [B, S, V]. A node sees the committed prefix (within the window on sliding-window
+        layers) and its ancestors in the region, and itself, at position prefix length + its depth; the step runs
+        at the smallest tree width >= S. The round ends with `keep_region`."""
+        assert model is self.compiled.model, "a StaticKVState serves the model it was built for"
+        problem = tree_support_problem(model)
+        if problem:
+            raise TreeUnsupported(problem)
+        if self.buffers is None:
+            raise ValueError("forward_tree needs a prefilled cache")
+        batch, num_nodes = input_ids.shape
+        parents = np.asarray(parents, dtype=np.int64)
+        valid = np.asarray(valid, dtype=bool)
+        if new_round or self._tree is None:
+            # the root's children sit at each row's next position: the count when the round starts
+            self._tree = {"start": self.length, "base": self.count.clone(), "depths": np.zeros((batch, 0), np.int64),
+                          "ancestors": np.zeros((batch, 0, 0), bool)}
+        tree = self._tree
+        old = tree["depths"].shape[1]
+        region = old + num_nodes
+        depths = np.concatenate([tree["depths"], np.zeros((batch, num_nodes), np.int64)], axis=1)
+        ancestors = np.zeros((batch, region, region), dtype=bool)
+        ancestors[:, :old, :old] = tree["ancestors"]
+        for row in range(batch):
+            for node in range(num_nodes):
+                column, parent = old + node, parents[row, node]
+                if valid[row, node] and parent >= 0:
+                    if parent >= column:
+                        raise ValueError(f"tree node {node} of row {row}: its parent {parent} is not an earlier node")
+                    depths[row, column] = depths[row, parent] + 1
+                    ancestors[row, column] = ancestors[row, parent]
+                ancestors[row, column, column] = True
+        tree["depths"], tree["ancestors"] = depths, ancestors
+        buffers, capacity = self.buffers, self.buffers.valid.shape[0]
+        width = self.compiled.width_for(num_nodes, tree=True)
+        self._room(width)  # a compaction keeps the region's columns together, moving tree["start"]
+        start, device = tree["start"], input_ids.device
+        ids = torch.zeros(capacity, width, dtype=torch.long, device=device)
+        ids[self.rows, :num_nodes] = input_ids
+        step_valid = np.zeros((batch, width), dtype=bool)
+        step_valid[:, :num_nodes] = valid
+        step_depths = np.zeros((batch, width), dtype=np.int64)
+        step_depths[:, :num_nodes] = depths[:, old:]
+        seen = np.zeros((batch, width, region), dtype=bool)  # each query's ancestors among the region's columns
+        seen[:, :num_nodes] = ancestors[:, old:]
+        live_valid = torch.zeros(capacity, width, dtype=torch.bool, device=device)
+        live_valid[self.rows] = host_to_device(step_valid, device, dtype=torch.bool)
+        positions = tree["base"][:, None].expand(capacity, width).clone()
+        positions[self.rows] += host_to_device(step_depths, device)
+        columns = torch.arange(self.length, self.length + width, device=device)
+        in_region = torch.zeros(capacity, width, self.compiled.max_length, dtype=torch.bool, device=device)
+        in_region[self.rows, :, start: start + region] = host_to_device(seen, device, dtype=torch.bool)
+        buffers.valid[:, self.length: self.length + width] = live_valid
+        buffers.positions[:, self.length: self.length + width] = positions
+        buffers.start.fill_(self.length)
+        buffers.region.fill_(start)
+        logits = self.compiled.run(buffers, ids, positions, columns, ancestors=in_region)
+        self.length += num_nodes
+        self.forwards += 1
+        return logits[self.rows, :num_nodes]
+
+    @property
+    def region_width(self) -> int:
+        """Columns of the tree round under way (0: none)."""
+        return 0 if self._tree is None else self.length - self._tree["start"]
+
+    def keep_region(self, keep: np.ndarray) -> None:
+        """End a tree round: of its region's columns keep those with keep [B, R] (host bool: the accepted path),
+        the rest become holes; the columns after the last one kept are freed."""
+        if self._tree is None:
+            raise ValueError("keep_region without a tree round")
+        tree, self._tree = self._tree, None
+        start, region = tree["start"], self.length - tree["start"]
+        keep = np.asarray(keep, dtype=bool)
+        if keep.shape != (len(self.rows), region):
+            raise ValueError(f"keep_region: keep has shape {keep.shape}, the region is {(len(self.rows), region)}")
+        window = self.buffers.valid[self.rows, start: self.length] & host_to_device(keep, self.rows.device,
+                                                                                     dtype=torch.bool)
+        self.buffers.valid[self.rows, start: self.length] = window
+        self.count[self.rows] = tree["base"][self.rows] + window.sum(dim=1)
+        kept_columns = np.flatnonzero(keep.any(axis=0))
+        self.length = start + (int(kept_columns[-1]) + 1 if kept_columns.size else 0)
 
     def keep_prefix_of_last(self, num_new: int, kept: torch.Tensor, max_kept: int, kept_host=None) -> None:
         """Of the last num_new columns keep the first kept[b] for each live row [B]; the rest become holes."""
@@ -306,11 +549,17 @@ class StaticKVState:
     def compact(self) -> None:
         """Move each row's valid columns to the right end of the columns kept, in order (one gather per layer, in
         place), as decode/kv.py does: a row's newest tokens stay its last columns, so a drafter's rollback of the
-        last G columns after a compaction in the middle of its draft steps still finds them there."""
+        last G columns after a compaction in the middle of its draft steps still finds them there. During a tree
+        round only the columns before its region are compacted; the region moves left as one block."""
         buffers = self.buffers
         valid = buffers.valid
-        new_length = int(valid.sum(dim=1).max().item())
-        order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)[:, valid.shape[1] - new_length:]  # [B, L']
+        end = self._tree["start"] if self._tree is not None else self.length
+        prefix_length = int(valid[:, :end].sum(dim=1).max().item())
+        order = torch.argsort(valid[:, :end].to(torch.int8), dim=1, stable=True)[:, end - prefix_length:]  # [B, L']
+        if end < self.length:  # the region's columns, as they are
+            region = torch.arange(end, self.length, device=order.device)
+            order = torch.cat([order, region[None, :].expand(order.shape[0], -1)], dim=1)
+        new_length = order.shape[1]
         for layer in buffers.cache.layers:
             if layer.is_initialized:
                 for tensor in (layer.keys, layer.values):
@@ -321,4 +570,64 @@ class StaticKVState:
         valid[:, new_length:] = False
         self.slots_freed += (self.length - new_length) * len(self.rows)
         self.length = new_length
+        if self._tree is not None:
+            self._tree["start"] = prefix_length
         self.compactions += 1
+
+
+def compile_widths(points, tree_top_k: int, auto_nodes) -> dict:
+    """The step widths each model of the run uses, so that each compiles only those.
+
+    points: the run's points of our engine (runner/plan.py Point: method, draft, gamma, tree); auto_nodes: the node
+    counts `tree: auto` picks among (the ones whose v the probes measure). Returns {"target": (chain widths, tree
+    widths), "drafts": {label: (chain widths, tree widths)}, "round": the most columns one round's steps take beyond
+    the committed tokens (for L_max)}:
+
+    - the target: 1 (the baseline, a round in which no row drafts, the probes) and gamma + 1 (a chain's
+      verification: a shorter draft runs padded to it); a tree's verification n + 1, through the tree step (n: a
+      static tree's nodes, a dynamic tree's budget, each of auto's node counts and its warmup's exploring tree);
+    - a draft (and early exit's view, CompiledModel.view_widths): 1 (a draft step) and 2 (its catch-up after a round
+      that accepted every draft: the last draft and the new token; a longer catch-up runs in steps of 2); a static
+      tree's draft forwards feed the nodes of a depth that have children (k1, k1 k2, ...), a dynamic tree's the
+      top_k frontier, auto's any count up to its largest tree, padded to a power of 2.
+    """
+    from decode.drafters.tree import AutoTree, trim_depth
+    from decode.tree import AUTO, branching_or_budget, static_parents, tree_nodes
+
+    target_chain, target_tree, drafts, rounds = {1}, set(), {}, [1]
+    for point in points:
+        if point.method not in ("speculative", "prompt_lookup", "early_exit"):
+            continue
+        label = getattr(point, "tree", None)
+        draft = drafts.setdefault(point.draft, (set(), set())) if point.method == "speculative" else None
+        if draft is not None:
+            draft[0].update((1, 2))
+        if label is None:
+            target_chain.add(point.gamma + 1)
+            rounds.append(point.gamma + 1)
+            continue
+        if label == AUTO:
+            nodes = [*auto_nodes, len(trim_depth(static_parents(AutoTree.EXPLORE), point.gamma))]
+        else:
+            nodes = [tree_nodes(label, point.gamma)]
+        target_tree.update(n + 1 for n in nodes)
+        rounds.extend(n + 1 for n in nodes)
+        if draft is None:
+            continue
+        shape = branching_or_budget(label) if label != AUTO else None
+        if label == AUTO:  # a tree of n nodes feeds at most n, in forwards of at most n each
+            largest = max(nodes)
+            fed = {1 << i for i in range(largest.bit_length() + 1) if 1 << i < 2 * largest}
+            region = largest + max(fed)
+        elif isinstance(shape, int):  # dynamic: top_k nodes a depth, at depths 1 .. gamma - 1
+            fed = {tree_top_k}
+            region = tree_top_k * max(point.gamma - 1, 1)
+        else:
+            per_depth = [int(np.prod(shape[:d])) for d in range(1, len(shape))]  # nodes with children, per depth
+            fed = set(per_depth)  # none for a tree of one depth: the draft feeds no node
+            region = sum(per_depth) + max(fed, default=0)
+        draft[1].update(fed)
+        rounds.append(region)
+    return {"target": (tuple(sorted(target_chain)), tuple(sorted(target_tree))),
+            "drafts": {label: (tuple(sorted(chain)), tuple(sorted(tree))) for label, (chain, tree) in drafts.items()},
+            "round": max(rounds)}

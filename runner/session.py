@@ -16,7 +16,7 @@ from decode.methods import REGISTRY, RunContext
 from decode.vocab import VocabMismatch
 from eval.records import CostProbe, Point, SampleRecord
 from runner.attention import settle_attention
-from runner.plan import Unit, batches_of, order_of, points_of, skipped_reason
+from runner.plan import Unit, batches_of, comparisons, order_of, points_of, skipped_reason
 from runner.probes import PROCESS, drift_probe, measure_costs, verify_widths
 from utils import UserError
 from utils.data import load_prompts
@@ -164,30 +164,40 @@ class Session:
         return next(d.attn_implementation for d in self.config.draft if d.name == label)
 
     def _compile_models(self) -> str:
-        """engine.compile: each model gets static buffers sized for this run and a compiled step per width
-        (decode/static_kv.py): 1 (a plain step, a draft step) and gamma + 1 for every gamma."""
-        from decode.static_kv import CompiledModel, CompileRefused, attach
+        """engine.compile: each model gets static buffers sized for this run and a compiled step per width it uses
+        (decode/static_kv.py compile_widths: the target 1, gamma + 1 and its trees' n + 1; a draft 1 and 2 and its
+        tree forwards)."""
+        from decode.static_kv import CompiledModel, CompileRefused, attach, compile_widths
+        from runner.probes import AUTO_TREE_NODES
 
         config = self.config
-        widths = (1, *(g + 1 for g in config.speculative.gamma))
+        points = [p for b, t in comparisons(config) for p in points_of(config, b, t, engine="ours")]
+        plan = compile_widths(points, config.speculative.tree_top_k, AUTO_TREE_NODES)
         longest = max(len(p.token_ids) for p in self.prompt_set.prompts)
-        # the draft's prefill cost probe feeds the prompt twice (runner/probes.py draft_prefill_cost)
-        max_length = 2 * longest + config.generation.max_new_tokens + max(widths) + 1
+        # a row holds its prompt and its new tokens, plus one round's columns beyond them; the cost_model schedule's
+        # draft prefill probe feeds the prompt twice (runner/probes.py draft_prefill_cost). Rounded up to 64
+        needed = longest + config.generation.max_new_tokens + plan["round"] + 1
+        if any(p.schedule == "cost_model" for p in points):
+            needed = max(needed, 2 * longest)
+        max_length = -(-needed // 64) * 64
         mode = None if config.engine.compile_mode == "auto" else config.engine.compile_mode
         for role, loaded in [("target", self.target)] + [(f"draft {label}", d) for label, d in self.drafts.items()]:
             if loaded.attn_implementation == "flash_attention_2":  # auto picked it; the compiled mode builds masks
                 loaded.model.set_attn_implementation("sdpa")
                 loaded.attn_implementation = "sdpa"
+            steps, trees = plan["target"] if role == "target" else plan["drafts"].get(role.split(" ", 1)[1], ((1,), ()))
             try:
-                compiled = CompiledModel(loaded.model, widths, max_length, tuple(config.batch_size), mode,
-                                         config.engine.compile_backend)
+                compiled = CompiledModel(loaded.model, steps, max_length, tuple(config.batch_size), mode,
+                                         config.engine.compile_backend, trees)
             except CompileRefused as error:
                 raise UserError(f"{role} {loaded.source}: {error}") from None
             attach(loaded.model, compiled)
-        return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width "
-                f"{list(compiled.step_widths)} and batch size (torch.compile, backend {config.engine.compile_backend}, "
-                f"mode {compiled.mode}), compiled in each comparison's probes and warmup; a step of fewer tokens runs "
-                "padded to the next width")
+        widths = "; ".join(f"{role} {list(compiled_of_role.step_widths)}"
+                           + (f", trees {list(compiled_of_role.tree_widths)}" if compiled_of_role.tree_widths else "")
+                           for role, compiled_of_role in self.compiled_models().items())
+        return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width ({widths}) and "
+                f"batch size (torch.compile, backend {config.engine.compile_backend}, mode {compiled.mode}), compiled "
+                "in each comparison's probes and warmup; a step of fewer tokens runs padded to the next width")
 
     def compiled_models(self) -> dict:
         """role -> the CompiledModel of each loaded model (engine.compile), for warm flags and the report."""
@@ -204,6 +214,10 @@ class Session:
 
     def _graphs_compiled(self) -> int:
         return sum(model.compiles for model in self.compiled_models().values())
+
+    def _graphs_recorded(self) -> int:
+        """CUDA graphs captured so far (cudagraph trees; 0 without CUDA graphs, or where torch cannot tell)."""
+        return sum(model.recordings or 0 for model in self.compiled_models().values())
 
     @property
     def released(self) -> bool:
@@ -434,11 +448,13 @@ class Session:
             for point in order_of(points, unit):
                 if point in state["failed"] or point.key + (unit.repeat, unit.batch_index) in done:
                     continue
-                graphs = self._graphs_compiled()
+                graphs, recorded = self._graphs_compiled(), self._graphs_recorded()
                 outcome = self._run_point(point, unit, batch, ids, mask)
-                if graphs < self._graphs_compiled() and not isinstance(outcome, str):
-                    # engine.compile: a graph compiled inside this timed batch; it is compiled now: measure again
-                    result.notes.append(f"engine.compile: {point.label} compiled a graph inside a timed batch "
+                late = ["compiled a graph"] if graphs < self._graphs_compiled() else []
+                late += ["recorded a CUDA graph"] if recorded < self._graphs_recorded() else []
+                if late and not isinstance(outcome, str):
+                    # engine.compile: a graph compiled or captured inside this timed batch; it is now: measure again
+                    result.notes.append(f"engine.compile: {point.label} {' and '.join(late)} inside a timed batch "
                                         f"(batch size {unit.batch_size}); that batch was run again")
                     outcome = self._run_point(point, unit, batch, ids, mask)
                 if isinstance(outcome, str):

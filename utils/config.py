@@ -339,7 +339,7 @@ class Config(Strict):
         return self
 
     def _check_trees(self) -> None:
-        """A tree applies to the methods whose axes have it, and runs on the eager engine."""
+        """A tree applies to the methods whose axes have it (on either engine: engine.compile compiles its widths)."""
         from decode.methods import REGISTRY
 
         if self.speculative.tree == [None]:
@@ -348,8 +348,6 @@ class Config(Strict):
             takers = " or ".join(name for name, spec in REGISTRY.items() if "tree" in spec.axes)
             raise ValueError(f"speculative.tree applies to {takers} only, and methods has none of them: add one, or "
                              "set tree: null")
-        if self.engine.compile:
-            raise ValueError("speculative.tree needs the eager engine: set engine.compile: false or tree: null")
         if self.speculative.tree == ["auto"]:  # auto prices a draft model's tree: other tree methods would get no point
             left_out = [m for m in self.methods if "tree" in REGISTRY[m].axes and m != "speculative"]
             if left_out:
