@@ -93,3 +93,12 @@ def test_local_json_is_read_without_datasets(tmp_path):
     broken.write_text('{"text": "a"}\n{"text": \n')
     with pytest.raises(DataError, match="cannot read"):
         _json_rows(str(broken))
+
+
+def test_local_json_reads_as_datasets_reads_it():
+    datasets = pytest.importorskip("datasets")
+    from utils.data import _json_rows
+
+    for path in sorted((ROOT / "configs" / "data").glob("*.jsonl")):  # the shipped files: mt_bench's turns are lists
+        rows, reference = _json_rows(str(path)), datasets.load_dataset("json", data_files=str(path), split="train")
+        assert rows.column_names == reference.column_names and list(rows) == list(reference), path.name
