@@ -74,10 +74,16 @@ def resolve_path(path: str) -> tuple[str, str | None]:
 
 
 def load_rows(cfg: DatasetConfig):
-    import datasets
+    where, loader = resolve_path(cfg.path)
+    if loader == "json":  # read here: the datasets package is not needed for a local JSON file
+        return _json_rows(where), where
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"dataset.path: reading {cfg.path} needs the datasets package, which is not installed; "
+                        "pip install datasets, or give a local .jsonl file") from None
 
     datasets.disable_progress_bars()
-    where, loader = resolve_path(cfg.path)
     try:
         if loader:
             return datasets.load_dataset(loader, data_files=where, split="train"), where
@@ -88,6 +94,39 @@ def load_rows(cfg: DatasetConfig):
             raise DataError(f"dataset.path: cannot load '{cfg.path}' from the HuggingFace hub (unreachable or unknown "
                             f"here: {text}); point dataset.path at a local .jsonl/.parquet/.csv file") from None
         raise DataError(f"dataset.path: cannot read {where}: {text}") from None
+
+
+class Rows(list):
+    """A local file's records as dicts, with the part of a datasets.Dataset that load_prompts uses; a field a record
+    lacks is None, as datasets fills it."""
+
+    def __init__(self, records: list[dict]):
+        self.column_names = list(dict.fromkeys(key for record in records for key in record))
+        super().__init__({name: record.get(name) for name in self.column_names} for record in records)
+
+    def select(self, indices) -> Rows:
+        return Rows([self[i] for i in indices])
+
+
+def _json_rows(where: str) -> Rows:
+    """A .json/.jsonl file (optionally .gz): JSON Lines of objects or a list of objects."""
+    import gzip
+    import json
+
+    try:
+        with (gzip.open if where.endswith(".gz") else open)(where, "rt", encoding="utf-8") as handle:
+            text = handle.read()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"dataset.path: cannot read {where}: {' '.join(str(error).split())[:200]}") from None
+    if isinstance(data, dict):  # a file of one JSON line
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(record, dict) for record in data):
+        raise DataError(f"dataset.path: {where} holds no records; give JSON Lines of objects or a list of objects")
+    return Rows(data)
 
 
 # column names that hold a prompt in common datasets, for a file given without prompt_field

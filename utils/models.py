@@ -330,7 +330,7 @@ def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) 
     if cfg.quantization != "none":
         raise ModelLoadError(f"{role}.quantization: synthetic models are not quantized; set quantization: none")
     try:
-        model, tokenizer = build_model(cfg.model, dtype, attention)
+        model, tokenizer = build_model(cfg.model, dtype, attention, device)
     except ValueError as error:
         raise ModelLoadError(f"{role}.model: {error}") from None
     model = model.to(device).eval().requires_grad_(False)

@@ -1,25 +1,78 @@
 """Synthetic model pairs built from a config: GPU benchmarks of the tool with no weights to download.
 
-    model: synthetic:llama-1b                 # the target: a ~1.1B Llama (TinyLlama's shape), seeded weights
-    model: synthetic:llama-1b?layers=2        # a draft: the target's first 2 layers, its embeddings, norm and head
+    model: synthetic:qwen3-4b                 # the target: Qwen3-4B's published shape, seeded random weights
+    model: synthetic:qwen3-4b?layers=2        # a draft: the target's first 2 layers, its embeddings, norm and head
     model: synthetic:llama-1b?layers=2&noise=0.1   # ... with every weight perturbed by 10% of its std
 
-A draft cut from the target shares its embeddings and head, so the two agree far more than two random
-models; fewer layers or more noise lowers the agreement. The run measures alpha either way. Both use one
-byte-level tokenizer padded to the model's vocabulary, so any dataset's text tokenizes to a realistic
-length. Random weights make degenerate text; this pair measures speed, not quality.
+The shapes (SHAPES) are the published config.json numbers of Qwen3 0.6B-8B, gemma-3 270m/1b/4b (the text model;
+sliding-window layers, q/k norms), Llama-3.2-1B and Llama-3.1-8B, plus three small Llamas and test-size Qwen3 and
+gemma-3 (the families' features, tiny). A draft cut from the target shares its embeddings and head; fewer layers or
+more noise lowers its agreement. On a deep model of random weights the layers' outputs swamp the embedding in the
+residual stream, so a draft of a few layers agrees with the target little more than chance (a measured
+qwen3-0.6b?layers=2 accepted none of its drafts): such a pair measures the cost of drafting and verifying, not
+realistic acceptance. The run measures alpha either way. Both use one byte-level tokenizer padded to the model's
+vocabulary, so any dataset's text tokenizes to a realistic length. Random weights make degenerate text; this pair
+measures speed, not quality.
+
+The model is built where it runs, in the run's dtype: its parameters start on the meta device and each is drawn on
+the target device from a generator seeded by (seed, parameter name), so no full copy is ever made on the host and
+a draft's tensors equal the target's of the same name whatever the depth.
 """
 from __future__ import annotations
 
+import zlib
+from typing import NamedTuple
 from urllib.parse import parse_qs
 
 import torch
 
+
+class Shape(NamedTuple):
+    """A decoder's architecture numbers; `extra` holds the other config.json keys as published."""
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    head_dim: int | None = None  # None: hidden // heads
+    tied: bool = False  # the head is the input embedding
+    family: str = "llama"  # llama (LlamaForCausalLM), qwen3 (Qwen3ForCausalLM), gemma3 (Gemma3ForCausalLM)
+    extra: dict | None = None
+
+
+# Llama 3.x rope: rope_theta 500000 with the "llama3" frequency scaling
+LLAMA3_ROPE = dict(rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=131072)
+QWEN3 = dict(rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, use_sliding_window=False)
+# gemma-3: local (sliding-window) layers rope at 10k, global ones at 1M; 5 local layers, then 1 global
+GEMMA3 = dict(rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256,
+              sliding_window_pattern=6)
+
 SHAPES = {
-    # name: (hidden, intermediate, layers, heads, kv heads, vocab)
-    "llama-1b": (2048, 5632, 22, 32, 4, 32000),
-    "llama-160m": (768, 2048, 12, 12, 4, 32000),
-    "llama-tiny": (64, 128, 4, 4, 2, 512),
+    "llama-1b": Shape(2048, 5632, 22, 32, 4, 32000),  # TinyLlama-1.1B's shape
+    "llama-160m": Shape(768, 2048, 12, 12, 4, 32000),
+    "llama-tiny": Shape(64, 128, 4, 4, 2, 512),
+    # the families' features at test size: tied head, q/k norms; gemma's 5 sliding-window layers then a global one
+    "qwen3-tiny": Shape(64, 128, 4, 4, 2, 512, 16, True, "qwen3", dict(QWEN3, max_position_embeddings=512)),
+    "gemma-3-tiny": Shape(64, 128, 6, 4, 1, 512, 16, True, "gemma3", dict(
+        GEMMA3, sliding_window=8, max_position_embeddings=512)),
+    "llama-3.2-1b": Shape(2048, 8192, 16, 32, 8, 128256, 64, True, "llama", dict(
+        LLAMA3_ROPE, rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                       original_max_position_embeddings=8192))),
+    "llama-3.1-8b": Shape(4096, 14336, 32, 32, 8, 128256, 128, False, "llama", dict(
+        LLAMA3_ROPE, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                       original_max_position_embeddings=8192))),
+    "qwen3-0.6b": Shape(1024, 3072, 28, 16, 8, 151936, 128, True, "qwen3", QWEN3),
+    "qwen3-1.7b": Shape(2048, 6144, 28, 16, 8, 151936, 128, True, "qwen3", QWEN3),
+    "qwen3-4b": Shape(2560, 9728, 36, 32, 8, 151936, 128, True, "qwen3", QWEN3),
+    "qwen3-8b": Shape(4096, 12288, 36, 32, 8, 151936, 128, False, "qwen3", QWEN3),
+    "gemma-3-270m": Shape(640, 2048, 18, 4, 1, 262144, 256, True, "gemma3", dict(
+        GEMMA3, sliding_window=512, max_position_embeddings=32768)),
+    "gemma-3-1b": Shape(1152, 6912, 26, 4, 1, 262144, 256, True, "gemma3", dict(
+        GEMMA3, sliding_window=512, max_position_embeddings=32768)),
+    # gemma-3-4b is multimodal (Gemma3ForConditionalGeneration); this is its text_config, the language model
+    "gemma-3-4b": Shape(2560, 10240, 34, 8, 4, 262208, 256, True, "gemma3", dict(
+        GEMMA3, sliding_window=1024, max_position_embeddings=131072, rope_scaling=dict(rope_type="linear", factor=8.0))),
 }
 
 
@@ -54,33 +107,72 @@ def build_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def build_model(spec: str, dtype: torch.dtype, attn_implementation: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_config(spec: str, attn_implementation: str = "sdpa"):
+    """-> (model class, its config) for a spec, `?layers=L` applied; special token ids are the byte tokenizer's."""
+    import transformers
 
-    name, layers, noise, seed = parse(spec)
-    hidden, intermediate, depth, heads, kv_heads, vocab = SHAPES[name]
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=depth,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
-                         max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                         tie_word_embeddings=False, attn_implementation=attn_implementation)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):
-        full = LlamaForCausalLM(config)
-    # weights are drawn layer by layer in a fixed order, so a draft's first L layers equal the target's
-    state = {}
-    for key, tensor in full.state_dict().items():
-        if key.endswith("norm.weight"):
-            state[key] = torch.ones(tensor.shape)
-        else:
-            state[key] = torch.randn(tensor.shape, generator=generator) * config.initializer_range
-    if layers is not None:
-        config.num_hidden_layers = layers
-        state = {k: v for k, v in state.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
-    if noise > 0:
-        noise_generator = torch.Generator().manual_seed(seed + 1)
-        state = {k: v + torch.randn(v.shape, generator=noise_generator) * v.std() * noise if v.dim() > 1 else v
-                 for k, v in state.items()}
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(state)
+    name, layers, _, _ = parse(spec)
+    shape = SHAPES[name]
+    depth = layers or shape.layers
+    kwargs = dict(hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=depth,
+                  num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+                  tie_word_embeddings=shape.tied, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                  attn_implementation=attn_implementation, **(shape.extra or {"max_position_embeddings": 4096}))
+    if shape.head_dim is not None:
+        kwargs["head_dim"] = shape.head_dim
+    if shape.family == "gemma3":
+        pattern = kwargs.pop("sliding_window_pattern")  # the published layer_types: every pattern-th layer is global
+        kwargs["layer_types"] = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                                 for i in range(shape.layers)][:depth]
+        return transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig(**kwargs)
+    if shape.family == "qwen3":
+        kwargs["max_window_layers"] = depth
+        return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**kwargs)
+    return transformers.LlamaForCausalLM, transformers.LlamaConfig(**kwargs)
+
+
+def _generator(device: torch.device, seed: int, key: str) -> torch.Generator:
+    """A generator on `device` seeded by (seed, a parameter's name): each tensor is drawn on its own."""
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+
+
+def build_model(spec: str, dtype: torch.dtype, attn_implementation: str, device: torch.device | str = "cpu"):
+    """-> (model on `device` in `dtype`, eval mode, no grad; its byte-level tokenizer padded to the vocabulary)."""
+    model = build_decoder(spec, dtype, attn_implementation, device)
+    return model, build_tokenizer(model.config.vocab_size)
+
+
+def build_decoder(spec: str, dtype: torch.dtype, attn_implementation: str, device: torch.device | str = "cpu"):
+    """The model alone, on `device` in `dtype`, eval mode, no grad. On the meta device nothing is drawn (shapes
+    only). A parameter's values depend on the seed, its name, the device type and the dtype only."""
+    from accelerate import init_empty_weights
+
+    name, _, noise, seed = parse(spec)
+    device = torch.device(device)
+    cls, config = build_config(spec, attn_implementation)
+    with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rope frequencies) computed
+        model = cls(config)
+    # a norm scales by its weight (Llama, Qwen3) or by 1 + its weight (gemma)
+    norm_value = 0.0 if SHAPES[name].family == "gemma3" else 1.0
+    with torch.no_grad():
+        for module_name, module in model.named_modules():
+            for key, parameter in list(module._parameters.items()):
+                if parameter is None:
+                    continue
+                full_name = f"{module_name}.{key}" if module_name else key
+                tensor = torch.empty(parameter.shape, dtype=dtype, device=device)
+                if device.type != "meta":
+                    if full_name.endswith("norm.weight"):
+                        tensor.fill_(norm_value)
+                    else:
+                        tensor.normal_(0.0, config.initializer_range, generator=_generator(device, seed, full_name))
+                        if noise > 0:
+                            tensor += torch.randn(tensor.shape, dtype=dtype, device=device,
+                                                  generator=_generator(device, seed + 1, full_name)) \
+                                * tensor.std() * noise
+                module._parameters[key] = torch.nn.Parameter(tensor, requires_grad=False)
+        if config.tie_word_embeddings:
+            model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    model = model.to(device).eval()  # the buffers
     model.generation_config.eos_token_id = 2
-    return model.to(dtype), build_tokenizer(vocab)
+    return model

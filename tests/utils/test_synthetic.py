@@ -9,8 +9,10 @@ import torch
 import yaml
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.kv import sliding_window_of, tree_support_problem
+from decode.probes import ragged_batch_problem
 from helpers import write_prompts
-from utils.synthetic import build_model, parse
+from utils.synthetic import SHAPES, build_config, build_decoder, build_model, build_tokenizer, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,6 +25,105 @@ def test_draft_is_the_targets_first_layers():
     assert torch.equal(draft.lm_head.weight, target.lm_head.weight)
     ids = tokenizer("def f(x): return x")["input_ids"]
     assert tokenizer.decode(ids) == "def f(x): return x" and max(ids) < target.config.vocab_size
+
+
+# The published config.json numbers (huggingface.co/<org>/<model>/config.json; gemma-3-4b: its text_config):
+# hidden, intermediate, layers, heads, kv heads, head_dim, vocab, tied head, rope theta (gemma: global / local),
+# sliding window (None: no sliding-window layers)
+PUBLISHED = {
+    "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True, 1000000, None),  # Qwen/Qwen3-0.6B
+    "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, 151936, True, 1000000, None),  # Qwen/Qwen3-1.7B
+    "qwen3-4b": (2560, 9728, 36, 32, 8, 128, 151936, True, 1000000, None),  # Qwen/Qwen3-4B
+    "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False, 1000000, None),  # Qwen/Qwen3-8B
+    "gemma-3-270m": (640, 2048, 18, 4, 1, 256, 262144, True, (1000000, 10000), 512),  # google/gemma-3-270m
+    "gemma-3-1b": (1152, 6912, 26, 4, 1, 256, 262144, True, (1000000, 10000), 512),  # google/gemma-3-1b-it
+    "gemma-3-4b": (2560, 10240, 34, 8, 4, 256, 262208, True, (1000000, 10000), 1024),  # google/gemma-3-4b-it
+    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, True, 500000, None),  # meta-llama/Llama-3.2-1B
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, False, 500000, None),  # meta-llama/Llama-3.1-8B
+}
+# non-embedding parameters as the model cards state them (Qwen3: "0.44B" ...; gemma-3-270m: "100M transformer
+# parameters"), to the figures' last digit
+NON_EMBEDDING = {"qwen3-0.6b": (0.44e9, 0.005e9), "qwen3-1.7b": (1.4e9, 0.05e9), "qwen3-4b": (3.6e9, 0.05e9),
+                 "qwen3-8b": (6.95e9, 0.005e9), "gemma-3-270m": (100e6, 0.5e6)}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_shapes(name):
+    hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, tied, theta, window = PUBLISHED[name]
+    model = build_decoder(f"synthetic:{name}", torch.bfloat16, "sdpa", "meta")  # shapes only: nothing drawn
+    config = model.config
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.num_attention_heads,
+            config.num_key_value_heads, config.head_dim, config.vocab_size) == (hidden, intermediate, layers, heads,
+                                                                                kv_heads, head_dim, vocab)
+    assert len(model.model.layers) == layers and model.lm_head.weight.shape == (vocab, hidden)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    attention = model.model.layers[0].self_attn
+    assert attention.q_proj.weight.shape == (heads * head_dim, hidden)
+    assert attention.k_proj.weight.shape == (kv_heads * head_dim, hidden)
+    assert hasattr(attention, "q_norm") == (not name.startswith("llama"))  # Qwen3 and gemma-3 norm q and k per head
+    if name.startswith("gemma"):
+        assert config.model_type == "gemma3_text" and config.sliding_window == window
+        assert config.layer_types == [("full_attention" if i % 6 == 5 else "sliding_attention") for i in range(layers)]
+        rope = config.rope_parameters
+        assert (rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]) == theta
+        assert rope["full_attention"].get("factor", 1.0) == (8.0 if name == "gemma-3-4b" else 1.0)  # 4b: linear x8
+    else:
+        assert config.rope_parameters["rope_theta"] == theta
+        assert config.model_type == ("qwen3" if name.startswith("qwen3") else "llama")
+        assert sliding_window_of(config) is None
+    if name.startswith("llama-3"):
+        assert config.rope_parameters["rope_type"] == "llama3"
+        assert config.rope_parameters["factor"] == (32.0 if name == "llama-3.2-1b" else 8.0)
+    if name in NON_EMBEDDING:
+        figure, rounding = NON_EMBEDDING[name]
+        embedding = vocab * hidden * (1 if tied else 2)
+        assert abs(sum(p.numel() for p in model.parameters()) - embedding - figure) <= rounding
+    draft = build_config(f"synthetic:{name}?layers=3")[1]
+    assert draft.num_hidden_layers == 3 and (not name.startswith("gemma") or draft.layer_types == config.layer_types[:3])
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny", "gemma-3-tiny"])
+def test_tied_draft_shares_the_targets_first_layers(name):
+    target, tokenizer = build_model(f"synthetic:{name}", torch.float32, "sdpa")
+    draft, _ = build_model(f"synthetic:{name}?layers=2", torch.float32, "sdpa")
+    assert draft.lm_head.weight is draft.model.embed_tokens.weight and target.lm_head.weight is target.model.embed_tokens.weight
+    target_state = target.state_dict()
+    for key, value in draft.state_dict().items():  # the first 2 layers, embeddings, final norm, head
+        assert torch.equal(value, target_state[key]), key
+    assert not torch.equal(target.model.layers[0].mlp.up_proj.weight, target.model.layers[1].mlp.up_proj.weight)
+    ids = torch.tensor([tokenizer("The quick brown fox jumps over the lazy dog")["input_ids"]] * 2)
+    generation = Generation(max_new_tokens=24)  # past gemma-3-tiny's window of 8
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, torch.ones_like(ids), generation)
+        spec = generate_speculative(target, DraftModelDrafter(draft, 512, Sampling()), ids, torch.ones_like(ids),
+                                    generation, 3)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+
+
+def test_built_in_the_dtype_with_a_large_vocabulary():
+    model, tokenizer = build_model("synthetic:qwen3-tiny?seed=3", torch.bfloat16, "sdpa")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and not any(p.requires_grad for p in model.parameters())
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # computed, not drawn: the same as a loaded model's
+    other = build_decoder("synthetic:qwen3-tiny?seed=4", torch.bfloat16, "sdpa")
+    assert not torch.equal(model.model.embed_tokens.weight, other.model.embed_tokens.weight)
+    big = build_tokenizer(262144)  # gemma-3's vocabulary: the byte alphabet, padded
+    text = "x = {'a': 1}  # ü"
+    ids = big(text)["input_ids"]
+    assert len(big) == 262144 and big.decode(ids) == text and max(ids) < 262
+
+
+@pytest.mark.parametrize("spec", ["synthetic:qwen3-0.6b?layers=1", "synthetic:gemma-3-1b?layers=1",
+                                  "synthetic:gemma-3-4b?layers=1"])
+def test_real_shapes_pass_the_load_time_checks(spec):
+    """A one-layer cut of the real shape with a small vocabulary (the checks do not depend on it): tree masks
+    accepted, ragged batches decode as alone."""
+    cls, config = build_config(spec)
+    config.vocab_size = 512
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    assert tree_support_problem(model) is None
+    with torch.inference_mode():
+        assert ragged_batch_problem(model) is None
 
 
 def acceptance(draft_spec: str) -> float:
@@ -71,3 +172,22 @@ def test_synthetic_pair_in_a_run(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", str(path), "--set",
                           "draft.model=synthetic:llama-9b"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "draft.model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.e2e
+def test_qwen3_shape_in_a_run(tmp_path):
+    """The published Qwen3-0.6B shape and its first 2 layers as the draft, through launch.py on a CPU in fp32."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"text": f"def add_{i}(a, b):"}) + "\n" for i in range(2)))
+    config = {"name": "qwen3", "device": "cpu", "target": {"model": "synthetic:qwen3-0.6b", "dtype": "float32",
+                                                           "attn_implementation": "sdpa"},
+              "draft": {"model": "synthetic:qwen3-0.6b?layers=2", "dtype": "float32", "attn_implementation": "sdpa"},
+              "dataset": {"path": str(data), "preset": "none", "prompt_field": "text"},
+              "generation": {"max_new_tokens": 8}, "speculative": {"gamma": [3]}, "batch_size": [1], "warmup": 0}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", str(path), "--output-dir",
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    runs = json.loads((tmp_path / "out" / "summary.json").read_text())["runs"]
+    assert len(runs) == 2 and all(r["metrics"]["exact_match"] == 1.0 for r in runs)
