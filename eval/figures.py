@@ -1,4 +1,4 @@
-"""The figures of one run (a point, overall or one group) from its records and its baseline's (METRICS.md)."""
+"""The figures of one run (a point, overall or one group) from its records and its baseline's (docs/metrics.md)."""
 from __future__ import annotations
 
 import statistics

@@ -1,4 +1,4 @@
-"""The report legend: what every figure, flag and field of summary.json means (METRICS.md's definitions)."""
+"""The report legend: what every figure, flag and field of summary.json means (docs/metrics.md's definitions)."""
 from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
                         HOST_BOUND_MIN_C, NUMERICS_DRIFT)
 from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS

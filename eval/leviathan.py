@@ -1,5 +1,5 @@
 """Leviathan et al. 2023's model of speculative decoding: alpha from the rounds, the expected accepted length,
-and the predicted speedup (METRICS.md)."""
+and the predicted speedup (docs/metrics.md)."""
 from __future__ import annotations
 
 from eval.stats import ratio
@@ -12,7 +12,7 @@ def expected_accepted(alpha: float, drafted: int) -> float:
 
 
 def solve_alpha(rounds: list[dict]) -> float | None:
-    """The alpha with sum_r E[a_r | gamma_r, alpha] = sum_r a_r over the rounds that drafted (METRICS.md).
+    """The alpha with sum_r E[a_r | gamma_r, alpha] = sum_r a_r over the rounds that drafted (docs/metrics.md).
 
     From the rounds, for every schedule: tau = N / target forwards counts the prefill's forward and token, which
     biases alpha low for short outputs (gamma 3, every draft accepted, 12 tokens: tau 3.0 gives 0.81, not 1).

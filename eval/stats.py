@@ -1,5 +1,5 @@
 """Small statistics: finite figures, percentiles, distributions, spreads, strict JSON, and the paired bootstrap
-over prompts that every ratio's interval comes from (METRICS.md, Uncertainty)."""
+over prompts that every ratio's interval comes from (docs/metrics.md, Uncertainty)."""
 from __future__ import annotations
 
 import math

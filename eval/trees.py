@@ -1,5 +1,5 @@
-"""Token trees' figures from their rounds (METRICS.md): acceptance by depth and sibling rank, and Sequoia's expected
-accepted length and predicted speedup of a tree with the point's own measured acceptance (Chen et al. 2024,
+"""Token trees' figures from their rounds (docs/metrics.md): acceptance by depth and sibling rank, and Sequoia's
+expected accepted length and predicted speedup of a tree with the point's own measured acceptance (Chen et al. 2024,
 "Sequoia"; chains keep Leviathan's model, eval/leviathan.py).
 
 A tree round records (decode/tree.py): drafted n (nodes verified besides the root), accepted a (the accepted path's

@@ -24,19 +24,25 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
-    model: str = Field(description="hub id, local folder, local .gguf file, or an offline model's short name")
+    model: str = Field(description="hub id, local folder, local .gguf file, an offline model's short name, or "
+                                   "synthetic:NAME?layers=L&noise=X (docs/models-and-data.md)")
     label: str | None = Field(None, description="the name a draft goes by in the report (default: from `model`)")
     gguf_file: str | None = Field(None, description="GGUF file inside `model` (a folder or hub repo)")
-    revision: str | None = None
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    quantization: Literal["none", "8bit", "4bit"] = "none"
+    revision: str | None = Field(None, description="hub revision (a branch, tag or commit)")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="auto: float32 on a CPU; bfloat16 on GPUs with native bf16 (compute capability >= 8.0), "
+                            "float16 on older ones, where bf16 is only emulated")
+    quantization: Literal["none", "8bit", "4bit"] = Field(
+        "none", description="bitsandbytes; 4bit is nf4 with double quantization, computing in dtype")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto: sdpa, except where flash_attention_2 can run (CUDA, fp16/bf16, flash-attn 2): "
                             "both are then timed at load on the largest batch size and the fastest that gives "
-                            "sdpa's greedy tokens is kept; the notes say which and why")
+                            "sdpa's greedy tokens is kept; the notes say which and why. flash_attention_2 where it "
+                            "cannot run is refused with the reason")
     device_map: str | dict[str, Any] | None = Field(None, description="'auto' or module -> device: split a model "
                                                     "over several devices (accelerate)")
-    max_memory: dict[str, str] | None = Field(None, description="device -> size ('20GiB'), with device_map")
+    max_memory: dict[str, str] | None = Field(None, description="device -> size, with device_map: "
+                                                               "{0: 70GiB, 1: 70GiB, cpu: 100GiB}")
     kind: Literal["model", "eagle", "eagle3"] = Field(
         "model", description="a draft: model (a causal LM of the target's vocabulary; every draft method), or an "
                              "EAGLE / EAGLE-3 head for the target (vllm_eagle only)")
@@ -51,28 +57,40 @@ class ModelConfig(Strict):
 
 
 class DatasetConfig(Strict):
-    path: str = Field(description="hub id, local .json/.jsonl/.parquet/.csv (optionally .gz), or pkg://package/file")
-    name: str | None = None
-    split: str = "test"
-    preset: Literal["gsm8k", "humaneval", "mt_bench", "none"] = "none"
-    prompt_field: str | None = None
-    num_samples: int | None = Field(None, ge=1)
-    chat_template: Literal["auto", True, False] = "auto"
-    system_prompt: str | None = None
-    max_prompt_tokens: int | None = Field(None, ge=1)
-    prompt_overflow: Literal["truncate", "skip"] = "truncate"
+    path: str = Field(description="hub id, local .json/.jsonl/.parquet/.csv (optionally .gz; a relative path is looked "
+                                  "up in the current folder, then in the repository), or pkg://package/file")
+    name: str | None = Field(None, description="hub config name (main for openai/gsm8k)")
+    split: str = Field("test", description="hub split; a local file is read whole")
+    preset: Literal["gsm8k", "humaneval", "mt_bench", "none"] = Field(
+        "none", description="gsm8k (the question; the answer after #### kept for accuracy), humaneval (the code "
+                            "prompt), mt_bench (the first turn): the prompt field, the reference and an instruction")
+    prompt_field: str | None = Field(None, description="the field holding the prompt (a list: its first element); "
+                                                       "default: the preset's, else the one field among prompt, "
+                                                       "question, instruction, input, text, turns (none or several "
+                                                       "is refused)")
+    num_samples: int | None = Field(None, ge=1, description="the first N rows; default: all (a file with fewer runs "
+                                                            "what it has, and the notes say so)")
+    chat_template: Literal["auto", True, False] = Field(
+        "auto", description="auto: apply the target tokenizer's chat template where it has one")
+    system_prompt: str | None = Field(None, description="system message for the chat template")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="longer prompts are cut or dropped "
+                                                                  "(prompt_overflow); both are counted in the report")
+    prompt_overflow: Literal["truncate", "skip"] = Field(
+        "truncate", description="a prompt over max_prompt_tokens: truncate keeps its last tokens, skip drops it")
     group_by: str | None = Field(None, description="a field (e.g. category): figures per group as well as overall")
     enable_thinking: bool | None = Field(None, description="passed to the chat template (Qwen3 thinks unless false); "
                                                              "null: the template's default")
 
 
 class GenerationConfig(Strict):
-    max_new_tokens: int = Field(128, ge=1)
-    do_sample: bool = False
+    max_new_tokens: int = Field(128, ge=1, description="per sample, EOS included")
+    do_sample: bool = Field(False, description="false: greedy; true: sampling with temperature, top_k and top_p (the "
+                                               "model's own generation defaults are never applied)")
     temperature: list[float] = Field([1.0], description="with do_sample; a list sweeps, each with its own baseline; "
-                                                        "0 in a list is a greedy point")
-    top_k: int | None = Field(None, ge=1)
-    top_p: float | None = Field(None, gt=0, le=1)
+                                                        "0 in a list is a greedy point; finite and >= 0; a list with "
+                                                        "do_sample: false is refused")
+    top_k: int | None = Field(None, ge=1, description="sampling: only the k most likely tokens")
+    top_p: float | None = Field(None, gt=0, le=1, description="sampling: only the most likely tokens up to this mass")
 
     @field_validator("temperature", mode="before")
     @classmethod
@@ -150,15 +168,20 @@ class SpeculativeConfig(Strict):
     schedule: list[Literal["constant", "heuristic", "confidence", "cost_model"]] = Field(
         ["constant"], description="draft-length schedule of draft-model methods; a list is a sweep")
     confidence: float = Field(0.4, gt=0, lt=1, description="confidence schedule: stop drafting under this top probability")
-    exit_layer: list[int] | None = Field(None, description="early_exit: the target's first N layers draft; a list sweeps")
+    exit_layer: list[int] | None = Field(None, description="early_exit: the target's first N layers draft, 1 <= N < "
+                                                           "the target's layers (checked before the run where the "
+                                                           "target's config is on disk, else at load); a list sweeps")
     ngram_max: int = Field(3, ge=1, description="prompt_lookup: longest n-gram matched")
-    ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched")
+    ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched; hf_prompt_lookup needs 1 "
+                                                "(transformers has no minimum)")
     tree: list[str | None] = Field(
         [None], description="token trees of speculative and prompt_lookup (decode/tree.py): null (a chain of gamma), "
                             "a branching list [3, 2, 1, 1] (a static tree: every node at depth d-1 has k_d children; "
                             "its depth replaces gamma), {dynamic: N} (EAGLE-2's dynamic tree of N nodes, depth gamma) "
-                            "or auto (the shape the cost model picks, depth at most gamma); a list of these sweeps")
-    tree_top_k: int = Field(4, ge=1, le=16, description="dynamic trees: children per expanded node")
+                            "or auto (the shape the cost model picks, depth at most gamma); a list of these sweeps "
+                            "(a list of integers is one shape). At most 256 nodes; tree points take no schedule")
+    tree_top_k: int = Field(4, ge=1, le=16, description="dynamic trees: children per expanded node; prompt lookup's "
+                                                        "matches for a dynamic tree")
 
     @field_validator("gamma", mode="before")
     @classmethod
@@ -204,10 +227,13 @@ class ClusterConfig(Strict):
 
 class EngineConfig(Strict):
     cpu_linear: Literal["auto", "default", "onednn_packed"] = Field(
-        "auto", description="auto: oneDNN prepacked linears on a CPU in float32 without quantization; default: nn.Linear")
-    pack_batch_hint: int = Field(4, ge=1, le=64)
+        "auto", description="auto: oneDNN prepacked linears on a CPU in float32 without quantization, for every "
+                            "method alike; default: nn.Linear; onednn_packed: require it")
+    pack_batch_hint: int = Field(4, ge=1, le=64, description="the batch size the oneDNN weights are packed for")
     compile: bool = Field(False, description="static KV caches and one torch.compile'd graph per decode step shape "
-                                             "(on CUDA a CUDA graph: one launch per step); docs/compiled-engine.md")
+                                             "(on CUDA a CUDA graph: one launch per step); docs/compiled-engine.md. "
+                                             "Refused for bitsandbytes, device_map, flash_attention_2 and "
+                                             "cpu_linear: onednn_packed")
     compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "auto", description="torch.compile's mode; auto: reduce-overhead (CUDA graphs) on CUDA, default on a CPU")
     compile_backend: Literal["inductor", "eager"] = Field(
@@ -217,8 +243,9 @@ class EngineConfig(Strict):
 
 class VllmConfig(Strict):
     python: str | None = Field(None, description="the interpreter of an environment with vLLM (.ci/vllm-env builds "
-                                                 "one); default: this one, where vllm imports")
-    tensor_parallel_size: int = Field(1, ge=1)
+                                                 "one); default: this one, where vllm imports. Missing, without "
+                                                 "vLLM, or a model vLLM does not serve: exit 2")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine (a target larger than one GPU)")
     max_model_len: int | None = Field(None, ge=16, description="default: the longest prompt + max_new_tokens + 16")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = Field(None, description="default: target.dtype")
     enforce_eager: bool | None = Field(None, description="no CUDA graphs / compilation; default: vLLM's (false)")
@@ -248,7 +275,7 @@ class VllmConfig(Strict):
 
 class ReportConfig(Strict):
     summary_file_name: str | None = Field(None, description="an extra copy of summary.json under this name")
-    plots: bool = True
+    plots: bool = Field(True, description="write the PNG plots")
 
 
 # runner/session.py seeds each batch's generator with seed * 1_000_003 + batch_index * 101 + repeat, and torch
@@ -257,18 +284,25 @@ SEED_MAX = (2 ** 64 - 1 - 2 ** 40) // 1_000_003
 
 
 class Config(Strict):
-    name: str = "experiment"
-    device: str = "cpu"
-    seed: int = 0
-    target: ModelConfig
-    draft: list[ModelConfig] = Field([], description="a draft model, or a list: each against the same baseline")
-    dataset: DatasetConfig
+    name: str = Field("experiment", description="names the report folder: letters, digits, '.', '_', '-'")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    seed: int = Field(0, description=f"seeds sampling: each batch's generator is derived from it, the batch index and "
+                                     f"the repeat; 0 to {SEED_MAX}")
+    target: ModelConfig = Field(description="the model measured")
+    draft: list[ModelConfig] = Field([], description="a draft model, or a list: each against the same baseline; "
+                                                     "needed where a method drafts with a model")
+    dataset: DatasetConfig = Field(description="the prompts")
     generation: GenerationConfig = GenerationConfig()
     speculative: SpeculativeConfig = SpeculativeConfig()
-    batch_size: list[int] = [1]
-    methods: list[str] = ["baseline", "speculative"]
-    warmup: int = Field(1, ge=0)
-    repeats: int | Literal["auto"] = Field(1, description="reruns of every batch; auto: until every CI is narrow")
+    batch_size: list[int] = Field([1], description="prompts per batch (left padded); a list sweeps")
+    methods: list[str] = Field(["baseline", "speculative"], description="any of the methods (docs/methods.md)")
+    warmup: int = Field(1, ge=0, description="untimed runs of every point on the first batch of each comparison, "
+                                             "before timing")
+    repeats: int | Literal["auto"] = Field(
+        1, description="reruns of every batch (averaging each prompt's timing noise; the interval is over prompts, "
+                       "so repeats do not narrow it); auto: repeat a comparison while a speedup CI reaches beyond "
+                       "+-ci_target of its figure, up to max_repeats, none started after time_budget_s; it stops at "
+                       "once where points have too few prompts for an interval, and needs the baseline in methods")
     max_repeats: int = Field(5, ge=1, description="repeats: auto stops here")
     ci_target: float = Field(0.10, gt=0, description="repeats: auto stops once every speedup CI is within +-this share")
     time_budget_s: float | None = Field(None, gt=0, description="repeats: auto starts no new repeat after this")
