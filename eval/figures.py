@@ -8,7 +8,7 @@ from decode.tree import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
-from eval.synthetic import prediction_interval, synthetic_figures
+from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
 from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, units
 from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
 from utils.data import extract_gsm8k_answer
@@ -268,4 +268,5 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
     metrics.update(cost_figures(point, metrics, costs, samples))
     if point.synthetic_acceptance is not None:
         metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
+        metrics["efficiency_ci95"] = efficiency_interval(metrics)
     return metrics

@@ -186,7 +186,7 @@ def synthetic_lines(runs: list[dict]) -> list[str]:
     lines = ["", "Synthetic acceptance (each draft accepted by a seeded Bernoulli(alpha) chain at the set alpha, not by "
              "the target: outputs are not the target's, no exact match; legend: synthetic_acceptance):", "",
              "| point | set alpha | alpha [95% CI] | speedup [95% CI] | predicted [alpha's CI] | c | v | "
-             "measured / predicted |", "|---|---|---|---|---|---|---|---|"]
+             "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|"]
     for r in chosen:
         m = r["metrics"]
         alpha, interval = m.get("alpha"), m.get("alpha_ci95")
@@ -195,7 +195,7 @@ def synthetic_lines(runs: list[dict]) -> list[str]:
         predicted = _with_ci(m.get("predicted_speedup"), m.get("predicted_speedup_ci95"))
         lines.append(f"| {md_cell(r['label'])} | {r['synthetic_acceptance']:g} | {alpha_text} | "
                      f"{cell(r, 'speedup', '{:.2f}')} | {predicted} | {_fmt(m.get('draft_cost_ratio_c'), '{:.3f}')} | "
-                     f"{_fmt(m.get('verify_cost_ratio_v'), '{:.3f}')} | {_fmt(m.get('efficiency'))} |")
+                     f"{_fmt(m.get('verify_cost_ratio_v'), '{:.3f}')} | {_with_ci(m.get('efficiency'), m.get('efficiency_ci95'))} |")
     return lines
 
 

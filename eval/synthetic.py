@@ -93,3 +93,12 @@ def prediction_interval(gamma: int | None, metrics: dict) -> list[float] | None:
         return None
     ends = [predicted_speedup(a, gamma, c, v) for a in interval]
     return None if None in ends else ends
+
+
+def efficiency_interval(metrics: dict) -> list[float] | None:
+    """measured / predicted at the ends of the speedup's interval, the prediction as it is: how far the prompts'
+    spread alone moves the cost model's test. None without both."""
+    interval, predicted = metrics.get("speedup_ci95"), metrics.get("predicted_speedup")
+    if not interval or not predicted:
+        return None
+    return [interval[0] / predicted, interval[1] / predicted]

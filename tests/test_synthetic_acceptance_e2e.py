@@ -63,6 +63,7 @@ def test_alpha_is_estimated_near_the_set_one(synthetic_run):
     assert math.isclose(metrics["predicted_speedup"], (1 - alpha ** 5) / ((1 - alpha) * (4 * c + v)), rel_tol=1e-9)
     assert math.isclose(metrics["efficiency"], metrics["speedup"] / metrics["predicted_speedup"], rel_tol=1e-9)
     assert metrics["predicted_speedup_ci95"][0] < metrics["predicted_speedup"] < metrics["predicted_speedup_ci95"][1]
+    assert [x * metrics["predicted_speedup"] for x in metrics["efficiency_ci95"]] == pytest.approx(metrics["speedup_ci95"])
 
 
 def test_no_exact_match_is_claimed(synthetic_run):
