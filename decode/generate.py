@@ -15,8 +15,8 @@ import torch
 from decode.drafters.base import Drafter, Proposal
 from decode.kv import KVState, host_to_device
 from decode.static_kv import new_state
-from decode.sampling import (accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled, logits_to_probs,
-                             sample)
+from decode.sampling import (accept_greedy, accept_sampled, accept_synthetic, accept_tree_greedy, accept_tree_sampled,
+                             logits_to_probs, sample)
 from decode.settings import Generation, Sampling
 
 
@@ -153,7 +153,7 @@ def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
 
 def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                          generation: Generation, gamma: int, generator: torch.Generator | None = None,
-                         clock: Clock | None = None) -> list[RowRecord]:
+                         clock: Clock | None = None, synthetic_acceptance: float | None = None) -> list[RowRecord]:
     """Speculative decoding: per round the drafter proposes up to gamma tokens per row, the target
     scores them all in one forward, and each row keeps its own accepted prefix plus one target token.
 
@@ -169,6 +169,10 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     sliding windows; more with a schedule that stops rows mid-round), plus the three clock reads, which
     synchronise CUDA devices to split time into draft and target. Every other host fact (hole counts, the
     drafters' view of the tokens) is derived from that read; host-to-device copies go through pinned memory.
+
+    synthetic_acceptance alpha (a chain only): draft and target run their real forwards, but each row accepts its
+    drafts by a Bernoulli(alpha) chain drawn from `generator` (decode/sampling.py accept_synthetic), then takes the
+    target's own token there: it measures the cost at that alpha, and its output is not the target's.
     """
     clock = clock or Clock(prompt_ids.device)
     sampling = generation.sampling
@@ -217,7 +221,8 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
         # 2. verify: one target forward over [last token, d_1 .. d_G] (a tree: over its root and nodes)
         target_logits = _verify(state, target, token, proposal)
         # 3. accept: each row's accepted drafts (a tree: a path) and the target's next token
-        accepted_len, token, path = _accept(proposal, target_logits, draft_limit, sampling, generator)
+        accepted_len, token, path = _accept(proposal, target_logits, draft_limit, sampling, generator,
+                                            synthetic_acceptance)
         # host sync, once per round: each row's accepted drafts decide which tokens it appends, whether it stopped
         # at EOS, and how far the caches roll back
         host = _read(accepted_len, token, draft_limit, path, proposal)
@@ -269,11 +274,17 @@ def _verify(state, target, token: torch.Tensor, proposal: Proposal) -> torch.Ten
 
 
 def _accept(proposal: Proposal, target_logits: torch.Tensor, draft_limit: torch.Tensor, sampling: Sampling,
-            generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+            generator, synthetic_acceptance: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(accepted_len [B], next token [B], a tree's path [B, depth] or None): greedy or speculative sampling over a
-    chain (decode/sampling.py accept_greedy / accept_sampled) or a tree (accept_tree_greedy / accept_tree_sampled)."""
+    chain (decode/sampling.py accept_greedy / accept_sampled) or a tree (accept_tree_greedy / accept_tree_sampled);
+    with synthetic_acceptance, a chain's Bernoulli chain at that alpha (accept_synthetic)."""
     target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p) \
         if sampling.do_sample else None
+    if synthetic_acceptance is not None:
+        if proposal.layout is not None:
+            raise ValueError("synthetic acceptance applies to a chain of drafts, not to a token tree")
+        return (*accept_synthetic(draft_limit, proposal.tokens.shape[1], synthetic_acceptance, target_logits,
+                                  target_probs, generator), None)
     if proposal.layout is None:
         if sampling.do_sample:
             return (*accept_sampled(proposal.tokens, proposal.probs, target_probs, draft_limit, generator), None)

@@ -1,4 +1,4 @@
-"""Warping, sampling and the two acceptance rules of speculative decoding.
+"""Warping, sampling and the acceptance rules of speculative decoding (and the synthetic one, at a set alpha).
 
 Letters follow Leviathan et al. 2023: p is the target's distribution, q the draft's.
 Every distribution here is the *warped* one (temperature, top-k, top-p), in fp32.
@@ -112,6 +112,29 @@ def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
     rejected = (accepted_len < draft_limit)[:, None]  # [B, 1]
     next_probs = torch.where(rejected, residual_distribution(p_next, q_next), p_next)  # [B, V]
     return accepted_len, sample(next_probs, generator)
+
+
+def accept_synthetic(draft_limit: torch.Tensor, num_drafted: int, alpha: float, target_logits: torch.Tensor,
+                     target_probs: torch.Tensor | None, generator: torch.Generator | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic acceptance at a set alpha: draft i of row b is accepted iff drafts 1..i-1 were, i < draft_limit[b],
+    and an independent Bernoulli(alpha) draw (a uniform from `generator`, on the device) says yes, whatever the
+    tokens. The accepted length of g drafts is then a geometric truncated at g: P(a = k) = alpha^k (1 - alpha) for
+    k < g, alpha^g for k = g, E[a] = alpha (1 - alpha^g) / (1 - alpha) (eval/leviathan.py expected_accepted).
+
+    draft_limit [B]; target_logits [B, G+1, V]; target_probs: the warped p [B, G+1, V] when sampling, else None.
+    Returns accepted_len [B] and next_token [B]: the target's own token after the accepted prefix (its argmax, or a
+    draw from p there), as the correction or bonus token of accept_greedy / accept_sampled. The output is a mix of
+    the draft's and the target's tokens, not the target's. No host sync."""
+    batch = draft_limit.shape[0]
+    uniform = torch.rand((batch, num_drafted), generator=generator, device=draft_limit.device)  # [B, G]
+    positions = torch.arange(num_drafted, device=draft_limit.device)
+    accepted_len = _leading_run((uniform < alpha) & (positions < draft_limit[:, None]))  # [B]
+    if target_probs is None:
+        return accepted_len, target_logits.argmax(dim=-1).gather(1, accepted_len[:, None]).squeeze(1)
+    vocab = target_probs.shape[-1]
+    p_next = target_probs.gather(1, accepted_len[:, None, None].expand(batch, 1, vocab)).squeeze(1)  # [B, V]
+    return accepted_len, sample(p_next, generator)
 
 
 def _children_of(children: torch.Tensor, column: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from decode.tree import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
+from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
 from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, units
 from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
 from utils.data import extract_gsm8k_answer
@@ -253,13 +254,19 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
         # the baseline against itself is 1 by definition: no interval to claim
         metrics["speedup_ci95"] = None if spec.is_reference else bootstrap_ci(clusters)
         metrics["decode_speedup_ci95"] = None if spec.is_reference else bootstrap_ci(decode_clusters)
-        if point.temperature is None and not spec.is_reference:
+        if point.temperature is None and not spec.is_reference and point.synthetic_acceptance is None:
             paired_keys = set(units(samples)) & set(units(baseline))
             match = exact_match([s for s in samples if unit_of(s) in paired_keys], baseline)
             if match is not None:
                 metrics.update(match)
     if point.temperature is None and spec.is_reference:
         metrics["exact_match"], metrics["mismatches"] = 1.0, []
+    if point.synthetic_acceptance is not None:  # its output is not the target's: no exact match to claim
+        metrics.update(exact_match=None, mismatches=None)
+        metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
     metrics.update(gsm8k_figures(samples))
     metrics.update(cost_figures(point, metrics, costs, samples))
+    if point.synthetic_acceptance is not None:
+        metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
+        metrics["efficiency_ci95"] = efficiency_interval(metrics)
     return metrics

@@ -108,7 +108,29 @@ LEGEND = {
     "exact_match": "greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
                    "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
                    "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "
-                   "differ in length only)",
+                   "differ in length only); null for a synthetic-acceptance point (its output is not the target's)",
+    "synthetic_acceptance": "config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
+                            "real acceptance). Draft and target run their real forwards (gamma drafts, one verification "
+                            "of gamma + 1 tokens), but draft i of a round is accepted iff drafts 1..i-1 were and an "
+                            "independent Bernoulli(alpha) draw says yes (drawn on the device from the batch's seeded "
+                            "generator: reproducible), whatever the tokens; the round then emits the target's own token "
+                            "after the accepted prefix (its argmax, or a draw from p). The output mixes draft and target "
+                            "tokens and is not the target's: exact_match is null and no exactness flag applies. What it "
+                            "measures is the system's cost at that alpha on any pair (random weights included): its "
+                            "speedup against the prediction from its measured alpha, c and v (efficiency) tests the cost "
+                            "model. Marked 'synthetic=alpha' in its label, a 'synthetic' column in the tables and "
+                            "summary.csv, metrics.synthetic true in summary.json, 'synthetic alpha=' in the plot legends; "
+                            "it takes no part in best. The report's 'Synthetic acceptance' table: set alpha, estimated "
+                            "alpha [95% CI], speedup [95% CI], predicted [at alpha's CI], c, v, measured / predicted [at the "
+                            "speedup's CI]",
+    "alpha_ci95": f"synthetic points: 95% bootstrap CI of alpha over prompts: resample the prompts with replacement, "
+                  f"each with all its repeats' rounds, solve alpha from the resample's rounds as alpha itself "
+                  f"({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}, the expanded percentile interval as "
+                  f"speedup_ci95's); a prompt, not a batch, is the unit, since each row draws its own acceptances; "
+                  f"fewer than {MIN_PROMPTS} prompts: null ('(n=k)' in the tables). alpha_minus_set: the estimate "
+                  "minus the set alpha; alpha_prompts: the prompts behind the interval. predicted_speedup_ci95: the "
+                  "prediction at the interval's ends, c and v as measured (their own spread is not in it); efficiency_ci95: "
+                  "the speedup's interval over the prediction (the prompts' spread alone)",
     "accuracy": "GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
                 "accuracy_cut: answers cut at max_new_tokens before '####' (of accuracy_graded); when more than half "
                 "are cut the notes say the accuracy is not meaningful",

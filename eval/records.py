@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 # The named axes of a sweep point. None = the axis does not apply to the point's method.
-AXES = ("method", "draft", "gamma", "schedule", "tree", "exit_layer", "batch_size", "temperature")
+AXES = ("method", "draft", "gamma", "schedule", "tree", "exit_layer", "synthetic_acceptance", "batch_size",
+        "temperature")
 # Points that share these are compared with one another (and with the same baseline).
 COMPARISON_AXES = ("batch_size", "temperature")
 # The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
@@ -39,6 +40,9 @@ class Point:
     schedule: str | None = None  # draft-length schedule: constant | heuristic | confidence | cost_model
     tree: str | None = None  # token tree label (decode/tree.py): "3-2-1-1", "dynamic-24", "auto"; None = a chain
     exit_layer: int | None = None  # early_exit: layers of the target that draft
+    # the set alpha of a synthetic point (config speculative.synthetic_acceptance): each draft accepted by a seeded
+    # Bernoulli(alpha) chain, not by the target (decode/sampling.py accept_synthetic); None: the real acceptance
+    synthetic_acceptance: float | None = None
     temperature: float | None = None
 
     @property
@@ -48,7 +52,7 @@ class Point:
     @property
     def label(self) -> str:
         shown = {"draft": "draft={}", "gamma": "gamma={}", "schedule": "{}", "tree": "tree={}", "exit_layer": "exit={}",
-                 "batch_size": "batch={}", "temperature": "T={}"}
+                 "synthetic_acceptance": "synthetic={}", "batch_size": "batch={}", "temperature": "T={}"}
         parts = [self.method] + [shown[axis].format(getattr(self, axis)) for axis in AXES[1:]
                                  if getattr(self, axis) is not None]
         if self.temperature is None:
@@ -104,6 +108,7 @@ class SampleRecord:
     process: str | None = None  # the OS process that measured it (runner/probes.py PROCESS)
     # the greedy baseline: per new token its top-1 minus top-2 logit (4 significant digits), else None
     top2_gaps: list[float] | None = None
+    synthetic_acceptance: float | None = None  # the point's axis (Point); rows written before it: None
     extra: dict = field(default_factory=dict)
 
     @property

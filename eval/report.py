@@ -9,7 +9,7 @@ from decode.methods import REGISTRY
 from utils.io import write_atomic, write_json
 
 COLUMNS = [  # (header, metric path, format)
-    ("point", "label", "{}"), ("status", "status", "{}"), ("tree", "tree", "{}"),
+    ("point", "label", "{}"), ("status", "status", "{}"), ("tree", "tree", "{}"), ("synthetic", "synthetic_acceptance", "{}"),
     ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup [95% CI]", "speedup", "{:.2f}"),
     ("dec speedup [95% CI]", "decode_speedup", "{:.2f}"),
     ("nodes/rd", "drafted_per_round", "{:.2f}"), ("accept", "acceptance_rate", "{:.3f}"),
@@ -23,8 +23,9 @@ COLUMNS = [  # (header, metric path, format)
     ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
 ]
 RUN_KEYS = ("label", "status", "method", "draft", "gamma", "tree", "schedule", "exit_layer", "batch_size", "temperature",
-            "group")
+            "group", "synthetic_acceptance")
 TREE_COLUMNS = ("tree", "nodes/rd")  # shown in a table that has a tree point
+SYNTHETIC_COLUMNS = ("synthetic",)  # shown in a table that has a synthetic-acceptance point
 
 
 def _value(run: dict, path: str):
@@ -52,6 +53,9 @@ def cell(run: dict, path: str, fmt: str) -> str:
     if value is None:
         return "-"
     text = fmt.format(value)
+    if path == "alpha" and _value(run, "alpha_ci95"):  # a synthetic point's estimate of its set alpha
+        interval = _value(run, "alpha_ci95")
+        text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
     if path in ("speedup", "decode_speedup"):
         interval = _value(run, path + "_ci95")
         if interval:
@@ -64,9 +68,11 @@ def cell(run: dict, path: str, fmt: str) -> str:
 
 
 def columns_for(runs: list[dict]) -> list[tuple]:
-    """The table's columns: the tree ones only where a run has a tree."""
+    """The table's columns: the tree ones only where a run has a tree, synthetic only where a run is synthetic."""
     trees = any(run.get("tree") is not None for run in runs)
-    return [column for column in COLUMNS if trees or column[0] not in TREE_COLUMNS]
+    synthetic = any(run.get("synthetic_acceptance") is not None for run in runs)
+    return [column for column in COLUMNS if (trees or column[0] not in TREE_COLUMNS)
+            and (synthetic or column[0] not in SYNTHETIC_COLUMNS)]
 
 
 def rows(runs: list[dict]) -> list[list[str]]:
@@ -96,6 +102,7 @@ def markdown(summary: dict, title: str = "") -> str:
     if any(r.get("flags") for r in summary["runs"]):
         lines += ["", "! = flagged: the notes say why (legend: flags)."]
     lines += tree_lines(overall)
+    lines += synthetic_lines(overall)
     if summary.get("best"):
         lines += ["", "Best:"]
     for comparison, methods in (summary.get("best") or {}).items():
@@ -170,6 +177,28 @@ def tree_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
+def synthetic_lines(runs: list[dict]) -> list[str]:
+    """Per synthetic-acceptance point: the set alpha against the estimated one, and measured against predicted
+    speedup (the cost model's own test; legend: synthetic_acceptance)."""
+    chosen = [r for r in runs if r.get("synthetic_acceptance") is not None and r["status"] in ("ok", "partial")]
+    if not chosen:
+        return []
+    lines = ["", "Synthetic acceptance (each draft accepted by a seeded Bernoulli(alpha) chain at the set alpha, not by "
+             "the target: outputs are not the target's, no exact match; legend: synthetic_acceptance):", "",
+             "| point | set alpha | alpha [95% CI] | speedup [95% CI] | predicted [alpha's CI] | c | v | "
+             "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|"]
+    for r in chosen:
+        m = r["metrics"]
+        alpha, interval = m.get("alpha"), m.get("alpha_ci95")
+        alpha_text = _fmt(alpha, "{:.3f}") + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if alpha is not None and
+                                              interval else f" (n={m.get('alpha_prompts')})" if alpha is not None else "")
+        predicted = _with_ci(m.get("predicted_speedup"), m.get("predicted_speedup_ci95"))
+        lines.append(f"| {md_cell(r['label'])} | {r['synthetic_acceptance']:g} | {alpha_text} | "
+                     f"{cell(r, 'speedup', '{:.2f}')} | {predicted} | {_fmt(m.get('draft_cost_ratio_c'), '{:.3f}')} | "
+                     f"{_fmt(m.get('verify_cost_ratio_v'), '{:.3f}')} | {_with_ci(m.get('efficiency'), m.get('efficiency_ci95'))} |")
+    return lines
+
+
 def reference_name(summary: dict) -> str:
     """What the speedups of a plot are against: the baseline, or each engine's own reference where vLLM ran."""
     if any(REGISTRY[r["method"]].engine != "ours" for r in summary["runs"] if r["method"] in REGISTRY):
@@ -230,7 +259,8 @@ def engine_lines(engines: list[dict]) -> list[str]:
 def csv_text(summary: dict) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    paths = list(RUN_KEYS) + [path for _, path, _ in COLUMNS if path not in RUN_KEYS] + ["speedup_ci95", "decode_speedup_ci95"]
+    paths = list(RUN_KEYS) + [path for _, path, _ in COLUMNS if path not in RUN_KEYS] + ["speedup_ci95", "decode_speedup_ci95",
+                                                                                         "alpha_ci95"]
     writer.writerow(paths + ["flags", "error"])
     for run in summary["runs"]:
         writer.writerow([_value(run, p) for p in paths] + [";".join(f["code"] for f in run.get("flags") or []),
@@ -258,7 +288,9 @@ def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
 def _line_key(run: dict) -> str:
     """One line per (method, draft, tree, schedule, exit layer) and batch size (and temperature)."""
     parts = [run["method"]] + [f"{shown}{run[k]}" for k, shown in (("draft", ""), ("tree", "tree="), ("schedule", ""),
-                                                                   ("exit_layer", "exit=")) if run.get(k) is not None]
+                                                                   ("exit_layer", "exit="),
+                                                                   ("synthetic_acceptance", "synthetic alpha="))
+                               if run.get(k) is not None]
     parts.append(f"batch {run['batch_size']}")
     if run.get("temperature") is not None:
         parts.append(f"T={run['temperature']}")

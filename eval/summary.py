@@ -25,7 +25,8 @@ def point_order(point: Point) -> tuple:
     methods = list(REGISTRY)
     return (point.temperature is not None, point.temperature or 0, point.batch_size,
             not REGISTRY[point.method].is_reference, methods.index(point.method), point.draft or "",
-            point.gamma or 0, tree_of(point) or "", point.schedule or "", point.exit_layer or 0)
+            point.gamma or 0, tree_of(point) or "", point.schedule or "", point.exit_layer or 0,
+            point.synthetic_acceptance is not None, point.synthetic_acceptance or 0)
 
 
 def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | None:
@@ -262,9 +263,11 @@ def comparison_name(run: dict) -> str:
 def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -> dict:
     """Per comparison (batch size, temperature): each method's best measured point (status ok only; flagged ones
     are kept and marked), and, where Leviathan's model applies (a constant draft length, a draft model, c and v
-    measured), the gamma the measured alpha, c and v predict best among the gammas swept."""
+    measured), the gamma the measured alpha, c and v predict best among the gammas swept. Synthetic-acceptance points
+    take no part: their alpha is set, not the pair's."""
     eligible = [r for r in runs if r["status"] == "ok" and r["group"] is None and not REGISTRY[r["method"]].is_reference
-                and r["metrics"].get("speedup") is not None]
+                and r["metrics"].get("speedup") is not None
+                and r.get("synthetic_acceptance") is None]  # a synthetic point's speedup is at a set alpha
     best: dict[str, dict] = {}
     for run in eligible:
         entry = best.setdefault(comparison_name(run), {})
@@ -284,7 +287,8 @@ def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -
                           max(modelled, key=lambda r: r["metrics"]["speedup"]))
             costs = costs_by_label.get(source["label"]) or CostProbe()
             alpha, c = source["metrics"]["alpha"], source["metrics"]["draft_cost_ratio_c"]
-            line = ("method", "draft", "tree", "schedule", "exit_layer", "batch_size", "temperature")
+            line = ("method", "draft", "tree", "schedule", "exit_layer", "synthetic_acceptance", "batch_size",
+                    "temperature")
             swept = {r["gamma"] for r in runs if r["group"] is None and r["gamma"] is not None
                      and all(r.get(axis) == source.get(axis) for axis in line)}
             candidates = {g: predicted_speedup(alpha, g, c, costs.v_for(g)) for g in sorted(swept)

@@ -1,7 +1,7 @@
 """The sweep plan: which points run, on which batches, in which units of work.
 
-A point is a set of named axes (eval/records.py: method, draft, gamma, schedule, tree, exit_layer, batch_size,
-temperature); the registry says which axes apply to a method, so a new axis is a new entry in AXES and
+A point is a set of named axes (eval/records.py: method, draft, gamma, schedule, tree, exit_layer,
+synthetic_acceptance, batch_size, temperature); the registry says which axes apply to a method, so a new axis is a new entry in AXES and
 here, not a new code path. A unit of work is one batch of prompts at one (batch_size, temperature) in one
 repeat: every point of that comparison runs on it back to back, in an order that changes from unit to unit
 (`order_of`, a Williams design), so drift of the machine favours no method, no point always runs right after
@@ -44,6 +44,7 @@ def axis_values(config, method: str) -> dict[str, list]:
         "schedule": list(speculative.schedule) if "schedule" in axes else [None],
         "tree": list(speculative.tree) if "tree" in axes else [None],
         "exit_layer": list(speculative.exit_layer or []) if "exit_layer" in axes else [None],
+        "synthetic_acceptance": list(speculative.synthetic_acceptance) if "synthetic_acceptance" in axes else [None],
     }
 
 
@@ -63,11 +64,12 @@ def points_of(config, batch_size: int, temperature: float | None, engine: str | 
         for tree in sorted(trees, key=lambda label: label is not None):  # stable: the trees keep config order
             if tree == "auto" and method != "speculative":
                 continue
-            for draft, gamma, schedule, exit_layer in itertools.product(*values.values()):
+            for draft, gamma, schedule, exit_layer, synthetic in itertools.product(*values.values()):
                 if tree is not None:
                     gamma, schedule = tree_depth(tree, gamma), None
                 points.append(Point(method=method, batch_size=batch_size, draft=draft, gamma=gamma, schedule=schedule,
-                                    tree=tree, exit_layer=exit_layer, temperature=temperature))
+                                    tree=tree, exit_layer=exit_layer, synthetic_acceptance=synthetic,
+                                    temperature=temperature))
     return list(dict.fromkeys(points))  # a static tree comes once per gamma and schedule: keep the first
 
 

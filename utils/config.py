@@ -182,6 +182,11 @@ class SpeculativeConfig(Strict):
                             "(a list of integers is one shape). At most 256 nodes; tree points take no schedule")
     tree_top_k: int = Field(4, ge=1, le=16, description="dynamic trees: children per expanded node; prompt lookup's "
                                                         "matches for a dynamic tree")
+    synthetic_acceptance: list[float | None] = Field(
+        [None], description="a set alpha in (0, 1), or a list of them (a sweep; null in a list: also the real "
+                            "acceptance): draft and target run their real forwards, but each draft is accepted by a "
+                            "seeded Bernoulli(alpha) chain, not by the target; its points measure the cost at that "
+                            "alpha (marked synthetic, no exact match). null: off")
 
     @field_validator("gamma", mode="before")
     @classmethod
@@ -197,6 +202,20 @@ class SpeculativeConfig(Strict):
     @classmethod
     def _tree(cls, value):
         return tree_labels(value)
+
+    @field_validator("synthetic_acceptance", mode="before")
+    @classmethod
+    def _synthetic_acceptance(cls, value):
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError("synthetic_acceptance list is empty; give null (off), a number in (0, 1), or a list of them")
+        for v in values:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1):
+                raise ValueError(f"synthetic_acceptance must be a number strictly between 0 and 1 (the set alpha), "
+                                 f"null, or a list of these, got {v!r}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"synthetic_acceptance list {values} repeats a value; list each once")
+        return [None if v is None else float(v) for v in values]
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -368,6 +387,7 @@ class Config(Strict):
                              "(transformers matches n-grams down to 1 and takes no minimum); set ngram_min: 1, or "
                              "run hf_prompt_lookup in a run of its own")
         self._check_trees()
+        self._check_synthetic()
         if self.engine.compile:
             self._check_compilable()
         return self
@@ -388,6 +408,25 @@ class Config(Strict):
                 raise ValueError(f"speculative.tree: auto is the draft model's tree (speculative), and {left_out[0]} "
                                  "takes static and dynamic trees only, so it would not run; add null or a static tree "
                                  "to the list, e.g. tree: [null, auto]")
+
+    def _check_synthetic(self) -> None:
+        """speculative.synthetic_acceptance replaces the acceptance of our engine's chains: refuse what has none."""
+        from decode.methods import REGISTRY
+
+        if self.speculative.synthetic_acceptance == [None]:
+            return
+        takers = ", ".join(name for name, spec in REGISTRY.items() if "synthetic_acceptance" in spec.axes)
+        # a method with no axis is the target alone (baseline, hf_generate, vllm_generate): it takes no acceptance
+        others = [m for m in self.methods if REGISTRY[m].axes and "synthetic_acceptance" not in REGISTRY[m].axes]
+        if others:
+            raise ValueError(f"speculative.synthetic_acceptance applies to {takers} (our engine) only, and {others[0]} "
+                             "has no equivalent: drop it from methods, or set synthetic_acceptance: null")
+        if not any("synthetic_acceptance" in REGISTRY[m].axes for m in self.methods):
+            raise ValueError(f"speculative.synthetic_acceptance applies to {takers} only, and methods has none of them: "
+                             "add one, or set synthetic_acceptance: null")
+        if self.speculative.tree != [None]:
+            raise ValueError("speculative.synthetic_acceptance applies to a chain of drafts, not to token trees: set "
+                             "speculative.tree: null, or synthetic_acceptance: null")
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""

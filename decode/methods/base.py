@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 # sweep axes a method may use besides batch_size and temperature (which every method has)
-OPTIONAL_AXES = ("draft", "gamma", "schedule", "tree", "exit_layer")
+OPTIONAL_AXES = ("draft", "gamma", "schedule", "tree", "exit_layer", "synthetic_acceptance")
 
 
 @dataclass

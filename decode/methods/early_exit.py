@@ -9,8 +9,8 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
     drafter = EarlyExitDrafter(ctx.target, point.exit_layer, ctx.target_vocab_size, generation.sampling, generator)
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                ctx.clock)
+                                ctx.clock, synthetic_acceptance=point.synthetic_acceptance)
 
 
 SPEC = MethodSpec("early_exit", "the target's first exit_layer layers draft up to gamma tokens (self-speculation, "
-                  "our engine)", axes=("exit_layer", "gamma"), run=run, has_rounds=True)
+                  "our engine)", axes=("exit_layer", "gamma", "synthetic_acceptance"), run=run, has_rounds=True)

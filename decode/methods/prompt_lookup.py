@@ -17,8 +17,8 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     drafter = PromptLookupDrafter(ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1),
                                   matches=matches, budget=budget)
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                ctx.clock)
+                                ctx.clock, synthetic_acceptance=point.synthetic_acceptance)
 
 
 SPEC = MethodSpec("prompt_lookup", "n-gram lookup in the prompt and the output so far proposes up to gamma tokens; "
-                  "no draft model (our engine)", axes=("gamma", "tree"), run=run, has_rounds=True)
+                  "no draft model (our engine)", axes=("gamma", "tree", "synthetic_acceptance"), run=run, has_rounds=True)

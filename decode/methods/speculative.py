@@ -55,7 +55,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
                                 schedule=schedule, tree=tree)
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                   ctx.clock)
+                                   ctx.clock, synthetic_acceptance=point.synthetic_acceptance)
     evidence = getattr(schedule, "evidence", None)  # cost_model's; the warmup's budget is not the run's
     if evidence is not None and not ctx.warming_up:
         evidence.finish([r.new_tokens for r in records], [r.stop_reason == "eos" for r in records])
@@ -64,4 +64,4 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
 SPEC = MethodSpec("speculative", "a draft model proposes up to gamma tokens a round (its schedule decides how many), "
                   "the target verifies them in one forward (our engine)",
-                  axes=("draft", "gamma", "schedule", "tree"), run=run, has_rounds=True)
+                  axes=("draft", "gamma", "schedule", "tree", "synthetic_acceptance"), run=run, has_rounds=True)

@@ -91,7 +91,7 @@ class CountingClock(Clock):
         return super().now()
 
 
-def count_syncs(drafter_kind, lengths, sampling, gamma=3, max_new_tokens=12):
+def count_syncs(drafter_kind, lengths, sampling, gamma=3, max_new_tokens=12, synthetic_acceptance=None):
     target = tiny_model("llama", seed=1, layers=3)
     ids, mask = ragged_batch(lengths, seed=0)
     generator = torch.Generator().manual_seed(0)
@@ -103,7 +103,8 @@ def count_syncs(drafter_kind, lengths, sampling, gamma=3, max_new_tokens=12):
     log = []
     clock = CountingClock(log)
     with torch.inference_mode(), _Copies(log), _Reads(log):
-        records = generate_speculative(target, drafter, ids, mask, generation, gamma, generator, clock)
+        records = generate_speculative(target, drafter, ids, mask, generation, gamma, generator, clock,
+                                       synthetic_acceptance=synthetic_acceptance)
     marks = clock.marks + [len(log)]
     rounds = [log[marks[i]: marks[i + 3]] for i in range(3, len(clock.marks), 3)]  # round start .. next start
     return records, log[: marks[3]], rounds, len(clock.marks)
@@ -126,3 +127,13 @@ def test_one_host_sync_per_round(drafter_kind, sampling, lengths):
     expected_setup = 4 if drafter_kind == "draft_model" else 5
     assert len([e for e in setup if e[0] == "read"]) == expected_setup, setup
     assert [e for e in setup if e[0] == "pageable copy"] == []
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(True, 1.0)], ids=["greedy", "sampling"])
+def test_synthetic_acceptance_adds_no_host_sync(sampling):
+    records, _, rounds, _ = count_syncs("draft_model", [5, 11, 2], sampling, synthetic_acceptance=0.7)
+    assert len(rounds) == max(len(r.rounds) for r in records) >= 4
+    for index, events in enumerate(rounds):
+        reads = [e for e in events if e[0] == "read"]
+        assert len(reads) == 1 and reads[0][2].startswith("decode/generate.py"), f"round {index}: {reads}"
+        assert [e for e in events if e[0] == "pageable copy"] == [], f"round {index}"

@@ -100,7 +100,8 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     config = validate(VALID)
     point, = [p for p in points_of(config, 1, None) if p.method == "speculative"]
     assert Point.of(old) == point and batch_key(old) == point.key + (1, 3)
-    assert asdict(SampleRecord.from_json(old)) == {**old, "tree": None, "top2_gaps": None, "extra": {}}
+    assert asdict(SampleRecord.from_json(old)) == {**old, "tree": None, "synthetic_acceptance": None, "top2_gaps": None,
+                                                   "extra": {}}
 
     raw = config.model_dump(mode="json")
     older = {**raw, "speculative": {k: v for k, v in raw["speculative"].items() if not k.startswith("tree")}}
