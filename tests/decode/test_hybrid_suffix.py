@@ -150,3 +150,26 @@ def test_acceptance_by_source_by_hand():
     assert table["suffix"] == {"drafted": 3, "accepted": 0, "acceptance": 0.0, "rounds": 1}
     assert table["draft"] == {"drafted": 5, "accepted": 2, "acceptance": pytest.approx(0.4), "rounds": 2}
     assert acceptance_by_source([{"drafted": 2, "accepted": 1, "emitted": 2}]) is None
+
+
+def test_hybrid_draft_cache_catches_up_on_rounds_it_skipped():
+    """The draft model equal to the target: wherever the draft alone drafted, every token is accepted, also after
+    rounds in which a free source drafted or a plain step ran and the draft model did not (its cache caught up on
+    their tokens). The draft's pooled prior says it is never accepted, so it runs on probes and where its own rows'
+    evidence has overcome that."""
+    from decode.drafters.schedules import PointEvidence
+
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([10, 4, 14], seed=5)
+    generation = Generation(max_new_tokens=40)
+    doubtful = PointEvidence(4)
+    for _ in range(40):
+        doubtful.counts.add(4, 0)
+    c, v = DEAR
+    drafter = HybridDrafter(DraftModelDrafter(target, VOCAB, Sampling()), VOCAB, 4, c, v, pools={"draft": doubtful})
+    with torch.inference_mode():
+        records = generate_speculative(target, drafter, ids, mask, generation, 4)
+    draft_alone = [rd["sources"]["draft"] for r in records for rd in r.rounds if set(rd.get("sources", {})) == {"draft"}]
+    skipped = sum("draft" not in rd.get("sources", {}) for r in records for rd in r.rounds)
+    assert draft_alone and skipped, "both kinds of round must occur for the test to bite"
+    assert all(accepted == drafted for drafted, accepted in draft_alone)
