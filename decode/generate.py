@@ -235,12 +235,16 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
             tree = {} if proposal.layout is None else {"path_host": [row.path for row in host]}
             drafter.commit(accepted_len, accepted_host, draft_limit_host, **tree)
         verified_at = clock.now()
+        # a drafter of several sources says per row which drafted and how many of each were accepted (hybrid)
+        source_facts = getattr(drafter, "round_facts", None) if max(budget_host) > 0 else None
         emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
         running, taken = _append(records, active, emitted, generation, verified_at - start)
         draft_forwards = drafter.forwards - draft_forwards_before
         for local, row in enumerate(active):
             record = records[row]
             facts = {} if proposal.layout is None else {"draft_forwards": draft_forwards, **host[local].tree_facts}
+            if source_facts:
+                facts = {**facts, **source_facts[local]}
             record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
                                   "emitted": taken[local], **facts})
             record.target_forwards += 1

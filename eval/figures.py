@@ -10,6 +10,7 @@ from eval.records import CostProbe, Point
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
 from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, units
+from eval.sources import acceptance_by_source
 from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
 from utils.data import extract_gsm8k_answer
 
@@ -61,6 +62,7 @@ def speculation_figures(samples: list[dict], gamma: int | None, tree: str | None
                              "accepted_histogram", "drafted_per_round", "max_drafted", "zero_draft_rounds",
                              "constant_draft_length", "acceptance_by_depth_rank"])
     figures["rounds"] = len(rounds)
+    figures["acceptance_by_source"] = acceptance_by_source(rounds)  # drafters of several sources (hybrid)
     if not rounds:
         return figures
     drafted = [r["drafted"] for r in rounds]

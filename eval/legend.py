@@ -52,6 +52,10 @@ LEGEND = {
                        "drafted nothing add nothing; null when no round drafted a token. For a tree: accepted path "
                        "length / nodes verified (besides the root), which falls as the tree widens whatever its "
                        "accepted path: compare trees by MAT and acceptance_by_depth_rank",
+    "acceptance_by_source": "hybrid: per draft source (lookup, suffix, draft), its accepted tokens / the tokens it "
+                            "drafted, pooled over every round of every sequence in which it drafted (a token counts "
+                            "as accepted when it lies on the round's accepted path); drafted, accepted and rounds "
+                            "beside it",
     "acceptance_by_depth_rank": "p(d, r) = hits / trials per depth d (1: the root's children) and sibling rank r (0: "
                                 "the drafter's first choice at its parent): hits = rounds whose accepted path's node at "
                                 "depth d has rank r, trials = rounds that reached depth d (accepted the path to d - 1) "

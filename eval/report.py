@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from decode.methods import REGISTRY
+from eval.sources import source_lines
 from utils.io import write_atomic, write_json
 
 COLUMNS = [  # (header, metric path, format)
@@ -103,6 +104,7 @@ def markdown(summary: dict, title: str = "") -> str:
         lines += ["", "! = flagged: the notes say why (legend: flags)."]
     lines += tree_lines(overall)
     lines += synthetic_lines(overall)
+    lines += source_lines(overall)
     if summary.get("best"):
         lines += ["", "Best:"]
     for comparison, methods in (summary.get("best") or {}).items():

@@ -389,12 +389,17 @@ class Session:
         cost_model = any(p.schedule == "cost_model" for p in spec_points)
         if cost_model:  # it picks any draft length up to gamma, and weighs the draft's prefill
             widths |= set(range(2, max(gammas) + 2))
+        hybrid = [p.gamma for p in spec_points if p.method == "hybrid"]
+        if hybrid:  # hybrid picks any chain up to gamma, or a tree of two chains up to 2 gamma nodes (timed as chains)
+            widths |= set(range(2, 2 * max(hybrid) + 2))
         try:
             if os.environ.get("SPECULATE_INJECT_FAILURE") == "costs":  # fault injection for the tests
                 raise RuntimeError("injected failure in the cost probes")
             chains = verify_widths([p for p in spec_points if getattr(p, "tree", None) is None])
             if cost_model:
                 chains |= set(range(2, max(gammas) + 2))
+            if hybrid:
+                chains |= set(range(2, 2 * max(hybrid) + 2))
             return measure_costs(self.target.model, self.context.drafts, ids, mask, sorted(widths), self.clock,
                                  draft_prefill=cost_model, tree_widths=widths - chains)
         except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory: the points may still run; no prediction

@@ -155,3 +155,13 @@ def test_bad_set(tiny, tmp_path, assignment, fragment):
     file = tmp_path / "config.yaml"
     file.write_text(yaml.safe_dump(good(tiny)))
     assert_one_clean_line(run_launch(["--config", file, "--set", assignment]), fragment)
+
+
+def test_hybrid_without_a_draft_model(tiny, tmp_path):
+    config = good(tiny)
+    config["methods"] = ["baseline", "hybrid"]
+    del config["draft"]
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(config))
+    result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])
+    assert_one_clean_line(result, "method hybrid needs a draft")

@@ -3,14 +3,16 @@ plus one line here."""
 from __future__ import annotations
 
 from decode.methods.base import OPTIONAL_AXES, MethodSpec, RunContext
-from decode.methods import (baseline, early_exit, hf, prompt_lookup, speculative, vllm_draft, vllm_eagle,
-                            vllm_generate, vllm_mtp, vllm_ngram, vllm_suffix)
+from decode.methods import (baseline, early_exit, hf, hybrid, prompt_lookup, speculative, suffix, vllm_draft,
+                            vllm_eagle, vllm_generate, vllm_mtp, vllm_ngram, vllm_suffix)
 
 REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
     baseline.SPEC,
     speculative.SPEC,
     prompt_lookup.SPEC,
     early_exit.SPEC,
+    suffix.SPEC,
+    hybrid.SPEC,
     hf.GENERATE,
     hf.ASSISTED,
     hf.ASSISTED_DEFAULT,

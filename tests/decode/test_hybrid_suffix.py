@@ -1,0 +1,175 @@
+"""suffix and hybrid: the suffix trie's counts and scores by hand, greedy output equal to the target's (architectures,
+ragged batches, EOS), the target's distribution under sampling (chi-square), acceptance per source by hand."""
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.drafters.hybrid import HybridDrafter, plan_row
+from decode.drafters.suffix import SuffixCache, SuffixDrafter, SuffixTrie, remember_outputs
+from eval.sources import acceptance_by_source
+from stats import V, chi_square, exact_joint_of_tokens_2_and_3
+from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
+
+CHEAP = (0.02, {k: 1.0 for k in range(1, 9)})  # c, v: a tree of a free source and the draft wins whenever both exist
+DEAR = (0.6, {k: 1.0 + 0.25 * k for k in range(1, 9)})  # the draft seldom pays: free sources or plain steps
+
+
+def test_suffix_trie_counts_and_scores_by_hand():
+    trie = SuffixTrie(depth=3)
+    trie.extend([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    # 9 positions; "1 2" starts at 0, 3, 6; "1 2 3" at 0 and 6, "1 2 4" at 3; "2 3" at 1 and 7, "2 3 1" at 1 only
+    # (the one at 7 has no third token), "3 1 2" at 2
+    assert trie.root.count == 9
+    assert trie.find([1]).count == 3 and trie.find([1, 2]).count == 3
+    assert trie.find([1, 2, 3]).count == 2 and trie.find([1, 2, 4]).count == 1
+    assert trie.find([2, 3, 1]).count == 1 and trie.find([1, 2, 3, 1]) is None  # depth 3
+    whole = SuffixTrie(depth=3)
+    whole.add([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    assert all(whole.find(p).count == trie.find(p).count for p in ([1], [2, 3], [1, 2, 4], [3, 1, 2]))
+    # context "... 1 2": m = 1, node "2": children 3 (2 occurrences) and 4 (1): 3 with 2/3; under "2 3": 1 (1 of 1),
+    # 2/3 * 1; depth 3 allows 2 tokens: [3, 1], score 4/3. m = 2, node "1 2": 3 with 2/3, one token: score 2/3
+    tokens, probs, match = trie.speculate([5, 1, 2], max_depth=4, max_tokens=4, min_prob=0.0)
+    assert (tokens, match) == ([3, 1], 1) and probs == pytest.approx([2 / 3, 2 / 3])
+    # under a threshold of 0.7 nothing is confident enough at m = 1 or m = 2
+    assert trie.speculate([5, 1, 2], max_depth=4, max_tokens=4, min_prob=0.7)[0] == []
+    # a tree of 2 nodes from the longest match ("1 2"): 3 (2/3), then 4 (1/3)
+    tokens, parents, probs = trie.speculate_tree([5, 1, 2], max_depth=4, budget=2, max_tokens=1, min_prob=0.0)
+    assert (tokens, parents) == ([3, 4], [-1, -1]) and probs == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_suffix_cache_is_bounded_and_forgets_a_repeated_prompt():
+    cache = SuffixCache(depth=3, max_tokens=5)
+    cache.remember((1,), [7, 8, 9])
+    cache.remember((2,), [7, 8, 6])
+    # 6 tokens > 5: the oldest output (7 8 9) is taken out: only 7 8 6 is left
+    assert cache.tokens == 3 and cache.trie.find([7, 8]).count == 1 and cache.trie.find([8, 9]) is None
+    cache.forget((2,))
+    assert cache.tokens == 0 and cache.trie.root.count == 0 and not cache.trie.root.children
+
+
+def _hybrid(draft, costs, sampling=Sampling(), generator=None, cache=None, merge=True, vocab=VOCAB):
+    c, v = costs
+    return HybridDrafter(DraftModelDrafter(draft, vocab, sampling, generator), vocab, 4, c, v, cache=cache,
+                         merge=merge)
+
+
+def _repetitive(lengths, seed):
+    """Ragged prompts whose second half repeats the first, so lookup and suffix find matches."""
+    ids, mask = ragged_batch(lengths, seed=seed)
+    for row, length in enumerate(lengths):
+        half = length // 2
+        if half:
+            ids[row, -half:] = ids[row, -2 * half:-half].clone()
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+@pytest.mark.parametrize("lengths", [[9], [6, 13, 3]], ids=["batch1", "ragged3"])
+def test_greedy_suffix_and_hybrid_equal_the_target(arch, lengths):
+    target = tiny_model(arch, seed=1, layers=2)
+    draft = noisy_copy(target, 0.3)
+    ids, mask = _repetitive(lengths, seed=len(lengths))
+    generation = Generation(max_new_tokens=24, eos_token_ids=(5,))
+    cache = SuffixCache(depth=12)
+    with torch.inference_mode():
+        base = [r.output_ids for r in generate_baseline(target, ids, mask, generation)]
+        for budget in (None, 6):  # a chain, a tree; the second batch drafts from the first one's outputs as well
+            records = generate_speculative(target, SuffixDrafter(cache, depth=12, budget=budget), ids, mask,
+                                           generation, 4)
+            assert [r.output_ids for r in records] == base
+            remember_outputs(cache, ids[1:], mask[1:], records[1:])  # other prompts' outputs only
+        sources = set()
+        for costs in (CHEAP, DEAR):
+            records = generate_speculative(target, _hybrid(draft, costs, cache=cache), ids, mask, generation, 4)
+            assert [r.output_ids for r in records] == base
+            for r in records:
+                for rd in r.rounds:
+                    sources.add(tuple(sorted(rd.get("sources", {}))))  # none: a last round of one token left
+                    assert sum(a for _, a in rd.get("sources", {}).values()) == rd["accepted"]
+        assert ("draft",) in sources and any(len(s) == 2 for s in sources), sources  # chains and merged trees ran
+
+
+def test_plan_row_prefers_a_confident_free_match_and_the_draft_elsewhere():
+    v = {k: 1.0 + 0.1 * k for k in range(1, 9)}.get
+    sure, unsure = [0.95] * 4, [0.1] * 4
+    # lookup's 4 tokens at 0.95 beat any draft at c = 0.3: the draft does not run
+    assert plan_row({"lookup": sure, "suffix": unsure, "draft": [0.6] * 4}, {"lookup": 4, "suffix": 2}, 4, 0.3, v)[:3] \
+        == ("lookup", 4, 0)
+    # no free match: the draft's 0.9 makes k = 4 worth it: (1 + .9 + .81 + .729 + .656) / (4 * .3 + 1.4) = 1.573 > 1
+    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, 0.3, v)[:3] == (None, 0, 4)
+    # nothing promising: a plain step
+    assert plan_row({"lookup": unsure, "suffix": unsure, "draft": [0.1] * 4}, {"lookup": 3}, 4, 0.3, v)[:3] == \
+        (None, 0, 0)
+
+
+def joint_counts(records) -> torch.Tensor:
+    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
+    return torch.bincount(pairs, minlength=V * V)
+
+
+@pytest.mark.parametrize("which", ["suffix", "hybrid-tree", "hybrid-chains"])
+def test_sampling_matches_target_distribution(which):
+    sampling = Sampling(True, 1.0)
+    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
+    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    prompt = torch.tensor([[3, 7, 5, 9, 3, 7, 4, 9, 3]])  # repeats: lookup and suffix match after most first tokens
+    rows = 12_000
+    ids = prompt.expand(rows, -1).contiguous()
+    mask = torch.ones_like(ids)
+    generation = Generation(max_new_tokens=4, sampling=sampling)  # tokens 2 and 3 come from the first round
+    generator = torch.Generator().manual_seed(0)
+    if which == "suffix":
+        drafter = SuffixDrafter(None, min_prob=0.0, depth=8)
+    else:
+        # CHEAP costs: with merge, a tree of both wherever a free source matches; without, per row the free source
+        # where its match is 2 tokens long, the draft where it is shorter: rows of both kinds in one chain round
+        drafter = _hybrid(draft, CHEAP, sampling, generator, merge=which == "hybrid-tree", vocab=V)
+    with torch.inference_mode():
+        spec = generate_speculative(target, drafter, ids, mask, generation, gamma=2, generator=generator)
+    first = [r.rounds[0] for r in spec]
+    assert sum(rd["accepted"] for rd in first) / max(1, sum(rd["drafted"] for rd in first)) < 0.95
+    if which != "suffix":
+        kinds = {tuple(sorted(rd["sources"])) for rd in first}
+        assert ("draft",) in kinds and (any(len(k) == 2 for k in kinds) if which == "hybrid-tree" else
+                                        any(k and "draft" not in k for k in kinds)), kinds
+    statistic, critical = chi_square(joint_counts(spec), exact_joint_of_tokens_2_and_3(target, sampling, prompt))
+    assert statistic < critical, f"{which} is off the target's distribution: chi2 {statistic:.1f} > {critical:.1f}"
+
+
+def test_acceptance_by_source_by_hand():
+    rounds = [
+        {"drafted": 4, "accepted": 3, "emitted": 4, "sources": {"lookup": [4, 3]}},
+        {"drafted": 6, "accepted": 2, "emitted": 3, "sources": {"suffix": [3, 0], "draft": [3, 2]}},
+        {"drafted": 2, "accepted": 0, "emitted": 1, "sources": {"draft": [2, 0]}},
+        {"drafted": 0, "accepted": 0, "emitted": 1, "sources": {}},
+        {"drafted": 5, "accepted": 5, "emitted": 6, "sources": {"lookup": [5, 5]}},
+    ]
+    table = acceptance_by_source(rounds)
+    # lookup: (3 + 5) / (4 + 5) = 8/9 in 2 rounds; suffix 0/3 in 1; draft (2 + 0) / (3 + 2) = 2/5 in 2
+    assert table["lookup"] == {"drafted": 9, "accepted": 8, "acceptance": pytest.approx(8 / 9), "rounds": 2}
+    assert table["suffix"] == {"drafted": 3, "accepted": 0, "acceptance": 0.0, "rounds": 1}
+    assert table["draft"] == {"drafted": 5, "accepted": 2, "acceptance": pytest.approx(0.4), "rounds": 2}
+    assert acceptance_by_source([{"drafted": 2, "accepted": 1, "emitted": 2}]) is None
+
+
+def test_hybrid_draft_cache_catches_up_on_rounds_it_skipped():
+    """The draft model equal to the target: wherever the draft alone drafted, every token is accepted, also after
+    rounds in which a free source drafted or a plain step ran and the draft model did not (its cache caught up on
+    their tokens). The draft's pooled prior says it is never accepted, so it runs on probes and where its own rows'
+    evidence has overcome that."""
+    from decode.drafters.schedules import PointEvidence
+
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([10, 4, 14], seed=5)
+    generation = Generation(max_new_tokens=40)
+    doubtful = PointEvidence(4)
+    for _ in range(40):
+        doubtful.counts.add(4, 0)
+    c, v = DEAR
+    drafter = HybridDrafter(DraftModelDrafter(target, VOCAB, Sampling()), VOCAB, 4, c, v, pools={"draft": doubtful})
+    with torch.inference_mode():
+        records = generate_speculative(target, drafter, ids, mask, generation, 4)
+    draft_alone = [rd["sources"]["draft"] for r in records for rd in r.rounds if set(rd.get("sources", {})) == {"draft"}]
+    skipped = sum("draft" not in rd.get("sources", {}) for r in records for rd in r.rounds)
+    assert draft_alone and skipped, "both kinds of round must occur for the test to bite"
+    assert all(accepted == drafted for drafted, accepted in draft_alone)
