@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -250,9 +251,9 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     spends one per token; Leviathan's model prices a round of gamma draft steps and one verification in it.
     sampling: the comparison's (greedy, the default: argmax and, in the baseline's step, the top-2 gap).
 
-    The steps are interleaved, one of each per repetition (after one untimed pass), so that drift of the
-    machine touches every ratio alike; each time is the median over the repetitions, and the repetitions
-    are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's prefill
+    The steps are interleaved, one of each per repetition and the baseline step first and last (after one untimed
+    pass), so that drift of the machine touches every ratio alike; each time is the median over the repetitions, and
+    the repetitions are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's prefill
     cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
     through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
     host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
@@ -270,7 +271,10 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         drafters[label].start(at_ids, at_mask)
         states[f"draft:{label}"] = drafters[label].state
         models[f"draft:{label}"] = model
-    probes = [(f"draft:{label}", 1) for label in drafts] + [("target", w) for w in sorted({1, *widths})]
+    # the unit opens and closes each repetition: every ratio divides by it, so it gets twice the repetitions, and a
+    # drift within a repetition touches it on both sides
+    probes = ([("target", 1)] + [(f"draft:{label}", 1) for label in drafts] + [("target", w) for w in sorted(set(widths))
+                                                                               if w > 1] + [("target", 1)])
     times: dict[tuple, list[float]] = {probe: [] for probe in probes}
     for rep in range(reps + 1):
         for name, width in probes:
@@ -284,7 +288,7 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
                 elapsed = _timed_verification(states[name], target, token, width - 1, clock, sampling)
             if rep:
                 times[(name, width)].append(elapsed)
-    median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+    median = {key: statistics.median(values) for key, values in times.items()}
     target_one = median[("target", 1)]
     busy = {}
     if ids.device.type == "cuda":
