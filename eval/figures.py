@@ -170,8 +170,8 @@ def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: 
     what says whether it measures the models or the host: the weight bytes ratio, the GPU's busy shares. Beside a
     chain's c and v with a draft model of our engine, c_run and v_run from the records (run_step_costs): where the
     decode efficiency is off 1, whether the probes' costs or the tokens per round are."""
-    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "draft_cost_ratio_c_run", "verify_cost_ratio_v_run",
-                         "weight_bytes_ratio", "draft_busy_share", "target_busy_share", "predicted_speedup",
+    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "draft_cost_ratio_c_run",
+                         "verify_cost_ratio_v_run", "weight_bytes_ratio", "draft_busy_share", "target_busy_share", "predicted_speedup",
                          "predicted_speedup_v1", "efficiency", "decode_efficiency"])
     tree = tree_of(point)
     spec = REGISTRY[point.method]

@@ -241,8 +241,8 @@ def _timed_tree_forward(state: KVState, model, tokens: torch.Tensor, clock) -> f
 
 
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
-                  draft_prefill: bool = False, busy_reps: int = 3, tree_widths=frozenset(), sampling: Sampling | None = None,
-                  context: int = 0, target_vocab_size: int | None = None) -> CostProbe:
+                  draft_prefill: bool = False, busy_reps: int = 3, tree_widths=frozenset(),
+                  sampling: Sampling | None = None, context: int = 0, target_vocab_size: int | None = None) -> CostProbe:
     """c = t(draft step) / t(baseline step) per draft; v_k = t(verification of k + 1 tokens) / t(baseline step) for
     each draft length k = width - 1: each step timed as the run executes it, with its own choice of tokens and host
     read (_timed_target_step, _timed_draft_step, _timed_verification: the functions decode/generate.py and the draft
@@ -253,8 +253,8 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
 
     The steps are interleaved, one of each per repetition and the baseline step first and last (after one untimed
     pass), so that drift of the machine touches every ratio alike; each time is the median over the repetitions, and
-    the repetitions are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's prefill
-    cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
+    the repetitions are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's
+    prefill cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
     through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
     host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
     `busy_reps`, after the timed repetitions: the profiler slows the host).
@@ -273,8 +273,8 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         models[f"draft:{label}"] = model
     # the unit opens and closes each repetition: every ratio divides by it, so it gets twice the repetitions, and a
     # drift within a repetition touches it on both sides
-    probes = ([("target", 1)] + [(f"draft:{label}", 1) for label in drafts] + [("target", w) for w in sorted(set(widths))
-                                                                               if w > 1] + [("target", 1)])
+    probes = ([("target", 1)] + [(f"draft:{label}", 1) for label in drafts]
+              + [("target", w) for w in sorted(set(widths)) if w > 1] + [("target", 1)])
     times: dict[tuple, list[float]] = {probe: [] for probe in probes}
     for rep in range(reps + 1):
         for name, width in probes:
