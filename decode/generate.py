@@ -105,6 +105,14 @@ def top2_gap(logits: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
+def baseline_step(state: KVState, model, token: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
+                  greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One decode step of the baseline: the forward of each row's last token [B], the next token [B] and, greedy, its
+    top2_gap [B] (left on the device). What the cost probes time as the unit of c and v (runner/probes.py)."""
+    logits = state.forward(model, token[:, None], last_only=True)[:, -1]
+    return choose_next(logits, sampling, generator), top2_gap(logits) if greedy else None
+
+
 def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation: Generation,
                       generator: torch.Generator | None = None, clock: Clock | None = None) -> list[RowRecord]:
     """The target alone: prefill, then one forward per token. prompt_ids, prompt_mask [B, P].
@@ -132,10 +140,9 @@ def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
             rows = torch.tensor(running, device=token.device)
             state.select_rows(rows)
             token, active = token[rows], [active[i] for i in running]
-        logits = state.forward(model, token[:, None], last_only=True)[:, -1]
-        token = choose_next(logits, generation.sampling, generator)
+        token, gap = baseline_step(state, model, token, generation.sampling, generator, greedy)
         if greedy:
-            gaps.append((active, top2_gap(logits)))
+            gaps.append((active, gap))
         emitted = [[t] for t in token.tolist()]  # host sync, as above
         elapsed = clock.now() - start
         for row in active:

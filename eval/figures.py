@@ -8,9 +8,9 @@ from decode.tree import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
-from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
-from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, units
 from eval.sources import acceptance_by_source
+from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
+from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, unit_totals, units
 from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
 from utils.data import extract_gsm8k_answer
 
@@ -139,15 +139,48 @@ def tree_draft_cost(point: Point, costs: CostProbe) -> float | None:
     return costs.c_for(point.draft)
 
 
-def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: list[dict]) -> dict:
+def run_step_costs(samples: list[dict], baseline: list[dict] | None) -> tuple[float | None, float | None]:
+    """(c_run, v_run): the draft forward and the verification round as the run's own records time them, in the
+    baseline's decode steps of the same batches: what the probes' c and v stand for. Per batch both sides finished,
+    the baseline's steps are its longest row's new tokens less the prefill's, in its decode wall; the speculative
+    batch's rounds, draft forwards (its draft prefill's one left out) and time after both prefills are its longest
+    row's, whose record spans them all: draft_s less the draft prefill over the draft forwards, target_s less the
+    prefill over the rounds (each round's acceptance, host read and rollback included, as in the probes). (None, None)
+    where anything is unrecorded."""
+    if not baseline or any(s.get("prefill_s") is None for s in samples + baseline):
+        return None, None
+    mine, theirs = units(samples), units(baseline)
+    base_steps = base_wall = forwards = draft_s = rounds = verify_s = 0
+    for key in set(mine) & set(theirs):
+        base = unit_totals(theirs[key])
+        longest = max(mine[key], key=lambda s: len(s.get("rounds") or []))
+        base_steps += max(s["new_tokens"] for s in theirs[key]) - 1
+        base_wall += base["decode_wall"]
+        forwards += longest["draft_forwards"] - 1
+        draft_s += longest["draft_s"] - longest["draft_prefill_s"]
+        rounds += len(longest.get("rounds") or [])
+        verify_s += longest["target_s"] - longest["prefill_s"]
+    step = ratio(base_wall, base_steps)
+    if not step or forwards <= 0 or not rounds:
+        return None, None
+    return draft_s / forwards / step, verify_s / rounds / step
+
+
+def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: list[dict],
+                 baseline: list[dict] | None = None) -> dict:
     """c, v and the predicted speedup: for a chain where Leviathan's model applies (a constant draft length, measured
     costs); for a tree (Sequoia's model, eval/trees.py) from its rounds, with v at each round's node count. Beside c,
-    what says whether it measures the models or the host: the weight bytes ratio, the GPU's busy shares."""
-    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "weight_bytes_ratio", "draft_busy_share",
-                         "target_busy_share", "predicted_speedup", "predicted_speedup_v1", "efficiency",
-                         "decode_efficiency"])
+    what says whether it measures the models or the host: the weight bytes ratio, the GPU's busy shares. Beside a
+    chain's c and v with a draft model of our engine, c_run and v_run from the records (run_step_costs): where the
+    decode efficiency is off 1, whether the probes' costs or the tokens per round are."""
+    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "draft_cost_ratio_c_run",
+                         "verify_cost_ratio_v_run", "weight_bytes_ratio", "draft_busy_share", "target_busy_share", "predicted_speedup",
+                         "predicted_speedup_v1", "efficiency", "decode_efficiency"])
     tree = tree_of(point)
-    if not REGISTRY[point.method].has_rounds or costs is None or (point.gamma is None and tree is None):
+    spec = REGISTRY[point.method]
+    if spec.has_rounds and spec.engine == "ours" and tree is None and point.draft is not None and point.gamma:
+        out["draft_cost_ratio_c_run"], out["verify_cost_ratio_v_run"] = run_step_costs(samples, baseline)
+    if not spec.has_rounds or costs is None or (point.gamma is None and tree is None):
         return out
     c, v = costs.c_for(point.draft), costs.v_for(tree_nodes(tree, point.gamma))  # a chain's nodes: gamma
     out["draft_cost_ratio_c"], out["verify_cost_ratio_v"] = c, v
@@ -267,7 +300,7 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
         metrics.update(exact_match=None, mismatches=None)
         metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
     metrics.update(gsm8k_figures(samples))
-    metrics.update(cost_figures(point, metrics, costs, samples))
+    metrics.update(cost_figures(point, metrics, costs, samples, baseline))
     if point.synthetic_acceptance is not None:
         metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
         metrics["efficiency_ci95"] = efficiency_interval(metrics)

@@ -79,11 +79,20 @@ LEGEND = {
              "accepted gives 1, none 0; null when no round drafted a token. Not solved from tau, which counts the "
              "prefill's forward and token and so reads low for short outputs. Null for a tree: Leviathan's model is "
              "of a chain (acceptance_by_depth_rank describes a tree)",
-    "draft_cost_ratio_c": "one 1-token draft forward / one 1-token target forward, medians of interleaved "
-                          "repetitions measured in the run at this batch size",
-    "verify_cost_ratio_v": "one (gamma+1)-token target forward / one 1-token target forward, measured likewise; for a "
-                           "tree of n nodes besides its root, v(n): one (n+1)-token target forward (null for auto, "
-                           "whose n varies)",
+    "draft_cost_ratio_c": "one draft step / one baseline step, each timed as the run executes it (a draft step: its "
+                          "1-token forward and its token's choice; a baseline step: the target's 1-token forward, its "
+                          "token's choice, greedy its top-2 gap, and the host read), medians of interleaved repetitions "
+                          "measured in the run at this batch size, on the first batch's prompt + max_new_tokens / 2 "
+                          "tokens of cache",
+    "verify_cost_ratio_v": "one chain verification of gamma+1 tokens (the target forward, the acceptance, the host read, "
+                           "the rollback) / one baseline step, measured likewise; for a tree of n nodes besides its "
+                           "root, v(n): one (n+1)-token target forward through the tree mask (null for auto, whose n "
+                           "varies)",
+    "draft_cost_ratio_c_run": "c as the run's records time it: the draft's time per draft forward after its prefill / "
+                              "the baseline's decode time per step, over the batches both finished (chains with a "
+                              "draft model, our engine); verify_cost_ratio_v_run: the target's time per round after "
+                              "the prefill / the same step. Beside c and v they say whether a decode efficiency off 1 "
+                              "comes from the probed costs (c, v unlike c_run, v_run) or from the tokens per round",
     "verify_cost_by_nodes": "tree points: v(n) at every node count n measured at the point's batch size (the "
                             "verification of n nodes is an (n+1)-token forward; the run probes the n of each tree it "
                             "sweeps, and 1, 2, 3, 4, 6, 8, 12, 16, 24, 32 for auto); the prediction interpolates "

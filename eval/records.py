@@ -147,7 +147,7 @@ class CostProbe:
     the GPU's busy time in a 1-token forward."""
     c_by_draft: dict[str, float] = field(default_factory=dict)
     v: dict[int, float] = field(default_factory=dict)
-    target_forward_s: float | None = None  # the median 1-token target forward, seconds
+    target_forward_s: float | None = None  # the median baseline step (1-token target forward, its token chosen), seconds
     target_reps_s: dict[int, list[float]] = field(default_factory=dict)  # width -> repetitions (s)
     draft_reps_s: dict[str, list[float]] = field(default_factory=dict)  # draft label -> 1-token repetitions (s)
     draft_prefill: dict[str, dict] = field(default_factory=dict)  # draft label -> {fixed, per_token, width}
@@ -157,6 +157,7 @@ class CostProbe:
     target_busy_s: float | None = None  # CUDA: the GPU's busy time in a 1-token target forward (median), seconds
     draft_busy_s: dict[str, float] = field(default_factory=dict)  # draft label -> the same for its 1-token forward
     per_worker: dict = field(default_factory=dict, repr=False)  # worker -> its CostProbe (not written: each is)
+    context_tokens: int | None = None  # the cache (prompt batch width + decoding_context) the steps were timed at
 
     def c_for(self, draft: str | None) -> float | None:
         return None if draft is None else self.c_by_draft.get(draft)
@@ -210,7 +211,8 @@ class CostProbe:
                 "target_reps_s": {str(k): x for k, x in self.target_reps_s.items()},
                 "draft_reps_s": self.draft_reps_s, "draft_prefill": self.draft_prefill, "workers": self.workers,
                 "target_weight_bytes": self.target_weight_bytes, "draft_weight_bytes": self.draft_weight_bytes,
-                "target_busy_s": self.target_busy_s, "draft_busy_s": self.draft_busy_s}
+                "target_busy_s": self.target_busy_s, "draft_busy_s": self.draft_busy_s,
+                "context_tokens": self.context_tokens}
 
     @classmethod
     def from_json(cls, row: dict | None) -> "CostProbe | None":
@@ -234,7 +236,7 @@ class CostProbe:
                    draft_prefill=dict(row.get("draft_prefill") or {}), workers=list(row.get("workers") or []),
                    target_weight_bytes=row.get("target_weight_bytes"),
                    draft_weight_bytes=dict(row.get("draft_weight_bytes") or {}), target_busy_s=row.get("target_busy_s"),
-                   draft_busy_s=dict(row.get("draft_busy_s") or {}))
+                   draft_busy_s=dict(row.get("draft_busy_s") or {}), context_tokens=row.get("context_tokens"))
 
     @classmethod
     def across_workers(cls, probes: dict[str, "CostProbe"]) -> "CostProbe | None":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from decode.drafters.base import Proposal
+from decode.drafters.draft_model import DraftModelDrafter
+from decode.generate import _accept, _read, _verify, baseline_step
 from decode.kv import KVState
+from decode.settings import Sampling
 from decode.static_kv import new_state
 from decode.tree import AUTO, tree_nodes
 from eval.records import CostProbe
@@ -66,6 +71,56 @@ def _prefilled(model, ids, mask) -> KVState:
     state = new_state(model)  # engine.compile: the compiled step's static state, whose cost is the one to measure
     state.forward(model, ids, mask, last_only=True)
     return state
+
+
+def decoding_context(ids: torch.Tensor, mask: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompt batch ids, mask [B, P] followed by `tokens` more (its last token repeated) [B, P + tokens]: the cache a
+    decoding step sees halfway through max_new_tokens = 2 x tokens, where the probes time it."""
+    if tokens <= 0:
+        return ids, mask
+    return (torch.cat([ids, ids[:, -1:].expand(-1, tokens)], dim=1),
+            torch.cat([mask, torch.ones_like(mask[:, :1]).expand(-1, tokens)], dim=1))
+
+
+def _restore(state: KVState, width: int, batch: int, device) -> None:
+    """Back to the cache as it was before `width` slots were appended."""
+    state.keep_prefix_of_last(width, torch.zeros(batch, dtype=torch.long, device=device), 0, [0] * batch)
+
+
+def _timed_target_step(state: KVState, model, token: torch.Tensor, clock, sampling: Sampling) -> float:
+    """One baseline decode step as generate_baseline runs it (decode/generate.py baseline_step: the forward of token
+    [B], the next token, greedy also the top-2 gap; then the host read of the tokens), then back to the cache: the unit
+    of c and v, since the baseline spends one per token."""
+    start = clock.now()
+    chosen, _ = baseline_step(state, model, token, sampling, None, not sampling.do_sample)
+    chosen.tolist()
+    elapsed = clock.now() - start
+    _restore(state, 1, token.shape[0], token.device)
+    return elapsed
+
+
+def _timed_draft_step(drafter: DraftModelDrafter, token: torch.Tensor, clock) -> float:
+    """One draft step as a round runs it (DraftModelDrafter.propose of one token: the forward of the last token, the
+    draft's logits on the target's vocabulary, its choice), then back to the cache."""
+    start = clock.now()
+    drafter.propose(token, 1)
+    elapsed = clock.now() - start
+    _restore(drafter.state, 1, token.shape[0], token.device)
+    return elapsed
+
+
+def _timed_verification(state: KVState, model, token: torch.Tensor, gamma: int, clock, sampling: Sampling) -> float:
+    """One chain verification as generate_speculative runs it: the target forward of [last token, gamma drafts], the
+    acceptance, the round's host read and the cache's rollback (here to the cache before the round)."""
+    batch = token.shape[0]
+    proposal = Proposal(token[:, None].expand(-1, gamma).contiguous(), None)
+    limit = torch.full_like(token, gamma)
+    start = clock.now()
+    logits = _verify(state, model, token, proposal)
+    accepted_len, chosen, path = _accept(proposal, logits, limit, sampling, None)
+    _read(accepted_len, chosen, limit, path, proposal)
+    _restore(state, gamma + 1, batch, token.device)
+    return clock.now() - start
 
 
 def _timed_forward(state: KVState, model, tokens: torch.Tensor, clock) -> float:
@@ -192,38 +247,59 @@ def _timed_tree_forward(state: KVState, model, tokens: torch.Tensor, clock) -> f
 
 
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
-                  draft_prefill: bool = False, busy_reps: int = 3, tree_widths=frozenset()) -> CostProbe:
-    """c = t(1-token draft forward) / t(1-token target forward) per draft; v_k = t((k+1)-token target forward)
-    / t(1-token target forward) for each draft length k = width - 1, at this batch's cache length.
+                  draft_prefill: bool = False, busy_reps: int = 3, tree_widths=frozenset(),
+                  sampling: Sampling | None = None, context: int = 0, target_vocab_size: int | None = None) -> CostProbe:
+    """c = t(draft step) / t(baseline step) per draft; v_k = t(verification of k + 1 tokens) / t(baseline step) for
+    each draft length k = width - 1: each step timed as the run executes it, with its own choice of tokens and host
+    read (_timed_target_step, _timed_draft_step, _timed_verification: the functions decode/generate.py and the draft
+    drafter run), at this batch's prompt followed by `context` tokens (decoding_context; the session passes
+    max_new_tokens // 2: the mean cache a decoding step sees). The baseline's step is the unit because the baseline
+    spends one per token; Leviathan's model prices a round of gamma draft steps and one verification in it.
+    sampling: the comparison's (greedy, the default: argmax and, in the baseline's step, the top-2 gap).
 
-    The forwards are interleaved, one of each per repetition (after one untimed pass), so that drift of the
-    machine touches every ratio alike; each time is the median over the repetitions, and the repetitions
-    are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's prefill
-    cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
-    through the tree path (its custom mask), as their verifications run. Beside c, for the host_bound flag: each model's
-    weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of `busy_reps`, after the timed
-    repetitions: the profiler slows the host).
+    The steps are interleaved, one of each per repetition and the baseline step first and last (after one untimed
+    pass), so that drift of the machine touches every ratio alike; each time is the median over the repetitions, and
+    the repetitions are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's
+    prefill cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
+    through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
+    host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
+    `busy_reps`, after the timed repetitions: the profiler slows the host).
     """
-    states = {"target": _prefilled(target, ids, mask)}
+    sampling = sampling or Sampling(False)
+    vocab = target_vocab_size or target.get_output_embeddings().out_features
+    at_ids, at_mask = decoding_context(ids, mask, context)
+    token = at_ids[:, -1]
+    states = {"target": _prefilled(target, at_ids, at_mask)}
     models = {"target": target}
+    drafters = {}
     for label, model in drafts.items():
-        states[f"draft:{label}"] = _prefilled(model, ids, mask)
+        drafters[label] = DraftModelDrafter(model, vocab, sampling)
+        drafters[label].start(at_ids, at_mask)
+        states[f"draft:{label}"] = drafters[label].state
         models[f"draft:{label}"] = model
-    probes = [(f"draft:{label}", 1) for label in drafts] + [("target", w) for w in sorted({1, *widths})]
+    # the unit opens and closes each repetition: every ratio divides by it, so it gets twice the repetitions, and a
+    # drift within a repetition touches it on both sides
+    probes = ([("target", 1)] + [(f"draft:{label}", 1) for label in drafts]
+              + [("target", w) for w in sorted(set(widths)) if w > 1] + [("target", 1)])
     times: dict[tuple, list[float]] = {probe: [] for probe in probes}
     for rep in range(reps + 1):
         for name, width in probes:
-            tokens = ids[:, -1:].expand(-1, width).contiguous()
-            timed = _timed_tree_forward if name == "target" and width in tree_widths else _timed_forward
-            elapsed = timed(states[name], models[name], tokens, clock)
+            if name != "target":
+                elapsed = _timed_draft_step(drafters[name.removeprefix("draft:")], token, clock)
+            elif width == 1:
+                elapsed = _timed_target_step(states[name], target, token, clock, sampling)
+            elif width in tree_widths:
+                elapsed = _timed_tree_forward(states[name], target, token[:, None].expand(-1, width).contiguous(), clock)
+            else:
+                elapsed = _timed_verification(states[name], target, token, width - 1, clock, sampling)
             if rep:
                 times[(name, width)].append(elapsed)
-    median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+    median = {key: statistics.median(values) for key, values in times.items()}
     target_one = median[("target", 1)]
     busy = {}
     if ids.device.type == "cuda":
-        tokens = ids[:, -1:].contiguous()
-        busy = {name: _busy_forward_s(states[name], model, tokens, clock, busy_reps) for name, model in models.items()}
+        busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
+                for name, model in models.items()}
     return CostProbe(
         c_by_draft={label: median[(f"draft:{label}", 1)] / target_one for label in drafts},
         v={w - 1: median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
@@ -236,6 +312,7 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         draft_weight_bytes={label: weight_bytes(model) for label, model in drafts.items()},
         target_busy_s=busy.get("target"),
         draft_busy_s={label: busy[f"draft:{label}"] for label in drafts if busy.get(f"draft:{label}") is not None},
+        context_tokens=at_ids.shape[1],
     )
 
 

@@ -400,8 +400,12 @@ class Session:
                 chains |= set(range(2, max(gammas) + 2))
             if hybrid:
                 chains |= set(range(2, 2 * max(hybrid) + 2))
+            # each step timed as the run executes it, at the mean cache of decoding (the prompt + max_new_tokens / 2)
             return measure_costs(self.target.model, self.context.drafts, ids, mask, sorted(widths), self.clock,
-                                 draft_prefill=cost_model, tree_widths=widths - chains)
+                                 draft_prefill=cost_model, tree_widths=widths - chains,
+                                 sampling=self.generation(spec_points[0].temperature).sampling,
+                                 context=self.config.generation.max_new_tokens // 2,
+                                 target_vocab_size=self.target.vocab_size)
         except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory: the points may still run; no prediction
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -132,6 +132,26 @@ def test_a_constant_schedule_cut_by_max_new_tokens_keeps_the_prediction():
     assert m["predicted_speedup_v1"] == pytest.approx(3 / 1.5)
 
 
+def test_the_records_price_the_steps_the_probes_stand_for():
+    """c_run and v_run from the records by hand. Baseline: 13 tokens, prefill 1.0, 12 steps of 1.5 (its forward 1.0 and
+    the top-2 gap 0.5). Speculative: prefill 1.0, draft prefill 0.5 (1 draft forward), 4 rounds of 2 draft forwards of
+    0.3 and a verification of 1.2: c_run = 0.3 / 1.5 = 0.2, v_run = 1.2 / 1.5 = 0.8. Decode speedup (12 / 7.2) / (12 /
+    18) = 2.5 = 3 / (2 x 0.2 + 0.8): probed costs like the run's give decode efficiency 1; costs of forwards alone
+    (c 0.3, v 1.2) give 1.5, and c_run, v_run say the costs are what is off."""
+    rounds = [{"drafted": 2, "accepted": 2, "emitted": 3}] * 4
+    samples = []
+    for i in range(8):
+        samples.append(record("baseline", i, i, tokens=13, prefill=1.0, latency=19.0))
+        samples.append(record("speculative", i, i, tokens=13, prefill=1.0, latency=8.7, rounds=rounds, draft_prefill_s=0.5,
+                              draft_forwards=9, draft_s=2.9, target_s=5.8))
+    for probed, efficiency in ((costs(0.2, {"2": 0.8}), 1.0), (costs(0.3, {"2": 1.2}), 1.5)):
+        m = run(summarize(samples, {"costs": probed}), "speculative")["metrics"]
+        assert m["draft_cost_ratio_c_run"] == pytest.approx(0.2) and m["verify_cost_ratio_v_run"] == pytest.approx(0.8)
+        assert m["decode_speedup"] == pytest.approx(2.5) and m["decode_efficiency"] == pytest.approx(efficiency)
+    base = run(summarize(samples, {"costs": costs()}), "baseline")["metrics"]
+    assert base["draft_cost_ratio_c_run"] is None and base["verify_cost_ratio_v_run"] is None
+
+
 def test_prompt_lookup_rounds_that_found_no_match():
     rounds = [{"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 1, "emitted": 2},
               {"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 0, "emitted": 1}]

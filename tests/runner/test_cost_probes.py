@@ -1,6 +1,7 @@
 """The cost probes (runner/probes.py): c, v and the draft's prefill line fitted from timed forwards, and read by the
 cost-model schedule."""
 import pytest
+import torch
 
 from tiny_models import VOCAB, ragged_batch, tiny_model
 
@@ -29,7 +30,9 @@ def test_cost_probes_fit_the_draft_prefill_and_the_cost_model_reads_it(monkeypat
         return real_prefilled(model, ids, mask)
 
     monkeypatch.setattr(probes, "_prefilled", prefilled)
-    monkeypatch.setattr(probes, "_timed_forward", lambda state, model, tokens, clock: 1.0 if model is target else 0.3)
+    monkeypatch.setattr(probes, "_timed_target_step", lambda *args: 1.0)
+    monkeypatch.setattr(probes, "_timed_draft_step", lambda *args: 0.3)
+    monkeypatch.setattr(probes, "_timed_verification", lambda *args: 1.0)
     ids, mask = ragged_batch([7, 12], seed=3)
     assert probes.measure_costs(target, {"d": draft}, ids, mask, [3, 5], clock).draft_prefill == {}
     costs = probes.measure_costs(target, {"d": draft}, ids, mask, [3, 5], clock, draft_prefill=True)
@@ -58,7 +61,9 @@ def test_the_probes_time_the_widths_the_tree_points_verify(monkeypatch):
               SimpleNamespace(gamma=None), SimpleNamespace(gamma=2, tree=None)]
     assert probes.verify_widths(points) == {4, 10, 25, 3}
     assert probes.verify_widths([SimpleNamespace(gamma=5, tree="auto")]) == {2, 3, 4, 5, 7, 9, 13, 17, 25, 33}
-    monkeypatch.setattr(probes, "_timed_forward", lambda state, model, tokens, clock: 1 + 0.1 * (tokens.shape[1] - 1))
+    monkeypatch.setattr(probes, "_timed_target_step", lambda *args: 1.0)
+    monkeypatch.setattr(probes, "_timed_verification", lambda state, model, token, gamma, *args: 1 + 0.1 * gamma)
+    monkeypatch.setattr(probes, "_timed_tree_forward", lambda state, model, tokens, clock: 1 + 0.1 * (tokens.shape[1] - 1))
     ids, mask = ragged_batch([4, 6], seed=3)
     costs = probes.measure_costs(tiny_model("llama", seed=1), {}, ids, mask, sorted(probes.verify_widths(points)), None)
     assert costs.v == {n: pytest.approx(1 + 0.1 * n) for n in (2, 3, 9, 24)}
@@ -92,3 +97,62 @@ class _Clock:
     def now(self):
         self.t += 1.0
         return self.t
+
+
+def test_the_probed_costs_predict_what_the_run_measures(monkeypatch):
+    """With a clock that only moves when a step does work (a target forward of W tokens costs 1 + 0.1 (W - 1), a draft
+    forward 0.3, and the baseline's top-2 gap, which only the baseline takes, 0.5), c and v are the run's own step
+    times in baseline steps: the baseline's step costs 1.5, so c = 0.3 / 1.5 = 0.2 and v_2 = 1.2 / 1.5 = 0.8 (a
+    forward alone would give 0.3 and 1.2). Every round drafts gamma 2 (the draft is the target: all accepted, 4 rounds
+    of 3 tokens), so the measured decode speedup is Leviathan's prediction exactly: 3 / (2 x 0.2 + 0.8) = 2.5. And the
+    probes run at the prompt's cache plus `context` tokens."""
+    import decode.generate as generate
+    import runner.probes as probes
+    from decode.drafters.draft_model import DraftModelDrafter
+    from decode.settings import Generation, Sampling
+    from eval.leviathan import predicted_speedup, solve_alpha
+
+    class Clock:
+        t = 0.0
+
+        def now(self):
+            return self.t
+
+    clock, positions = Clock(), []
+    target, draft = tiny_model("llama", seed=1), tiny_model("llama", seed=1)
+
+    def charge(cost):
+        def hook(module, args, kwargs, output):
+            clock.t += cost(kwargs["input_ids"].shape[1])
+            positions.append((kwargs["input_ids"].shape[1], int(kwargs["position_ids"][0, 0])))
+        return hook
+
+    target.register_forward_hook(charge(lambda width: 1.0 + 0.1 * (width - 1)), with_kwargs=True)
+    draft.register_forward_hook(charge(lambda width: 0.3), with_kwargs=True)
+    top2_gap = generate.top2_gap
+
+    def charged_top2_gap(logits):
+        clock.t += 0.5
+        return top2_gap(logits)
+
+    monkeypatch.setattr(generate, "top2_gap", charged_top2_gap)
+    ids, mask = ragged_batch([9], seed=3)
+    gamma, greedy = 2, Sampling(False)
+    generation = Generation(1 + 4 * (gamma + 1), greedy, ())
+    with torch.inference_mode():
+        base = generate.generate_baseline(target, ids, mask, generation, clock=clock)[0]
+        spec = generate.generate_speculative(target, DraftModelDrafter(draft, VOCAB, greedy), ids, mask, generation,
+                                             gamma, clock=clock)[0]
+        del positions[:]
+        costs = probes.measure_costs(target, {"d": draft}, ids, mask, [gamma + 1], clock, reps=2, context=5,
+                                     target_vocab_size=VOCAB)
+    assert [r["drafted"] for r in spec.rounds] == [gamma] * 4 and base.new_tokens == spec.new_tokens == 13
+    assert costs.target_forward_s == pytest.approx(1.5)
+    assert costs.c_by_draft == {"d": pytest.approx(0.2)} and costs.v == {gamma: pytest.approx(0.8)}
+    # each step (not the prefills of 14 tokens) appends after the prompt's 9 tokens and 5 more
+    assert costs.context_tokens == 14 and {position for width, position in positions if width < 14} == {14}
+    measured = ((spec.new_tokens - 1) / (spec.latency_s - spec.prefill_s - spec.draft_prefill_s)) / \
+        ((base.new_tokens - 1) / (base.latency_s - base.prefill_s))
+    assert measured == pytest.approx(2.5)
+    assert predicted_speedup(solve_alpha(spec.rounds), gamma, costs.c_by_draft["d"], costs.v[gamma]) == \
+        pytest.approx(measured)

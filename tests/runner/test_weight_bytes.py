@@ -66,7 +66,9 @@ def test_the_cost_probe_records_the_weight_bytes_and_no_busy_time_on_a_cpu(monke
     import runner.probes as probes
 
     target, draft = tiny_model("llama", seed=1, layers=3), tiny_model("llama", seed=2, layers=1)
-    monkeypatch.setattr(probes, "_timed_forward", lambda state, model, tokens, clock: 1.0 if model is target else 0.4)
+    monkeypatch.setattr(probes, "_timed_target_step", lambda *args: 1.0)
+    monkeypatch.setattr(probes, "_timed_draft_step", lambda *args: 0.4)
+    monkeypatch.setattr(probes, "_timed_verification", lambda *args: 1.0)
     ids, mask = ragged_batch([7, 12], seed=3)
     costs = measure_costs(target, {"d": draft}, ids, mask, [3], clock=None)
     assert costs.target_weight_bytes == 493_376 and costs.draft_weight_bytes == {"d": 197_440}
