@@ -24,15 +24,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 MT_BENCH = ("extraction", "coding")
 
 
-def build_prompts(path: Path, mt_bench: int) -> int:
-    rows = [json.loads(line) for line in (ROOT / "configs" / "data" / "heldout_prompts.jsonl").read_text().splitlines()
-            if line.strip()]
+def build_prompts(path: Path, mt_bench: int, categories=MT_BENCH, heldout: bool = True, gsm8k: int = 0) -> int:
+    """The prompt file: the held-out prompts (several per task family), the first `mt_bench` questions of each MT-Bench
+    category named, and the first `gsm8k` GSM8K test questions (category gsm8k)."""
+    data = ROOT / "configs" / "data"
+    rows = [json.loads(line) for line in (data / "heldout_prompts.jsonl").read_text().splitlines()
+            if line.strip()] if heldout else []
     counts: dict[str, int] = {}
-    for line in (ROOT / "configs" / "data" / "mt_bench_question.jsonl").read_text().splitlines():
+    for line in (data / "mt_bench_question.jsonl").read_text().splitlines():
         question = json.loads(line)
-        if question["category"] in MT_BENCH and counts.get(question["category"], 0) < mt_bench:
+        if question["category"] in categories and counts.get(question["category"], 0) < mt_bench:
             counts[question["category"]] = counts.get(question["category"], 0) + 1
             rows.append({"prompt": question["turns"][0], "category": question["category"]})
+    for line in (data / "gsm8k_test_50.jsonl").read_text().splitlines()[:gsm8k]:
+        rows.append({"prompt": json.loads(line)["question"], "category": "gsm8k"})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)
@@ -94,6 +99,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "benchmarks" / "hybrid.yaml"))
     parser.add_argument("--mt-bench", type=int, default=2, help="questions of each of the two MT-Bench categories")
+    parser.add_argument("--categories", default=",".join(MT_BENCH), help="MT-Bench categories, comma-separated")
+    parser.add_argument("--no-heldout", action="store_true", help="leave out configs/data/heldout_prompts.jsonl")
+    parser.add_argument("--gsm8k", type=int, default=0, help="the first N GSM8K test questions (category gsm8k)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--out", default=str(ROOT / "results" / f"hybrid-{time.strftime('%Y%m%d-%H%M%S')}"))
     parser.add_argument("--from", dest="existing", help="print the tables of an earlier run's folder")
@@ -102,7 +110,8 @@ def main() -> int:
         out = Path(args.existing)
     else:
         data = ROOT / "results" / "hybrid-data.jsonl"
-        print(f"{build_prompts(data, args.mt_bench)} prompts in {data}", file=sys.stderr)
+        count = build_prompts(data, args.mt_bench, tuple(args.categories.split(",")), not args.no_heldout, args.gsm8k)
+        print(f"{count} prompts in {data}", file=sys.stderr)
         out = run_on(args.config, args.overrides, data, Path(args.out))
     summary = json.loads((out / "summary.json").read_text())
     text = ("Speedup vs the baseline, 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an interval); "
