@@ -158,20 +158,10 @@ class PromptLookupDrafter(Drafter):
             continuations = self.rows[row].propose_many(self.ngram_max, self.ngram_min, min(max_tokens, limits[row]),
                                                         self.matches)
             trees.append(trie_of(continuations, self.budget or max_tokens * self.matches))
-        width = max(len(tokens) for tokens, _ in trees)
         self.last_tree = trees
-        if width == 0:
+        if not any(tokens for tokens, _ in trees):
             self.last_drafts = [[] for _ in trees]
-            zeros = torch.zeros(len(trees), dtype=torch.long)
-            return Proposal(host_to_device(torch.zeros(len(trees), 0, dtype=torch.long), self.device), None,
-                            host_to_device(zeros, self.device))
-        tokens = np.zeros((len(trees), width), dtype=np.int64)
-        parents = np.full((len(trees), width), -1, dtype=np.int64)
-        valid = np.zeros((len(trees), width), dtype=bool)
-        for row, (row_tokens, row_parents) in enumerate(trees):
-            tokens[row, :len(row_tokens)], parents[row, :len(row_tokens)] = row_tokens, row_parents
-            valid[row, :len(row_tokens)] = True
-        return Proposal(host_to_device(tokens, self.device), None, layout=TreeLayout(parents, valid))
+        return tree_proposal(trees, self.device)
 
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
         if path_host is not None:  # a tree round: the accepted path's tokens join the text
@@ -187,3 +177,20 @@ class PromptLookupDrafter(Drafter):
         kept = rows.tolist()
         self.rows = [self.rows[r] for r in kept]
         self._keep_observed(kept)
+
+
+def tree_proposal(trees: list[tuple[list[int], list[int]]], device) -> Proposal:
+    """Each row's (tokens, parents) trie -> one tree Proposal of point masses, the rows padded to the widest with
+    invalid nodes; a round where no row has a node proposes nothing (an empty chain)."""
+    width = max(len(tokens) for tokens, _ in trees)
+    if width == 0:
+        zeros = np.zeros(len(trees), dtype=np.int64)
+        return Proposal(host_to_device(np.zeros((len(trees), 0), dtype=np.int64), device), None,
+                        host_to_device(zeros, device))
+    tokens = np.zeros((len(trees), width), dtype=np.int64)
+    parents = np.full((len(trees), width), -1, dtype=np.int64)
+    valid = np.zeros((len(trees), width), dtype=bool)
+    for row, (row_tokens, row_parents) in enumerate(trees):
+        tokens[row, :len(row_tokens)], parents[row, :len(row_tokens)] = row_tokens, row_parents
+        valid[row, :len(row_tokens)] = True
+    return Proposal(host_to_device(tokens, device), None, layout=TreeLayout(parents, valid))

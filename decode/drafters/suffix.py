@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal
+from decode.drafters.prompt_lookup import tree_proposal
 from decode.kv import host_to_device
-from decode.tree import TreeLayout
 
 
 class _Node:
@@ -272,18 +272,7 @@ class SuffixDrafter(Drafter):
     def _propose_tree(self, max_tokens, limits):
         trees = [source.propose_tree(min(max_tokens, limit), self.budget) for source, limit in zip(self.rows, limits)]
         self.last_tree = trees
-        width = max(len(tokens) for tokens, _ in trees)
-        if width == 0:
-            zeros = np.zeros(len(trees), dtype=np.int64)
-            return Proposal(host_to_device(np.zeros((len(trees), 0), dtype=np.int64), self.device), None,
-                            host_to_device(zeros, self.device))
-        tokens = np.zeros((len(trees), width), dtype=np.int64)
-        parents = np.full((len(trees), width), -1, dtype=np.int64)
-        valid = np.zeros((len(trees), width), dtype=bool)
-        for row, (row_tokens, row_parents) in enumerate(trees):
-            tokens[row, :len(row_tokens)], parents[row, :len(row_tokens)] = row_tokens, row_parents
-            valid[row, :len(row_tokens)] = True
-        return Proposal(host_to_device(tokens, self.device), None, layout=TreeLayout(parents, valid))
+        return tree_proposal(trees, self.device)
 
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
         if path_host is not None:
