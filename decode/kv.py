@@ -88,6 +88,30 @@ def tree_support_problem(model) -> str | None:
     return None
 
 
+def grow_tree(depths: np.ndarray, ancestors: np.ndarray, parents: np.ndarray, valid: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """A round's tree region grown by S nodes: depths [B, R] (levels below the root's children: 0 for them and for
+    padding nodes) and ancestors [B, R, R] of the region so far, the new nodes' parents [B, S] (region columns, -1:
+    the root) and valid [B, S] -> depths [B, R + S] and ancestors [B, R + S, R + S]: a node is one level below its
+    parent and has its parent's ancestors and itself. A parent that is not an earlier node raises ValueError. Shared by
+    the eager (KVState) and compiled (StaticKVState) tree forwards."""
+    batch, old = depths.shape
+    width = parents.shape[1]
+    depths = np.concatenate([depths, np.zeros((batch, width), np.int64)], axis=1)
+    grown = np.zeros((batch, old + width, old + width), dtype=bool)
+    grown[:, :old, :old] = ancestors
+    for row in range(batch):
+        for node in range(width):
+            column, parent = old + node, parents[row, node]
+            if valid[row, node] and parent >= 0:
+                if parent >= column:
+                    raise ValueError(f"tree node {node} of row {row}: its parent {parent} is not an earlier node")
+                depths[row, column] = depths[row, parent] + 1
+                grown[row, column] = grown[row, parent]
+            grown[row, column, column] = True
+    return depths, grown
+
+
 def layer_masks(allowed: dict, layer_types, window: int | None, additive: bool, dtype: torch.dtype):
     """Which keys each query may see, by kind ("full_attention", and "sliding_attention" for a model with a window):
     [B, S, L] bool -> the attention_mask a model takes: [B, 1, S, L] bool (sdpa) or additive (eager), as a dict by
@@ -213,25 +237,12 @@ class KVState:
         valid = np.asarray(valid, dtype=bool)
         if new_round or self._tree is None:
             committed = self.mask_host.sum(axis=1)  # [B] tokens so far: the root's children sit at this position
-            self._tree = {"start": self.length, "base": committed, "positions": np.zeros((batch, 0), np.int64),
+            self._tree = {"start": self.length, "base": committed, "depths": np.zeros((batch, 0), np.int64),
                           "ancestors": np.zeros((batch, 0, 0), bool)}
         tree = self._tree
-        old = tree["positions"].shape[1]
-        positions = np.concatenate([tree["positions"], np.zeros((batch, width), np.int64)], axis=1)
-        ancestors = np.zeros((batch, old + width, old + width), dtype=bool)
-        ancestors[:, :old, :old] = tree["ancestors"]
-        for row in range(batch):
-            for node in range(width):
-                column, parent = old + node, parents[row, node]
-                if not valid[row, node] or parent < 0:
-                    positions[row, column] = tree["base"][row]
-                else:
-                    if parent >= column:
-                        raise ValueError(f"tree node {node} of row {row}: its parent {parent} is not an earlier node")
-                    positions[row, column] = positions[row, parent] + 1
-                    ancestors[row, column] = ancestors[row, parent]
-                ancestors[row, column, column] = True
-        tree["positions"], tree["ancestors"] = positions, ancestors
+        old = tree["depths"].shape[1]
+        tree["depths"], tree["ancestors"] = grow_tree(tree["depths"], tree["ancestors"], parents, valid)
+        positions, ancestors = tree["base"][:, None] + tree["depths"], tree["ancestors"]
         input_host = valid.astype(np.int64)
         prefix_host = self.mask_host[:, :tree["start"]]
         # each committed column's position: holes are masked, so a count of the row's real slots is exact

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from decode.kv import KVState, TreeUnsupported, host_to_device, layer_masks, sliding_window_of, tree_support_problem
+from decode.kv import (KVState, TreeUnsupported, grow_tree, host_to_device, layer_masks, sliding_window_of,
+                       tree_support_problem)
 
 
 class CompileRefused(ValueError):
@@ -464,19 +465,8 @@ class StaticKVState:
         tree = self._tree
         old = tree["depths"].shape[1]
         region = old + num_nodes
-        depths = np.concatenate([tree["depths"], np.zeros((batch, num_nodes), np.int64)], axis=1)
-        ancestors = np.zeros((batch, region, region), dtype=bool)
-        ancestors[:, :old, :old] = tree["ancestors"]
-        for row in range(batch):
-            for node in range(num_nodes):
-                column, parent = old + node, parents[row, node]
-                if valid[row, node] and parent >= 0:
-                    if parent >= column:
-                        raise ValueError(f"tree node {node} of row {row}: its parent {parent} is not an earlier node")
-                    depths[row, column] = depths[row, parent] + 1
-                    ancestors[row, column] = ancestors[row, parent]
-                ancestors[row, column, column] = True
-        tree["depths"], tree["ancestors"] = depths, ancestors
+        tree["depths"], tree["ancestors"] = grow_tree(tree["depths"], tree["ancestors"], parents, valid)
+        depths, ancestors = tree["depths"], tree["ancestors"]
         buffers, capacity = self.buffers, self.buffers.valid.shape[0]
         width = self.compiled.width_for(num_nodes, tree=True)
         self._room(width)  # a compaction keeps the region's columns together, moving tree["start"]
