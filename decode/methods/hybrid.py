@@ -7,27 +7,20 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.drafters import DraftModelDrafter
     from decode.drafters.hybrid import SOURCES, HybridDrafter
     from decode.drafters.schedules import PointEvidence
-    from decode.drafters.suffix import remember_outputs
-    from decode.generate import generate_speculative
-    from decode.methods.suffix import MAX_DEPTH, MIN_PROB, cache_for
+    from decode.methods.suffix import cache_for, generate_remembering, options
 
     costs = ctx.costs
     c = costs.c_for(point.draft) if costs else None
     if c is None or not costs.v:
         raise ValueError("hybrid needs the measured costs c and v, and the cost probes did not run")
-    max_depth = ctx.options.get("suffix_max_depth") or MAX_DEPTH
-    min_prob = ctx.options.get("suffix_min_prob")
+    max_depth, min_prob = options(ctx)
     cache = cache_for(ctx, point, max_depth + point.gamma)
     pools = ctx.memory.setdefault(("hybrid", point.key), {s: PointEvidence(point.gamma) for s in SOURCES})
     draft = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator)
     drafter = HybridDrafter(draft, ctx.target_vocab_size, point.gamma, c, dict(costs.v), pools=pools, cache=cache,
                             ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1),
-                            suffix_max_depth=max_depth, suffix_min_prob=MIN_PROB if min_prob is None else min_prob)
-    records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                   ctx.clock)
-    if not ctx.warming_up:  # the warmup runs the first batch's prompts: its outputs would be the answers
-        remember_outputs(cache, prompt_ids, prompt_mask, records)
-    return records
+                            suffix_max_depth=max_depth, suffix_min_prob=min_prob)
+    return generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator)
 
 
 SPEC = MethodSpec("hybrid", "per row and round, prompt lookup, suffix decoding, the draft model, or a tree of a free "
