@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 # The named axes of a sweep point. None = the axis does not apply to the point's method.
 AXES = ("method", "draft", "gamma", "schedule", "tree", "exit_layer", "synthetic_acceptance", "batch_size",
-        "temperature")
+        "concurrency", "request_rate", "temperature")
 # Points that share these are compared with one another (and with the same baseline).
-COMPARISON_AXES = ("batch_size", "temperature")
+COMPARISON_AXES = ("batch_size", "concurrency", "request_rate", "temperature")
 # The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
 EARLIER_PROCESS = "earlier"
 # the keys of progress.json's costs and drift entries of one batch size as written before they were kept per process
@@ -43,7 +43,15 @@ class Point:
     # the set alpha of a synthetic point (config speculative.synthetic_acceptance): each draft accepted by a seeded
     # Bernoulli(alpha) chain, not by the target (decode/sampling.py accept_synthetic); None: the real acceptance
     synthetic_acceptance: float | None = None
+    # a serving point (config load:): at most `concurrency` requests in flight (batch_size is the same number), arriving
+    # at request_rate per second (None: all at once); both None: a fixed batch
+    concurrency: int | None = None
+    request_rate: float | None = None
     temperature: float | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self.concurrency is not None
 
     @property
     def key(self) -> tuple:
@@ -52,9 +60,10 @@ class Point:
     @property
     def label(self) -> str:
         shown = {"draft": "draft={}", "gamma": "gamma={}", "schedule": "{}", "tree": "tree={}", "exit_layer": "exit={}",
-                 "synthetic_acceptance": "synthetic={}", "batch_size": "batch={}", "temperature": "T={}"}
+                 "synthetic_acceptance": "synthetic={}", "batch_size": "batch={}", "concurrency": "conc={}",
+                 "request_rate": "rate={}/s", "temperature": "T={}"}
         parts = [self.method] + [shown[axis].format(getattr(self, axis)) for axis in AXES[1:]
-                                 if getattr(self, axis) is not None]
+                                 if getattr(self, axis) is not None and not (axis == "batch_size" and self.serving)]
         if self.temperature is None:
             parts.append("greedy")
         return " ".join(parts)
@@ -109,6 +118,17 @@ class SampleRecord:
     # the greedy baseline: per new token its top-1 minus top-2 logit (4 significant digits), else None
     top2_gaps: list[float] | None = None
     synthetic_acceptance: float | None = None  # the point's axis (Point); rows written before it: None
+    concurrency: int | None = None  # a serving point's axes (Point); None: a fixed batch
+    request_rate: float | None = None
+    # a serving point's request, in seconds from the load point's start: when it arrived, when its prefill began (it
+    # waited in the queue between the two), its first token and its last; emits: [time_s, tokens] per time it got
+    # tokens (a round's accepted drafts and the target's token come at once). latency_s is then finish - arrival and
+    # prefill_s first token - arrival (TTFT, the wait included). None: a fixed batch
+    arrival_s: float | None = None
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    emits: list[list[float]] | None = None
     extra: dict = field(default_factory=dict)
 
     @property

@@ -187,8 +187,8 @@ class RayExecutor:
         while queue or running:
             while queue and idle:
                 worker, unit = idle.pop(0), queue.pop(0)
-                keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(self.config, unit.batch_size,
-                                                                                   unit.temperature, engine="ours")}
+                keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(self.config, *unit.comparison,
+                                                                                   engine="ours")}
                 ref = self.workers[worker].run_unit.remote(unit, done & keys)
                 running[ref] = (worker, unit)
             ready, _ = ray.wait(list(running), num_returns=1)

@@ -13,7 +13,7 @@ from decode.methods import REGISTRY
 from eval.records import Point
 from eval.report import print_table
 from runner.display import Display
-from runner.plan import Unit, comparisons, points_of, units_of
+from runner.plan import Unit, comparisons, num_units, points_of, units_of
 from runner.probes import PROCESS, environment
 from runner.session import Session, UnitResult, apply_engine  # noqa: F401 (apply_engine: kept importable here)
 from runner.storage import ReportFolder
@@ -171,21 +171,21 @@ class Experiment:
         speedup CI in it is narrow enough (or at max_repeats, or past time_budget_s)."""
         config = self.config
         num_prompts = self.num_prompts = executor.num_prompts
-        pending = comparisons(config)
+        pending = comparisons(config, (config.load.requests or num_prompts) if config.load else None)
         started = time.monotonic()
         done = self.folder.done_batches()
-        total = sum(len(points_of(config, b, t)) * -(-num_prompts // b) for b, t in pending) * config.max_repeats_planned
+        total = sum(len(points_of(config, *c)) * num_units(c, num_prompts) for c in pending) * config.max_repeats_planned
         with Display(self.console, total) as display:
             self.display = display
             for repeat in range(config.max_repeats_planned):
                 units: dict[str, list[Unit]] = {"ours": [], "vllm": []}  # by engine
                 planned_repeats = config.repeats if config.repeats != "auto" else repeat + 1
-                for batch_size, temperature in pending:
-                    for point in points_of(config, batch_size, temperature):
-                        self.progress.planned[point.label] = -(-num_prompts // batch_size) * planned_repeats
-                    for unit in units_of(batch_size, temperature, num_prompts, repeat):
+                for comparison in pending:
+                    for point in points_of(config, *comparison):
+                        self.progress.planned[point.label] = num_units(comparison, num_prompts) * planned_repeats
+                    for unit in units_of(comparison, num_prompts, repeat):
                         for engine, mine in units.items():
-                            points = points_of(config, batch_size, temperature, engine=engine)
+                            points = points_of(config, *comparison, engine=engine)
                             if not points:
                                 continue
                             if all(p.key + (repeat, unit.batch_index) in done for p in points):
@@ -293,7 +293,8 @@ class Experiment:
         the comparison's costs and the drift probe; then rebuild the summary."""
         self.folder.append(result.rows)
         known = {(tuple(Point.of(f).key), f["status"]) for f in self.progress.failures}
-        where = f"batch {unit.batch_index + 1}/{-(-getattr(self, 'num_prompts', 0) // unit.batch_size)} repeat {unit.repeat}"
+        where = (f"load point repeat {unit.repeat}" if unit.serving else
+                 f"batch {unit.batch_index + 1}/{-(-getattr(self, 'num_prompts', 0) // unit.batch_size)} repeat {unit.repeat}")
         for label in result.rates:
             if self.display:
                 self.display.point_done(label, [r for r in result.rows if Point.of(r).label == label], where,

@@ -19,18 +19,30 @@ from eval.records import Point
 
 @dataclass(frozen=True)
 class Unit:
+    """One batch of a fixed-batch comparison, or one whole load point of a serving run (config load:): all its
+    requests, batch_index 0, batch_size = concurrency (the most rows in flight)."""
     batch_size: int
     temperature: float | None
     repeat: int
     batch_index: int
+    concurrency: int | None = None  # a serving unit's load point; None: a fixed batch
+    request_rate: float | None = None  # requests per second; None: all at once
+
+    @property
+    def serving(self) -> bool:
+        return self.concurrency is not None
 
     @property
     def comparison(self) -> tuple:
-        return self.batch_size, self.temperature
+        """What points_of and Session.prepare take: (batch_size, temperature), and a serving unit's load point."""
+        return (self.batch_size, self.temperature) + ((self.concurrency, self.request_rate) if self.serving else ())
 
     @property
     def label(self) -> str:
         temperature = "greedy" if self.temperature is None else f"T={self.temperature}"
+        if self.serving:
+            rate = "" if self.request_rate is None else f" rate={self.request_rate}/s"
+            return f"conc={self.concurrency}{rate} {temperature} repeat={self.repeat}"
         return f"batch={self.batch_size} {temperature} repeat={self.repeat} batch#{self.batch_index}"
 
 
@@ -48,8 +60,10 @@ def axis_values(config, method: str) -> dict[str, list]:
     }
 
 
-def points_of(config, batch_size: int, temperature: float | None, engine: str | None = None) -> list[Point]:
-    """The comparison's points, of one engine's methods where engine is given ("ours", "vllm").
+def points_of(config, batch_size: int, temperature: float | None, concurrency: int | None = None,
+              request_rate: float | None = None, engine: str | None = None) -> list[Point]:
+    """The comparison's points, of one engine's methods where engine is given ("ours", "vllm"); a serving
+    comparison's carry its load point (concurrency, request_rate).
 
     Per method, the chains (tree None) first, as before trees existed, then the trees in config order. A tree point
     has no schedule (schedules choose a chain's length), and a static tree's gamma is its depth, so the gamma axis
@@ -69,12 +83,15 @@ def points_of(config, batch_size: int, temperature: float | None, engine: str | 
                     gamma, schedule = tree_depth(tree, gamma), None
                 points.append(Point(method=method, batch_size=batch_size, draft=draft, gamma=gamma, schedule=schedule,
                                     tree=tree, exit_layer=exit_layer, synthetic_acceptance=synthetic,
-                                    temperature=temperature))
+                                    concurrency=concurrency, request_rate=request_rate, temperature=temperature))
     return list(dict.fromkeys(points))  # a static tree comes once per gamma and schedule: keep the first
 
 
-def comparisons(config) -> list[tuple[int, float | None]]:
-    """(batch_size, temperature) pairs, in the order they run; each has its own baseline."""
+def comparisons(config, requests: int | None = None) -> list[tuple]:
+    """(batch_size, temperature) pairs, in the order they run; each has its own baseline. A serving run's (config
+    load:) are (concurrency, temperature, concurrency, request_rate): its load points, `requests` per point."""
+    if getattr(config, "load", None) is not None:
+        return [(c, t, c, r) for t in config.generation.temperatures() for c, r in config.load.points(requests or 1)]
     return [(b, t) for t in config.generation.temperatures() for b in config.batch_size]
 
 
@@ -89,9 +106,19 @@ def batches_of(prompts: list, batch_size: int) -> list[list]:
     return [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
-def units_of(batch_size: int, temperature, num_prompts: int, repeat: int) -> list[Unit]:
+def units_of(comparison: tuple, num_prompts: int, repeat: int) -> list[Unit]:
+    """A fixed-batch comparison's batches of num_prompts prompts; a serving comparison is one unit (its requests)."""
+    if len(comparison) == 4:
+        batch_size, temperature, concurrency, rate = comparison
+        return [Unit(batch_size, temperature, repeat, 0, concurrency, rate)]
+    batch_size, temperature = comparison
     count = -(-num_prompts // batch_size)
     return [Unit(batch_size, temperature, repeat, index) for index in range(count)]
+
+
+def num_units(comparison: tuple, num_prompts: int) -> int:
+    """Units (batches; one for a load point) per repeat of a comparison."""
+    return 1 if len(comparison) == 4 else -(-num_prompts // comparison[0])
 
 
 def williams_order(n: int, index: int) -> list[int]:

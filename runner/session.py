@@ -16,6 +16,8 @@ from decode.methods import REGISTRY, RunContext
 from decode.vocab import VocabMismatch
 from eval.records import CostProbe, Point, SampleRecord
 from runner.attention import settle_attention
+from decode.serving import Load
+from runner.load import requests_of, schedule_of
 from runner.plan import Unit, batches_of, comparisons, order_of, points_of, skipped_reason
 from runner.probes import PROCESS, drift_probe, measure_costs, verify_widths
 from utils import UserError
@@ -72,6 +74,14 @@ def eos_ids(tokenizer, model) -> tuple[int, ...]:
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     return tuple(sorted(eos))
+
+
+def serving_fields(record) -> dict:
+    """A served request's times (decode/serving.py): arrival, admission, first and last token, its emissions."""
+    if getattr(record, "arrival_s", None) is None:
+        return {}
+    return {"arrival_s": record.arrival_s, "admitted_s": record.admitted_s, "first_token_s": record.first_token_s,
+            "finish_s": record.finish_s, "emits": [list(e) for e in record.emits]}
 
 
 def failure(point: Point, status: str, error: str) -> dict:
@@ -171,7 +181,7 @@ class Session:
         from runner.probes import AUTO_TREE_NODES
 
         config = self.config
-        points = [p for b, t in comparisons(config) for p in points_of(config, b, t, engine="ours")]
+        points = [p for c in comparisons(config, 1) for p in points_of(config, *c, engine="ours")]
         plan = compile_widths(points, config.speculative.tree_top_k, AUTO_TREE_NODES)
         longest = max(len(p.token_ids) for p in self.prompt_set.prompts)
         # a row holds its prompt and its new tokens, plus one round's columns beyond them; the cost_model schedule's
@@ -333,8 +343,8 @@ class Session:
         if loaded.quantization == "none" and loaded.dtype == "float32":
             return (5,)
         config = self.config
-        points = [p for b in config.batch_size for t in config.generation.temperatures()
-                  for p in points_of(config, b, t, engine="ours") if REGISTRY[p.method].has_rounds and p.gamma]
+        points = [p for c in comparisons(config, 1) for p in points_of(config, *c, engine="ours")
+                  if REGISTRY[p.method].has_rounds and p.gamma]
         trees = [p for p in points if getattr(p, "tree", None) is not None]
         widths = {min(gamma, MAX_PROBED_GAMMA) + 1 for gamma in config.speculative.gamma} | verify_widths(trees)
         return tuple(sorted(widths))
@@ -347,17 +357,32 @@ class Session:
     def batches(self, batch_size: int) -> list[list]:
         return batches_of(self.prompt_set.prompts, batch_size)
 
+    def prompts_of(self, unit: Unit) -> list:
+        """The unit's prompts: its batch, or a serving unit's requests (runner/load.py)."""
+        if unit.serving:
+            return requests_of(self.prompt_set.prompts, self.config.load.requests)
+        return self.batches(unit.batch_size)[unit.batch_index]
+
+    def load_of(self, unit: Unit) -> Load | None:
+        """A serving unit's requests' arrival times and concurrency (decode/serving.py Load); None: a fixed batch."""
+        if not unit.serving:
+            return None
+        return Load(schedule_of(self.config, unit, len(self.prompt_set.prompts)), unit.concurrency)
+
     def batch_tensors(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return left_pad([p.token_ids for p in batch], self.pad_id, self.device)
 
     # -- per comparison ---------------------------------------------------------------------------
-    def prepare(self, batch_size: int, temperature, known_costs: CostProbe | None = None) -> dict:
-        """Warm up every point on this comparison's first batch, then measure c and v there (once per
-        batch size). Returns {"failures": [...], "costs": {...} or None, "notes": [...]}."""
-        key = (batch_size, temperature)
+    def prepare(self, comparison: tuple, known_costs: CostProbe | None = None) -> dict:
+        """Warm up every point on this comparison's first batch (a serving comparison's: its first `concurrency`
+        requests), then measure c and v there (once per comparison). Returns {"failures": [...], "costs": {...} or
+        None, "notes": [...]}."""
+        key = comparison
         if key in self.prepared:
             return self.prepared[key]
-        points = points_of(self.config, batch_size, temperature, engine="ours")
+        batch_size, temperature = comparison[:2]
+        points = points_of(self.config, *comparison, engine="ours")
+        self.context.load = None  # the warmup and the probes run a fixed batch
         state = {"failed": set(), "failures": [], "costs": known_costs, "notes": []}
         for point in points:
             reason = skipped_reason(point)
@@ -445,15 +470,17 @@ class Session:
     def run_unit(self, unit: Unit, done: set[tuple] = frozenset(), on_point=None) -> UnitResult:
         """Every point of the unit's comparison on the unit's batch, back to back, in the unit's order (order_of).
         done: batch keys already on disk (not rerun). on_point(point, rate): called after each point."""
-        state = self.prepare(unit.batch_size, unit.temperature)
-        batch = self.batches(unit.batch_size)[unit.batch_index]
+        state = self.prepare(unit.comparison)
+        batch = self.prompts_of(unit)
         ids, mask = self.batch_tensors(batch)
         result = UnitResult(failures=list(state["failures"]), costs=state["costs"], notes=list(state["notes"]),
                             worker=self.worker)
-        points = points_of(self.config, unit.batch_size, unit.temperature, engine="ours")
+        points = points_of(self.config, *unit.comparison, engine="ours")
         self.context.costs = state["costs"]
+        self.context.load = self.load_of(unit)
         with torch.inference_mode():
-            result.drift_probe_s = drift_probe(self.target.model, ids, mask, self.clock)
+            probe_ids, probe_mask = self.batch_tensors(batch[:unit.batch_size]) if unit.serving else (ids, mask)
+            result.drift_probe_s = drift_probe(self.target.model, probe_ids, probe_mask, self.clock)
             for point in order_of(points, unit):
                 if point in state["failed"] or point.key + (unit.repeat, unit.batch_index) in done:
                     continue
@@ -508,6 +535,6 @@ class Session:
                 target_s=record.target_s, draft_s=record.draft_s, draft_prefill_s=record.draft_prefill_s,
                 rounds=record.rounds if REGISTRY[point.method].has_rounds else None, peak_memory_bytes=peak,
                 top2_gaps=[float(f"{gap:.4g}") for gap in record.top2_gaps] or None,
-                worker=self.worker, process=PROCESS).to_json())
+                worker=self.worker, process=PROCESS, **serving_fields(record)).to_json())
         wall = max(r.latency_s for r in records)
         return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 from decode.methods import REGISTRY
 from eval.records import Point, SampleRecord
-from runner.plan import Unit, order_of, points_of, skipped_reason, williams_order
+from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
 from runner.session import UnitResult, failure
 from utils import UserError
@@ -399,8 +399,7 @@ class VllmExecutor:
         if any(size is None for size in sizes.values()):
             return "engine"  # a hub id: its size is not known before it downloads
         engines: dict[str, int] = {}  # distinct engines of a comparison -> the bytes they hold
-        for point in points_of(self.config, self.config.batch_size[0], self.config.generation.temperatures()[0],
-                               engine="vllm"):
+        for point in points_of(self.config, *comparisons(self.config)[0], engine="vllm"):
             kwargs = self.engine_kwargs(point)
             drafted = (kwargs.get("speculative_config") or {}).get("model")
             draft = next((sizes[r] for r, path in models.items() if r != "target" and path == drafted), 0)
@@ -532,7 +531,7 @@ class VllmExecutor:
 
     def run_batch(self, engine: Engine, point: Point, unit: Unit) -> list[dict] | str:
         """The point's records of one batch, or why there are none."""
-        batch = self.session.batches(unit.batch_size)[unit.batch_index]
+        batch = self.session.prompts_of(unit)
         seed = (self.config.seed * 1_000_003 + unit.batch_index * 101 + unit.repeat) % 2**63
         answer = self.generate(engine, self._job(batch, unit.temperature, self.config.generation.max_new_tokens, seed))
         if not answer.get("ok"):
@@ -556,7 +555,7 @@ class VllmExecutor:
             by_comparison.setdefault(unit.comparison, []).append(unit)
         try:
             for comparison, mine in by_comparison.items():
-                points = points_of(self.config, comparison[0], comparison[1], engine="vllm")
+                points = points_of(self.config, *comparison, engine="vllm")
                 if not points:
                     continue
                 self._note_pairing()

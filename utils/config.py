@@ -292,6 +292,68 @@ class VllmConfig(Strict):
         return value
 
 
+class SloConfig(Strict):
+    ttft_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="a request meets the SLO with its time "
+                                                                             "to first token at most this (seconds)")
+    tpot_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="... and its mean time per output token "
+                                                                              "after the first at most this (ms)")
+
+
+class LoadConfig(Strict):
+    """A serving run (docs/load.md): requests arrive and leave, each load point runs every method on the same
+    arrival schedule, with continuous batching (a finished row's slot takes the next waiting request)."""
+    concurrency: list[int] | None = Field(None, description="closed loop: at most C requests in flight, the next "
+                                                            "starts when one finishes; a list sweeps")
+    request_rate: list[float | Literal["inf"]] | None = Field(
+        None, description="requests per second (inf: all at once), capped by concurrency where given; a list sweeps")
+    arrival: Literal["poisson", "constant"] = Field("poisson", description="gaps between arrivals at request_rate: "
+                                                                          "gamma-distributed (poisson at burstiness 1) "
+                                                                          "or equal")
+    burstiness: float = Field(1.0, gt=0, allow_inf_nan=False, description="poisson arrivals: the gamma shape of the "
+                                                                          "gaps (1: Poisson; below 1 burstier), as "
+                                                                          "vLLM's bench serve")
+    requests: int | None = Field(None, ge=1, description="requests per load point; default: the dataset's prompts "
+                                                         "(more cycle through them)")
+    slo: SloConfig = Field(SloConfig(), description="for goodput: the requests per second that meet every limit given")
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _concurrency(cls, value):
+        return None if value is None else _sweep(value, "load.concurrency")
+
+    @field_validator("request_rate", mode="before")
+    @classmethod
+    def _rate(cls, value):
+        if value is None:
+            return None
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError("load.request_rate list is empty; give at least one rate, or leave it out")
+        rates = []
+        for v in values:
+            if isinstance(v, str) and v.strip().lower() in ("inf", ".inf", "infinity"):
+                v = math.inf
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v <= 0:
+                raise ValueError(f"load.request_rate must be a number > 0 (requests per second) or inf, got {v!r}")
+            rates.append("inf" if math.isinf(v) else float(v))
+        if len(set(rates)) != len(rates):
+            raise ValueError(f"load.request_rate list {values} repeats a value; list each once")
+        return rates
+
+    @model_validator(mode="after")
+    def _some_load(self):
+        if self.concurrency is None and self.request_rate is None:
+            raise ValueError("load needs concurrency (a closed loop of C requests in flight) or request_rate "
+                             "(requests per second), e.g. load: {concurrency: [1, 4]}")
+        return self
+
+    def points(self, requests: int) -> list[tuple[int, float | None]]:
+        """The load points as (concurrency, rate): rate None = all at once (inf); no concurrency given = no cap
+        (every request may be in flight: `requests`)."""
+        rates = [None if r == "inf" else r for r in (self.request_rate or ["inf"])]
+        return [(c if c is not None else requests, r) for r in rates for c in (self.concurrency or [None])]
+
+
 class ReportConfig(Strict):
     summary_file_name: str | None = Field(None, description="an extra copy of summary.json under this name")
     plots: bool = Field(True, description="write the PNG plots")
@@ -325,6 +387,8 @@ class Config(Strict):
     max_repeats: int = Field(5, ge=1, description="repeats: auto stops here")
     ci_target: float = Field(0.10, gt=0, description="repeats: auto stops once every speedup CI is within +-this share")
     time_budget_s: float | None = Field(None, gt=0, description="repeats: auto starts no new repeat after this")
+    load: LoadConfig | None = Field(None, description="a serving run: load points replace batch_size "
+                                                      "(docs/load.md)")
     engine: EngineConfig = EngineConfig()
     report: ReportConfig = ReportConfig()
     cluster: ClusterConfig = ClusterConfig()
@@ -388,6 +452,8 @@ class Config(Strict):
                              "run hf_prompt_lookup in a run of its own")
         self._check_trees()
         self._check_synthetic()
+        if self.load is not None:
+            self._check_load()
         if self.engine.compile:
             self._check_compilable()
         return self
@@ -427,6 +493,24 @@ class Config(Strict):
         if self.speculative.tree != [None]:
             raise ValueError("speculative.synthetic_acceptance applies to a chain of drafts, not to token trees: set "
                              "speculative.tree: null, or synthetic_acceptance: null")
+
+    def _check_load(self) -> None:
+        """A serving run: every method must take requests that arrive and leave."""
+        from decode.methods import REGISTRY
+
+        fixed = [m for m in self.methods if not REGISTRY[m].serves]
+        if fixed:
+            takers = ", ".join(name for name, spec in REGISTRY.items() if spec.serves)
+            raise ValueError(f"load: {fixed[0]} runs fixed batches only (transformers' generate has no continuous "
+                             f"batching); drop it from methods, or drop load. Under load: {takers}")
+        if self.engine.compile:
+            raise ValueError("load: engine.compile keeps static caches of a fixed batch, and a serving run adds rows as "
+                             "requests arrive; set engine.compile: false")
+        if self.repeats == "auto":
+            raise ValueError("load: repeats: auto settles fixed batches' intervals; under load give repeats a number")
+        if self.batch_size != [1]:
+            raise ValueError("load replaces batch_size (a serving run's batch is the requests in flight, up to "
+                             "load.concurrency): drop batch_size, or drop load for fixed batches")
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""

@@ -24,6 +24,7 @@ class RunContext:
     costs: object = None  # eval.records.CostProbe of this batch size (the cost_model schedule), None: not measured
     options: dict = field(default_factory=dict)  # config.speculative as a dict (confidence, ngram sizes, ...)
     memory: dict = field(default_factory=dict)  # what a method learns across the batches of a point, by point
+    load: object = None  # decode/serving.py Load: a serving run's arrivals and concurrency; None: a fixed batch
     warming_up: bool = False  # the untimed warmup runs (a shorter max_new_tokens): learn nothing about lengths
 
 
@@ -37,6 +38,7 @@ class MethodSpec:
     is_reference: bool = False  # the autoregressive baseline every ratio is computed against
     per_row_timing: bool = True  # False: one wall time per batch, no TTFT or forward counts (transformers' peers)
     max_batch_size: int | None = None  # None: any; 1: batch size 1 only (other sizes are reported as skipped)
+    serves: bool = True  # runs under load (config load:): requests that arrive and leave, with continuous batching
     peer: bool = False  # transformers' implementation, run for comparison
     engine: str = "ours"  # the engine that runs it: "ours" (this process, run) or "vllm" (a vLLM worker, vllm_config)
     draft_kinds: tuple[str, ...] = ("model",)  # the kinds of draft entry (config draft[i].kind) its draft axis takes

@@ -87,11 +87,11 @@ def run_prompt_lookup(ctx, point, prompt_ids, prompt_mask, generation, generator
 
 
 GENERATE = MethodSpec("hf_generate", "transformers' model.generate(), the target alone", axes=(), run=run_generate,
-                      per_row_timing=False, peer=True)
+                      per_row_timing=False, peer=True, serves=False)
 ASSISTED = MethodSpec("hf_assisted", "transformers' assisted generation with the draft, constant schedule at gamma",
-                      axes=("draft", "gamma"), run=run_assisted, per_row_timing=False, max_batch_size=1, peer=True)
+                      axes=("draft", "gamma"), run=run_assisted, per_row_timing=False, max_batch_size=1, peer=True, serves=False)
 ASSISTED_DEFAULT = MethodSpec("hf_assisted_default", "transformers' assisted generation with its own default schedule",
                               axes=("draft",), run=run_assisted_default, per_row_timing=False, max_batch_size=1,
-                              peer=True)
+                              peer=True, serves=False)
 PROMPT_LOOKUP = MethodSpec("hf_prompt_lookup", "transformers' prompt lookup decoding (prompt_lookup_num_tokens = gamma)",
-                           axes=("gamma",), run=run_prompt_lookup, per_row_timing=False, max_batch_size=1, peer=True)
+                           axes=("gamma",), run=run_prompt_lookup, per_row_timing=False, max_batch_size=1, peer=True, serves=False)

@@ -92,6 +92,7 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     from dataclasses import asdict
 
     from eval.records import Point, SampleRecord, batch_key
+    SERVING_FIELDS = ("concurrency", "request_rate", "arrival_s", "admitted_s", "first_token_s", "finish_s", "emits")
     from runner.storage import ReportFolder
     from sample_records import record
 
@@ -101,7 +102,7 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     point, = [p for p in points_of(config, 1, None) if p.method == "speculative"]
     assert Point.of(old) == point and batch_key(old) == point.key + (1, 3)
     assert asdict(SampleRecord.from_json(old)) == {**old, "tree": None, "synthetic_acceptance": None, "top2_gaps": None,
-                                                   "extra": {}}
+                                                   "extra": {}, **dict.fromkeys(SERVING_FIELDS)}
 
     raw = config.model_dump(mode="json")
     older = {**raw, "speculative": {k: v for k, v in raw["speculative"].items() if not k.startswith("tree")}}
