@@ -82,6 +82,14 @@ CASES = [
     ("tree-of-a-billion-nodes", "speculative.tree", [1000, 1000, 1000], "at most 256"),  # counted, never built
     ("tree-label-past-the-cap", "speculative.tree", "20-20", "at most 256"),
     ("tree-not-integers", "speculative.tree", [2.5, 1], "one integer >= 1 per depth"),
+    ("load-concurrency-zero", "load", {"concurrency": [0, 2]}, "load.concurrency"),
+    ("load-rate-negative", "load", {"request_rate": [-1.0]}, "load.request_rate"),
+    ("load-rate-zero", "load", {"concurrency": 2, "request_rate": 0}, "load.request_rate"),
+    ("load-arrival-unknown", "load", {"concurrency": 2, "arrival": "bursty"}, "load.arrival"),
+    ("load-with-hf", "__LOAD_HF__", None, "hf_generate runs fixed batches only"),
+    ("load-slo-unknown-key", "load", {"concurrency": 2, "slo": {"ttft": 1.0}}, "load.slo.ttft"),
+    ("load-slo-not-positive", "load", {"concurrency": 2, "slo": {"tpot_ms": 0}}, "load.slo.tpot_ms"),
+    ("load-without-a-load", "load", {"requests": 4}, "concurrency"),
 ]
 
 
@@ -103,7 +111,10 @@ def test_malformed_config(tiny, tmp_path, case):
         backend.pre_tokenizer = pre_tokenizers.Whitespace()
         PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
                                 unk_token="w0").save_pretrained(other_target)
-    config = edit(good(tiny), path, value)
+    if path == "__LOAD_HF__":
+        config = {**good(tiny), "load": {"concurrency": [1, 2]}, "methods": ["baseline", "hf_generate"]}
+    else:
+        config = edit(good(tiny), path, value)
     file = tmp_path / "config.yaml"
     file.write_text(yaml.safe_dump(config))
     result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])

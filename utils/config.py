@@ -5,6 +5,7 @@ import difflib
 import json
 import math
 import re
+import types
 from pathlib import Path
 from typing import Any, Literal
 
@@ -681,6 +682,9 @@ def _model_at(path: list[str]):
         model = field.annotation
         if typing.get_origin(model) is list:
             model = typing.get_args(model)[0]
+        if typing.get_origin(model) in (typing.Union, types.UnionType):  # an optional section (load: ... | None)
+            model = next((arg for arg in typing.get_args(model) if isinstance(arg, type) and issubclass(arg, BaseModel)),
+                         model)
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
