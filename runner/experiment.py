@@ -345,4 +345,11 @@ class LocalExecutor:
         if self.session.released:
             self.session.load()
         for unit in units:
-            yield unit, self.session.run_unit(unit, done)
+            try:
+                result = self.session.run_unit(unit, done)
+            except KeyboardInterrupt as interrupt:  # a serving unit runs minutes: keep the points it finished
+                partial = getattr(interrupt, "partial", None)
+                if partial is not None and partial.rows:
+                    yield unit, partial
+                raise
+            yield unit, result

@@ -478,6 +478,16 @@ class Session:
         points = points_of(self.config, *unit.comparison, engine="ours")
         self.context.costs = state["costs"]
         self.context.load = self.load_of(unit)
+        try:
+            self._run_points(unit, points, state, batch, ids, mask, result, done, on_point)
+        except KeyboardInterrupt as interrupt:  # the points that finished are measured: the executor keeps them
+            interrupt.partial = result
+            raise
+        finally:
+            self.context.load = None
+        return result
+
+    def _run_points(self, unit: Unit, points, state, batch, ids, mask, result: UnitResult, done, on_point) -> None:
         with torch.inference_mode():
             probe_ids, probe_mask = self.batch_tensors(batch[:unit.batch_size]) if unit.serving else (ids, mask)
             result.drift_probe_s = drift_probe(self.target.model, probe_ids, probe_mask, self.clock)
@@ -502,7 +512,6 @@ class Session:
                     result.rates[point.label] = rate
                 if on_point:
                     on_point(point, outcome)
-        return result
 
     def _run_point(self, point: Point, unit: Unit, batch, ids, mask) -> tuple[list[dict], float] | str:
         """Run one point on one batch; returns its records and tok/s, or the error text."""
