@@ -52,7 +52,7 @@ def main() -> None:
         attach(other, CompiledModel(other, widths, max_length, (1,)))
         return other
 
-    # the widths each model uses (decode/static_kv.py compile_widths): the target 1 and gamma + 1, the draft 1 and 2
+    # the widths each model uses (decode/compile_plan.py compile_widths): the target 1 and gamma + 1, the draft 1 and 2
     models = {"eager": (target.model, draft.model),
               "compiled": (twin(target.model, (1, args.gamma + 1)), twin(draft.model, (1, 2)))}
     clock = Clock(device)

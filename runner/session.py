@@ -175,9 +175,10 @@ class Session:
 
     def _compile_models(self) -> str:
         """engine.compile: each model gets static buffers sized for this run and a compiled step per width it uses
-        (decode/static_kv.py compile_widths: the target 1, gamma + 1 and its trees' n + 1; a draft 1 and 2 and its
+        (decode/compile_plan.py compile_widths: the target 1, gamma + 1 and its trees' n + 1; a draft 1 and 2 and its
         tree forwards)."""
-        from decode.static_kv import CompiledModel, CompileRefused, attach, compile_widths
+        from decode.compile_plan import compile_widths
+        from decode.static_kv import CompiledModel, CompileRefused, attach
         from runner.probes import AUTO_TREE_NODES
 
         config = self.config

@@ -5,12 +5,15 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from utils import UserError
-from utils.config import ConfigError, ModelConfig
+from utils import ConfigError, UserError
 from utils.offline_models import OFFLINE_MODELS, cache_root, resolve_offline_model
+
+if TYPE_CHECKING:
+    from utils.config import ModelConfig
 
 
 class ModelLoadError(UserError):

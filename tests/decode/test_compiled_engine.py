@@ -13,7 +13,8 @@ from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, g
 from decode.drafters.early_exit import EarlyExitDrafter
 from decode.drafters.tree import DynamicTree, StaticTree
 from decode.kv import KVState
-from decode.static_kv import CompiledModel, CompileRefused, StaticKVState, attach, compile_widths, new_state
+from decode.compile_plan import compile_widths
+from decode.static_kv import CompiledModel, CompileRefused, StaticKVState, attach, new_state
 from decode.tree import static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from test_sliding_window import tiny_windowed
