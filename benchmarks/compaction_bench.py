@@ -40,7 +40,8 @@ def main() -> int:
 
     from decode import Clock, DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
     from decode.kv import KVState
-    from runner.session import eos_ids, left_pad
+    from runner.plan import left_pad
+    from runner.session import eos_ids
     from utils.config import ModelConfig
     from utils.cpu_linear import pack_linears
     from utils.models import load_model, release_file_mappings

@@ -33,7 +33,8 @@ def main() -> None:
 
     from decode import Clock, DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
     from decode.static_kv import CompiledModel, attach
-    from runner.session import eos_ids, left_pad
+    from runner.plan import left_pad
+    from runner.session import eos_ids
     from utils.config import load_config
     from utils.cpu_linear import pack_linears
     from utils.data import load_prompts

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -15,7 +14,7 @@ from eval.report import print_table
 from runner.display import Display
 from runner.plan import Unit, comparisons, num_units, points_of, units_of
 from runner.probes import PROCESS, environment
-from runner.session import Session, UnitResult, apply_engine  # noqa: F401 (apply_engine: kept importable here)
+from runner.session import Session, UnitResult
 from runner.storage import ReportFolder
 from runner.vllm_engine import VllmExecutor, check_vllm, uses_vllm
 from utils import UserError

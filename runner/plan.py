@@ -145,3 +145,16 @@ def order_of(points: list[Point], unit: Unit) -> list[Point]:
 def shard(units: list[Unit], worker: int, workers: int) -> list[Unit]:
     """Round-robin: each worker gets every workers-th unit."""
     return units[worker::workers]
+
+
+def left_pad(token_lists: list[list[int]], pad_id: int, device):
+    """A batch's token lists -> ids, mask [B, P] (torch, on device), left padded."""
+    import torch
+
+    width = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+    for row, tokens in enumerate(token_lists):
+        ids[row, width - len(tokens):] = torch.tensor(tokens)
+        mask[row, width - len(tokens):] = 1
+    return ids.to(device), mask.to(device)

@@ -343,3 +343,88 @@ def drift_probe(target, ids, mask, clock, reps: int = 3) -> float:
     tokens = ids[:, -1:].contiguous()
     times = [_timed_forward(state, target, tokens, clock) for _ in range(reps + 1)][1:]
     return sorted(times)[len(times) // 2]
+
+
+# errors of a point at run time (the point fails, the sweep goes on); anything else is a bug
+RUNTIME_ERRORS = (RuntimeError, FloatingPointError, ValueError, IndexError)
+# the numerics probe of a bf16 or quantized model verifies M = gamma + 1 tokens for each gamma up to this (a wider
+# gamma probes M = 17): each width costs a prefill and a verification of the probe's two short prompts
+MAX_PROBED_GAMMA = 16
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
+
+
+def probe_widths(config, points, loaded) -> tuple[int, ...]:
+    """The verify widths of the run's speculative points (`points`, our engine's) to probe a quantized or non-fp32
+    model at: M = gamma + 1 of a chain (gamma capped at MAX_PROBED_GAMMA), nodes + 1 of a tree (verify_widths). fp32
+    unquantized drifts ~1e-5 at any M, far below a gap that a flip needs: one probe, M = 5."""
+    from decode.methods import REGISTRY
+
+    if loaded.quantization == "none" and loaded.dtype == "float32":
+        return (5,)
+    trees = [p for p in points if REGISTRY[p.method].has_rounds and p.gamma and getattr(p, "tree", None) is not None]
+    widths = {min(gamma, MAX_PROBED_GAMMA) + 1 for gamma in config.speculative.gamma} | verify_widths(trees)
+    return tuple(sorted(widths))
+
+
+def probe_numerics(config, models, points, ids, mask) -> dict:
+    """Per model (`models`: runner/loading.py roles), how far one multi-token forward is from the same tokens fed one
+    by one, and a row in a ragged batch (ids, mask: two prompts of different lengths) from the row alone. Greedy
+    exactness rests on these being tiny (fp32); in bf16 or with quantized kernels they are not, and the report weighs
+    each greedy mismatch against them (eval/flags.py). A quantized or non-fp32 model is probed at every verify width
+    M the run uses (probe_widths; its kernels may take another path at another M), a quantized one also at M = 1 (a
+    batch-1 baseline's kernel). With engine.compile the probe runs the compiled step (decode/probes.py)."""
+    from decode.probes import numerics_probe
+
+    result = {"drafts": {}}
+    with torch.inference_mode():
+        for _, label, loaded in models:
+            try:
+                probe = numerics_probe(loaded.model, ids, mask, probe_widths(config, points, loaded),
+                                       single_steps=loaded.quantization != "none")
+            except RUNTIME_ERRORS as error:
+                probe = {"error": one_line(error)}
+            for key, value in list(probe.items()):  # NaN logits (broken weights) give no difference to report
+                if isinstance(value, dict):  # the readings per verify width
+                    probe[key] = {width: None if diff != diff else diff for width, diff in value.items()}
+                elif isinstance(value, float) and value != value:
+                    probe[key] = None
+                    probe["error"] = "the model returned NaN logits"
+            probe.update(dtype=loaded.dtype, quantization=loaded.quantization)
+            if label is None:
+                result["target"] = probe
+            else:
+                result["drafts"][label] = probe
+    return result
+
+
+def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sampling) -> CostProbe | None:
+    """c and v of a comparison's speculative points (`points`: those that run), measured on its first batch (ids,
+    mask): each verify width they use (a chain's gamma + 1, a tree's nodes + 1; the cost_model schedule any draft
+    length up to gamma and the draft's prefill; hybrid any chain up to gamma or a tree of two chains up to 2 gamma
+    nodes, timed as chains), each step timed as the run executes it, at the mean cache of decoding (the prompt +
+    max_new_tokens / 2). None: no speculative point. Raises what the probes raise (RUNTIME_ERRORS: the caller notes
+    it)."""
+    from decode.methods import REGISTRY
+
+    spec_points = [p for p in points if REGISTRY[p.method].has_rounds]
+    if not spec_points:
+        return None
+    if os.environ.get("SPECULATE_INJECT_FAILURE") == "costs":  # fault injection for the tests
+        raise RuntimeError("injected failure in the cost probes")
+    gammas = sorted({p.gamma for p in spec_points if p.gamma})
+    widths = verify_widths(spec_points)
+    chains = verify_widths([p for p in spec_points if getattr(p, "tree", None) is None])
+    cost_model = any(p.schedule == "cost_model" for p in spec_points)
+    if cost_model:
+        widths |= set(range(2, max(gammas) + 2))
+        chains |= set(range(2, max(gammas) + 2))
+    hybrid = [p.gamma for p in spec_points if p.method == "hybrid"]
+    if hybrid:
+        widths |= set(range(2, 2 * max(hybrid) + 2))
+        chains |= set(range(2, 2 * max(hybrid) + 2))
+    return measure_costs(target.model, drafts, ids, mask, sorted(widths), clock, draft_prefill=cost_model,
+                         tree_widths=widths - chains, sampling=sampling, context=config.generation.max_new_tokens // 2,
+                         target_vocab_size=target.vocab_size)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from utils import ConfigError, UserError  # noqa: F401 (ConfigError: importable from here)
+from utils import ConfigError  # noqa: F401 (importable from here)
 
 
 class Strict(BaseModel):

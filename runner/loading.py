@@ -1,0 +1,190 @@
+"""What a process loads before it measures anything: the models of our engine (their kernels, attention, tree support
+and, with engine.compile, their compiled steps), the EOS set, and the notes the report gives about them. The Session
+(runner/session.py) holds what these return; nothing here runs a method.
+
+A model goes by its role: "target", or "draft <label>" for a draft (`roles` is the one place that lists them).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from decode import Clock, check_vocab_compatible
+from decode.methods import REGISTRY
+from decode.vocab import VocabMismatch
+from utils import UserError
+from utils.models import LoadedModel, check_exit_layers, load_model, model_devices, release_file_mappings
+
+
+def roles(target: LoadedModel | None, drafts: dict[str, LoadedModel]) -> list[tuple[str, str | None, LoadedModel]]:
+    """(role, draft label or None for the target, the model) of every loaded model, the target first."""
+    if target is None:
+        return []
+    return [("target", None, target)] + [(f"draft {label}", label, d) for label, d in drafts.items()]
+
+
+def eos_set(tokenizer, model_eos) -> tuple[int, ...]:
+    """The ids that end a row: the model's generation config's eos (an id or a list) and the tokenizer's."""
+    eos = set(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos] if model_eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return tuple(sorted(eos))
+
+
+def apply_engine(config, loaded) -> str:
+    """Swap in the CPU linear kernels the config asks for; returns what was done, for the notes."""
+    from utils.cpu_linear import pack_linears, usable
+
+    if config.engine.compile:  # inductor compiles nn.Linear; it cannot lower oneDNN's packed weights
+        return "nn.Linear, compiled"
+    if config.engine.cpu_linear == "default" or loaded.quantization != "none" or not usable(loaded.model):
+        return "nn.Linear"
+    count = pack_linears(loaded.model, config.engine.pack_batch_hint)
+    return f"oneDNN prepacked linear x{count} (batch hint {config.engine.pack_batch_hint})"
+
+
+def status_of(status):
+    """what -> a context manager that shows "loading <what>" (rich's status), or does nothing."""
+    return (lambda what: status(f"loading {what}")) if status else (lambda what: contextlib.nullcontext())
+
+
+def load_models(config, device: torch.device, loading) -> tuple[LoadedModel, dict[str, LoadedModel], Clock]:
+    """The target and the drafts our engine's methods use (a draft only vLLM uses is not loaded: vLLM loads its own),
+    checked against each other, with their kernels, and a clock that synchronises every device they use."""
+    with loading("target model"):
+        target = load_model(config.target, device, "target")
+    check_exit_layers(config, target.model.config)  # a depth not readable before loading
+    drafts = {}
+    for index, draft_config in enumerate(config.draft):
+        role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
+        if not any(REGISTRY[m].needs_draft and REGISTRY[m].engine == "ours" and draft_config.kind in
+                   REGISTRY[m].draft_kinds for m in config.methods):
+            continue
+        with loading(f"draft model {draft_config.name}"):
+            draft = load_model(draft_config, device, role)
+        try:
+            check_vocab_compatible(target.tokenizer, draft.tokenizer, target.vocab_size, draft.vocab_size)
+        except VocabMismatch as error:
+            raise UserError(f"{role}.model: {error}") from None
+        drafts[draft_config.name] = draft
+    for _, _, loaded in roles(target, drafts):
+        loaded.kernels = apply_engine(config, loaded)
+        release_file_mappings(loaded.model)  # weights in memory of their own: the mmap'd files close
+    devices = {d for _, _, loaded in roles(target, drafts) for d in model_devices(loaded.model)}
+    others = tuple(sorted((d for d in devices if d.type == "cuda" and d != device), key=str))
+    # a model split over several GPUs: every clock read synchronises all of them
+    return target, drafts, Clock(device, extra_devices=others) if others else Clock(device)
+
+
+def config_attention(config, role: str) -> str:
+    """The attn_implementation the config asked for a role ("target", "draft <label>")."""
+    if role == "target":
+        return config.target.attn_implementation
+    label = role.split(" ", 1)[1]
+    return next(d.attn_implementation for d in config.draft if d.name == label)
+
+
+def give_way_to_sdpa(config, role: str, loaded: LoadedModel) -> None:
+    """flash-attn 2 that attn_implementation auto picked takes no prebuilt mask: a tree or the compiled mode runs sdpa."""
+    if loaded.attn_implementation == "flash_attention_2" and config_attention(config, role) == "auto":
+        loaded.model.set_attn_implementation("sdpa")
+        loaded.attn_implementation = "sdpa"
+
+
+def check_trees(config, target, drafts) -> None:
+    """speculative.tree: the models must take a tree mask (decode/kv.py tree_support_problem)."""
+    from decode.kv import tree_support_problem
+
+    if all(label is None for label in getattr(config.speculative, "tree", [None])):
+        return
+    for role, _, loaded in roles(target, drafts):
+        give_way_to_sdpa(config, role, loaded)
+        problem = tree_support_problem(loaded.model)
+        if problem:
+            raise UserError(f"{role} {loaded.source}: {problem}")
+
+
+def refuse_ragged_batches_if_wrong(config, target, drafts) -> None:
+    """A model whose position bias follows cache slots (ALiBi from slot indices) decodes a left-padded row wrongly,
+    silently: probe it once at load, and refuse batches of several prompts for it (a serving run's too)."""
+    if max(config.batch_size) == 1 and (config.load is None or max(c for c, _ in config.load.points(2)) == 1):
+        return
+    from decode.probes import ragged_batch_problem
+
+    for role, _, loaded in roles(target, drafts):
+        with torch.inference_mode():
+            problem = ragged_batch_problem(loaded.model)
+        if problem:
+            raise UserError(f"{'load' if config.load else 'batch_size'}: {role} {loaded.source}: {problem}")
+
+
+def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
+    """engine.compile: each model gets static buffers sized for this run and a compiled step per width it uses
+    (decode/compile_plan.py compile_widths: the target 1, gamma + 1 and its trees' n + 1; a draft 1 and 2 and its
+    tree forwards). Returns the note that says so."""
+    from decode.compile_plan import compile_widths
+    from decode.static_kv import CompiledModel, CompileRefused, attach
+    from runner.probes import AUTO_TREE_NODES
+
+    plan = compile_widths(points, config.speculative.tree_top_k, AUTO_TREE_NODES)
+    # a row holds its prompt and its new tokens, plus one round's columns beyond them; the cost_model schedule's
+    # draft prefill probe feeds the prompt twice (runner/probes.py draft_prefill_cost). Rounded up to 64
+    needed = longest_prompt + config.generation.max_new_tokens + plan["round"] + 1
+    if any(p.schedule == "cost_model" for p in points):
+        needed = max(needed, 2 * longest_prompt)
+    max_length = -(-needed // 64) * 64
+    mode = None if config.engine.compile_mode == "auto" else config.engine.compile_mode
+    for role, label, loaded in roles(target, drafts):
+        if loaded.attn_implementation == "flash_attention_2":  # auto picked it; the compiled mode builds masks
+            loaded.model.set_attn_implementation("sdpa")
+            loaded.attn_implementation = "sdpa"
+        steps, trees = plan["target"] if label is None else plan["drafts"].get(label, ((1,), ()))
+        try:
+            compiled = CompiledModel(loaded.model, steps, max_length, tuple(config.batch_size), mode,
+                                     config.engine.compile_backend, trees)
+        except CompileRefused as error:
+            raise UserError(f"{role} {loaded.source}: {error}") from None
+        attach(loaded.model, compiled)
+    widths = "; ".join(f"{role} {list(model.step_widths)}"
+                       + (f", trees {list(model.tree_widths)}" if model.tree_widths else "")
+                       for role, model in compiled_models(config, target, drafts).items())
+    return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width ({widths}) and "
+            f"batch size (torch.compile, backend {config.engine.compile_backend}, mode {compiled.mode}), compiled "
+            "in each comparison's probes and warmup; a step of fewer tokens runs padded to the next width")
+
+
+def compiled_models(config, target, drafts) -> dict:
+    """role -> the CompiledModel of each loaded model (engine.compile), early exit's views of the target included."""
+    from decode.static_kv import compiled_of
+
+    if not config.engine.compile or target is None:
+        return {}
+    found = {label or role: compiled_of(m.model) for role, label, m in roles(target, drafts)}
+    compiled = {role: model for role, model in found.items() if model is not None}
+    for role, model in list(compiled.items()):
+        for index, view in enumerate(model.views):
+            compiled[f"{role} view {index}"] = view
+    return compiled
+
+
+def model_notes(config, target, drafts, prompt_set) -> list[str]:
+    """What the report says about the loaded models and the prompts."""
+    loaded = [(role, m) for role, _, m in roles(target, drafts)]
+    notes = [f"{role}: {m.source} ({m.dtype}, {m.attn_implementation}, quantization {m.quantization}, {m.kernels})"
+             for role, m in loaded]
+    notes += [f"{role}: attention {m.attention_note}" for role, m in loaded if m.attention_note]
+    notes += prompt_notes(prompt_set)
+    if any(not REGISTRY[m].per_row_timing and REGISTRY[m].engine == "ours" for m in config.methods):
+        notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
+                     "no TTFT or forward counts")
+    return notes
+
+
+def prompt_notes(prompt_set) -> list[str]:
+    notes = []
+    if prompt_set.guessed_field:
+        notes.append(f"dataset: no prompt_field given; the prompts are the '{prompt_set.field_name}' column "
+                     f"(the one common prompt name among the fields {', '.join(prompt_set.fields)})")
+    notes.extend(prompt_set.notes)
+    return notes
