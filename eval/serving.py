@@ -372,7 +372,7 @@ def _finite(obj):
 
 def load_text(value, axis: str) -> str:
     """A load as the report prints it: conc 2.6, 4.0/s, all at once (a rate of None)."""
-    if value is None:
+    if value is None or value == math.inf:
         return "all at once" if axis == "request_rate" else "-"
     return f"{value:g}/s" if axis == "request_rate" else f"{value:g}"
 
