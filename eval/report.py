@@ -435,6 +435,8 @@ def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | N
     if summary_copy:
         write_json(out_dir / summary_copy, summary)
     write_atomic(out_dir / "summary.csv", csv_text(summary))
+    if summary.get("serving"):
+        write_atomic(out_dir / "serving.csv", serving_csv(summary))
     write_atomic(out_dir / "summary.md", markdown(summary, title))
     if with_plots:
         plots(summary, out_dir)
@@ -544,6 +546,26 @@ def serving_lines(summary: dict) -> list[str]:
                          f"{crossing_text(c['predicted'], axis) if any(p is not None for p in c['predicted_speedup']) else '-'} | "
                          f"{crossing_text(c['tpot'], axis)} |")
     return lines
+
+
+SERVING_CSV = ["requests", "output_tokens", "span_s"] + [f"{name}.{q}" for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+                                                        for q in ("mean", "p50", "p90", "p99")] + [
+    "output_tok_s", "requests_per_s", "goodput_req_s", "slo_met", "mean_in_flight", "acceptance_pooled",
+    "acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request", "alpha",
+    "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
+    "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "predicted_speedup", "exact_match"]
+
+
+def serving_csv(summary: dict) -> str:
+    """serving.csv: a row per method and load point, its axes and metrics (summary.json's serving.runs)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    axes = [k for k in RUN_KEYS if k != "group"] + ["concurrency", "request_rate"]
+    writer.writerow(axes + SERVING_CSV + ["flags", "error"])
+    for run in summary["serving"]["runs"]:
+        writer.writerow([run.get(k) for k in axes] + [_value(run, p) for p in SERVING_CSV]
+                        + [";".join(f["code"] for f in run.get("flags") or []), run.get("error", "")])
+    return buffer.getvalue()
 
 
 def print_serving_table(summary: dict, console) -> None:

@@ -100,6 +100,11 @@ def meets_slo(s: dict, slo: dict) -> bool:
     return slo.get("tpot_ms") is None or per_token is None or per_token * 1000 <= slo["tpot_ms"]
 
 
+def timed(s: dict) -> bool:
+    """Whether a record carries a served request's times."""
+    return all(s.get(key) is not None for key in ("arrival_s", "first_token_s", "finish_s"))
+
+
 def by_repeat(samples: list[dict]) -> dict[int, list[dict]]:
     """A point's requests per repeat (one load point each), in the order written: request order."""
     out: dict[int, list[dict]] = defaultdict(list)
@@ -408,6 +413,8 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
     from eval.flags import CI_WIDE, flags_of
     from eval.totals import cross_process_pairs
 
+    untimed = {p: sum(not timed(s) for s in rows) for p, rows in by_point.items()}
+    by_point = {p: [s for s in rows if timed(s)] for p, rows in by_point.items()}
     baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
                  if REGISTRY[p.method].is_reference}
     planned = progress.get("planned") or {}
@@ -420,6 +427,10 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
     for point in sorted(set(by_point) | set(failures), key=load_order):
         samples, failed = by_point.get(point, []), failures.get(point, [])
         error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failed)) or None
+        if untimed.get(point):
+            notes.append(f"{point.label}: {untimed[point]} of its records carry no request times (arrival_s, "
+                         "finish_s): left out of every figure")
+            error = error or ("its records carry no request times" if not samples else None)
         run = {**{axis: getattr(point, axis) for axis in AXES}, "label": point.label}
         expected = planned.get(point.label)
         if not samples:

@@ -287,3 +287,26 @@ def test_a_failed_and_a_partial_load_point():
     assert any(n.startswith(f"{label}: partial, 1 of 2 repeats") for n in summary["notes"])
     assert not any("planned but not measured" in n for n in summary["notes"])
     assert "| speculative draft=d gamma=2 constant greedy | partial 1/2 |" in markdown(summary, "t")
+
+
+def test_the_terminal_table_and_serving_csv(tmp_path):
+    from rich.console import Console
+
+    from eval.report import print_table, write_report
+
+    summary = summarize(sweep(), {})
+    console = Console(record=True, width=300)
+    print_table(summary, console)
+    text = console.export_text()
+    assert "speculate under load" in text and "2.00 [2.00, 2.00]" in text and "speculate (all columns" not in text
+    write_report(tmp_path, summary, "t", with_plots=False)
+    rows = (tmp_path / "serving.csv").read_text().splitlines()
+    assert len(rows) == 1 + 6 and rows[0].startswith("label,status,method")
+
+
+def test_records_without_request_times_are_left_out_and_said():
+    rows = sweep(concurrencies=(1,), spec_finish=(0.5,))
+    rows[-1] = dict(rows[-1], finish_s=None)  # the method's last request
+    summary = summarize(rows, {})
+    assert serving_run(summary, "speculative")["metrics"]["requests"] == 7
+    assert any("1 of its records carry no request times" in n for n in summary["notes"])
