@@ -15,9 +15,11 @@ from collections import defaultdict
 
 from decode.methods import REGISTRY
 from eval.figures import constant_draft_length, exact_match
+from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import AXES, CostProbe, Point
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals
+from eval.totals import cross_process_pairs
 from eval.trees import tree_of
 
 LOAD_AXES = ("concurrency", "request_rate")
@@ -410,9 +412,6 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
     """summary.json's "serving": {slo, runs, crossovers}, and its notes. by_point and failures: the serving points'
     records and failures; costs_of(progress, point, samples) -> CostProbe (eval/summary.py); order: the points' sort
     key; machine_of(point, costs) -> what eval/flags.py flags_of reads (drift, numerics, ci_target)."""
-    from eval.flags import CI_WIDE, flags_of
-    from eval.totals import cross_process_pairs
-
     untimed = {p: sum(not timed(s) for s in rows) for p, rows in by_point.items()}
     by_point = {p: [s for s in rows if timed(s)] for p, rows in by_point.items()}
     baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
