@@ -16,7 +16,7 @@ def rebuild(folder: Path) -> dict:
     """Every figure again from the raw records and progress.json: the same function the run used."""
     progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
     config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
-    summary = summarize(read_jsonl(folder / "samples.jsonl"), progress)
+    summary = summarize(read_jsonl(folder / "samples.jsonl"), progress, config)
     report = config.get("report") or {}
     write_report(folder, summary, config.get("name", folder.name), report.get("summary_file_name"),
                  with_plots=report.get("plots", True))  # the run's own choice: report.plots: false writes none

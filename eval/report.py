@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from decode.methods import REGISTRY
+from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
 from utils.io import write_atomic, write_json
 
@@ -93,7 +94,8 @@ def _table(runs: list[dict]) -> list[str]:
 
 def markdown(summary: dict, title: str = "") -> str:
     overall = [r for r in summary["runs"] if r.get("group") is None]
-    lines = [f"# {title}\n" if title else ""] + _table(overall)
+    # a serving run's tables are its own (serving_lines); a run of fixed batches has no serving section
+    lines = [f"# {title}\n" if title else ""] + (_table(overall) if overall or not summary.get("serving") else [])
     failed = [r for r in overall if r["status"] in ("failed", "skipped")]
     if failed:
         lines += ["", "Not measured:"] + [f"- {r['label']}: {r['status']}: {r['error']}" for r in failed]
@@ -118,6 +120,7 @@ def markdown(summary: dict, title: str = "") -> str:
                          f"best ({best['predicted_best_speedup']:.2f}x)")
             lines.append(text)
     lines += engine_lines(summary.get("engines") or [])
+    lines += serving_lines(summary)
     notes = list(summary.get("notes", []))
     if summary.get("order"):
         notes.append(f"order: {summary['order']}")
@@ -318,6 +321,13 @@ def plots(summary: dict, out_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     measured = [r for r in summary["runs"] if r["status"] in ("ok", "partial") and r.get("group") is None]
+    if summary.get("serving"):
+        return serving_plots(summary, out_dir, plt) + (fixed_plots(summary, measured, out_dir, plt) if measured else [])
+    return fixed_plots(summary, measured, out_dir, plt)
+
+
+def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list[str]:
+    """The plots of fixed batches (plots' docstring)."""
     swept = [r for r in measured if r.get("gamma") is not None]
     fixed = [r for r in measured if r.get("gamma") is None and not REGISTRY[r["method"]].is_reference
              and r["metrics"].get("speedup") is not None]
@@ -425,6 +435,8 @@ def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | N
     if summary_copy:
         write_json(out_dir / summary_copy, summary)
     write_atomic(out_dir / "summary.csv", csv_text(summary))
+    if summary.get("serving"):
+        write_atomic(out_dir / "serving.csv", serving_csv(summary))
     write_atomic(out_dir / "summary.md", markdown(summary, title))
     if with_plots:
         plots(summary, out_dir)
@@ -437,6 +449,10 @@ def print_table(summary: dict, console) -> None:
     """The headline columns of the overall runs (summary.md has them all, and the per-group tables)."""
     from rich.table import Table
 
+    if summary.get("serving"):
+        print_serving_table(summary, console)
+        if not summary["runs"]:
+            return
     table = Table(title="speculate (all columns and groups in summary.md; ! = flagged, see its notes)")
     chosen = [(h, p, f) for h, p, f in COLUMNS if h in TERMINAL]
     for header, _, _ in chosen:
@@ -445,3 +461,203 @@ def print_table(summary: dict, console) -> None:
         if run.get("group") is None:
             table.add_row(*[cell(run, path, fmt) for _, path, fmt in chosen])
     console.print(table)
+
+
+# ---- serving runs (config load:, eval/serving.py) ------------------------------------------------------------------
+
+SERVING_COLUMNS = [  # (header, metric paths, format): several paths share a cell, "a / b"
+    ("point", ("line",), "{}"), ("status", ("status",), "{}"),
+    ("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}"), ("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}"),
+    ("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}"), ("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}"),
+    ("tok/s", ("output_tok_s",), "{:.1f}"), ("req/s", ("requests_per_s",), "{:.2f}"),
+    ("goodput req/s", ("goodput_req_s",), "{:.2f}"), ("in flight", ("mean_in_flight",), "{:.2f}"),
+    ("accept pooled / per-req", ("acceptance_pooled", "acceptance_per_request"), "{:.3f}"),
+    ("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}"),
+    ("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}"), ("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}"),
+    ("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}"), ("pred", ("predicted_speedup",), "{:.2f}"),
+]
+MS_PATHS = ("tpot_s", "itl_s")  # shown in milliseconds
+SERVING_TERMINAL = ["point", "status", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "tok/s", "goodput req/s",
+                    "accept pooled / per-req", "speedup tput [95% CI]", "speedup TPOT [95% CI]", "pred"]
+
+
+def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
+    if paths == ("line",):
+        return line_label(run)
+    if paths == ("status",):
+        repeats = run.get("repeats") or {}
+        return f"partial {repeats.get('done')}/{repeats.get('planned')}" if run["status"] == "partial" else run["status"]
+    if run["status"] in ("failed", "skipped"):
+        return ""
+    texts = []
+    for path in paths:
+        value = _value(run, path)
+        if value is not None and path.split(".")[0] in MS_PATHS:
+            value *= 1000
+        texts.append(_fmt(value, fmt))
+    text = " / ".join(texts)
+    if paths[0] in ("speedup_tput", "speedup_tpot") and _value(run, paths[0]) is not None:
+        interval = _value(run, paths[0] + "_ci95")
+        if interval:
+            text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+        elif any(f["code"] == "few_samples" for f in run.get("flags") or []):
+            text += f" (n={run['metrics']['requests_paired']})"
+        if run.get("flags"):
+            text += " !"
+    return text
+
+
+def serving_lines(summary: dict) -> list[str]:
+    """A table per load point (its methods), then the crossovers, measured beside predicted."""
+    serving = summary.get("serving")
+    if not serving:
+        return []
+    slo = serving.get("slo")
+    limits = ", ".join(f"{k} {v:g}" for k, v in (slo or {}).items()) or "none set (config load.slo): no goodput"
+    lines = ["", "## Under load", "", f"Every method of a load point served the same requests on the same arrival "
+             f"schedule; speedups are against the baseline of the same load point (legend: speedup_tput, speedup_tpot), "
+             f"'tok/s ratio' is the measured system output tok/s over the baseline's (a reading). SLO: {limits}."]
+    headers = [h for h, _, _ in SERVING_COLUMNS]
+    by_load: dict[str, list[dict]] = {}
+    for run in serving["runs"]:
+        by_load.setdefault(load_label(run), []).append(run)
+    for load, runs in by_load.items():
+        lines += ["", f"### {load} ({runs[0]['metrics'].get('requests', '-')} requests)", "",
+                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(md_cell(serving_cell(r, paths, fmt)) for _, paths, fmt in SERVING_COLUMNS) + " |"
+                  for r in runs]
+        failed = [r for r in runs if r["status"] in ("failed", "skipped")]
+        lines += [f"- {r['label']}: {r['status']}: {r.get('error')}" for r in failed]
+    crossovers = serving.get("crossovers") or []
+    if crossovers:
+        lines += ["", "Crossover (where the speedup crosses 1 as the load grows; legend: crossovers):", "",
+                  "| line | load axis | speedup tput (pred) by load | measured | interval above 1 up to | predicted | "
+                  "TPOT speedup |", "|---|---|---|---|---|---|---|"]
+        for c in crossovers:
+            axis = c["axis"]
+            held = "request_rate" if axis == "concurrency" else "concurrency"
+            held_text = f"rate {load_text(c[held], held)}" if held == "request_rate" else f"conc {c[held]}"
+            curve = "; ".join(f"{load_text(x, axis)}: {_fmt(s)} ({_fmt(p)})" for x, s, p in
+                              zip(c["loads"], c["speedup_tput"], c["predicted_speedup"]))
+            highest = c["measured"].get("highest_load_ci_above_1")
+            lines.append(f"| {md_cell(c['line'])} | {axis} ({held_text}) | {curve} | "
+                         f"{crossing_text(c['measured'], axis)} | "
+                         f"{'no load' if highest is None else load_text(highest, axis)} | "
+                         f"{crossing_text(c['predicted'], axis) if any(p is not None for p in c['predicted_speedup']) else '-'} | "
+                         f"{crossing_text(c['tpot'], axis)} |")
+    return lines
+
+
+SERVING_CSV = ["requests", "output_tokens", "span_s"] + [f"{name}.{q}" for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+                                                        for q in ("mean", "p50", "p90", "p99")] + [
+    "output_tok_s", "requests_per_s", "goodput_req_s", "slo_met", "mean_in_flight", "acceptance_pooled",
+    "acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request", "alpha",
+    "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
+    "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "predicted_speedup", "exact_match"]
+
+
+def serving_csv(summary: dict) -> str:
+    """serving.csv: a row per method and load point, its axes and metrics (summary.json's serving.runs)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    axes = [k for k in RUN_KEYS if k != "group"] + ["concurrency", "request_rate"]
+    writer.writerow(axes + SERVING_CSV + ["flags", "error"])
+    for run in summary["serving"]["runs"]:
+        writer.writerow([run.get(k) for k in axes] + [_value(run, p) for p in SERVING_CSV]
+                        + [";".join(f["code"] for f in run.get("flags") or []), run.get("error", "")])
+    return buffer.getvalue()
+
+
+def print_serving_table(summary: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="speculate under load (all columns and the crossover in summary.md; ! = flagged)")
+    chosen = [(h, p, f) for h, p, f in SERVING_COLUMNS if h in SERVING_TERMINAL]
+    table.add_column("load", no_wrap=True)
+    for header, _, _ in chosen:
+        table.add_column(header, justify="right" if header != "point" else "left", no_wrap=header != "point")
+    for run in summary["serving"]["runs"]:
+        table.add_row(load_label(run), *[serving_cell(run, paths, fmt) for _, paths, fmt in chosen])
+    console.print(table)
+
+
+def _rate_positions(loads: list) -> tuple[list[float], dict]:
+    """x positions of rates, 'all at once' (None) placed past the largest rate; and the tick labels."""
+    finite = [x for x in loads if x is not None]
+    beyond = (max(finite) * 1.5) if finite else 1.0
+    return [beyond if x is None else x for x in loads], {beyond: "all at once"}
+
+
+def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
+    """speedup_vs_<axis>.png: the throughput speedup against the load, one line per method line with its 95% CI as a
+    band and its prediction dashed, the measured crossing marked x (on 1.0); tpot_vs_throughput.png: TPOT P50 (solid)
+    and P99 (dashed) against output tok/s, baseline and methods, a point per load (cN rR: its concurrency and rate)."""
+    serving = summary["serving"]
+    written = []
+    for axis in ("concurrency", "request_rate"):
+        chosen = [c for c in serving.get("crossovers") or [] if c["axis"] == axis]
+        if not chosen:
+            continue
+        figure, axes = plt.subplots(figsize=(6.5, 4.2))
+        ticks: dict = {}
+        for index, c in enumerate(chosen):
+            color = f"C{index % 10}"
+            xs, named = _rate_positions(c["loads"]) if axis == "request_rate" else (c["loads"], {})
+            ticks.update(named)
+            held = "request_rate" if axis == "concurrency" else "concurrency"
+            label = c["line"] + (f", conc {c[held]}" if held == "concurrency" else
+                                 "" if c[held] is None else f", rate {c[held]:g}/s")
+            axes.plot(xs, c["speedup_tput"], marker="o", color=color, label=label)
+            bands = [(x, ci) for x, ci in zip(xs, c["speedup_tput_ci95"]) if ci]
+            if len(bands) >= 2:
+                axes.fill_between([x for x, _ in bands], [ci[0] for _, ci in bands], [ci[1] for _, ci in bands],
+                                  color=color, alpha=0.2, linewidth=0)
+            for x, ci in bands if len(bands) < 2 else []:
+                axes.plot([x, x], ci, color=color, alpha=0.5)
+            if any(p is not None for p in c["predicted_speedup"]):
+                shown = [(x, p) for x, p in zip(xs, c["predicted_speedup"]) if p is not None]
+                axes.plot([x for x, _ in shown], [p for _, p in shown], linestyle="--", color=color, alpha=0.8,
+                          label=f"{label} (predicted)")
+            first = c["measured"].get("crossing")
+            if first and first["load"] is not None:
+                axes.plot([first["load"]], [1.0], marker="x", markersize=10, color=color, linestyle="none")
+                axes.annotate(f"{first['load']:.3g}", (first["load"], 1.0), textcoords="offset points",
+                              xytext=(4, 6), color=color, fontsize=8)
+        axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        if axis == "concurrency":
+            loads = sorted({x for c in chosen for x in c["loads"]})  # a linear axis: the crossing is linear between loads
+            axes.set_xticks(loads, [f"{x:g}" for x in loads])
+        elif ticks:
+            positions = sorted({x for c in chosen for x in _rate_positions(c["loads"])[0]})
+            axes.set_xticks(positions, [ticks.get(x, f"{x:g}") for x in positions])
+        axes.set_xlabel("concurrency (requests in flight at most)" if axis == "concurrency" else "request rate (req/s)")
+        axes.set_ylabel(f"throughput speedup vs {reference_name(summary)} (95% CI)")
+        axes.set_title("speedup under load: x = measured crossing of 1, dashed = predicted", fontsize=9)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+        written.append(_save(figure, out_dir, f"speedup_vs_{'rate' if axis == 'request_rate' else axis}.png", plt))
+    runs = [r for r in serving["runs"] if r["status"] in ("ok", "partial") and r["metrics"].get("output_tok_s")]
+    if runs:
+        figure, axes = plt.subplots(figsize=(6.5, 4.2))
+        lines: dict[tuple, list[dict]] = {}
+        for run in runs:
+            lines.setdefault(line_of(run), []).append(run)
+        for index, (_, rows) in enumerate(lines.items()):
+            rows = sorted(rows, key=lambda r: (load_value(r, "request_rate"), r["concurrency"]))  # in load order
+            color, xs = f"C{index % 10}", [r["metrics"]["output_tok_s"] for r in rows]
+            for quantile, style, marker in (("p50", "-", "o"), ("p99", "--", "^")):
+                ys = [(r["metrics"].get("tpot_s") or {}).get(quantile) for r in rows]
+                shown = [(x, y * 1000) for x, y in zip(xs, ys) if y is not None]
+                axes.plot([x for x, _ in shown], [y for _, y in shown], linestyle=style, marker=marker, color=color,
+                          label=f"{line_label(rows[0])} TPOT {quantile.upper()}")
+            for x, r in zip(xs, rows):  # which load point each is
+                tag = f"c{r['concurrency']}" + ("" if r.get("request_rate") is None else f" r{r['request_rate']:g}")
+                axes.annotate(tag, (x, (r["metrics"].get("tpot_s") or {}).get("p50", 0) * 1000), fontsize=6,
+                              textcoords="offset points", xytext=(3, -8), color=color)
+        axes.set_xlabel("output tok/s (system)")
+        axes.set_ylabel("TPOT (ms per output token after the first)")
+        axes.set_title("latency against throughput, a point per load point", fontsize=9)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=6)
+        written.append(_save(figure, out_dir, "tpot_vs_throughput.png", plt))
+    return written

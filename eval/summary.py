@@ -14,6 +14,7 @@ from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, ru
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
 from eval.records import AXES, EARLIER_PROCESS, OLD_COST_KEYS, CostProbe, Point, per_process
+from eval.serving import SERVING_LEGEND, serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
 from eval.totals import cross_process_pairs, paired_clusters, processes_of, throughput, units
 from eval.trees import tree_of
@@ -106,9 +107,10 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
     return runs
 
 
-def summarize(samples: list[dict], progress: dict | None = None) -> dict:
+def summarize(samples: list[dict], progress: dict | None = None, config: dict | None = None) -> dict:
     """All figures per run (a point, overall and per group) from the raw records and progress.json (its keys:
-    runner/storage.py's Progress). Pure: the same inputs give the same summary, NaN-free."""
+    runner/storage.py's Progress). Serving points (config load:) go to summary["serving"] (eval/serving.py), their SLO
+    from config (config.yaml as saved). Pure: the same inputs give the same summary, NaN-free."""
     progress = progress or {}
     unknown = sorted({s["method"] for s in samples} - set(REGISTRY))  # a folder from another version of the tool
     by_point: dict[Point, list[dict]] = defaultdict(list)
@@ -119,6 +121,9 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
     for f in progress.get("failures") or []:
         if f.get("method") in REGISTRY:
             failures[Point.of(f)].append(f)
+    # a serving point's records are requests, not batches: their figures are eval/serving.py's
+    serving_points = {p: by_point.pop(p) for p in [p for p in by_point if p.serving]}
+    serving_failures = {p: failures.pop(p) for p in [p for p in failures if p.serving]}
     # each engine's points pair with its own reference (ours: baseline; vLLM: vllm_generate), never across engines
     baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
                  if REGISTRY[p.method].is_reference}
@@ -178,7 +183,16 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
                      + f": {shown}. A group's ratio from so few prompt batches is a reading, not an estimate")
     for reason, labels in gaps.items():
         notes.append(f"predicted speedup and efficiency are null for {'; '.join(labels)}: {reason}")
-    measured = {r["label"] for r in runs}
+    serving = None
+    if serving_points or serving_failures:
+        serving, serving_notes = serving_section(
+            serving_points, serving_failures, progress, slo_of(config), costs_of, point_order,
+            lambda point, costs: {"costs": costs, "probe_drift": probe_drift(progress, point.batch_size,
+                                                                             REGISTRY[point.method].engine),
+                                  "numerics": numerics if REGISTRY[point.method].engine == "ours" else {},
+                                  "ci_target": progress.get("ci_target") or CI_WIDE})
+        notes.extend(serving_notes)
+    measured = {r["label"] for r in runs + (serving["runs"] if serving else [])}
     missing = [label for label in planned if label not in measured]
     if missing:
         notes.append(f"planned but not measured (the run stopped first): {'; '.join(missing)}")
@@ -187,6 +201,9 @@ def summarize(samples: list[dict], progress: dict | None = None) -> dict:
                "groups": sorted({r["group"] for r in runs if r["group"] is not None})}
     if engines:
         summary["engines"] = engines
+    if serving:
+        summary["serving"] = serving
+        summary["legend"] = {**LEGEND, **SERVING_LEGEND}
     for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "vllm", "status", "group_by",
                 "ci_target"):
         if progress.get(key) is not None and progress.get(key) != {}:

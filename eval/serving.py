@@ -1,0 +1,475 @@
+"""The figures of a serving run (config load:, docs/metrics.md "Under load"): per request, per load point and method,
+the speedups against the baseline of the same load point with their paired intervals over requests, and the
+crossover where speculation stops paying, measured and predicted.
+
+A serving point's records are its requests (SampleRecord with concurrency not None), each with its times in seconds
+from the load point's start: arrival_s, admitted_s (its prefill began), first_token_s, finish_s and emits
+[[time_s, tokens], ...]. Request i of a method and request i of the baseline are the same prompt on the same arrival
+schedule: they pair by (repeat, position in the load point, sample_id).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+
+from decode.methods import REGISTRY
+from eval.figures import constant_draft_length, exact_match
+from eval.flags import CI_WIDE, flags_of
+from eval.leviathan import predicted_speedup, solve_alpha
+from eval.records import AXES, CostProbe, Point
+from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals
+from eval.totals import cross_process_pairs
+from eval.trees import tree_of
+
+LOAD_AXES = ("concurrency", "request_rate")
+# a line of the crossover: the axes of a point that are not its load
+LINE_AXES = ("method", "draft", "gamma", "schedule", "tree", "exit_layer", "synthetic_acceptance", "temperature")
+SLO_KEYS = ("ttft_s", "tpot_ms")
+
+SERVING_LEGEND = {
+    "serving": "a serving run (config load:): each load point (concurrency C: at most C requests in flight; "
+               "request_rate: arrivals per second, null = all at once) serves the same N requests on the same arrival "
+               "schedule for every method; summary.json's serving.runs holds one run per method and load point, "
+               "serving.crossovers the crossovers. Times per request from the load point's start: arrival, admission "
+               "(its prefill began; the time before is its queue wait, queue_s), first token, finish",
+    "ttft_s (load)": "time to first token = first token - arrival: the queue wait and the prefill",
+    "tpot_s (load)": "time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
+                     "one-token request has none)",
+    "itl_s": "inter-token latency: the gaps between successive emissions of a request, pooled over requests; as in "
+             "vLLM a chunk of tokens emitted at once (a round's accepted drafts and its target token) is one gap, so "
+             "speculation has fewer, longer gaps: TPOT is the per-token figure",
+    "e2e_s": "end to end = finish - arrival. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
+             "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
+    "output_tok_s": "total new tokens / span, span = the last finish - the first arrival of the load point (summed "
+                    "over repeats); requests_per_s likewise; goodput_req_s: requests meeting every limit of config "
+                    "load.slo (TTFT <= ttft_s, TPOT <= tpot_ms) / span, null when no SLO is set; slo_met: their share",
+    "mean_in_flight": "occupancy: the time average over the span of the requests between admission and finish = "
+                      "sum(finish - admitted) / span",
+    "acceptance_pooled": "acceptance rate pooled over every round of every request, sum(accepted) / sum(drafted) (as "
+                         "vLLM's counters); acceptance_per_request: the mean over requests of each request's own (as "
+                         "specdec_bench); mean_accepted_tokens_pooled / _per_request: MAT = emitted / rounds, likewise",
+    "speedup_tput": "(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
+                    "point and temperature: a per-request token rate. By Little's law a system's tok/s = L x (sum N / "
+                    "sum E2E), L the mean requests in the system (queued or in flight) over the span, so the ratio is "
+                    "the system throughput ratio where both keep the same L (a closed loop at C always full: L = C); "
+                    "where requests queue, L differs between methods and output_tok_s_ratio (method / baseline "
+                    "output_tok_s, a reading without interval) is the system's ratio",
+    "speedup_tpot": "mean TPOT of the baseline / the method's, over the requests both served with N > 1",
+    "speedup_tput_ci95": f"95% paired bootstrap over requests (request i of both, with all its repeats; the expanded "
+                         f"percentile interval as speedup_ci95), speedup_tpot_ci95 likewise; fewer than {MIN_PROMPTS} "
+                         "requests: null and flagged few_samples. Requests of one load point share the batch, so the "
+                         "interval covers how the ratio varies from request to request on that schedule, not from "
+                         "run to run",
+    "predicted_speedup (load)": "Leviathan's (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v)) at the load point's "
+                                "measured alpha (pooled rounds), with c and v at its mean occupancy (cost_rows): "
+                                "linear between the batch sizes probed around it (cost_batch_sizes; each load point "
+                                "probes at its C), the nearest outside them. Per-row decoding only: no prefill, no "
+                                "queue, no joining request",
+    "crossovers": "per method line and sweep along one load axis (the other held): measured: where the throughput "
+                  "speedup's point estimate crosses 1 (the load where the straight line between the two loads around "
+                  "the crossing meets 1; null beside 'all at once'), the verdict 'above 1 at every load measured' or "
+                  "'below 1 at every load measured' where it never does, and highest_load_ci_above_1: the highest load "
+                  "whose interval lies wholly above 1; predicted: the same on the predicted speedups; tpot: on the TPOT "
+                  "speedup",
+}
+
+
+# ---- per request ----------------------------------------------------------------------------------------------
+
+def tpot(s: dict) -> float | None:
+    """Time per output token after the first: (finish - first token) / (N - 1); None for a one-token request."""
+    if s["new_tokens"] <= 1 or s.get("finish_s") is None or s.get("first_token_s") is None:
+        return None
+    return (s["finish_s"] - s["first_token_s"]) / (s["new_tokens"] - 1)
+
+
+def inter_token_gaps(s: dict) -> list[float]:
+    """The gaps between successive emissions of a request, its first token the first emission: a round that emits
+    several tokens at once is one gap (vLLM's ITL over streamed chunks)."""
+    times = [e[0] for e in s.get("emits") or []]
+    first = s.get("first_token_s")
+    if first is not None and (not times or times[0] > first):
+        times.insert(0, first)
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def meets_slo(s: dict, slo: dict) -> bool:
+    """Every limit given: TTFT <= ttft_s and TPOT <= tpot_ms (a one-token request has no TPOT: nothing to exceed)."""
+    if slo.get("ttft_s") is not None and (s.get("prefill_s") is None or s["prefill_s"] > slo["ttft_s"]):
+        return False
+    per_token = tpot(s)
+    return slo.get("tpot_ms") is None or per_token is None or per_token * 1000 <= slo["tpot_ms"]
+
+
+def timed(s: dict) -> bool:
+    """Whether a record carries a served request's times."""
+    return all(s.get(key) is not None for key in ("arrival_s", "first_token_s", "finish_s"))
+
+
+def by_repeat(samples: list[dict]) -> dict[int, list[dict]]:
+    """A point's requests per repeat (one load point each), in the order written: request order."""
+    out: dict[int, list[dict]] = defaultdict(list)
+    for s in samples:
+        out[s.get("repeat", 0)].append(s)
+    return out
+
+
+def request_keys(samples: list[dict]) -> dict[tuple, dict]:
+    """(repeat, request index, sample_id) -> record: request i is the i-th record of its repeat (the runner writes a
+    load point's requests in request order); the sample_id guards the pairing (request i is prompt i, cycling)."""
+    return {(repeat, i, s["sample_id"]): s for repeat, rows in by_repeat(samples).items() for i, s in enumerate(rows)}
+
+
+# ---- per load point and method ------------------------------------------------------------------------------------
+
+def load_figures(samples: list[dict], slo: dict | None) -> dict:
+    """Latencies (mean, P50, P90, P99, linear interpolation between ranks), rates over the span (each repeat's first
+    arrival to its last finish, summed over repeats), goodput and the mean rows in flight."""
+    spans = [max(s["finish_s"] for s in rows) - min(s["arrival_s"] for s in rows) for rows in by_repeat(samples).values()]
+    span = sum(spans)
+    # the time average of requests between admission and finish: each contributes its time in flight
+    in_flight = sum(s["finish_s"] - (s["admitted_s"] if s.get("admitted_s") is not None else s["arrival_s"])
+                    for s in samples)
+    met = [meets_slo(s, slo) for s in samples] if slo else None
+    return {
+        "requests": len(samples), "output_tokens": sum(s["new_tokens"] for s in samples), "span_s": span,
+        "ttft_s": distribution([s["prefill_s"] for s in samples if s.get("prefill_s") is not None]),
+        "tpot_s": distribution([t for t in map(tpot, samples) if t is not None]),
+        "itl_s": distribution([g for s in samples for g in inter_token_gaps(s)]),
+        "e2e_s": distribution([s["latency_s"] for s in samples]),
+        "queue_s": distribution([s["admitted_s"] - s["arrival_s"] for s in samples if s.get("admitted_s") is not None]),
+        "output_tok_s": ratio(sum(s["new_tokens"] for s in samples), span),
+        "requests_per_s": ratio(len(samples), span),
+        "goodput_req_s": None if met is None else ratio(sum(met), span),
+        "slo_met": None if met is None else ratio(sum(met), len(met)),
+        "mean_in_flight": ratio(in_flight, span),
+    }
+
+
+def acceptance_figures(samples: list[dict], point: Point) -> dict:
+    """Acceptance and mean accepted tokens pooled over every round of every request (as vLLM's counters) and as the
+    mean over requests of each request's own (as specdec_bench); Leviathan's alpha from the pooled rounds."""
+    rounds = [r for s in samples for r in s.get("rounds") or []]
+    drafted = sum(r["drafted"] for r in rounds)
+    per_accept = [ratio(sum(r["accepted"] for r in s["rounds"]), sum(r["drafted"] for r in s["rounds"]))
+                  for s in samples if s.get("rounds")]
+    per_mat = [sum(r["emitted"] for r in s["rounds"]) / len(s["rounds"]) for s in samples if s.get("rounds")]
+    per_accept = [a for a in per_accept if a is not None]
+    chain = tree_of(point) is None
+    return {"rounds": len(rounds),
+            "acceptance_pooled": ratio(sum(r["accepted"] for r in rounds), drafted),
+            "acceptance_per_request": statistics.fmean(per_accept) if per_accept else None,
+            "mean_accepted_tokens_pooled": ratio(sum(r["emitted"] for r in rounds), len(rounds)),
+            "mean_accepted_tokens_per_request": statistics.fmean(per_mat) if per_mat else None,
+            "alpha": solve_alpha(rounds) if chain and drafted else None,
+            "constant_draft_length": constant_draft_length(samples, point.gamma) if chain and drafted else None}
+
+
+def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tuple], list[tuple], int]:
+    """Per request both sides served (summed over the repeats both served): (tokens, E2E, baseline tokens, baseline
+    E2E) for the throughput ratio, and (requests with a TPOT, their TPOT sum, the same of the baseline) for the TPOT
+    ratio, both shaped for eval/stats.py's ratio_of_totals and bootstrap_ci. Also the requests paired."""
+    mine, theirs = request_keys(samples), request_keys(baseline)
+    tput: dict[tuple, list[float]] = {}
+    per_token: dict[tuple, list[float]] = {}
+    paired = sorted(set(mine) & set(theirs))
+    for key in paired:
+        a, b = mine[key], theirs[key]
+        request = key[1:]  # a request carries all its repeats
+        total = tput.setdefault(request, [0, 0.0, 0, 0.0])
+        for i, value in enumerate((a["new_tokens"], a["latency_s"], b["new_tokens"], b["latency_s"])):
+            total[i] += value
+        ta, tb = tpot(a), tpot(b)
+        if ta is not None and tb is not None:
+            # (1 / sum TPOT) / (1 / sum baseline TPOT) = mean baseline TPOT / mean TPOT
+            total = per_token.setdefault(request, [0, 0.0, 0, 0.0])
+            for i, value in enumerate((1, ta, 1, tb)):
+                total[i] += value
+    return ([tuple(v) for _, v in sorted(tput.items())], [tuple(v) for _, v in sorted(per_token.items())],
+            len({key[1:] for key in paired}))
+
+
+def costs_at(probes: dict[int, CostProbe], draft: str | None, gamma: int, rows: float) -> dict | None:
+    """c and v at a batch of `rows` rows (the mean occupancy): linear between the probed batch sizes around it, the
+    nearest probed one outside their range. None where no probe measured both for this draft and gamma."""
+    known = sorted(b for b, p in probes.items() if p is not None and p.c_for(draft) is not None
+                   and p.v_for(gamma) is not None)
+    if not known:
+        return None
+    at = min(max(rows, known[0]), known[-1])
+    low, high = max(b for b in known if b <= at), min(b for b in known if b >= at)
+    share = 0.0 if high == low else (at - low) / (high - low)
+
+    def between(get):
+        return get(probes[low]) + share * (get(probes[high]) - get(probes[low]))
+
+    return {"c": between(lambda p: p.c_for(draft)), "v": between(lambda p: p.v_for(gamma)), "rows": at,
+            "probed": [low, high] if high != low else [low]}
+
+
+def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | None,
+                    probes: dict[int, CostProbe], slo: dict | None) -> dict:
+    """Every figure of one serving point against the baseline of its load point (None: none ran)."""
+    spec = REGISTRY[point.method]
+    metrics = load_figures(samples, slo)
+    if spec.has_rounds:
+        metrics.update(acceptance_figures(samples, point))
+    metrics.update(dict.fromkeys(["speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95",
+                                  "output_tok_s_ratio", "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows",
+                                  "cost_batch_sizes", "predicted_speedup"]))
+    metrics["requests_paired"] = 0
+    if baseline:
+        tput, per_token, paired = speedup_clusters(samples, baseline)
+        metrics["requests_paired"] = paired
+        metrics["speedup_tput"] = ratio_of_totals(tput) if tput else None
+        metrics["speedup_tpot"] = ratio_of_totals(per_token) if per_token else None
+        if not spec.is_reference:
+            metrics["speedup_tput_ci95"] = bootstrap_ci(tput)
+            metrics["speedup_tpot_ci95"] = bootstrap_ci(per_token)
+        metrics["output_tok_s_ratio"] = ratio(metrics["output_tok_s"], load_figures(baseline, None)["output_tok_s"])
+        if point.temperature is None and not spec.is_reference and point.synthetic_acceptance is None:
+            mine, theirs = request_keys(samples), request_keys(baseline)
+            # exact_match pairs on (repeat, sample_id): give each request its index as its id
+            match = exact_match([dict(mine[k], sample_id=k[1:]) for k in mine if k in theirs],
+                                [dict(theirs[k], sample_id=k[1:]) for k in theirs if k in mine])
+            if match is not None:
+                metrics["exact_match"] = match["exact_match"]
+                metrics["mismatches"] = [dict(m, request=m["sample_id"][0], sample_id=m["sample_id"][1])
+                                         for m in match["mismatches"]]
+    if spec.has_rounds and point.gamma and tree_of(point) is None and metrics.get("constant_draft_length"):
+        at = costs_at(probes, point.draft, point.gamma, metrics["mean_in_flight"] or point.batch_size)
+        if at is not None and metrics.get("alpha") is not None:
+            metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
+                           cost_batch_sizes=at["probed"],
+                           predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
+    return metrics
+
+
+def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) -> str | None:
+    """Why a serving point with rounds has no predicted speedup (None when it has one or drafted nothing)."""
+    if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_pooled") is None:
+        return None
+    if REGISTRY[point.method].engine != "ours":
+        return "vLLM runs draft and target in one scheduler step: no c or v is measurable through it"
+    if tree_of(point) is not None:
+        return "the prediction under load is Leviathan's, of a chain; a tree has none here"
+    if not metrics.get("constant_draft_length"):
+        return "their draft length varied from round to round, and Leviathan's model assumes a constant gamma"
+    if point.draft is None:
+        return "no draft model: no draft cost c was measured for this drafter"
+    if not probes:
+        return "no cost probe ran at the batch sizes of this run's load points"
+    return "no c and v were measured for this draft and gamma"
+
+
+# ---- flags and the section ------------------------------------------------------------------------------------
+
+def serving_flags(point: Point, metrics: dict, requests: int, ci_target: float, machine_flags: list[dict]) -> list[dict]:
+    """few_samples (fewer than MIN_PROMPTS requests paired: no interval) or ci_wide (an interval beyond +-ci_target of
+    its speedup), by the same rule as a fixed batch's; then the machine's flags (drift, costs, exactness)."""
+    if REGISTRY[point.method].is_reference or metrics.get("speedup_tput") is None:
+        return machine_flags
+    flags = []
+    if requests < MIN_PROMPTS:
+        flags.append({"code": "few_samples", "message": f"{requests} request(s) back its speedups, fewer than "
+                      f"{MIN_PROMPTS}: no interval is given, so they are readings, not estimates: serve more requests "
+                      "(load.requests)"})
+    else:
+        wide = [f"{name} {metrics[key]:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" for name, key in
+                (("throughput", "speedup_tput"), ("TPOT", "speedup_tpot"))
+                if metrics.get(key) is not None and (ci := metrics.get(key + "_ci95"))
+                and (ci[0] < metrics[key] * (1 - ci_target) or ci[1] > metrics[key] * (1 + ci_target))]
+        if wide:
+            flags.append({"code": "ci_wide", "message": f"the 95% CI of its speedup ({'; '.join(wide)}) reaches beyond "
+                          f"+-{ci_target * 100:g}% of it: the requests disagree more than that (more requests narrow it)"})
+    return flags + [f for f in machine_flags if f["code"] not in ("few_samples", "ci_wide")]
+
+
+def line_of(run: dict) -> tuple:
+    return tuple(run.get(axis) for axis in LINE_AXES)
+
+
+def line_label(run: dict) -> str:
+    """A point's label without its load: the line it draws across load points."""
+    point = Point(**{axis: run.get(axis) for axis in LINE_AXES}, batch_size=run["batch_size"])
+    return point.label.replace(f" batch={run['batch_size']}", "")
+
+
+def load_label(run: dict) -> str:
+    """conc=4 rate=2.0/s T=0.7 (rate all at once: no rate)."""
+    rate = "" if run.get("request_rate") is None else f" rate={run['request_rate']:g}/s"
+    temperature = "greedy" if run.get("temperature") is None else f"T={run['temperature']}"
+    return f"conc={run['concurrency']}{rate} {temperature}"
+
+
+def load_value(run: dict, axis: str) -> float:
+    """A load on its axis: a rate of None (all at once) is the highest."""
+    value = run.get(axis)
+    return math.inf if value is None else value
+
+
+# ---- the crossover ------------------------------------------------------------------------------------------
+
+def crossing(loads: list[float], values: list[float | None], intervals: list | None = None) -> dict:
+    """Where a speedup curve over increasing load crosses 1: each crossing between two measured loads, at the load
+    where the straight line between them meets 1 (None where one of them is all at once: no straight line reaches
+    it), the first of them, and the highest load whose interval lies wholly above 1. loads: numbers (math.inf for
+    all at once)."""
+    points = sorted((x, y, (intervals or [None] * len(loads))[i]) for i, (x, y) in enumerate(zip(loads, values))
+                    if y is not None)
+    crossings = []
+    for (x0, y0, _), (x1, y1, _) in zip(points, points[1:]):
+        if (y0 >= 1) != (y1 >= 1):
+            at = x0 + (1 - y0) * (x1 - x0) / (y1 - y0) if math.isfinite(x1) else None
+            crossings.append({"load": at, "between": [x0, x1], "direction": "down" if y1 < y0 else "up"})
+    above = [x for x, _, ci in points if ci and ci[0] > 1]
+    if not points:
+        verdict = "no speedup measured"
+    elif crossings:
+        verdict = "crosses 1"
+    elif all(y >= 1 for _, y, _ in points):
+        verdict = "above 1 at every load measured"
+    else:
+        verdict = "below 1 at every load measured"
+    found = {"verdict": verdict, "crossing": crossings[0] if crossings else None, "crossings": crossings}
+    if intervals is not None:
+        found["highest_load_ci_above_1"] = max(above) if above else None
+    return found
+
+
+def crossovers(runs: list[dict]) -> list[dict]:
+    """Per method line (its axes but load) and per sweep along one load axis (the other axis held): the measured
+    throughput speedup's crossing and the predicted one's, TPOT's too. A sweep needs two loads or more."""
+    measured = [r for r in runs if r["status"] in ("ok", "partial") and not REGISTRY[r["method"]].is_reference
+                and r["metrics"].get("speedup_tput") is not None]
+    out = []
+    for axis in LOAD_AXES:
+        other = next(a for a in LOAD_AXES if a != axis)
+        lines: dict[tuple, list[dict]] = defaultdict(list)
+        for run in measured:
+            lines[line_of(run) + (run.get(other),)].append(run)
+        for key, rows in lines.items():
+            rows = sorted(rows, key=lambda r: load_value(r, axis))
+            if len({r.get(axis) for r in rows}) < 2:
+                continue
+            loads = [load_value(r, axis) for r in rows]
+            m = [r["metrics"] for r in rows]
+            out.append({"line": line_label(rows[0]), "axis": axis, other: key[-1], "temperature": rows[0]["temperature"],
+                        "loads": [r.get(axis) for r in rows], "labels": [r["label"] for r in rows],
+                        "speedup_tput": [x["speedup_tput"] for x in m],
+                        "speedup_tput_ci95": [x.get("speedup_tput_ci95") for x in m],
+                        "predicted_speedup": [x.get("predicted_speedup") for x in m],
+                        "measured": crossing(loads, [x["speedup_tput"] for x in m], [x.get("speedup_tput_ci95") for x in m]),
+                        "predicted": crossing(loads, [x.get("predicted_speedup") for x in m]),
+                        "tpot": crossing(loads, [x.get("speedup_tpot") for x in m], [x.get("speedup_tpot_ci95") for x in m])})
+    return [_finite(c) for c in out]
+
+
+def _finite(obj):
+    """math.inf (all at once) written as None: summary.json is strict JSON."""
+    if isinstance(obj, float) and math.isinf(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def load_text(value, axis: str) -> str:
+    """A load as the report prints it: conc 2.6, 4.0/s, all at once (a rate of None)."""
+    if value is None or value == math.inf:
+        return "all at once" if axis == "request_rate" else "-"
+    return f"{value:g}/s" if axis == "request_rate" else f"{value:g}"
+
+
+def crossing_text(found: dict, axis: str) -> str:
+    """'crosses 1 at 2.6 (between 2 and 4), falling', 'above 1 at every load measured', ..."""
+    first = found.get("crossing")
+    if not first:
+        return found["verdict"]
+    low, high = (load_text(x, axis) for x in first["between"])
+    text = f"crosses 1 between {low} and {high}" if first["load"] is None else \
+        f"crosses 1 at {load_text(round(first['load'], 2), axis)} (between {low} and {high})"
+    text += ", falling" if first["direction"] == "down" else ", rising"
+    if len(found["crossings"]) > 1:
+        text += f" ({len(found['crossings'])} crossings)"
+    return text
+
+
+# ---- the summary's serving section --------------------------------------------------------------------------------
+
+def slo_of(config: dict | None) -> dict | None:
+    """config.yaml's load.slo, the limits given ({ttft_s, tpot_ms}); None where none is set."""
+    slo = (((config or {}).get("load") or {}).get("slo") or {})
+    limits = {key: slo[key] for key in SLO_KEYS if slo.get(key) is not None}
+    return limits or None
+
+
+def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, list[dict]], progress: dict,
+                    slo: dict | None, costs_of, order, machine_of) -> tuple[dict, list[str]]:
+    """summary.json's "serving": {slo, runs, crossovers}, and its notes. by_point and failures: the serving points'
+    records and failures; costs_of(progress, point, samples) -> CostProbe (eval/summary.py); order: the points' sort
+    key; machine_of(point, costs) -> what eval/flags.py flags_of reads (drift, numerics, ci_target)."""
+    untimed = {p: sum(not timed(s) for s in rows) for p, rows in by_point.items()}
+    by_point = {p: [s for s in rows if timed(s)] for p, rows in by_point.items()}
+    baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
+                 if REGISTRY[p.method].is_reference}
+    planned = progress.get("planned") or {}
+    batch_sizes = sorted(int(b) for b in (progress.get("costs") or {}))
+    runs, notes, gaps, flagged = [], [], defaultdict(list), {}
+    def load_order(point: Point) -> tuple:  # a load point's methods together, loads in increasing order
+        return (point.temperature is not None, point.temperature or 0, point.request_rate is None,
+                point.request_rate or 0, point.concurrency, order(point))
+
+    for point in sorted(set(by_point) | set(failures), key=load_order):
+        samples, failed = by_point.get(point, []), failures.get(point, [])
+        error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failed)) or None
+        if untimed.get(point):
+            notes.append(f"{point.label}: {untimed[point]} of its records carry no request times (arrival_s, "
+                         "finish_s): left out of every figure")
+            error = error or ("its records carry no request times" if not samples else None)
+        run = {**{axis: getattr(point, axis) for axis in AXES}, "label": point.label}
+        expected = planned.get(point.label)
+        if not samples:
+            status = "failed" if any(f.get("status") == "failed" for f in failed) else "skipped"
+            runs.append({**run, "status": status, "error": error, "repeats": {"done": 0, "planned": expected},
+                         "flags": [], "metrics": {}})
+            continue
+        engine = REGISTRY[point.method].engine
+        done = len(by_repeat(samples))
+        status = "partial" if failed or (expected is not None and done < expected) else "ok"
+        baseline = baselines.get((engine, point.comparison))
+        probes = {b: costs_of(progress, Point(method=point.method, batch_size=b), samples) for b in batch_sizes} \
+            if engine == "ours" else {}
+        probes = {b: p for b, p in probes.items() if p is not None}
+        metrics = serving_metrics(point, samples, baseline, probes, slo)
+        paired_repeats = len(set(by_repeat(samples)) & set(by_repeat(baseline or [])))
+        repeats = {"done": done, "planned": expected, "paired": paired_repeats,
+                   "cross_process": cross_process_pairs(samples, baseline or [])}
+        machine = machine_of(point, probes.get(point.batch_size))
+        as_fixed = dict(metrics, speedup=metrics["speedup_tput"], speedup_ci95=metrics["speedup_tput_ci95"])
+        flags = serving_flags(point, metrics, metrics["requests_paired"], machine.get("ci_target") or CI_WIDE,
+                              flags_of(point, as_fixed, {"prompts": metrics["requests_paired"],
+                                                         "paired": paired_repeats,
+                                                         "cross_process": repeats["cross_process"]}, machine))
+        runs.append({**run, "status": status, **({"error": error} if error else {}), "repeats": repeats,
+                     "flags": flags, "metrics": metrics})
+        for flag in flags:
+            flagged.setdefault((flag["code"], flag["message"]), []).append(point.label)
+        if not REGISTRY[point.method].is_reference and metrics["speedup_tput"] is None:
+            notes.append(f"{point.label}: no {'baseline' if engine == 'ours' else 'vllm_generate'} at {load_label(run)} "
+                         "to pair with: no speedups" if not metrics["requests_paired"] else
+                         f"{point.label}: its paired requests' total time or tokens are 0: no speedup")
+        if status == "partial":
+            notes.append(f"{point.label}: partial, {done} of {expected} repeats of its load point "
+                         f"({error or 'the run stopped first'})")
+        gap = prediction_gap(point, metrics, probes) if REGISTRY[point.method].has_rounds else None
+        if gap:
+            gaps[gap].append(point.label)
+    for (code, message), labels in flagged.items():
+        notes.append(f"{'; '.join(labels)}: flagged {code}: {message}")
+    for reason, labels in gaps.items():
+        notes.append(f"predicted speedup under load is null for {'; '.join(labels)}: {reason}")
+    return {"slo": slo, "runs": runs, "crossovers": crossovers(runs)}, notes

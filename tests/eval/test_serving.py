@@ -1,0 +1,312 @@
+"""Figures under load (eval/serving.py) against values worked out by hand on hand-made request records: per request
+TTFT, TPOT and inter-token gaps, percentiles, goodput, occupancy, acceptance pooled and per request, both speedups
+and their pairing, the prediction at the mean occupancy, the crossover finder on hand-made curves, and the report
+(`python -m eval DIR`) of a serving folder."""
+import json
+import math
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.records import CostProbe, Point
+from eval.report import SERVING_COLUMNS, markdown, serving_cell
+from eval.serving import costs_at, crossing, crossing_text, inter_token_gaps, tpot
+from eval.summary import summarize
+from sample_records import paired_run, record
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def request(method="baseline", index=0, concurrency=1, first=0.5, finish=1.0, tokens=5, arrival=0.0, admitted=None,
+            rate=None, requests=8, emits=None, rounds=None, sample_id=None, repeat=0, **extra):
+    """One served request: its times from the load point's start; emits default to the first token at `first`, then
+    one token at a time evenly up to `finish`."""
+    if emits is None:
+        step = (finish - first) / max(tokens - 1, 1)
+        emits = [[first, 1]] + [[first + step * k, 1] for k in range(1, tokens)]
+    return record(method, sample_id=index if sample_id is None else sample_id, repeat=repeat, batch_size=concurrency,
+                  batch_rows=requests, tokens=tokens, latency=finish - arrival, prefill=first - arrival, rounds=rounds,
+                  concurrency=concurrency, request_rate=rate, arrival_s=arrival,
+                  admitted_s=arrival if admitted is None else admitted, first_token_s=first, finish_s=finish,
+                  emits=emits, **extra)
+
+
+def serving_run(summary, method, **axes):
+    return next(r for r in summary["serving"]["runs"] if r["method"] == method
+                and all(r[k] == v for k, v in axes.items()))
+
+
+def refuse(constant):
+    raise ValueError(f"{constant} is not strict JSON")
+
+
+# ---- per request ---------------------------------------------------------------------------------------------
+
+def test_tpot_and_inter_token_gaps_by_hand():
+    # first token at 1.0, then 2 tokens at 1.25 (one round) and 2 at 2.0: TPOT (2.0 - 1.0) / 4 = 0.25 per token;
+    # the gaps count each chunk once (as vLLM's ITL): 0.25 and 0.75
+    s = request(first=1.0, finish=2.0, tokens=5, emits=[[1.0, 1], [1.25, 2], [2.0, 2]])
+    assert tpot(s) == pytest.approx(0.25)
+    assert inter_token_gaps(s) == pytest.approx([0.25, 0.75])
+    # emits that leave out the first token give the same gaps: the first token is the first emission
+    assert inter_token_gaps(dict(s, emits=[[1.25, 2], [2.0, 2]])) == pytest.approx([0.25, 0.75])
+    assert tpot(request(tokens=1, first=1.0, finish=1.0, emits=[[1.0, 1]])) is None  # one token: no TPOT
+
+
+def test_percentiles_goodput_rates_and_occupancy_by_hand():
+    # five requests at concurrency 2; TTFT 0.1, 0.2, 0.3, 0.4, 1.0 (arrival 0, so the first token's time);
+    # each 5 tokens, finish = first + 4 * step
+    steps = [0.01, 0.05, 0.01, 0.01, 0.01]  # TPOT 10 ms but the second 50 ms
+    firsts = [0.1, 0.2, 0.3, 0.4, 1.0]
+    admitted = [0.0, 0.0, 0.1, 0.2, 0.9]
+    rows = [request("baseline", i, concurrency=2, first=f, finish=f + 4 * st, admitted=a, requests=5)
+            for i, (f, st, a) in enumerate(zip(firsts, steps, admitted))]
+    config = {"load": {"concurrency": [2], "slo": {"ttft_s": 0.35, "tpot_ms": 20}}}
+    m = serving_run(summarize(rows, {}, config), "baseline")["metrics"]
+    # TTFT sorted 0.1 .. 1.0: P50 the middle 0.3; P90 at rank 0.9 * 4 = 3.6: 0.4 + 0.6 * (1.0 - 0.4) = 0.76;
+    # P99 at 3.96: 0.4 + 0.96 * 0.6 = 0.976; mean 2.0 / 5 = 0.4
+    assert m["ttft_s"]["p50"] == pytest.approx(0.3) and m["ttft_s"]["p90"] == pytest.approx(0.76)
+    assert m["ttft_s"]["p99"] == pytest.approx(0.976) and m["ttft_s"]["mean"] == pytest.approx(0.4)
+    assert m["tpot_s"]["p50"] == pytest.approx(0.01) and m["tpot_s"]["mean"] == pytest.approx(0.018)
+    # span: the first arrival 0 to the last finish 1.0 + 0.04 = 1.04; 25 tokens, 5 requests
+    assert m["span_s"] == pytest.approx(1.04)
+    assert m["output_tok_s"] == pytest.approx(25 / 1.04) and m["requests_per_s"] == pytest.approx(5 / 1.04)
+    # the SLO: TTFT <= 0.35 keeps requests 0, 1, 2; TPOT <= 20 ms drops request 1: 2 requests in 1.04 s
+    assert m["goodput_req_s"] == pytest.approx(2 / 1.04) and m["slo_met"] == pytest.approx(0.4)
+    # in flight from admission to finish: 0.14 + 0.4 + 0.24 + 0.24 + 0.14 = 1.16 over 1.04 s
+    assert m["mean_in_flight"] == pytest.approx(1.16 / 1.04)
+    assert m["queue_s"]["mean"] == pytest.approx((0.1 + 0.2 + 0.9) / 5)
+    # no SLO in the config: no goodput
+    assert serving_run(summarize(rows, {}), "baseline")["metrics"]["goodput_req_s"] is None
+
+
+def test_acceptance_pooled_and_per_request_by_hand():
+    # request 0: rounds accepting 2 of 2 and 0 of 2 (acceptance 0.5, MAT (3 + 1) / 2 = 2); request 1: one round 2 of 2
+    # (1.0, MAT 3). Pooled: 4 / 6 and 7 / 3 per round; per request: (0.5 + 1) / 2 = 0.75 and (2 + 3) / 2 = 2.5
+    rows = [request("speculative", 0, tokens=5, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3},
+                                                         {"drafted": 2, "accepted": 0, "emitted": 1}], requests=2),
+            request("speculative", 1, tokens=4, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}], requests=2)]
+    m = serving_run(summarize(rows, {}), "speculative")["metrics"]
+    assert m["acceptance_pooled"] == pytest.approx(4 / 6) and m["acceptance_per_request"] == pytest.approx(0.75)
+    assert m["mean_accepted_tokens_pooled"] == pytest.approx(7 / 3)
+    assert m["mean_accepted_tokens_per_request"] == pytest.approx(2.5)
+
+
+# ---- speedups --------------------------------------------------------------------------------------------------
+
+def two_requests():
+    """Baseline: 10 tokens each, E2E 2 and 4, first tokens at 0.5 and 1.0; the method: E2E 1 and 3."""
+    rows = []
+    for method, finishes in (("baseline", (2.0, 4.0)), ("speculative", (1.0, 3.0))):
+        for i, (first, finish) in enumerate(zip((0.5, 1.0), finishes)):
+            rows.append(request(method, i, concurrency=2, first=first, finish=finish, tokens=10, requests=2,
+                                rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] * 3))
+    return rows
+
+
+def test_speedups_by_hand_with_too_few_requests():
+    m_run = serving_run(summarize(two_requests(), {}), "speculative")
+    m = m_run["metrics"]
+    # throughput: (20 / (1 + 3)) / (20 / (2 + 4)) = 1.5, the ratio of totals (a mean of per-request ratios: 1.667)
+    assert m["speedup_tput"] == pytest.approx(1.5)
+    # mean TPOT: baseline (1.5 / 9 + 3 / 9) / 2 = 0.25, the method's (0.5 / 9 + 2 / 9) / 2 = 0.1389: 1.8
+    assert m["speedup_tpot"] == pytest.approx(1.8)
+    # the system: 20 tokens in 3 s against 20 in 4 s
+    assert m["output_tok_s_ratio"] == pytest.approx(4 / 3)
+    assert m["speedup_tput_ci95"] is None and m["speedup_tpot_ci95"] is None
+    assert [f["code"] for f in m_run["flags"]] == ["few_samples"]
+    tput = next((paths, fmt) for header, paths, fmt in SERVING_COLUMNS if header.startswith("speedup tput"))
+    assert serving_cell(m_run, *tput) == "1.50 (n=2) !"
+
+
+def test_eight_requests_get_an_interval():
+    rows = []
+    for i in range(8):
+        rows.append(request("baseline", i, concurrency=4, first=0.2, finish=2.0, tokens=10))
+        rows.append(request("speculative", i, concurrency=4, first=0.2, finish=1.0, tokens=10,
+                            rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] * 3))
+    run = serving_run(summarize(rows, {}), "speculative")
+    # every request twice as fast: 2.0 and an interval that cannot be anything else
+    assert run["metrics"]["speedup_tput"] == pytest.approx(2.0)
+    assert run["metrics"]["speedup_tput_ci95"] == pytest.approx([2.0, 2.0])
+    # TPOT 1.8 / 9 against 0.8 / 9
+    assert run["metrics"]["speedup_tpot_ci95"] == pytest.approx([1.8 / 0.8] * 2)
+    assert run["flags"] == [] and run["metrics"]["requests_paired"] == 8
+
+
+def test_requests_pair_by_position_when_prompts_cycle():
+    # 4 requests of 2 prompts (sample ids 0, 1, 0, 1): request 2 of the method differs from request 2 of the
+    # baseline, request 0 (the same prompt) does not
+    rows = []
+    for i in range(4):
+        rows.append(request("baseline", i, sample_id=i % 2, output=[1, 2, 3, 4, 5], requests=4))
+        rows.append(request("speculative", i, sample_id=i % 2, output=[1, 2, 9, 4, 5] if i == 2 else [1, 2, 3, 4, 5],
+                            rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}], requests=4))
+    m = serving_run(summarize(rows, {}), "speculative")["metrics"]
+    assert m["requests_paired"] == 4 and m["exact_match"] == pytest.approx(0.75)
+    assert [(x["request"], x["sample_id"], x["first_mismatch"]) for x in m["mismatches"]] == [(2, 0, 2)]
+
+
+# ---- the prediction and the crossover ------------------------------------------------------------------------------
+
+def probe(c, v):
+    return CostProbe(c_by_draft={"d": c}, v={2: v})
+
+
+def test_costs_at_the_mean_occupancy_by_hand():
+    probes = {2: probe(0.2, 1.5), 4: probe(0.3, 2.5)}
+    at = costs_at(probes, "d", 2, 3.0)  # halfway from 2 to 4
+    assert at["c"] == pytest.approx(0.25) and at["v"] == pytest.approx(2.0) and at["probed"] == [2, 4]
+    below = costs_at(probes, "d", 2, 1.2)  # below the smallest probed: the nearest probed
+    assert (below["c"], below["v"], below["rows"], below["probed"]) == (0.2, 1.5, 2, [2])
+    assert costs_at(probes, "other", 2, 3.0) is None and costs_at(probes, "d", 4, 3.0) is None
+
+
+def cost_entry(c, v):
+    return {"p1": {"c_by_draft": {"d": c}, "v": {"2": v}, "target_forward_s": 0.01}}
+
+
+def test_prediction_at_the_mean_occupancy_through_summarize():
+    # concurrency 4, three requests in flight from 0 to 1.0: occupancy 3; every draft accepted: alpha 1, a round
+    # emits 3 tokens at 2 * 0.25 + 2.0 = 2.5 target forwards: 1.2
+    rows = [request(m, i, concurrency=4, first=0.2, finish=1.0, tokens=4, requests=3,
+                    rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] if m == "speculative" else None)
+            for m in ("baseline", "speculative") for i in range(3)]
+    progress = {"costs": {"2": cost_entry(0.2, 1.5), "4": cost_entry(0.3, 2.5)}}
+    m = serving_run(summarize(rows, progress), "speculative")["metrics"]
+    assert m["mean_in_flight"] == pytest.approx(3.0) and m["alpha"] == 1.0
+    assert m["draft_cost_ratio_c"] == pytest.approx(0.25) and m["verify_cost_ratio_v"] == pytest.approx(2.0)
+    assert m["cost_batch_sizes"] == [2, 4] and m["predicted_speedup"] == pytest.approx(1.2)
+
+
+def test_crossing_of_a_falling_curve_by_hand():
+    found = crossing([8, 1, 4, 2], [0.6, 1.5, 0.8, 1.2], [None, [1.4, 1.6], [0.7, 0.9], [1.05, 1.3]])
+    # between 2 (1.2) and 4 (0.8): 2 + (1 - 1.2) * (4 - 2) / (0.8 - 1.2) = 3
+    assert found["verdict"] == "crosses 1" and found["crossing"]["load"] == pytest.approx(3.0)
+    assert found["crossing"]["between"] == [2, 4] and found["crossing"]["direction"] == "down"
+    assert found["highest_load_ci_above_1"] == 2
+    assert crossing_text(found, "concurrency") == "crosses 1 at 3 (between 2 and 4), falling"
+
+
+def test_curves_that_never_cross_and_one_that_rises():
+    above = crossing([1, 2, 4], [1.3, 1.2, 1.1], [[1.2, 1.4], [0.9, 1.5], [1.02, 1.2]])
+    assert above["verdict"] == "above 1 at every load measured" and above["crossing"] is None
+    assert above["highest_load_ci_above_1"] == 4  # the highest whose interval is wholly above 1, not the last in a row
+    below = crossing([1, 2], [0.9, 0.7], [None, None])
+    assert below["verdict"] == "below 1 at every load measured" and below["highest_load_ci_above_1"] is None
+    rising = crossing([1, 3, 5], [0.8, 1.2, None])  # a load without a figure is left out
+    assert rising["crossing"]["load"] == pytest.approx(2.0) and rising["crossing"]["direction"] == "up"
+    assert "highest_load_ci_above_1" not in rising  # no intervals (a prediction): nothing to say there
+
+
+def test_a_crossing_next_to_all_at_once_has_no_interpolated_load():
+    found = crossing([2.0, math.inf], [1.1, 0.9])
+    assert found["crossing"]["load"] is None and found["crossing"]["between"] == [2.0, math.inf]
+    assert crossing_text(found, "request_rate") == "crosses 1 between 2/s and all at once, falling"
+
+
+def sweep(concurrencies=(1, 2, 4), spec_finish=(0.5, 1.0, 2.5), requests=8) -> list[dict]:
+    """Per concurrency c, `requests` requests of 10 tokens arriving at once, c at a time: each takes 1.0 s in the
+    baseline, spec_finish in the method, its first token 0.1 s after its admission (the queue wait before)."""
+    rows = []
+    for c, spec in zip(concurrencies, spec_finish):
+        for method, took in (("baseline", 1.0), ("speculative", spec)):
+            for i in range(requests):
+                start = (i // c) * took
+                rows.append(request(method, i, concurrency=c, admitted=start, first=start + 0.1, finish=start + took,
+                                    tokens=10, requests=requests, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] * 3
+                                    if method == "speculative" else None))
+    return rows
+
+
+def test_the_crossover_of_a_concurrency_sweep_by_hand():
+    summary = summarize(sweep(), {})
+    (found,) = summary["serving"]["crossovers"]
+    assert found["axis"] == "concurrency" and found["loads"] == [1, 2, 4]
+    # speedups 1 / 0.5 = 2, 1, 0.4: at 2 it touches 1 (at or above), below after: the crossing at 2 + (1 - 1) ... = 2
+    assert found["speedup_tput"] == pytest.approx([2.0, 1.0, 0.4])
+    assert found["measured"]["crossing"]["load"] == pytest.approx(2.0)
+    assert found["measured"]["highest_load_ci_above_1"] == 1  # at 2 the interval [1, 1] is not above 1
+    assert found["line"] == "speculative draft=d gamma=2 constant greedy"
+
+
+# ---- routing and the report --------------------------------------------------------------------------------------
+
+def test_fixed_batches_are_unchanged_beside_serving_points():
+    fixed = paired_run(units=8)
+    alone, both = summarize(fixed, {}), summarize(fixed + sweep(), {})
+    assert both["runs"] == alone["runs"] and both["best"] == alone["best"]
+    assert "serving" not in alone and alone["legend"] == {k: v for k, v in both["legend"].items() if k in alone["legend"]}
+    assert {r["concurrency"] for r in both["serving"]["runs"]} == {1, 2, 4}
+    assert all(r["concurrency"] is None for r in both["runs"])
+
+
+def test_eval_rebuilds_a_serving_folder(tmp_path):
+    rows = sweep()
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in rows))
+    (tmp_path / "progress.json").write_text(json.dumps({"costs": {str(c): cost_entry(0.2, 1.2 + 0.3 * c)
+                                                                  for c in (1, 2, 4)}}))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"name": "served", "load": {
+        "concurrency": [1, 2, 4], "slo": {"ttft_s": 0.5, "tpot_ms": 50.0}}}))
+    result = subprocess.run([sys.executable, "-m", "eval", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    assert written["serving"]["slo"] == {"ttft_s": 0.5, "tpot_ms": 50.0}
+    # the SLO from config.yaml: the baseline's TPOT 0.9 / 9 = 100 ms misses 50 ms; the method's at concurrency 2
+    # (0.9 s a request) too; at concurrency 1 (0.4 / 9 = 44 ms) the first request alone meets TTFT 0.5 (the second
+    # waits 0.5 s): 1 request in 8 * 0.5 s
+    assert serving_run(written, "baseline", concurrency=1)["metrics"]["goodput_req_s"] == 0
+    assert serving_run(written, "speculative", concurrency=2)["metrics"]["goodput_req_s"] == 0
+    assert serving_run(written, "speculative", concurrency=1)["metrics"]["goodput_req_s"] == pytest.approx(1 / 4)
+    # occupancy 1 (one request at a time); alpha 1, gamma 2 at c 0.2 and v(1) = 1.5: 3 / 1.9
+    assert serving_run(written, "speculative", concurrency=1)["metrics"]["mean_in_flight"] == pytest.approx(1.0)
+    assert serving_run(written, "speculative", concurrency=1)["metrics"]["predicted_speedup"] == pytest.approx(3 / 1.9)
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Under load" in text and "### conc=2 greedy (8 requests)" in text
+    assert "| speculative draft=d gamma=2 constant greedy | concurrency (rate all at once) |" in text
+    for name in ("speedup_vs_concurrency.png", "tpot_vs_throughput.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG", name
+    assert not (tmp_path / "speedup.png").exists()  # no fixed batch: none of their plots
+
+
+def test_a_failed_and_a_partial_load_point():
+    rows = sweep(concurrencies=(1,), spec_finish=(0.5,))
+    spec = next(r for r in rows if r["method"] == "speculative")
+    label = "speculative draft=d gamma=2 constant conc=1 greedy"
+    failed = {**asdict(Point.of(spec)), "concurrency": 2, "batch_size": 2, "status": "failed", "error": "boom"}
+    progress = {"planned": {label: 2, "baseline conc=1 greedy": 1}, "failures": [failed]}
+    summary = summarize(rows, progress)
+    assert serving_run(summary, "speculative", concurrency=2)["status"] == "failed"
+    partial = serving_run(summary, "speculative", concurrency=1)
+    assert partial["status"] == "partial" and partial["repeats"] == {"done": 1, "planned": 2, "paired": 1,
+                                                                      "cross_process": 0}
+    assert any(n.startswith(f"{label}: partial, 1 of 2 repeats") for n in summary["notes"])
+    assert not any("planned but not measured" in n for n in summary["notes"])
+    assert "| speculative draft=d gamma=2 constant greedy | partial 1/2 |" in markdown(summary, "t")
+
+
+def test_the_terminal_table_and_serving_csv(tmp_path):
+    from rich.console import Console
+
+    from eval.report import print_table, write_report
+
+    summary = summarize(sweep(), {})
+    console = Console(record=True, width=300)
+    print_table(summary, console)
+    text = console.export_text()
+    assert "speculate under load" in text and "2.00 [2.00, 2.00]" in text and "speculate (all columns" not in text
+    write_report(tmp_path, summary, "t", with_plots=False)
+    rows = (tmp_path / "serving.csv").read_text().splitlines()
+    assert len(rows) == 1 + 6 and rows[0].startswith("label,status,method")
+
+
+def test_records_without_request_times_are_left_out_and_said():
+    rows = sweep(concurrencies=(1,), spec_finish=(0.5,))
+    rows[-1] = dict(rows[-1], finish_s=None)  # the method's last request
+    summary = summarize(rows, {})
+    assert serving_run(summary, "speculative")["metrics"]["requests"] == 7
+    assert any("1 of its records carry no request times" in n for n in summary["notes"])
