@@ -124,6 +124,7 @@ class SampleRecord:
     # waited in the queue between the two), its first token and its last; emits: [time_s, tokens] per time it got
     # tokens (a round's accepted drafts and the target's token come at once). latency_s is then finish - arrival and
     # prefill_s first token - arrival (TTFT, the wait included). None: a fixed batch
+    request: int | None = None  # a serving point's request index (request i is prompt i, cycling): with sample_id, the row
     arrival_s: float | None = None
     admitted_s: float | None = None
     first_token_s: float | None = None

@@ -116,9 +116,10 @@ def by_repeat(samples: list[dict]) -> dict[int, list[dict]]:
 
 
 def request_keys(samples: list[dict]) -> dict[tuple, dict]:
-    """(repeat, request index, sample_id) -> record: request i is the i-th record of its repeat (the runner writes a
-    load point's requests in request order); the sample_id guards the pairing (request i is prompt i, cycling)."""
-    return {(repeat, i, s["sample_id"]): s for repeat, rows in by_repeat(samples).items() for i, s in enumerate(rows)}
+    """(repeat, request index, sample_id) -> record: the record's `request`, else its place among its repeat's records
+    (the runner writes a load point's requests in request order); the sample_id guards the pairing (request i is prompt i, cycling)."""
+    return {(repeat, i if s.get("request") is None else s["request"], s["sample_id"]): s
+            for repeat, rows in by_repeat(samples).items() for i, s in enumerate(rows)}
 
 
 # ---- per load point and method ------------------------------------------------------------------------------------

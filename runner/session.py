@@ -359,6 +359,7 @@ class Session:
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         per_round = REGISTRY[point.method].has_rounds
         rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, peak,
-                          self.worker, batch_rows=len(batch)) for prompt, record in zip(batch, records)]
+                          self.worker, batch_rows=len(batch), request=index if unit.serving else None)
+                for index, (prompt, record) in enumerate(zip(batch, records))]
         wall = max(r.latency_s for r in records)
         return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)

@@ -90,7 +90,8 @@ class ReportFolder:
         samples = read_jsonl(self.samples_path, repair=True)
         rows: dict[tuple, dict] = {}
         for s in samples:
-            rows.setdefault(batch_key(s), {})[s["sample_id"]] = s  # a row written twice counts once
+            # a row written twice counts once; a serving point's requests cycle through the prompts: the request tells them apart
+            rows.setdefault(batch_key(s), {})[(s["sample_id"], s.get("request"))] = s
         kept = [s for key, by_id in rows.items() for s in by_id.values()
                 if len(by_id) == next(iter(by_id.values()))["batch_rows"]]
         order = {id(s): i for i, s in enumerate(samples)}
@@ -126,7 +127,7 @@ class ReportFolder:
         write_json(self.path / "progress.json", asdict(self.progress))
 
     def summary(self) -> dict:
-        return summarize(self.samples, asdict(self.progress))
+        return summarize(self.samples, asdict(self.progress), self.raw_config)
 
     def write_summary(self, plots: bool = False) -> dict:
         summary = self.summary()

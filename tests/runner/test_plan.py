@@ -92,7 +92,7 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     from dataclasses import asdict
 
     from eval.records import Point, SampleRecord, batch_key
-    SERVING_FIELDS = ("concurrency", "request_rate", "arrival_s", "admitted_s", "first_token_s", "finish_s", "emits")
+    SERVING_FIELDS = ("concurrency", "request_rate", "request", "arrival_s", "admitted_s", "first_token_s", "finish_s", "emits")
     from runner.storage import ReportFolder
     from sample_records import record
 
