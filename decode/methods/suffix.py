@@ -27,7 +27,7 @@ def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, ge
     from decode.generate import generate_speculative
 
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                   ctx.clock)
+                                   ctx.clock, load=ctx.load)
     if not ctx.warming_up:
         remember_outputs(cache, prompt_ids, prompt_mask, records)
     return records
