@@ -214,3 +214,28 @@ def test_a_joining_row_starts_as_a_new_batchs_row_and_the_others_keep_their_stat
     kept = before.lengths()  # (cost_model's lengths count rounds toward a probe: asked once each)
     assert schedule.lengths() == kept + fresh.lengths()
     assert kept[0] > kept[1]  # the rows had parted
+
+
+def test_requests_done_at_their_first_token_never_join(pair):
+    """A request whose first token is EOS (or whose budget is one token) leaves at its prefill; the rest of its group
+    joins the running batch, cut to its own width."""
+    target, draft, ids, mask, generation, alone = pair
+    eos = alone[0][0]  # request 0's first token: it leaves its group of three at once
+    cut = [output[:output.index(eos) + 1] if eos in output else output for output in alone]
+    assert cut[0] == [eos] and sum(len(c) > 1 for c in cut) >= 6
+    eos_generation = Generation(generation.max_new_tokens, GREEDY, (54, eos))
+    with torch.inference_mode():
+        fixed = lengths_of(generate_speculative(target, PromptLookupDrafter(), ids, mask, eos_generation, 4))
+        for load in (LOADS["all-at-once-c3"], LOADS["staggered-c4"]):
+            base = generate_baseline(target, ids, mask, eos_generation, load=load)
+            spec = generate_speculative(target, DraftModelDrafter(draft, VOCAB, GREEDY), ids, mask, eos_generation, 4,
+                                        load=load)
+            lookup = generate_speculative(target, PromptLookupDrafter(), ids, mask, eos_generation, 4, load=load)
+            assert [r.output_ids for r in base] == cut and [r.output_ids for r in spec] == cut
+            assert lengths_of(lookup) == fixed  # the drafter got the prompts of the requests that joined
+            assert spec[0].rounds == [] and spec[0].emits == [(spec[0].first_token_s, 1)] \
+                and spec[0].finish_s == spec[0].first_token_s
+        one = generate_speculative(target, DraftModelDrafter(draft, VOCAB, GREEDY), ids, mask,
+                                   Generation(1, GREEDY), 4, load=LOADS["all-at-once-c3"])
+    assert [r.output_ids for r in one] == [output[:1] for output in alone]
+    assert all(r.rounds == [] and r.draft_forwards == 0 and r.target_forwards == 1 for r in one)
