@@ -64,7 +64,9 @@ class DraftModelDrafter(Drafter):
 
     def add_rows(self, prompt_ids, prompt_mask):
         """The joining rows' prompts prefilled into a cache of their own, joined to the running one (decode/kv.py
-        KVState.join: the narrower left padded); their schedule state starts as a new batch's rows' does."""
+        KVState.join: the narrower left padded); their schedule state starts as a new batch's rows' does. A tree
+        (static, dynamic, auto) keeps nothing per row between rounds: its rows join with the cache (auto's recent
+        rounds go on across joins)."""
         self.pending += [[] for _ in range(prompt_ids.shape[0])]
         self.device = prompt_ids.device
         if self.schedule is not None:
