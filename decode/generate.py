@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal
-from decode.kv import KVState, host_to_device
-from decode.static_kv import new_state
+from decode.kv import COMPILED_JOIN, KVState, host_to_device, joined
+from decode.serving import Load
+from decode.static_kv import compiled_of, new_state
 from decode.sampling import (accept_greedy, accept_sampled, accept_synthetic, accept_tree_greedy, accept_tree_sampled,
                              logits_to_probs, sample)
 from decode.settings import Generation, Sampling
@@ -39,8 +40,8 @@ class RowRecord:
     """What happened to one prompt: its new tokens and where time and forwards went."""
     output_ids: list[int] = field(default_factory=list)
     stop_reason: str = ""  # "eos" | "length"
-    prefill_s: float = 0.0  # time to first token
-    latency_s: float = 0.0  # from the batch's start until this row's last token
+    prefill_s: float = 0.0  # time to first token (served: first_token_s - arrival_s, the queue's wait included)
+    latency_s: float = 0.0  # from the batch's start until this row's last token (served: finish_s - arrival_s)
     target_forwards: int = 0  # prefill included
     draft_forwards: int = 0
     target_s: float = 0.0
@@ -50,6 +51,14 @@ class RowRecord:
     # greedy baseline only: per new token, its top-1 minus top-2 fp32 logit. A method's token that differs at
     # step k can be a rounding flip only if this gap is within the logits' drift (eval/flags.py possible_bug)
     top2_gaps: list[float] = field(default_factory=list)
+    # served under a Load (decode/serving.py) only, else None; seconds from the serving loop's start: when the request
+    # arrived, when its prefill began (it waited in the queue before), its first and its last token, and each time it
+    # received tokens, (time_s, tokens): the first token, then per round its accepted drafts and the target's token
+    arrival_s: float | None = None
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    emits: list[tuple[float, int]] | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -90,10 +99,15 @@ def _append(records: list[RowRecord], active: list[int], emitted: list[list[int]
                 break
         record.output_ids.extend(tokens)
         taken.append(len(tokens))
+        if record.emits is not None:  # served: elapsed_s is from the serving loop's start
+            record.emits.append((elapsed_s, len(tokens)))
         if not record.stop_reason and record.new_tokens >= generation.max_new_tokens:
             record.stop_reason = "length"
         if record.stop_reason:
-            record.latency_s = elapsed_s
+            if record.arrival_s is None:
+                record.latency_s = elapsed_s
+            else:
+                record.finish_s, record.latency_s = elapsed_s, elapsed_s - record.arrival_s
         else:
             still_running.append(local)
     return still_running, taken
@@ -114,11 +128,15 @@ def baseline_step(state: KVState, model, token: torch.Tensor, sampling: Sampling
 
 
 def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation: Generation,
-                      generator: torch.Generator | None = None, clock: Clock | None = None) -> list[RowRecord]:
+                      generator: torch.Generator | None = None, clock: Clock | None = None,
+                      load: Load | None = None) -> list[RowRecord]:
     """The target alone: prefill, then one forward per token. prompt_ids, prompt_mask [B, P].
 
-    Greedy, each row also keeps its top2_gaps (one per new token)."""
+    Greedy, each row also keeps its top2_gaps (one per new token). With a load, the rows are requests served with
+    continuous batching (see `_serve`)."""
     clock = clock or Clock(prompt_ids.device)
+    if load is not None:
+        return _serve(model, None, prompt_ids, prompt_mask, generation, 0, generator, clock, load)
     records = [RowRecord() for _ in range(prompt_ids.shape[0])]
     active = list(range(len(records)))
     greedy = not generation.sampling.do_sample
@@ -150,17 +168,24 @@ def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
         running, _ = _append(records, active, emitted, generation, elapsed)
     for record in records:
         record.target_s = record.latency_s
-    if gaps:  # one transfer after the timed loop; a step's active rows each took one token (_append stops the rest)
+    _keep_gaps(records, gaps)
+    return records
+
+
+def _keep_gaps(records: list[RowRecord], gaps: list[tuple[list[int], torch.Tensor]]) -> None:
+    """Greedy baseline: each step's (rows, top2_gap [B']) into the records, in one transfer after the timed loop; a
+    step's rows each took one token (_append stops the rest)."""
+    if gaps:
         values = iter(torch.cat([gap for _, gap in gaps]).tolist())
         for rows, _ in gaps:
             for row in rows:
                 records[row].top2_gaps.append(next(values))
-    return records
 
 
 def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                          generation: Generation, gamma: int, generator: torch.Generator | None = None,
-                         clock: Clock | None = None, synthetic_acceptance: float | None = None) -> list[RowRecord]:
+                         clock: Clock | None = None, synthetic_acceptance: float | None = None,
+                         load: Load | None = None) -> list[RowRecord]:
     """Speculative decoding: per round the drafter proposes up to gamma tokens per row, the target
     scores them all in one forward, and each row keeps its own accepted prefix plus one target token.
 
@@ -180,8 +205,14 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     synthetic_acceptance alpha (a chain only): draft and target run their real forwards, but each row accepts its
     drafts by a Bernoulli(alpha) chain drawn from `generator` (decode/sampling.py accept_synthetic), then takes the
     target's own token there: it measures the cost at that alpha, and its output is not the target's.
+
+    With a load, the rows are requests served with continuous batching (see `_serve`); each round is the same
+    (`_speculative_round`).
     """
     clock = clock or Clock(prompt_ids.device)
+    if load is not None:
+        return _serve(target, drafter, prompt_ids, prompt_mask, generation, gamma, generator, clock, load,
+                      synthetic_acceptance)
     sampling = generation.sampling
     records = [RowRecord() for _ in range(prompt_ids.shape[0])]
     active = list(range(len(records)))
@@ -208,57 +239,70 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
             state.select_rows(running)
             drafter.select_rows(torch.tensor(running))
             token, active = token[host_to_device(running, token.device)], [active[i] for i in running]
-        # gamma clipped per row so that a round never emits past max_new_tokens
-        budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
-
-        # 1. propose: the drafter decides each row's length (its schedule), within the budget; it may be 0
-        #    (each clock read syncs a CUDA device: the price of splitting time into draft and target)
-        round_start = clock.now()
-        draft_forwards_before = drafter.forwards
-        if max(budget_host) > 0:
-            proposal = drafter.propose(token, max(budget_host), row_limits=budget_host)
-        else:  # every row has one token left: a plain target step
-            proposal = Proposal(token.new_zeros(len(active), 0), None)
-        num_drafted = proposal.tokens.shape[1]  # G: the widest row's draft
-        draft_limit = host_to_device(budget_host, token.device).clamp(max=num_drafted)  # [B]
-        if proposal.lengths is not None:
-            draft_limit = torch.minimum(draft_limit, proposal.lengths)
-        drafted_at = clock.now()
-
-        # 2. verify: one target forward over [last token, d_1 .. d_G] (a tree: over its root and nodes)
-        target_logits = _verify(state, target, token, proposal)
-        # 3. accept: each row's accepted drafts (a tree: a path) and the target's next token
-        accepted_len, token, path = _accept(proposal, target_logits, draft_limit, sampling, generator,
-                                            synthetic_acceptance)
-        # host sync, once per round: each row's accepted drafts decide which tokens it appends, whether it stopped
-        # at EOS, and how far the caches roll back
-        host = _read(accepted_len, token, draft_limit, path, proposal)
-        accepted_host = [row.accepted for row in host]
-        draft_limit_host = [row.drafted for row in host]
-        # 4. roll both caches back to each row's accepted drafts
-        _roll_back(state, proposal, accepted_len, host)
-        drafter.observe([row.token for row in host], [row.drafts for row in host])
-        if max(budget_host) > 0:
-            tree = {} if proposal.layout is None else {"path_host": [row.path for row in host]}
-            drafter.commit(accepted_len, accepted_host, draft_limit_host, **tree)
-        verified_at = clock.now()
-        # a drafter of several sources says per row which drafted and how many of each were accepted (hybrid)
-        source_facts = getattr(drafter, "round_facts", None) if max(budget_host) > 0 else None
-        emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
-        running, taken = _append(records, active, emitted, generation, verified_at - start)
-        draft_forwards = drafter.forwards - draft_forwards_before
-        for local, row in enumerate(active):
-            record = records[row]
-            facts = {} if proposal.layout is None else {"draft_forwards": draft_forwards, **host[local].tree_facts}
-            if source_facts:
-                facts = {**facts, **source_facts[local]}
-            record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
-                                  "emitted": taken[local], **facts})
-            record.target_forwards += 1
-            record.draft_forwards += draft_forwards
-            record.draft_s += drafted_at - round_start
-            record.target_s += verified_at - drafted_at
+        token, running, _ = _speculative_round(target, drafter, state, token, active, records, generation, gamma,
+                                               generator, clock, start, synthetic_acceptance)
     return records
+
+
+def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, active: list[int],
+                       records: list[RowRecord], generation: Generation, gamma: int, generator, clock: Clock,
+                       start: float, synthetic_acceptance: float | None) -> tuple[torch.Tensor, list[int], list]:
+    """One round over the running rows (token [B]: each row's last committed token; active: their records): propose,
+    verify, accept, the round's host read, roll back, the drafter's commit, and each row's tokens and round facts
+    into its record. Returns the next token [B], the local indices of the rows still running, and the round's host
+    rows (_RoundRow). The fixed batch's loop and the serving loop both run it."""
+    sampling = generation.sampling
+    # gamma clipped per row so that a round never emits past max_new_tokens
+    budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
+
+    # 1. propose: the drafter decides each row's length (its schedule), within the budget; it may be 0
+    #    (each clock read syncs a CUDA device: the price of splitting time into draft and target)
+    round_start = clock.now()
+    draft_forwards_before = drafter.forwards
+    if max(budget_host) > 0:
+        proposal = drafter.propose(token, max(budget_host), row_limits=budget_host)
+    else:  # every row has one token left: a plain target step
+        proposal = Proposal(token.new_zeros(len(active), 0), None)
+    num_drafted = proposal.tokens.shape[1]  # G: the widest row's draft
+    draft_limit = host_to_device(budget_host, token.device).clamp(max=num_drafted)  # [B]
+    if proposal.lengths is not None:
+        draft_limit = torch.minimum(draft_limit, proposal.lengths)
+    drafted_at = clock.now()
+
+    # 2. verify: one target forward over [last token, d_1 .. d_G] (a tree: over its root and nodes)
+    target_logits = _verify(state, target, token, proposal)
+    # 3. accept: each row's accepted drafts (a tree: a path) and the target's next token
+    accepted_len, token, path = _accept(proposal, target_logits, draft_limit, sampling, generator,
+                                        synthetic_acceptance)
+    # host sync, once per round: each row's accepted drafts decide which tokens it appends, whether it stopped
+    # at EOS, and how far the caches roll back
+    host = _read(accepted_len, token, draft_limit, path, proposal)
+    accepted_host = [row.accepted for row in host]
+    draft_limit_host = [row.drafted for row in host]
+    # 4. roll both caches back to each row's accepted drafts
+    _roll_back(state, proposal, accepted_len, host)
+    drafter.observe([row.token for row in host], [row.drafts for row in host])
+    if max(budget_host) > 0:
+        tree = {} if proposal.layout is None else {"path_host": [row.path for row in host]}
+        drafter.commit(accepted_len, accepted_host, draft_limit_host, **tree)
+    verified_at = clock.now()
+    # a drafter of several sources says per row which drafted and how many of each were accepted (hybrid)
+    source_facts = getattr(drafter, "round_facts", None) if max(budget_host) > 0 else None
+    emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
+    running, taken = _append(records, active, emitted, generation, verified_at - start)
+    draft_forwards = drafter.forwards - draft_forwards_before
+    for local, row in enumerate(active):
+        record = records[row]
+        facts = {} if proposal.layout is None else {"draft_forwards": draft_forwards, **host[local].tree_facts}
+        if source_facts:
+            facts = {**facts, **source_facts[local]}
+        record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
+                              "emitted": taken[local], **facts})
+        record.target_forwards += 1
+        record.draft_forwards += draft_forwards
+        record.draft_s += drafted_at - round_start
+        record.target_s += verified_at - drafted_at
+    return token, running, host
 
 
 @dataclass
@@ -337,3 +381,118 @@ def _roll_back(state, proposal: Proposal, accepted_len: torch.Tensor, host: list
     for row, r in enumerate(host):
         keep[row, [node + 1 for node in r.path]] = True
     state.keep_region(keep)
+
+
+def _serve(target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+           generation: Generation, gamma: int, generator: torch.Generator | None, clock: Clock, load: Load,
+           synthetic_acceptance: float | None = None) -> list[RowRecord]:
+    """Continuous batching: row i of prompt_ids, prompt_mask [N, P] (left padded) is request i, arriving at
+    load.arrivals[i] seconds after the loop's start; drafter None: the baseline's one target step a round, else
+    `_speculative_round`.
+
+    At the start and between rounds, the requests that have arrived join, in order, while fewer than
+    load.concurrency rows are in flight. Those admitted at one moment are prefilled together in one target forward
+    over their own width (the leading columns that are padding for all of them dropped) and take their first token;
+    then their cache joins the running batch's (decode/kv.py KVState.join) and the drafter gets their rows
+    (Drafter.add_rows; reset first when no row was in flight). That prefill, and the draft's, run between rounds:
+    they count in the joining requests' TTFT and target_s/draft_s (draft_prefill_s: the draft's), and delay the
+    running rows' next tokens, as in a server. With no row in flight and nobody waiting, the loop sleeps until the
+    next arrival. Finished rows leave after each round (select_rows). Records come back in request order, with
+    the serving fields (RowRecord.arrival_s ...) set: times in seconds from the loop's start.
+
+    The compiled mode's static caches take no joins: ValueError (decode/kv.py COMPILED_JOIN).
+    """
+    requests = prompt_ids.shape[0]
+    load.check(requests)
+    if compiled_of(target) is not None:
+        raise ValueError(COMPILED_JOIN)
+    sampling = generation.sampling
+    greedy_gaps = drafter is None and not sampling.do_sample
+    device = prompt_ids.device
+    mask_host = prompt_mask.cpu().numpy() != 0  # one read, before the clock starts
+    first_real = np.where(mask_host.any(axis=1), mask_host.argmax(axis=1), mask_host.shape[1])  # [N] left padding
+    records = [RowRecord(arrival_s=float(arrival), emits=[]) for arrival in load.arrivals]
+    state, token, active, last_host = None, None, [], []  # the running batch: its rows' records, their last tokens
+    gaps = []  # greedy baseline: (rows, their top2_gap) per forward
+    waiting = 0  # the next request to admit (requests arrive in index order)
+    start = clock.now()
+    while waiting < requests or active:
+        now = clock.now() - start
+        group = []
+        while waiting < requests and len(active) + len(group) < load.concurrency and load.arrivals[waiting] <= now:
+            group.append(waiting)
+            waiting += 1
+        if not group and not active:  # nobody in flight: wait for the next arrival
+            time.sleep(max(0.0, load.arrivals[waiting] - now))
+            continue
+        if group:
+            # 1. the group's prefill, over its own width, and its first token (a host read: it may already be EOS)
+            lead = int(min(first_real[i] for i in group))
+            index = host_to_device(group, device)
+            ids, mask = prompt_ids[index, lead:], prompt_mask[index, lead:]
+            group_state, logits = prefill(target, ids, mask)
+            first = choose_next(logits, sampling, generator)  # [G]
+            if greedy_gaps:
+                gaps.append((group, top2_gap(logits)))
+            first_host = first.tolist()
+            prefilled = clock.now() - start
+            for row in group:
+                record = records[row]
+                record.admitted_s, record.first_token_s = now, prefilled
+                record.prefill_s = prefilled - record.arrival_s
+                record.target_forwards, record.target_s = 1, prefilled - now
+            running, _ = _append(records, group, [[t] for t in first_host], generation, prefilled)
+            if running:
+                if len(running) < len(group):  # rows done at their first token never join
+                    group_state.select_rows(running)
+                    keep = host_to_device(running, device)
+                    first, ids, mask = first[keep], ids[keep], mask[keep]
+                    lead = int(min(first_real[group[i]] for i in running)) - int(min(first_real[i] for i in group))
+                    ids, mask = ids[:, lead:], mask[:, lead:]
+                joining = [group[i] for i in running]
+                # 2. the drafter's rows (its model's prefill of them); a drafter without rows starts afresh
+                if drafter is not None:
+                    if not active:
+                        drafter.reset()
+                    forwards = drafter.forwards
+                    drafter.add_rows(ids, mask)
+                    draft_prefill_s = clock.now() - start - prefilled
+                    for row in joining:
+                        records[row].draft_s = records[row].draft_prefill_s = draft_prefill_s
+                        records[row].draft_forwards = drafter.forwards - forwards
+                # 3. the group's cache joins the running batch's
+                state = joined(state, group_state)
+                token = first if token is None else torch.cat([token, first])
+                active = active + joining
+                last_host = last_host + [first_host[i] for i in running]
+                if drafter is not None:
+                    drafter.observe(last_host)
+        if not active:
+            continue
+        # 4. a round over the running rows
+        if drafter is None:
+            step_start = clock.now()
+            token, gap = baseline_step(state, target, token, sampling, generator, greedy_gaps)
+            if greedy_gaps:
+                gaps.append((active, gap))
+            last_host = token.tolist()  # host sync, as in the fixed batch's loop
+            stepped = clock.now()
+            for row in active:
+                records[row].target_forwards += 1
+                records[row].target_s += stepped - step_start
+            running, _ = _append(records, active, [[t] for t in last_host], generation, stepped - start)
+        else:
+            token, running, host = _speculative_round(target, drafter, state, token, active, records, generation,
+                                                      gamma, generator, clock, start, synthetic_acceptance)
+            last_host = [row.token for row in host]
+        # 5. finished rows leave
+        if not running:
+            state, token, active, last_host = None, None, [], []
+        elif len(running) < len(active):
+            state.select_rows(running)
+            if drafter is not None:
+                drafter.select_rows(torch.tensor(running))
+            token, active = token[host_to_device(running, token.device)], [active[i] for i in running]
+            last_host = [last_host[i] for i in running]
+    _keep_gaps(records, gaps)
+    return records

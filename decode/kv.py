@@ -69,6 +69,23 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=tensor.device.type == "cuda" and device.type == "cuda")
 
 
+# the one line for a Load that meets the compiled mode's static caches
+COMPILED_JOIN = ("the compiled mode (engine.compile) keeps static caches that cannot admit requests into a running "
+                 "batch; serve under load with engine.compile off")
+
+
+def joined(state, other):
+    """state with other's rows appended (KVState.join); state None or empty (no rows yet): other itself."""
+    if state is None:
+        return other
+    if not isinstance(state, KVState) or not isinstance(other, KVState):
+        raise ValueError(COMPILED_JOIN)
+    if state.mask is None:
+        return other
+    state.join(other)
+    return state
+
+
 class TreeUnsupported(ValueError):
     """A model whose attention cannot take a tree mask; the message is one line for the user."""
 
@@ -351,6 +368,42 @@ class KVState:
         self._set_mask(self.mask[index(self.mask.device)], self.mask_host[rows_host])
         self._map_slots(lambda t: t[index(t.device)])
         self.maybe_compact()
+
+    def join(self, other: "KVState") -> None:
+        """Append other's rows (a prefilled batch of the same model) after these: continuous batching admits
+        requests into the running batch between rounds. The narrower of the two caches is left padded with masked
+        columns (positions come from the mask, so no row's positions move); left padding is not a hole, so a
+        hole-free cache (sliding windows) stays hole-free. Both must be between rounds (no tree round under way)."""
+        if not isinstance(other, KVState):
+            raise ValueError(COMPILED_JOIN)
+        if self._tree is not None or other._tree is not None:
+            raise ValueError("join: a tree round is under way; rows join between rounds")
+        width = max(self.length, other.length)
+
+        def pad_mask(state: "KVState") -> tuple[torch.Tensor, np.ndarray]:
+            extra = width - state.length
+            host = np.pad(state.mask_host, ((0, 0), (extra, 0)))
+            return (torch.nn.functional.pad(state.mask, (extra, 0)) if extra else state.mask), host
+
+        (mask, host), (other_mask, other_host) = pad_mask(self), pad_mask(other)
+        mine, theirs = self.cache.layers, other.cache.layers
+        if len(mine) != len(theirs):
+            raise ValueError(f"join: caches of {len(mine)} and {len(theirs)} layers (not the same model)")
+        for layer, joining in zip(mine, theirs):
+            if getattr(layer, "keys", None) is None or getattr(joining, "keys", None) is None:
+                raise ValueError("join: a cache layer holds nothing (join prefilled states)")
+            for name in ("keys", "values"):
+                a, b = getattr(layer, name), getattr(joining, name)  # [B, H, L, D]
+                a = torch.nn.functional.pad(a, (0, 0, width - a.shape[2], 0)) if a.shape[2] < width else a
+                b = torch.nn.functional.pad(b, (0, 0, width - b.shape[2], 0)) if b.shape[2] < width else b
+                setattr(layer, name, torch.cat([a, to_device(b, a.device)], dim=0))
+        self._set_mask(torch.cat([mask, to_device(other_mask, mask.device)], dim=0),
+                       np.concatenate([host, other_host], axis=0))
+        self.hole_free = self.hole_free or other.hole_free
+        self.forwards += other.forwards
+        self.compactions += other.compactions
+        self.slots_freed += other.slots_freed
+        self._check_layout()
 
     @staticmethod
     def _index_on(index):

@@ -27,6 +27,10 @@ class Drafter(ABC):
     `start` and after each round's verification, `observe` hands over host copies of what the engine read.
     The drafter owns the length of each row's draft (its schedule); a row may draft nothing. A new
     drafting method is one subclass (draft model, prompt lookup, early exit).
+
+    Serving (decode/serving.py Load): requests join the running batch between rounds. `reset` empties the
+    drafter (no rows; what it learns across batches is kept), `add_rows` appends the joining requests' rows at
+    the end, after which the engine `observe`s every row's last token; `start` is reset, then add_rows.
     """
 
     forwards: int = 0  # model forwards spent drafting since `start` (its prefill included), for the records
@@ -55,9 +59,19 @@ class Drafter(ABC):
         if self._observed is not None:
             self._observed = [self._observed[r] for r in kept]
 
-    @abstractmethod
     def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
-        """prompt_ids, prompt_mask [B, P], left padded."""
+        """A new batch: prompt_ids, prompt_mask [B, P], left padded."""
+        self.reset()
+        self.add_rows(prompt_ids, prompt_mask)
+
+    def reset(self) -> None:
+        """No rows from now on (a new batch, or a serving run whose rows all left)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve under load (no reset)")
+
+    def add_rows(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+        """Append rows [B', P] (left padded) after the current ones: requests admitted into the running batch,
+        whose target prefill has chosen their first token (the engine `observe`s it with every row's)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve under load (no add_rows)")
 
     @abstractmethod
     def propose(self, last_tokens: torch.Tensor, max_tokens: int, row_limits: list[int] | None = None) -> Proposal:

@@ -6,7 +6,7 @@ import torch
 
 from decode.drafters.base import Drafter, Proposal
 from decode.drafters.schedules import Schedule
-from decode.kv import KVState, host_to_device
+from decode.kv import KVState, host_to_device, joined
 from decode.static_kv import new_state
 from decode.sampling import logits_to_probs, sample
 from decode.settings import Sampling
@@ -37,29 +37,46 @@ class DraftModelDrafter(Drafter):
         self.sampling = sampling
         self.generator = generator
         self.schedule = schedule
-        self.state = KVState()
+        self.state: KVState | None = None  # None: no rows yet
         self.input_vocab_size = model.get_input_embeddings().num_embeddings
         self.off = False  # True: this batch does not run the draft (start asks the schedule)
 
     @property
     def forwards(self) -> int:
-        return self.state.forwards
+        return 0 if self.state is None else self.state.forwards
 
     def start(self, prompt_ids, prompt_mask):
-        self.state = new_state(self.model)
-        self.pending: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]  # committed, not yet fed
-        self.device = prompt_ids.device
-        self._observed = self._observed_drafts = None
-        if self.schedule is not None:
-            self.schedule.start(prompt_ids.shape[0])
+        self.reset()
         # a schedule may judge the draft's prefill dearer than anything drafting can save on this batch
-        # (cost_model: a long prompt, few new tokens): then the draft never runs and every round is a plain step
+        # (cost_model: a long prompt, few new tokens): then the draft never runs and every round is a plain step.
+        # Serving (reset + add_rows) never asks: the batch holds requests that have not arrived yet
         worth = getattr(self.schedule, "worth_drafting", None)
         self.off = worth is not None and not worth(prompt_ids.shape[1])
+        self.add_rows(prompt_ids, prompt_mask)
+
+    def reset(self):
+        self.state = None
+        self.pending: list[list[int]] = []  # per row: committed tokens, not yet fed
+        self._observed = self._observed_drafts = None
+        self.off = False
+        if self.schedule is not None:
+            self.schedule.start(0)
+
+    def add_rows(self, prompt_ids, prompt_mask):
+        """The joining rows' prompts prefilled into a cache of their own, joined to the running one (decode/kv.py
+        KVState.join: the narrower left padded); their schedule state starts as a new batch's rows' does. A tree
+        (static, dynamic, auto) keeps nothing per row between rounds: its rows join with the cache (auto's recent
+        rounds go on across joins)."""
+        self.pending += [[] for _ in range(prompt_ids.shape[0])]
+        self.device = prompt_ids.device
+        if self.schedule is not None:
+            self.schedule.add_rows(prompt_ids.shape[0])
         if not self.off:
+            state = new_state(self.model)
             # a prompt id past the draft's embeddings (a smaller vocabulary, decode/vocab.py) is fed clamped, as every
             # later feed is: the draft predicts worse there, the target still decides
-            self.state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1), prompt_mask, last_only=True)
+            state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1), prompt_mask, last_only=True)
+            self.state = joined(self.state, state)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""
@@ -203,7 +220,7 @@ class DraftModelDrafter(Drafter):
 
     def select_rows(self, rows):
         kept = rows.tolist()
-        if not self.off:
+        if self.state is not None:
             self.state.select_rows(kept)
         self._keep_observed(kept)
         self.pending = [self.pending[r] for r in kept]

@@ -59,6 +59,10 @@ class _Wanted(Schedule):
         super().start(rows)
         self.wanted = [0] * rows
 
+    def add_rows(self, rows):
+        super().add_rows(rows)
+        self.wanted += [0] * rows
+
     def lengths(self):
         return list(self.wanted)
 
@@ -144,23 +148,32 @@ class HybridDrafter(Drafter):
     def v_of(self, nodes: int) -> float:
         return self.estimators["draft"].verify_cost(nodes)
 
-    def start(self, prompt_ids, prompt_mask):
+    def reset(self):
+        self.lookups: list[NgramIndex] = []
+        self.suffixes: list[SuffixSource] = []
+        for estimator in self.estimators.values():
+            estimator.start(0)
+        self.since_draft: list[int] = []
+        self.draft.reset()  # and its schedule, self.wanted
+        self._observed = self._observed_drafts = None
+        self.round_facts = None
+
+    def add_rows(self, prompt_ids, prompt_mask):
+        """Each joining row's lookup index and suffix source (its prompt's earlier output leaves the shared cache),
+        its estimators' rows (the pools their prior) and the draft model's rows (DraftModelDrafter.add_rows)."""
         prompts = unpadded(prompt_ids, prompt_mask)
         if self.cache is not None:
             for prompt in prompts:
                 self.cache.forget(prompt_key(prompt))
-        self.lookups = [NgramIndex(p) for p in prompts]
+        self.lookups += [NgramIndex(p) for p in prompts]
         depth = self.suffix_max_depth + self.gamma
-        self.suffixes = [SuffixSource(p, self.cache, self.suffix_max_depth, self.suffix_min_prob, depth)
-                         for p in prompts]
+        self.suffixes += [SuffixSource(p, self.cache, self.suffix_max_depth, self.suffix_min_prob, depth)
+                          for p in prompts]
         for estimator in self.estimators.values():
-            estimator.start(len(prompts))
-        self.wanted.start(len(prompts))
-        self.since_draft = [0] * len(prompts)
-        self.draft.start(prompt_ids, prompt_mask)
+            estimator.add_rows(len(prompts))
+        self.since_draft += [0] * len(prompts)
+        self.draft.add_rows(prompt_ids, prompt_mask)  # and self.wanted, its schedule
         self.device = prompt_ids.device
-        self._observed = self._observed_drafts = None
-        self.round_facts = None
 
     def _plans(self, limits: list[int]) -> list[tuple[str | None, int, int, float]]:
         priors = {s: e.pool_prior() for s, e in self.estimators.items()}

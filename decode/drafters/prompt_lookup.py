@@ -125,12 +125,16 @@ class PromptLookupDrafter(Drafter):
         # most `budget` nodes; 1: today's chain
         self.matches, self.budget = matches, budget
 
-    def start(self, prompt_ids, prompt_mask):
-        ids, mask = prompt_ids.tolist(), prompt_mask.tolist()
-        self.rows = [NgramIndex([t for t, m in zip(row, row_mask) if m]) for row, row_mask in zip(ids, mask)]
-        self.device = prompt_ids.device
+    def reset(self):
+        self.rows: list[NgramIndex] = []
         self._observed = self._observed_drafts = None
         self.last_tree = None
+
+    def add_rows(self, prompt_ids, prompt_mask):
+        """Each joining row's index of its prompt (padding dropped)."""
+        ids, mask = prompt_ids.tolist(), prompt_mask.tolist()
+        self.rows += [NgramIndex([t for t, m in zip(row, row_mask) if m]) for row, row_mask in zip(ids, mask)]
+        self.device = prompt_ids.device
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
         limits = row_limits if row_limits is not None else [max_tokens] * len(self.rows)

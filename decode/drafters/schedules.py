@@ -2,7 +2,8 @@
 
 A schedule follows the batch's rows: `start(rows)` once, `lengths()` before each round (each row's wanted
 length, at most gamma), `update(drafted, accepted)` after it with what the target verified and kept per row,
-`select_rows(kept)` when rows finish. `keep_drafting(q, tokens)` may stop rows in the middle of a round. The
+`select_rows(kept)` when rows finish, `add_rows(n)` when n rows join (serving: requests admitted between rounds).
+`keep_drafting(q, tokens)` may stop rows in the middle of a round. The
 drafter asks the schedule and clips its answer to the row's budget; the engine only sees proposal lengths.
 
 Every schedule here is lossless under sampling: a row's length is decided before the round or, for
@@ -38,6 +39,10 @@ class Schedule:
     def select_rows(self, rows: list[int]) -> None:
         """Keep these rows (indices into the current batch), in this order."""
         self.rows = len(rows)
+
+    def add_rows(self, rows: int) -> None:
+        """`rows` new rows after the current ones, each as a row at `start`."""
+        self.rows += rows
 
     def keep_drafting(self, step_probs: torch.Tensor, step_tokens: torch.Tensor) -> torch.Tensor | None:
         """After a drafting step, asked only when stops_mid_round: q [B, V] of the step and the drafted tokens
@@ -77,6 +82,10 @@ class HeuristicSchedule(Schedule):
     def select_rows(self, rows):
         super().select_rows(rows)
         self.current = [self.current[r] for r in rows]
+
+    def add_rows(self, rows):
+        super().add_rows(rows)
+        self.current += [self.gamma] * rows
 
 
 class ConfidenceSchedule(Schedule):
@@ -225,7 +234,9 @@ class CostModelSchedule(Schedule):
     as likely as the one before): a batch is skipped only when the evidence says with some confidence that
     drafting does not pay, since a skipped batch teaches nothing. For the same reason, after probe_every - 1
     skipped batches in a row the next one drafts (a probe batch), and the rule decides only once the pool holds
-    MIN_POOLED_ROUNDS rounds (before, it drafts to learn).
+    MIN_POOLED_ROUNDS rounds (before, it drafts to learn). Under a load (serving) this decision is never taken:
+    it is one for the whole batch, and the batch then holds requests that have not arrived yet, whose prompts and
+    budgets nobody knows; the draft stays on, and each row's length is still chosen per round (0: a plain step).
     """
     name = "cost_model"
     PROBE_EVERY = 8
@@ -336,6 +347,11 @@ class CostModelSchedule(Schedule):
         super().select_rows(rows)
         self.counts = [self.counts[r] for r in rows]
         self.since_probe = [self.since_probe[r] for r in rows]
+
+    def add_rows(self, rows):
+        super().add_rows(rows)
+        self.counts += [AcceptanceCounts(self.gamma) for _ in range(rows)]  # a new request: the pool is its prior
+        self.since_probe += [0] * rows
 
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,

@@ -242,16 +242,20 @@ class SuffixDrafter(Drafter):
             raise ValueError(f"suffix needs max_depth >= 1 and 0 <= min_prob <= 1, got {max_depth}, {min_prob}")
         self.cache, self.max_depth, self.min_prob, self.budget, self.depth = cache, max_depth, min_prob, budget, depth
 
-    def start(self, prompt_ids, prompt_mask):
+    def reset(self):
+        self.rows: list[SuffixSource] = []
+        self._observed = self._observed_drafts = None
+        self.last_drafts: list[list[int]] = []
+        self.last_tree = None
+
+    def add_rows(self, prompt_ids, prompt_mask):
+        """Each joining row's own trie of its prompt; its prompt's earlier output leaves the shared cache."""
         prompts = unpadded(prompt_ids, prompt_mask)
         if self.cache is not None:
             for prompt in prompts:  # a prompt that runs again never drafts from its own earlier output
                 self.cache.forget(prompt_key(prompt))
-        self.rows = [SuffixSource(p, self.cache, self.max_depth, self.min_prob, self.depth) for p in prompts]
+        self.rows += [SuffixSource(p, self.cache, self.max_depth, self.min_prob, self.depth) for p in prompts]
         self.device = prompt_ids.device
-        self._observed = self._observed_drafts = None
-        self.last_drafts: list[list[int]] = []
-        self.last_tree = None
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
         limits = row_limits if row_limits is not None else [max_tokens] * len(self.rows)

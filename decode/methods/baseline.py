@@ -4,7 +4,8 @@ from decode.methods.base import MethodSpec
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.generate import generate_baseline  # torch loads when a method runs, not with the registry
-    return generate_baseline(ctx.target, prompt_ids, prompt_mask, generation, generator, ctx.clock)
+    return generate_baseline(ctx.target, prompt_ids, prompt_mask, generation, generator, ctx.clock,
+                             load=ctx.load)
 
 
 SPEC = MethodSpec("baseline", "the target alone, autoregressive (our engine)", axes=(), run=run, is_reference=True)

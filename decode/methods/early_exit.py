@@ -9,7 +9,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
     drafter = EarlyExitDrafter(ctx.target, point.exit_layer, ctx.target_vocab_size, generation.sampling, generator)
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                ctx.clock, synthetic_acceptance=point.synthetic_acceptance)
+                                ctx.clock, synthetic_acceptance=point.synthetic_acceptance, load=ctx.load)
 
 
 SPEC = MethodSpec("early_exit", "the target's first exit_layer layers draft up to gamma tokens (self-speculation, "

@@ -17,7 +17,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     drafter = PromptLookupDrafter(ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1),
                                   matches=matches, budget=budget)
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                ctx.clock, synthetic_acceptance=point.synthetic_acceptance)
+                                ctx.clock, synthetic_acceptance=point.synthetic_acceptance, load=ctx.load)
 
 
 SPEC = MethodSpec("prompt_lookup", "n-gram lookup in the prompt and the output so far proposes up to gamma tokens; "

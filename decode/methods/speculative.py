@@ -55,9 +55,10 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
                                 schedule=schedule, tree=tree)
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                   ctx.clock, synthetic_acceptance=point.synthetic_acceptance)
+                                   ctx.clock, synthetic_acceptance=point.synthetic_acceptance, load=ctx.load)
     evidence = getattr(schedule, "evidence", None)  # cost_model's; the warmup's budget is not the run's
-    if evidence is not None and not ctx.warming_up:
+    # (a served run is no batch that runs to its longest row: cost_model's prefill decision is not taken there)
+    if evidence is not None and not ctx.warming_up and ctx.load is None:
         evidence.finish([r.new_tokens for r in records], [r.stop_reason == "eos" for r in records])
     return records
 

@@ -22,12 +22,14 @@ def options(ctx) -> tuple[int, float]:
 
 def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator):
     """The batch through the engine; its outputs then join the point's cache of earlier outputs (not the warmup's:
-    it runs the first batch's prompts, and its outputs would be their answers)."""
+    it runs the first batch's prompts, and its outputs would be their answers). Served under a load, the requests'
+    outputs join when the whole load point ends, as a batch's do: while it runs, requests draft from their own text
+    and from what earlier batches of the point left."""
     from decode.drafters.suffix import remember_outputs
     from decode.generate import generate_speculative
 
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                   ctx.clock)
+                                   ctx.clock, load=ctx.load)
     if not ctx.warming_up:
         remember_outputs(cache, prompt_ids, prompt_mask, records)
     return records

@@ -1,0 +1,241 @@
+"""Serving under a load (decode/serving.py): requests arrive, wait for a free row, join the running batch between
+rounds and leave. Greedy output per request is the target's own for every drafter, sampling stays the target's
+distribution, and the queue's times (arrival, admission, first token, emissions, finish) follow the schedule."""
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.drafters.early_exit import EarlyExitDrafter
+from decode.drafters.hybrid import HybridDrafter
+from decode.drafters.prompt_lookup import PromptLookupDrafter
+from decode.drafters.schedules import make_schedule
+from decode.drafters.suffix import SuffixCache, SuffixDrafter
+from decode.drafters.tree import DynamicTree, StaticTree
+from decode.kv import KVState
+from decode.serving import Load
+from decode.tree import static_parents
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
+from test_compiled_engine import compiled_copy
+from test_hybrid_suffix import CHEAP, _repetitive
+from test_sliding_window import tiny_windowed
+from tiny_models import VOCAB, noisy_copy, tiny_model
+
+LENGTHS = [6, 13, 3, 9, 1, 11, 5, 8, 2]  # 9 requests
+GREEDY = Sampling()
+LOADS = {"all-at-once-c1": Load([0.0] * 9, 1), "all-at-once-c3": Load([0.0] * 9, 3),
+         "staggered-c4": Load([0.0, 0.0, 0.004, 0.01, 0.012, 0.02, 0.03, 0.031, 0.045], 4)}
+
+
+def drafters(target, draft):
+    """Each drafter of our engine, built fresh (name -> drafter)."""
+    def chain(schedule):
+        return DraftModelDrafter(draft, VOCAB, GREEDY, schedule=make_schedule(schedule, 4))
+    c, v = CHEAP
+    return {
+        "chain-constant": chain("constant"),
+        "chain-heuristic": chain("heuristic"),
+        "static-tree": DraftModelDrafter(draft, VOCAB, GREEDY, tree=StaticTree(static_parents([3, 2, 1, 1]), GREEDY)),
+        "dynamic-tree": DraftModelDrafter(draft, VOCAB, GREEDY, tree=DynamicTree(budget=10, top_k=3, sampling=GREEDY)),
+        "prompt_lookup": PromptLookupDrafter(),
+        "early_exit": EarlyExitDrafter(target, 1, VOCAB, GREEDY),
+        "suffix": SuffixDrafter(SuffixCache(depth=12), depth=12),
+        "hybrid": HybridDrafter(DraftModelDrafter(draft, VOCAB, GREEDY), VOCAB, 4, c, v, cache=SuffixCache(depth=8)),
+    }
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", seed=1, layers=3)
+    ids, mask = _repetitive(LENGTHS, seed=3)
+    generation = Generation(max_new_tokens=14, eos_token_ids=(54,))  # some requests stop at it
+    with torch.inference_mode():
+        alone = [generate_baseline(target, ids[i:i + 1, -n:], mask[i:i + 1, -n:], generation)[0].output_ids
+                 for i, n in enumerate(LENGTHS)]
+    return target, noisy_copy(target, 0.15), ids, mask, generation, alone
+
+
+def count_joins(monkeypatch) -> list[int]:
+    """Per KVState.join into a running batch: the rows that were running (the join happened between rounds)."""
+    joins, real = [], KVState.join
+
+    def join(self, other):
+        joins.append(self.mask.shape[0])
+        real(self, other)
+    monkeypatch.setattr(KVState, "join", join)
+    return joins
+
+
+def lengths_of(records) -> list[list[tuple]]:
+    return [[(rd["drafted"], rd["accepted"], rd["emitted"]) for rd in r.rounds] for r in records]
+
+
+@pytest.fixture(scope="module")
+def fixed_rounds(pair):
+    """Each drafter's rounds per row in a fixed batch of the 9 prompts: a drafter whose choices are the row's own (all
+    but hybrid, whose estimators pool the rows) drafts and accepts the same per request when served."""
+    target, draft, ids, mask, generation, _ = pair
+    with torch.inference_mode():
+        return {name: lengths_of(generate_speculative(target, drafter, ids, mask, generation, 4))
+                for name, drafter in drafters(target, draft).items() if name != "hybrid"}
+
+
+@pytest.mark.parametrize("load", list(LOADS))
+def test_greedy_under_load_equals_the_target_alone(pair, fixed_rounds, load, monkeypatch):
+    target, draft, ids, mask, generation, alone = pair
+    joins = count_joins(monkeypatch)
+    with torch.inference_mode():
+        served = {"baseline": generate_baseline(target, ids, mask, generation, load=LOADS[load])}
+        for name, drafter in drafters(target, draft).items():
+            served[name] = generate_speculative(target, drafter, ids, mask, generation, 4, load=LOADS[load])
+    for name, records in served.items():
+        assert [r.output_ids for r in records] == alone, f"{name}: a request's output differs from the target's"
+        if name != "baseline":
+            rounds = [rd for r in records for rd in r.rounds]
+            assert any(rd["accepted"] > 0 for rd in rounds), f"{name} never had a draft accepted"
+            assert any(rd["accepted"] < rd["drafted"] for rd in rounds), f"{name} never had a draft rejected"
+        if name in fixed_rounds:  # the joined drafter state (caches, indexes, schedules) is each row's own
+            assert lengths_of(records) == fixed_rounds[name], f"{name}: a request drafted otherwise when served"
+    assert any(r.stop_reason == "eos" for r in served["baseline"]) and any(
+        r.stop_reason == "length" for r in served["baseline"])
+    if LOADS[load].concurrency > 1:  # requests joined batches that were running (target's and drafts' caches)
+        assert joins and max(joins) > 1
+    else:  # one row at a time: every request starts a batch of its own
+        assert not joins
+
+
+def test_greedy_draft_chain_under_load_with_a_sliding_window(monkeypatch):
+    """Joins left pad the narrower cache: a windowed cache (counted in slots) stays hole-free, past the window."""
+    target = tiny_windowed("mistral", 8, seed=1)
+    draft = noisy_copy(target, 0.03)
+    ids, mask = _repetitive(LENGTHS, seed=4)
+    generation = Generation(max_new_tokens=16)
+    joins = count_joins(monkeypatch)
+    with torch.inference_mode():
+        alone = [generate_baseline(target, ids[i:i + 1, -n:], mask[i:i + 1, -n:], generation)[0].output_ids
+                 for i, n in enumerate(LENGTHS)]
+        for load in LOADS.values():
+            records = generate_speculative(target, DraftModelDrafter(draft, VOCAB, GREEDY), ids, mask, generation, 3,
+                                           load=load)
+            assert [r.output_ids for r in records] == alone
+            assert any(rd["accepted"] < rd["drafted"] for r in records for rd in r.rounds)
+    assert joins
+
+
+def joint_counts(records) -> torch.Tensor:
+    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
+    return torch.bincount(pairs, minlength=V * V)
+
+
+def test_speculative_sampling_under_load_matches_target_distribution():
+    sampling = Sampling(True, 1.0)
+    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
+    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    requests = 8000
+    ids = PROMPT.expand(requests, -1).contiguous()
+    generation = Generation(max_new_tokens=4, sampling=sampling)  # tokens 2 and 3 come from a request's first round
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        records = generate_speculative(target, DraftModelDrafter(draft, V, sampling, generator), ids,
+                                       torch.ones_like(ids), generation, gamma=2, generator=generator,
+                                       load=Load([0.0] * requests, 2000))
+    # most requests joined a running batch, their first round beside rows in their second or third
+    assert sum(r.admitted_s > records[0].admitted_s for r in records) > requests / 2
+    first = [r.rounds[0] for r in records]
+    assert 0.05 < sum(rd["accepted"] for rd in first) / sum(rd["drafted"] for rd in first) < 0.95
+    statistic, critical = chi_square(joint_counts(records), exact_joint_of_tokens_2_and_3(target, sampling))
+    assert statistic < critical, f"served sampling is off the target's distribution: chi2 {statistic:.1f} > {critical:.1f}"
+
+
+def check_times(records, generation):
+    for r in records:
+        assert r.first_token_s >= r.admitted_s >= r.arrival_s
+        assert r.prefill_s == pytest.approx(r.first_token_s - r.arrival_s)
+        assert r.latency_s == pytest.approx(r.finish_s - r.arrival_s)
+        times = [t for t, _ in r.emits]
+        assert times == sorted(times) and times[0] == r.first_token_s and times[-1] == r.finish_s
+        assert sum(n for _, n in r.emits) == r.new_tokens and all(n >= 1 for _, n in r.emits)
+
+
+@pytest.mark.parametrize("method", ["baseline", "speculative"])
+def test_queue_waits_count_in_ttft(method):
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([5, 9, 3], seed=0)
+    generation = Generation(max_new_tokens=10)
+
+    def serve(load):
+        if method == "baseline":
+            return generate_baseline(target, ids, mask, generation, load=load)
+        return generate_speculative(target, DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, GREEDY), ids, mask,
+                                    generation, 3, load=load)
+    with torch.inference_mode():
+        queued = serve(Load([0.0, 0.0, 0.0], 1))
+        late = serve(Load([0.0, 0.0, 0.2], 2))
+    check_times(queued, generation)
+    check_times(late, generation)
+    # one row at a time: request k is admitted once request k - 1 has finished, and its TTFT holds the wait
+    for before, after in zip(queued, queued[1:]):
+        assert after.admitted_s >= before.finish_s
+        assert after.prefill_s >= after.admitted_s - after.arrival_s > 0
+    assert all(r.new_tokens == 10 for r in queued)
+    if method == "speculative":  # a round's accepted drafts and the target's token come in one emission
+        assert any(n > 1 for r in queued for _, n in r.emits)
+    # the third arrives at 0.2 s, after the first two finished: the loop waits for it, not admitting it earlier
+    assert max(r.finish_s for r in late[:2]) < 0.2 <= late[2].admitted_s
+    assert late[2].prefill_s == pytest.approx(late[2].first_token_s - 0.2)
+    assert late[0].admitted_s == late[1].admitted_s  # both at once: one prefill for the two
+
+
+def test_fixed_batch_records_have_no_serving_fields_and_compiled_mode_refuses_a_load():
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([5, 9], seed=0)
+    generation = Generation(max_new_tokens=4)
+    with torch.inference_mode():
+        records = generate_baseline(target, ids, mask, generation)
+        assert all(r.arrival_s is None and r.emits is None and r.finish_s is None for r in records)
+        compiled = compiled_copy(target, (1,), 32, (2,))
+        with pytest.raises(ValueError, match="engine.compile"):
+            generate_baseline(compiled, ids, mask, generation, load=Load([0.0, 0.0], 2))
+        with pytest.raises(ValueError, match="arrival times"):
+            generate_baseline(target, ids, mask, generation, load=Load([0.0], 2))
+
+
+@pytest.mark.parametrize("name", ["heuristic", "cost_model"])
+def test_a_joining_row_starts_as_a_new_batchs_row_and_the_others_keep_their_state(name):
+    import copy
+
+    schedule = make_schedule(name, 4, c=0.05, v={k: 1.0 + 0.05 * k for k in range(1, 5)})
+    schedule.start(2)
+    for _ in range(7):  # row 0 accepts everything, row 1 little: their lengths part (cost_model: a probe is due)
+        lengths = schedule.lengths()
+        schedule.update(lengths, [lengths[0], min(1, lengths[1])])
+    before, fresh = copy.deepcopy(schedule), copy.deepcopy(schedule)
+    schedule.add_rows(1)
+    fresh.start(1)  # a new batch's row, with the same pool
+    kept = before.lengths()  # (cost_model's lengths count rounds toward a probe: asked once each)
+    assert schedule.lengths() == kept + fresh.lengths()
+    assert kept[0] > kept[1]  # the rows had parted
+
+
+def test_requests_done_at_their_first_token_never_join(pair):
+    """A request whose first token is EOS (or whose budget is one token) leaves at its prefill; the rest of its group
+    joins the running batch, cut to its own width."""
+    target, draft, ids, mask, generation, alone = pair
+    eos = alone[0][0]  # request 0's first token: it leaves its group of three at once
+    cut = [output[:output.index(eos) + 1] if eos in output else output for output in alone]
+    assert cut[0] == [eos] and sum(len(c) > 1 for c in cut) >= 6
+    eos_generation = Generation(generation.max_new_tokens, GREEDY, (54, eos))
+    with torch.inference_mode():
+        fixed = lengths_of(generate_speculative(target, PromptLookupDrafter(), ids, mask, eos_generation, 4))
+        for load in (LOADS["all-at-once-c3"], LOADS["staggered-c4"]):
+            base = generate_baseline(target, ids, mask, eos_generation, load=load)
+            spec = generate_speculative(target, DraftModelDrafter(draft, VOCAB, GREEDY), ids, mask, eos_generation, 4,
+                                        load=load)
+            lookup = generate_speculative(target, PromptLookupDrafter(), ids, mask, eos_generation, 4, load=load)
+            assert [r.output_ids for r in base] == cut and [r.output_ids for r in spec] == cut
+            assert lengths_of(lookup) == fixed  # the drafter got the prompts of the requests that joined
+            assert spec[0].rounds == [] and spec[0].emits == [(spec[0].first_token_s, 1)] \
+                and spec[0].finish_s == spec[0].first_token_s
+        one = generate_speculative(target, DraftModelDrafter(draft, VOCAB, GREEDY), ids, mask,
+                                   Generation(1, GREEDY), 4, load=LOADS["all-at-once-c3"])
+    assert [r.output_ids for r in one] == [output[:1] for output in alone]
+    assert all(r.rounds == [] and r.draft_forwards == 0 and r.target_forwards == 1 for r in one)
