@@ -477,8 +477,8 @@ SERVING_COLUMNS = [  # (header, metric paths, format): several paths share a cel
     ("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}"), ("pred", ("predicted_speedup",), "{:.2f}"),
 ]
 MS_PATHS = ("tpot_s", "itl_s")  # shown in milliseconds
-SERVING_TERMINAL = ["point", "status", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "tok/s", "goodput req/s",
-                    "accept pooled / per-req", "speedup tput [95% CI]", "speedup TPOT [95% CI]", "pred"]
+SERVING_TERMINAL = ["point", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "tok/s", "speedup tput [95% CI]",
+                    "speedup TPOT [95% CI]", "pred"]
 
 
 def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
@@ -569,16 +569,22 @@ def serving_csv(summary: dict) -> str:
 
 
 def print_serving_table(summary: dict, console) -> None:
+    """A table per load point, the headline columns (every column and the crossover: summary.md)."""
     from rich.table import Table
 
-    table = Table(title="speculate under load (all columns and the crossover in summary.md; ! = flagged)")
     chosen = [(h, p, f) for h, p, f in SERVING_COLUMNS if h in SERVING_TERMINAL]
-    table.add_column("load", no_wrap=True)
-    for header, _, _ in chosen:
-        table.add_column(header, justify="right" if header != "point" else "left", no_wrap=header != "point")
+    by_load: dict[str, list] = {}
     for run in summary["serving"]["runs"]:
-        table.add_row(load_label(run), *[serving_cell(run, paths, fmt) for _, paths, fmt in chosen])
-    console.print(table)
+        by_load.setdefault(load_label(run), []).append(run)
+    console.print("[bold]speculate under load[/bold] (every column and the crossover in summary.md; ! = flagged)")
+    for load, runs in by_load.items():
+        table = Table(title=load, title_justify="left")
+        for header, _, _ in chosen:
+            table.add_column(header.replace(" [95% CI]", ""), justify="left" if header == "point" else "right",
+                             overflow="fold", min_width=24 if header == "point" else 6)
+        for run in runs:
+            table.add_row(*[serving_cell(run, paths, fmt) for _, paths, fmt in chosen])
+        console.print(table)
 
 
 def _rate_positions(loads: list) -> tuple[list[float], dict]:

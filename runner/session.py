@@ -361,5 +361,6 @@ class Session:
         rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, peak,
                           self.worker, batch_rows=len(batch), request=index if unit.serving else None)
                 for index, (prompt, record) in enumerate(zip(batch, records))]
-        wall = max(r.latency_s for r in records)
+        # a served load point's span: from its start (the first arrival) to its last token; a batch's: its longest row
+        wall = max(r.finish_s for r in records) if unit.serving else max(r.latency_s for r in records)
         return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)
