@@ -75,3 +75,10 @@ def test_layers():
             allowed = {"decode", "decode.methods", "decode.tree"}
             assert {t for t in above if t.startswith("decode")} <= allowed, f"{module} imports {sorted(above)}"
             assert not {t for t in above if t.startswith(("runner", "eval"))}, f"{module} imports {sorted(above)}"
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by their basename (rootdir-relative packages are not used): two test_x.py in two
+    folders make a collection error."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted(names) == sorted(set(names)), sorted({n for n in names if names.count(n) > 1})
