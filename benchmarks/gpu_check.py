@@ -56,7 +56,7 @@ import torch  # noqa: E402
 
 from decode import Clock, DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative  # noqa: E402
 from decode.kv import KVState  # noqa: E402
-from decode.probes import numerics_probe  # noqa: E402
+from decode.numerics import numerics_probe  # noqa: E402
 from decode.static_kv import CompiledModel, attach, compiled_of  # noqa: E402
 from eval.flags import numerics_drift, rounding_explains  # noqa: E402
 

@@ -21,8 +21,8 @@ def compile_widths(points, tree_top_k: int, auto_nodes) -> dict:
       tree's draft forwards feed the nodes of a depth that have children (k1, k1 k2, ...), a dynamic tree's the
       top_k frontier, auto's any count up to its largest tree, padded to a power of 2.
     """
-    from decode.drafters.tree import AutoTree, trim_depth
-    from decode.tree import AUTO, branching_or_budget, static_parents, tree_nodes
+    from decode.drafters.draft_tree import AutoTree, trim_depth
+    from decode.tree_layout import AUTO, branching_or_budget, static_parents, tree_nodes
 
     target_chain, target_tree, drafts, rounds = {1}, set(), {}, [1]
     for point in points:

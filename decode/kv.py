@@ -228,7 +228,7 @@ class KVState:
         self._check_layout()
         return to_device(out.logits, engine).float()
 
-    # -- token trees (decode/tree.py) ----------------------------------------------------------------------
+    # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
     def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
                      new_round: bool) -> torch.Tensor:
         """Append tree nodes input_ids [B, S] and return fp32 logits [B, S, V].

@@ -149,7 +149,7 @@ def _tree_columns(tokens: torch.Tensor) -> torch.Tensor:
 
 def accept_tree_greedy(tokens: torch.Tensor, target_logits: torch.Tensor, children: torch.Tensor, max_depth: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Greedy verification of a token tree (decode/tree.py).
+    """Greedy verification of a token tree (decode/tree_layout.py).
 
     tokens [B, N] the nodes; target_logits [B, N+1, V] by verification column (0: the root, i + 1: node i);
     children [B, N+1, K] each column's children in rank order (verification columns, -1 pads). From the root, follow

@@ -442,7 +442,7 @@ class StaticKVState:
         self.length += num_tokens
         return logits[self.rows, :num_tokens]
 
-    # -- token trees (decode/tree.py) ----------------------------------------------------------------------
+    # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
     def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
                      new_round: bool) -> torch.Tensor:
         """KVState.forward_tree over the static buffers: append tree nodes input_ids [B, S] (parents [B, S] host:

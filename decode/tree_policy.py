@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Iterable
 
-from decode.tree import depths_and_ranks
+from decode.tree_layout import depths_and_ranks
 
 Acceptance = Callable[[int, int], float]  # (depth >= 1, rank >= 0) -> probability the node is accepted given its parent
 
@@ -25,7 +25,7 @@ class TreeStats:
     """Acceptance by depth and sibling rank, from round records.
 
     A tree round is {"drafted", "accepted": a, "emitted", "ranks": [the sibling rank of each accepted node, a of
-    them], "tried": [the children the verification had at each depth it reached]} (decode/tree.py
+    them], "tried": [the children the verification had at each depth it reached]} (decode/tree_layout.py
     TreeLayout.round_facts). A chain round has no "ranks" / "tried": its a accepted nodes are first children, and it
     reached depth a + 1 with one child unless all `drafted` were accepted: ranks [0] * a, tried [1] * min(a + 1,
     drafted).
@@ -177,7 +177,7 @@ def greedy_trees(p: Acceptance, nodes: int, max_depth: int | None = None,
 
 def _breadth_first(added: list[tuple[int, int, int]]) -> list[int]:
     """(parent, rank, depth) per node in the order added -> the same tree's parents in breadth-first order (depth by
-    depth, children of earlier parents first, siblings by rank), the order decode/tree.py static_parents uses."""
+    depth, children of earlier parents first, siblings by rank), the order decode/tree_layout.py static_parents uses."""
     new_index = {-1: -1}
     parents: list[int] = []
     for depth in sorted({d for _, _, d in added}):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 
 from decode.methods import REGISTRY
-from decode.tree import tree_depth, tree_nodes
+from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
@@ -55,7 +55,7 @@ def constant_draft_length(samples: list[dict], gamma: int | None) -> bool:
 
 def speculation_figures(samples: list[dict], gamma: int | None, tree: str | None = None) -> dict:
     """Acceptance figures from the rounds; those of drafted tokens None when no round drafted one. A tree (its label,
-    decode/tree.py) drafts nodes: acceptance by position is by depth, and Leviathan's alpha and constant draft length,
+    decode/tree_layout.py) drafts nodes: acceptance by position is by depth, and Leviathan's alpha and constant draft length,
     which describe a chain, are None."""
     rounds = [r for s in samples for r in s.get("rounds") or []]
     figures = dict.fromkeys(["rounds", "acceptance_rate", "mean_accepted_tokens", "alpha", "per_position_acceptance",

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from decode.methods import REGISTRY
-from decode.tree import tree_nodes
+from decode.tree_layout import tree_nodes
 from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process
 from eval.stats import MIN_PROMPTS, spread
 from eval.totals import throughput

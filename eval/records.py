@@ -38,7 +38,7 @@ class Point:
     draft: str | None = None  # the draft's label (config draft[i].label), for methods with a draft model
     gamma: int | None = None  # max draft tokens per round
     schedule: str | None = None  # draft-length schedule: constant | heuristic | confidence | cost_model
-    tree: str | None = None  # token tree label (decode/tree.py): "3-2-1-1", "dynamic-24", "auto"; None = a chain
+    tree: str | None = None  # token tree label (decode/tree_layout.py): "3-2-1-1", "dynamic-24", "auto"; None = a chain
     exit_layer: int | None = None  # early_exit: layers of the target that draft
     # the set alpha of a synthetic point (config speculative.synthetic_acceptance): each draft accepted by a seeded
     # Bernoulli(alpha) chain, not by the target (decode/sampling.py accept_synthetic); None: the real acceptance

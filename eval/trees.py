@@ -2,7 +2,7 @@
 expected accepted length and predicted speedup of a tree with the point's own measured acceptance (Chen et al. 2024,
 "Sequoia"; chains keep Leviathan's model, eval/leviathan.py).
 
-A tree round records (decode/tree.py): drafted n (nodes verified besides the root), accepted a (the accepted path's
+A tree round records (decode/tree_layout.py): drafted n (nodes verified besides the root), accepted a (the accepted path's
 length), emitted e, ranks (each accepted node's sibling rank, a ints, 0 = its parent's first child), tried (per depth
 the verification reached, the children it had there: a + 1 entries, or a when the path ended at a leaf) and parents
 (each node's parent, -1 = the root). A chain round is the tree whose parents are i - 1: ranks all 0, one child tried
@@ -10,12 +10,12 @@ per depth reached.
 """
 from __future__ import annotations
 
-from decode.tree import depths_and_ranks
+from decode.tree_layout import depths_and_ranks
 from eval.stats import ratio
 
 
 def tree_of(point) -> str | None:
-    """The point's tree label (decode/tree.py), None for a chain."""
+    """The point's tree label (decode/tree_layout.py), None for a chain."""
     return getattr(point, "tree", None)
 
 

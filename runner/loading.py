@@ -110,7 +110,7 @@ def refuse_ragged_batches_if_wrong(config, target, drafts) -> None:
     silently: probe it once at load, and refuse batches of several prompts for it (a serving run's too)."""
     if max(config.batch_size) == 1 and (config.load is None or max(c for c, _ in config.load.points(2)) == 1):
         return
-    from decode.probes import ragged_batch_problem
+    from decode.numerics import ragged_batch_problem
 
     for role, _, loaded in roles(target, drafts):
         with torch.inference_mode():

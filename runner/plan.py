@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass
 
 from decode.methods import REGISTRY
-from decode.tree import tree_depth
+from decode.tree_layout import tree_depth
 from eval.records import Point
 
 

@@ -19,7 +19,7 @@ from decode.generate import _accept, _read, _verify, baseline_step
 from decode.kv import KVState
 from decode.settings import Sampling
 from decode.static_kv import new_state
-from decode.tree import AUTO, tree_nodes
+from decode.tree_layout import AUTO, tree_nodes
 from eval.records import CostProbe
 
 
@@ -225,7 +225,7 @@ def _attached(owner, depth: int = 3):
 
 def verify_widths(points) -> set[int]:
     """The target forward widths the points' verifications use: gamma + 1 for a chain, n + 1 for a tree of n nodes
-    besides its root (decode/tree.py tree_nodes; AUTO_TREE_NODES for auto)."""
+    besides its root (decode/tree_layout.py tree_nodes; AUTO_TREE_NODES for auto)."""
     widths = set()
     for point in points:
         tree = getattr(point, "tree", None)
@@ -375,8 +375,8 @@ def probe_numerics(config, models, points, ids, mask) -> dict:
     exactness rests on these being tiny (fp32); in bf16 or with quantized kernels they are not, and the report weighs
     each greedy mismatch against them (eval/flags.py). A quantized or non-fp32 model is probed at every verify width
     M the run uses (probe_widths; its kernels may take another path at another M), a quantized one also at M = 1 (a
-    batch-1 baseline's kernel). With engine.compile the probe runs the compiled step (decode/probes.py)."""
-    from decode.probes import numerics_probe
+    batch-1 baseline's kernel). With engine.compile the probe runs the compiled step (decode/numerics.py)."""
+    from decode.numerics import numerics_probe
 
     result = {"drafts": {}}
     with torch.inference_mode():

@@ -69,10 +69,10 @@ def test_layers():
             assert not above, f"{module} imports {sorted(above)}: decode/ imports nothing above it"
         if top == "eval":
             assert not {t for t in above if t.startswith("runner")}, f"{module} imports {sorted(above)}"
-            assert {t for t in above if t.startswith("decode")} <= {"decode", "decode.methods", "decode.tree"}, \
+            assert {t for t in above if t.startswith("decode")} <= {"decode", "decode.methods", "decode.tree_layout"}, \
                 f"{module} imports {sorted(above)}: eval/ reads the method registry and tree labels, nothing else of decode/"
         if top == "utils":
-            allowed = {"decode", "decode.methods", "decode.tree"}
+            allowed = {"decode", "decode.methods", "decode.tree_layout"}
             assert {t for t in above if t.startswith("decode")} <= allowed, f"{module} imports {sorted(above)}"
             assert not {t for t in above if t.startswith(("runner", "eval"))}, f"{module} imports {sorted(above)}"
 

@@ -134,10 +134,10 @@ SCHEDULES = ("constant", "heuristic", "confidence", "cost_model")
 
 
 def tree_labels(value) -> list[str | None]:
-    """speculative.tree -> its labels (decode/tree.py tree_label). One entry (null, auto, {dynamic: N}, a branching
+    """speculative.tree -> its labels (decode/tree_layout.py tree_label). One entry (null, auto, {dynamic: N}, a branching
     list [3, 2, 1, 1], or a label as the records write it: "3-2-1-1", "dynamic-24") or a list of entries (a sweep);
     a list of integers is one branching list, not a sweep."""
-    from decode.tree import tree_label
+    from decode.tree_layout import tree_label
 
     def integer(k) -> bool:
         return isinstance(k, int) and not isinstance(k, bool)
@@ -171,7 +171,7 @@ class SpeculativeConfig(Strict):
     ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched; hf_prompt_lookup needs 1 "
                                                 "(transformers has no minimum)")
     tree: list[str | None] = Field(
-        [None], description="token trees of speculative and prompt_lookup (decode/tree.py): null (a chain of gamma), "
+        [None], description="token trees of speculative and prompt_lookup (decode/tree_layout.py): null (a chain of gamma), "
                             "a branching list [3, 2, 1, 1] (a static tree: every node at depth d-1 has k_d children; "
                             "its depth replaces gamma), {dynamic: N} (EAGLE-2's dynamic tree of N nodes, depth gamma) "
                             "or auto (the shape the cost model picks, depth at most gamma); a list of these sweeps "

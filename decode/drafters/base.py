@@ -14,7 +14,7 @@ class Proposal:
     tokens: torch.Tensor  # [B, G] drafted token ids; row b's entries past lengths[b] are padding (never accepted)
     probs: torch.Tensor | None  # [B, G, V_target] q of each drafted position; None = deterministic drafter (point mass)
     lengths: torch.Tensor | None = None  # [B] long, each <= G: row b's drafts are tokens[b, :lengths[b]]; None = all G
-    # a token tree (decode/tree.py): the host structure of tokens [B, N]; probs [B, N, V] then holds the q each node
+    # a token tree (decode/tree_layout.py): the host structure of tokens [B, N]; probs [B, N, V] then holds the q each node
     # was drawn from (its parent's), None: point masses. None: a chain (lengths apply)
     layout: object = None
 

@@ -31,7 +31,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, model, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
                  schedule: Schedule | None = None, tree=None):
         self.model = model
-        # a token tree instead of a chain (decode/drafters/tree.py: StaticTree, DynamicTree, or auto's policy)
+        # a token tree instead of a chain (decode/drafters/draft_tree.py: StaticTree, DynamicTree, or auto's policy)
         self.tree = tree
         self.target_vocab_size = target_vocab_size
         self.sampling = sampling

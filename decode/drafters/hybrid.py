@@ -45,7 +45,7 @@ from decode.drafters.prompt_lookup import NgramIndex
 from decode.drafters.schedules import CostModelSchedule, PointEvidence, Schedule
 from decode.drafters.suffix import SuffixCache, SuffixSource, prompt_key, unpadded
 from decode.kv import host_to_device
-from decode.tree import TreeLayout
+from decode.tree_layout import TreeLayout
 
 FREE = ("lookup", "suffix")
 SOURCES = (*FREE, "draft")

@@ -15,7 +15,7 @@ import torch
 
 from decode.drafters.base import Drafter, Proposal
 from decode.kv import host_to_device
-from decode.tree import TreeLayout
+from decode.tree_layout import TreeLayout
 
 
 class NgramIndex:

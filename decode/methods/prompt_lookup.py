@@ -6,7 +6,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.generate import generate_speculative  # torch loads when a method runs, not with the registry
     from decode.drafters.prompt_lookup import PromptLookupDrafter  # imported when run: the registry loads without every drafter's dependencies
 
-    from decode.tree import branching_or_budget, tree_nodes
+    from decode.tree_layout import branching_or_budget, tree_nodes
 
     label = getattr(point, "tree", None)
     matches, budget = 1, None

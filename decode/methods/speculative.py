@@ -29,15 +29,15 @@ def evidence_of(ctx, point):
 
 
 def tree_for(ctx, point, sampling):
-    """The point's token tree drafter (decode/drafters/tree.py), None for a chain."""
-    from decode.drafters.tree import DynamicTree, StaticTree
-    from decode.tree import AUTO, branching_or_budget, static_parents
+    """The point's token tree drafter (decode/drafters/draft_tree.py), None for a chain."""
+    from decode.drafters.draft_tree import DynamicTree, StaticTree
+    from decode.tree_layout import AUTO, branching_or_budget, static_parents
 
     label = getattr(point, "tree", None)
     if label is None:
         return None
     if label == AUTO:
-        from decode.drafters.tree import AutoTree
+        from decode.drafters.draft_tree import AutoTree
 
         return AutoTree.for_point(ctx, point, sampling)
     shape = branching_or_budget(label)

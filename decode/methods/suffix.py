@@ -37,7 +37,7 @@ def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, ge
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.drafters.suffix import SuffixDrafter
-    from decode.tree import tree_nodes
+    from decode.tree_layout import tree_nodes
 
     label = getattr(point, "tree", None)
     max_depth, min_prob = options(ctx)

@@ -11,11 +11,11 @@ import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.early_exit import EarlyExitDrafter
-from decode.drafters.tree import DynamicTree, StaticTree
+from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.kv import KVState
 from decode.compile_plan import compile_widths
 from decode.static_kv import CompiledModel, CompileRefused, StaticKVState, attach, new_state
-from decode.tree import static_parents
+from decode.tree_layout import static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from test_sliding_window import tiny_windowed
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model

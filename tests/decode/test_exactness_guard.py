@@ -9,7 +9,7 @@ import yaml
 import launch
 from decode import Generation, Sampling, generate_baseline
 from decode import generate as engine
-from decode.probes import numerics_probe
+from decode.numerics import numerics_probe
 from helpers import base_config, save_tiny_pair, write_prompts
 from tiny_models import ragged_batch, tiny_model
 from utils.io import read_jsonl

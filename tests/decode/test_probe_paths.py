@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from decode.probes import numerics_probe
+from decode.numerics import numerics_probe
 from decode.static_kv import CompiledModel, attach
 from tiny_models import ragged_batch, tiny_model
 

@@ -1,4 +1,4 @@
-"""Model probes (decode/probes.py): a slot-position bias (MPT's ALiBi) refuses ragged batches; rounding does not, and
+"""Model probes (decode/numerics.py): a slot-position bias (MPT's ALiBi) refuses ragged batches; rounding does not, and
 the numerics probe reports it."""
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import MptConfig, MptForCausalLM
 
-from decode.probes import numerics_probe, position_bias_probe, ragged_batch_problem
+from decode.numerics import numerics_probe, position_bias_probe, ragged_batch_problem
 from tiny_models import VOCAB, ragged_batch, tiny_model
 
 

@@ -10,10 +10,10 @@ from decode.drafters.hybrid import HybridDrafter
 from decode.drafters.prompt_lookup import PromptLookupDrafter
 from decode.drafters.schedules import make_schedule
 from decode.drafters.suffix import SuffixCache, SuffixDrafter
-from decode.drafters.tree import DynamicTree, StaticTree
+from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.kv import KVState
 from decode.serving import Load
-from decode.tree import static_parents
+from decode.tree_layout import static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from test_compiled_engine import compiled_copy
 from test_hybrid_suffix import CHEAP, _repetitive

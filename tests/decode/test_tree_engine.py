@@ -1,4 +1,4 @@
-"""Token trees (decode/tree.py): verified in one target forward with a tree mask, greedy output equal to the target's
+"""Token trees (decode/tree_layout.py): verified in one target forward with a tree mask, greedy output equal to the target's
 own token for token, sampled output distributed as the target's (SpecInfer's rule), and never less accepted per round
 than the chain the tree contains."""
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
-from decode.drafters.tree import DynamicTree, StaticTree
+from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.sampling import accept_greedy, accept_tree_greedy, accept_tree_sampled
-from decode.tree import TreeLayout, depths_and_ranks, static_parents
+from decode.tree_layout import TreeLayout, depths_and_ranks, static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
 from test_sliding_window import tiny_windowed
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model

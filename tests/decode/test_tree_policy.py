@@ -131,7 +131,7 @@ def test_auto_probes_width_after_chains_pushed_the_exploration_out():
     Every 8th round a Beta(1, 1) prior prices the untried rank at 1/2 (within 1 - p(1, 0) = 1/2; p(1, 0) = 5 / 10,
     p(2, 0) = 1 / 6): two children at the root, 2 / (0.05 + v(2) 1.04) = 1.83, beat the chain's 1.5 / 1.07 = 1.40 (a
     depth-2 node under each, (2 + 2 * 0.5 / 6) / (0.1 + v(4) 1.08) = 1.84, about ties with them)."""
-    from decode.drafters.tree import AutoMemory, AutoTree
+    from decode.drafters.draft_tree import AutoMemory, AutoTree
     from decode.settings import Sampling
 
     memory = AutoMemory(AutoTree.RECENT)
@@ -153,9 +153,9 @@ def test_auto_follows_this_batchs_acceptance_not_the_points_history():
     have kept drafting."""
     import numpy as np
 
-    from decode.drafters.tree import AutoMemory, AutoTree
+    from decode.drafters.draft_tree import AutoMemory, AutoTree
     from decode.settings import Sampling
-    from decode.tree import TreeLayout
+    from decode.tree_layout import TreeLayout
 
     memory = AutoMemory(AutoTree.RECENT)
     for _ in range(AutoTree.RECENT):

@@ -14,7 +14,7 @@ from eval.report import markdown
 from eval.trees import acceptance_by_depth_rank, expected_emitted
 from sample_records import costs, record
 
-# Three rounds of the static tree [2, 1] (decode/tree.py static_parents: parents [-1, -1, 0, 1]; nodes 0 and 1 are the
+# Three rounds of the static tree [2, 1] (decode/tree_layout.py static_parents: parents [-1, -1, 0, 1]; nodes 0 and 1 are the
 # root's children, ranks 0 and 1; node 2 is node 0's child, node 3 node 1's, both rank 0 at depth 2; n = 4 nodes):
 # A: accepts node 0 then node 2, a leaf: a 2, ranks [0, 0], tried [2, 1] (the root's 2 children, node 0's 1), e 3
 # B: accepts node 1 (rank 1), rejects node 3: a 1, ranks [1], tried [2, 1], e 2

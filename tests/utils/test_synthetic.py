@@ -10,7 +10,7 @@ import yaml
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.kv import sliding_window_of, tree_support_problem
-from decode.probes import ragged_batch_problem
+from decode.numerics import ragged_batch_problem
 from helpers import write_prompts
 from utils.synthetic import SHAPES, build_config, build_decoder, build_model, build_tokenizer, parse
 

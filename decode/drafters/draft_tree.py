@@ -1,4 +1,4 @@
-"""Draft-model token trees (decode/tree.py): a static shape, EAGLE-2's dynamic tree, and the shape `auto` picks.
+"""Draft-model token trees (decode/tree_layout.py): a static shape, EAGLE-2's dynamic tree, and the shape `auto` picks.
 
 Each round the drafter's catch-up forward gives the root's draft distribution; the tree grows depth by depth, the
 nodes of a depth that have children fed to the draft in ONE forward with the tree mask (each sees the prefix and
@@ -18,7 +18,7 @@ import torch
 
 from decode.drafters.base import Proposal
 from decode.sampling import logits_to_probs, sample
-from decode.tree import TreeLayout, depths_and_ranks
+from decode.tree_layout import TreeLayout, depths_and_ranks
 
 
 def breadth_first(parents: list[int]) -> list[int]:
@@ -227,7 +227,7 @@ class AutoTree(StaticTree):
         return depth * self.c + self.v[nodes]
 
     def shape_for_round(self, max_depth: int):
-        from decode.tree import static_parents
+        from decode.tree_layout import static_parents
         from decode.tree_policy import TreeStats, best_tree
 
         if self.explore:
