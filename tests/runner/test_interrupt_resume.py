@@ -1,4 +1,5 @@
 """Nothing lost: failed points, Ctrl-C, SIGKILL, and --resume giving the uninterrupted run's report."""
+import collections
 import json
 import os
 import signal
@@ -143,3 +144,31 @@ def test_nan_model_fails_its_points_not_the_process(setup, tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["runs"] and all(r["status"] == "failed" and "NaN" in r["error"] for r in summary["runs"])
     assert "Traceback" not in result.stderr
+
+
+def test_a_serving_run_interrupted_mid_load_point_resumes_to_the_same_records(tmp_path):
+    """Under load a unit is a whole load point of every method: Ctrl-C keeps the points it finished, a point cut
+    half-way writes nothing, and --resume serves only what is missing. Requests cycle through fewer prompts (12
+    requests, 8 prompts): a load point's rows are told apart by their request index."""
+    target, draft = save_tiny_pair(tmp_path)
+    data = write_prompts(tmp_path / "prompts.jsonl", count=8)
+    config = base_config(target, draft, data, speculative={"gamma": [1, 3]}, generation={"max_new_tokens": 40},
+                         batch_size=1, load={"concurrency": [1, 2], "requests": 12})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    reference, out = tmp_path / "reference", tmp_path / "run"
+    assert launch(["--config", path, "--output-dir", reference]).returncode == 0
+
+    def served(folder: Path) -> dict:
+        samples = read_jsonl(folder / "samples.jsonl")
+        keys = [(s["method"], s["gamma"], s["concurrency"], s["repeat"], s["request"]) for s in samples]
+        assert len(keys) == len(set(keys)), "a request appears twice"
+        return {k: s["output_ids"] for k, s in zip(keys, samples)}
+
+    start_and_kill(path, out, signal.SIGINT, 13)  # past the first point of the first load point
+    kept = read_jsonl(out / "samples.jsonl")
+    per_point = collections.Counter((s["method"], s["gamma"], s["concurrency"]) for s in kept)
+    assert per_point and set(per_point.values()) == {12}, per_point  # whole load points only
+    assert launch(["--resume", out]).returncode == 0
+    assert served(out) == served(reference) and len(served(out)) == 3 * 2 * 12
+    assert read_jsonl(out / "samples.jsonl")[:len(kept)] == kept
