@@ -105,7 +105,8 @@ def served(tmp_path_factory):
     rows = [r for _, result in results for r in result.rows]
     failures = [f for _, result in results for f in result.failures]
     return SimpleNamespace(config=config, executor=executor, rows=rows, failures=failures, hand=hand,
-                           probes=[result for _, result in results if result.drift_probe_s is not None], target=target)
+                           probes=[result for _, result in results if result.drift_probe_s is not None], target=target,
+                           starts=(root / "vllm-worker.log").read_text().count("worker for "))
 
 
 def _requests(served, method: str, concurrency: int) -> list[dict]:
@@ -117,6 +118,7 @@ def _requests(served, method: str, concurrency: int) -> list[dict]:
 def test_one_engine_per_method_serves_every_load_point(served):
     assert not served.failures, served.failures
     assert len(served.executor.engines) == len(METHODS)
+    assert served.starts == len(METHODS)  # each started once, not once per load point
     assert all(e.kwargs["max_num_seqs"] == max(CONCURRENCY) for e in served.executor.engines.values())
     # drift probes on a fixed batch of the first C requests, at each engine's start and end, per load point
     assert len(served.probes) == 2 * len(METHODS) * len(CONCURRENCY)
