@@ -356,8 +356,8 @@ class VllmExecutor:
         most = max_concurrency(config, len(session.prompt_set.prompts))
         seqs = config.vllm.engine_args.get("max_num_seqs")
         if most is not None and seqs is not None and (not isinstance(seqs, int) or seqs < most):
-            raise UserError(f"vllm.engine_args.max_num_seqs: {seqs!r} is below the largest load.concurrency ({most}): "
-                            "vLLM would queue requests the load point admits; raise it or leave it unset")
+            raise UserError(f"vllm.engine_args.max_num_seqs: {seqs!r} is below the largest load.concurrency "
+                            f"({most}): vLLM would queue requests the load point admits; raise it or leave it unset")
         drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name), revision=d.revision,
                                           quantization=d.quantization) for d in self.config.draft}
         self._drafts = drafts
@@ -437,8 +437,8 @@ class VllmExecutor:
         kwargs = self.engine_kwargs(point)
         key = json.dumps(kwargs, sort_keys=True, default=str)
         if key not in self.engines:
-            name = " ".join(part for part in point.label.split() if not part.startswith(("batch=", "T=", "conc=", "rate=")) and
-                            part != "greedy")
+            name = " ".join(part for part in point.label.split()
+                            if not part.startswith(("batch=", "T=", "conc=", "rate=")) and part != "greedy")
             self.engines[key] = Engine(name, kwargs)
         return self.engines[key]
 
@@ -535,8 +535,8 @@ class VllmExecutor:
         """The first prompt, one new token, greedy, through the point's engine: the same work at each of its starts
         and ends. Kept per engine (each is its own process), so the drift flag compares like with like. Yields the
         reading as a unit result without records (unit: the comparison it belongs to). A serving unit's probe: its
-        first `concurrency` requests as a fixed batch, one new token each (kept per concurrency, as every probe is kept
-        per batch size)."""
+        first `concurrency` requests as a fixed batch, one new token each (kept per concurrency, as every probe is
+        kept per batch size)."""
         if engine.failed:
             return
         first = self.fixed_batch(unit) if unit.serving else self.session.prompt_set.prompts[:1]
@@ -690,7 +690,8 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
         if unit.serving:
             served = {key: row[key] for key in ("arrival_s", "admitted_s", "first_token_s", "finish_s")}
             if None in served.values() or not row.get("emits"):
-                raise ValueError(f"request {index} has no {next((k for k, v in served.items() if v is None), 'emits')}")
+                missing = next((k for k, v in served.items() if v is None), "emits")
+                raise ValueError(f"request {index} has no {missing}")
             served["emits"] = [[float(t), int(n)] for t, n in row["emits"]]
             timing = {"latency_s": served["finish_s"] - served["arrival_s"],
                       "prefill_s": served["first_token_s"] - served["arrival_s"],

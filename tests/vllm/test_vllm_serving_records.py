@@ -57,10 +57,10 @@ def test_every_engine_takes_the_largest_concurrency_as_max_num_seqs():
 
 
 def test_a_max_num_seqs_below_the_concurrency_is_refused():
-    with pytest.raises(UserError, match=r"vllm.engine_args.max_num_seqs: 1 is below the largest load.concurrency \(2\)"):
+    with pytest.raises(UserError, match=r"max_num_seqs: 1 is below the largest load.concurrency \(2\)"):
         _executor(validate({**VALID, "load": {"concurrency": [1, 2], "requests": 4},
                             "vllm": {"engine_args": {"max_num_seqs": 1}}}))
-    _executor(validate({**VALID, "vllm": {"engine_args": {"max_num_seqs": 1}}}))  # a fixed batch: vLLM queues, as before
+    _executor(validate({**VALID, "vllm": {"engine_args": {"max_num_seqs": 1}}}))  # a fixed batch: vLLM queues
 
 
 def _answer():
@@ -72,7 +72,8 @@ def _answer():
                 "spec": spec, "arrival_s": arrival, "admitted_s": admitted, "first_token_s": first,
                 "finish_s": emits[-1][0], "emits": emits}
     return {"ok": True, "wall_s": 4.0, "counters": None, "rows": [
-        row(0.0, 0.0, 0.25, [[0.25, 1], [0.5, 3], [1.25, 2]], {"per_step_accepted": [2, 1], "per_step_drafted": [2, 2]}),
+        row(0.0, 0.0, 0.25, [[0.25, 1], [0.5, 3], [1.25, 2]],
+            {"per_step_accepted": [2, 1], "per_step_drafted": [2, 2]}),
         row(0.5, 0.5, 0.75, [[0.75, 1], [1.0, 1]], {"per_step_accepted": [0], "per_step_drafted": [2]}),
         row(0.5, 1.25, 1.5, [[1.5, 1], [2.0, 3]], {"per_step_accepted": [2], "per_step_drafted": [2]}),
         row(3.0, 3.0, 3.25, [[3.25, 1], [4.0, 2]], {"per_step_accepted": [1], "per_step_drafted": [2]}),
