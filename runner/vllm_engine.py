@@ -14,8 +14,8 @@ A vLLM point's ratios are against vllm_generate on the same prompts (eval pairs 
 
 A serving run (config load:): each load point's requests go to the worker as one serve job, on the load point's
 arrival schedule with at most its concurrency in flight; every engine starts with max_num_seqs the run's largest
-concurrency, so that one engine serves every load point. Its warmup and drift probe run a fixed batch of the first
-`concurrency` requests.
+concurrency, so that one engine serves every load point (with pairing engine too: each engine is up once for every
+load point of a repeat). Its warmup and drift probe run a fixed batch of the first `concurrency` requests.
 """
 from __future__ import annotations
 
@@ -591,6 +591,11 @@ class VllmExecutor:
         for unit in units:
             by_comparison.setdefault(unit.comparison, []).append(unit)
         try:
+            if self.pairing == "engine" and self.config.load is not None:
+                if any(points_of(self.config, *comparison, engine="vllm") for comparison in by_comparison):
+                    self._note_pairing()
+                    yield from self._serving_by_engine(by_comparison, done)
+                return
             for comparison, mine in by_comparison.items():
                 points = points_of(self.config, *comparison, engine="vllm")
                 if not points:
@@ -632,19 +637,50 @@ class VllmExecutor:
             pending = self._pending(point, units, done)
             if not pending or point in self.failed or skipped_reason(point):
                 continue
-            engine = self.start(point)
             try:
-                self.warm_up(engine, point, pending[0])  # the first calls of an engine are slow: the probe after
-                yield from self.drift_probe(engine, point, pending[0])
-                for unit in pending:
-                    result = self._result()
-                    self._run(point, unit, result)
-                    yield unit, result
-                    if point in self.failed:
-                        break
-                yield from self.drift_probe(engine, point, pending[-1])
+                yield from self._on_engine(point, pending)
+            finally:
+                self.stop(self.engine_of(point))
+
+    def _serving_by_engine(self, by_comparison: dict[tuple, list[Unit]], done: set):
+        """Engine pairing in a serving run: each engine up once for every load point (its max_num_seqs is the
+        largest concurrency), then down before the next; the engines in the Williams order of the first load point's
+        points, each going through the load points in order."""
+        plans = [(points_of(self.config, *comparison, engine="vllm"), mine)
+                 for comparison, mine in by_comparison.items()]
+        plans = [(points, mine) for points, mine in plans if points and mine]
+        engines: list[Engine] = []
+        for points, mine in plans:
+            for index in williams_order(len(points), mine[0].repeat):
+                engine = self.engine_of(points[index])
+                if not any(engine is e for e in engines):
+                    engines.append(engine)
+        for engine in engines:
+            try:
+                for points, mine in plans:
+                    for index in williams_order(len(points), mine[0].repeat):
+                        point = points[index]
+                        pending = self._pending(point, mine, done)
+                        if self.engine_of(point) is not engine or not pending or point in self.failed \
+                                or skipped_reason(point):
+                            continue
+                        yield from self._on_engine(point, pending)
             finally:
                 self.stop(engine)
+
+    def _on_engine(self, point: Point, pending: list[Unit]):
+        """The point's pending units on its engine (started here if it is not up): its warmup, a drift probe before
+        and after."""
+        engine = self.start(point)
+        self.warm_up(engine, point, pending[0])  # the first calls of an engine are slow: the probe after
+        yield from self.drift_probe(engine, point, pending[0])
+        for unit in pending:
+            result = self._result()
+            self._run(point, unit, result)
+            yield unit, result
+            if point in self.failed:
+                break
+        yield from self.drift_probe(engine, point, pending[-1])
 
     def _result(self, **fields):
         return UnitResult(worker=None, process=PROCESS, **fields)
@@ -672,6 +708,9 @@ class VllmExecutor:
                    "to repeat (a Williams design); a vllm_* point and vllm_generate ran the same prompts minutes "
                    "apart, not back to back, and each engine's drift probe (the first prompt, 1 new token) ran at "
                    "its start and end"))
+        if self.config.load is not None:
+            what += ("; under load each engine served every load point (max_num_seqs the largest concurrency), and a "
+                     "load point's warmup and drift probe ran its first `concurrency` requests as a fixed batch")
         self.info = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
                      "order": what, "cpu_reserved_cores": None if self.config.device.startswith("cuda") else
                      int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}

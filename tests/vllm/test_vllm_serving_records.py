@@ -151,3 +151,48 @@ def test_a_request_without_its_times_or_a_dead_engine_writes_no_records(monkeypa
     for result in (first, later):
         assert result.rows == [] and len(result.failures) == 1
         assert "exited (code -9) during serve" in result.failures[0]["error"]
+
+
+@pytest.mark.parametrize("pairing", ["engine", "batch"])
+def test_each_engine_starts_once_for_every_load_point(monkeypatch, pairing):
+    """With either pairing, one engine per method serves both load points (faked engines: what runs where)."""
+    config = validate({**VALID, "load": {"concurrency": [1, 2], "requests": 4}, "vllm": {"pairing": pairing}})
+    executor = _executor(config)
+    units, _ = _units(config)
+    log = []
+
+    class Up:
+        def __init__(self, name):
+            self.name = name
+
+        def alive(self):
+            return True
+
+        def close(self, force=False):
+            log.append(("stop", self.name))
+
+    def start(point, sharing=1):
+        engine = executor.engine_of(point)
+        if engine.process is None:
+            log.append(("start", engine.name))
+            engine.process = Up(engine.name)
+        return engine
+
+    def generate(engine, job):
+        if job["op"] == "serve":
+            log.append(("serve", engine.name, job["concurrency"]))
+            return _answer()
+        return {"ok": True, "wall_s": 0.1}
+
+    monkeypatch.setattr(executor, "start", start)
+    monkeypatch.setattr(executor, "generate", generate)
+    results = list(executor.run(units, set()))
+    starts = [e[1] for e in log if e[0] == "start"]
+    assert sorted(starts) == ["vllm_draft draft=d gamma=2", "vllm_generate"]
+    served = [e[1:] for e in log if e[0] == "serve"]
+    assert sorted(served) == sorted((name, c) for name in starts for c in (1, 2))
+    if pairing == "engine":  # one engine at a time: its load points, then it is stopped before the next starts
+        first = starts[0]
+        assert log.index(("stop", first)) < log.index(("start", starts[1]))
+        assert [s for s in served if s[0] == first] == served[:2]
+    assert sum(len(r.rows) for _, r in results) == 4 * 4 and not any(r.failures for _, r in results)
