@@ -11,6 +11,11 @@ Pairing (config vllm.pairing), said in progress.order and the notes:
   host's available memory, each with room for KV caches and activations), else engine.
 
 A vLLM point's ratios are against vllm_generate on the same prompts (eval pairs each engine with its own reference).
+
+A serving run (config load:): each load point's requests go to the worker as one serve job, on the load point's
+arrival schedule with at most its concurrency in flight; every engine starts with max_num_seqs the run's largest
+concurrency, so that one engine serves every load point (with pairing engine too: each engine is up once for every
+load point of a repeat). Its warmup and drift probe run a fixed batch of the first `concurrency` requests.
 """
 from __future__ import annotations
 
@@ -196,6 +201,15 @@ def uses_vllm(config) -> bool:
     return any(REGISTRY[m].engine == "vllm" for m in config.methods)
 
 
+def max_concurrency(config, num_prompts: int) -> int | None:
+    """A serving run's largest concurrency over its load points (config load:; no cap: every request), which the
+    engines' max_num_seqs must reach; None without load."""
+    load = getattr(config, "load", None)
+    if load is None:
+        return None
+    return max(c for c, _ in load.points(load.requests or num_prompts))
+
+
 def model_dirs(config) -> dict[str, str]:
     """role -> what vLLM loads (utils.models.vllm_model): the target, and each draft a vllm_* method uses."""
     from utils.models import vllm_model
@@ -339,6 +353,11 @@ class VllmExecutor:
             raise UserError(f"vllm.max_model_len: {config.vllm.max_model_len} is below the longest prompt ({longest} "
                             f"tokens) + max_new_tokens ({config.generation.max_new_tokens}): vLLM would cut rows short; "
                             "raise it or leave it unset")
+        most = max_concurrency(config, len(session.prompt_set.prompts))
+        seqs = config.vllm.engine_args.get("max_num_seqs")
+        if most is not None and seqs is not None and (not isinstance(seqs, int) or seqs < most):
+            raise UserError(f"vllm.engine_args.max_num_seqs: {seqs!r} is below the largest load.concurrency "
+                            f"({most}): vLLM would queue requests the load point admits; raise it or leave it unset")
         drafts = {d.name: SimpleNamespace(kind=d.kind, vllm_model=checked["models"].get(d.name), revision=d.revision,
                                           quantization=d.quantization) for d in self.config.draft}
         self._drafts = drafts
@@ -367,6 +386,9 @@ class VllmExecutor:
             kwargs["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
         if v.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
+        most = max_concurrency(config, len(prompts))
+        if most is not None:  # one engine serves every load point: room for the largest concurrency's requests
+            kwargs["max_num_seqs"] = most
         speculative = REGISTRY[point.method].vllm_config(point, self._drafts, config.speculative.model_dump())
         if speculative:
             kwargs["speculative_config"] = {**speculative, **self.draft_options(point, speculative)}
@@ -415,8 +437,8 @@ class VllmExecutor:
         kwargs = self.engine_kwargs(point)
         key = json.dumps(kwargs, sort_keys=True, default=str)
         if key not in self.engines:
-            name = " ".join(part for part in point.label.split() if not part.startswith(("batch=", "T=")) and
-                            part != "greedy")
+            name = " ".join(part for part in point.label.split()
+                            if not part.startswith(("batch=", "T=", "conc=", "rate=")) and part != "greedy")
             self.engines[key] = Engine(name, kwargs)
         return self.engines[key]
 
@@ -480,11 +502,22 @@ class VllmExecutor:
             _release_signals(held)
 
     # -- jobs -------------------------------------------------------------------------------------
-    def _job(self, batch, temperature, max_new_tokens: int, seed: int) -> dict:
+    def _job(self, batch, temperature, max_new_tokens: int, seed: int, load=None) -> dict:
+        """A generate job of a fixed batch; with load (decode/serving.py Load), a serve job of its requests."""
         g = self.config.generation
-        return {"op": "generate", "prompts": [p.token_ids for p in batch], "max_new_tokens": max_new_tokens,
-                "temperature": temperature, "top_k": g.top_k, "top_p": g.top_p, "seed": seed,
-                "stop_token_ids": list(self.session.eos)}
+        job = {"op": "generate", "prompts": [p.token_ids for p in batch], "max_new_tokens": max_new_tokens,
+               "temperature": temperature, "top_k": g.top_k, "top_p": g.top_p, "seed": seed,
+               "stop_token_ids": list(self.session.eos)}
+        if load is not None:
+            job.update(op="serve", arrivals=list(load.arrivals), concurrency=load.concurrency)
+        return job
+
+    def fixed_batch(self, unit: Unit) -> list:
+        """The unit's first batch as a fixed batch (the warmup's and a serving unit's drift probe's): a serving unit's
+        first `concurrency` requests."""
+        if unit.serving:
+            return self.session.prompts_of(unit)[:unit.batch_size]
+        return self.session.batches(unit.batch_size)[0]
 
     def generate(self, engine: Engine, job: dict) -> dict:
         """One job; a dead worker or engine fails the engine (every point on it), a job's own error only the caller's
@@ -501,10 +534,12 @@ class VllmExecutor:
     def drift_probe(self, engine: Engine, point: Point, unit: Unit):
         """The first prompt, one new token, greedy, through the point's engine: the same work at each of its starts
         and ends. Kept per engine (each is its own process), so the drift flag compares like with like. Yields the
-        reading as a unit result without records (unit: the comparison it belongs to)."""
+        reading as a unit result without records (unit: the comparison it belongs to). A serving unit's probe: its
+        first `concurrency` requests as a fixed batch, one new token each (kept per concurrency, as every probe is
+        kept per batch size)."""
         if engine.failed:
             return
-        first = self.session.prompt_set.prompts[:1]
+        first = self.fixed_batch(unit) if unit.serving else self.session.prompt_set.prompts[:1]
         walls = []
         for _ in range(4):  # the median of three after a discarded one, as our engine's probe
             answer = self.generate(engine, self._job(first, None, 1, 0))
@@ -520,7 +555,7 @@ class VllmExecutor:
         """Each point's first batch with a short budget, untimed (vLLM warms its own kernels as it starts)."""
         if engine.failed or point in engine.warmed or not self.config.warmup:
             return
-        batch = self.session.batches(unit.batch_size)[0]
+        batch = self.fixed_batch(unit)
         short = min(self.config.generation.max_new_tokens, 2 * max(self.config.speculative.gamma) + 2)
         for _ in range(self.config.warmup):
             answer = self.generate(engine, self._job(batch, unit.temperature, short, 0))
@@ -530,10 +565,12 @@ class VllmExecutor:
         engine.warmed.add(point)
 
     def run_batch(self, engine: Engine, point: Point, unit: Unit) -> list[dict] | str:
-        """The point's records of one batch, or why there are none."""
+        """The point's records of one batch (a serving unit's: of its load point's requests), or why there are none:
+        a load point served in part (an error, a dead engine) has none."""
         batch = self.session.prompts_of(unit)
         seed = (self.config.seed * 1_000_003 + unit.batch_index * 101 + unit.repeat) % 2**63
-        answer = self.generate(engine, self._job(batch, unit.temperature, self.config.generation.max_new_tokens, seed))
+        answer = self.generate(engine, self._job(batch, unit.temperature, self.config.generation.max_new_tokens, seed,
+                                                 self.session.load_of(unit)))
         if not answer.get("ok"):
             return f"vLLM: {answer.get('error')}"
         rows = answer.get("rows") or []
@@ -554,6 +591,11 @@ class VllmExecutor:
         for unit in units:
             by_comparison.setdefault(unit.comparison, []).append(unit)
         try:
+            if self.pairing == "engine" and self.config.load is not None:
+                if any(points_of(self.config, *comparison, engine="vllm") for comparison in by_comparison):
+                    self._note_pairing()
+                    yield from self._serving_by_engine(by_comparison, done)
+                return
             for comparison, mine in by_comparison.items():
                 points = points_of(self.config, *comparison, engine="vllm")
                 if not points:
@@ -595,19 +637,50 @@ class VllmExecutor:
             pending = self._pending(point, units, done)
             if not pending or point in self.failed or skipped_reason(point):
                 continue
-            engine = self.start(point)
             try:
-                self.warm_up(engine, point, pending[0])  # the first calls of an engine are slow: the probe after
-                yield from self.drift_probe(engine, point, pending[0])
-                for unit in pending:
-                    result = self._result()
-                    self._run(point, unit, result)
-                    yield unit, result
-                    if point in self.failed:
-                        break
-                yield from self.drift_probe(engine, point, pending[-1])
+                yield from self._on_engine(point, pending)
+            finally:
+                self.stop(self.engine_of(point))
+
+    def _serving_by_engine(self, by_comparison: dict[tuple, list[Unit]], done: set):
+        """Engine pairing in a serving run: each engine up once for every load point (its max_num_seqs is the
+        largest concurrency), then down before the next; the engines in the Williams order of the first load point's
+        points, each going through the load points in order."""
+        plans = [(points_of(self.config, *comparison, engine="vllm"), mine)
+                 for comparison, mine in by_comparison.items()]
+        plans = [(points, mine) for points, mine in plans if points and mine]
+        engines: list[Engine] = []
+        for points, mine in plans:
+            for index in williams_order(len(points), mine[0].repeat):
+                engine = self.engine_of(points[index])
+                if not any(engine is e for e in engines):
+                    engines.append(engine)
+        for engine in engines:
+            try:
+                for points, mine in plans:
+                    for index in williams_order(len(points), mine[0].repeat):
+                        point = points[index]
+                        pending = self._pending(point, mine, done)
+                        if self.engine_of(point) is not engine or not pending or point in self.failed \
+                                or skipped_reason(point):
+                            continue
+                        yield from self._on_engine(point, pending)
             finally:
                 self.stop(engine)
+
+    def _on_engine(self, point: Point, pending: list[Unit]):
+        """The point's pending units on its engine (started here if it is not up): its warmup, a drift probe before
+        and after."""
+        engine = self.start(point)
+        self.warm_up(engine, point, pending[0])  # the first calls of an engine are slow: the probe after
+        yield from self.drift_probe(engine, point, pending[0])
+        for unit in pending:
+            result = self._result()
+            self._run(point, unit, result)
+            yield unit, result
+            if point in self.failed:
+                break
+        yield from self.drift_probe(engine, point, pending[-1])
 
     def _result(self, **fields):
         return UnitResult(worker=None, process=PROCESS, **fields)
@@ -623,7 +696,8 @@ class VllmExecutor:
             result.failures.append(failure(point, "failed", rows))
         else:
             result.rows.extend(rows)
-            wall = rows[0]["latency_s"] if rows else 0.0
+            # a fixed batch's wall is every row's latency; a load point's runs from its start to its last finish
+            wall = (max(r["finish_s"] for r in rows) if unit.serving else rows[0]["latency_s"]) if rows else 0.0
             result.rates[point.label] = sum(r["new_tokens"] for r in rows) / wall if wall > 0 else 0.0
 
     def _note_pairing(self) -> None:
@@ -634,6 +708,9 @@ class VllmExecutor:
                    "to repeat (a Williams design); a vllm_* point and vllm_generate ran the same prompts minutes "
                    "apart, not back to back, and each engine's drift probe (the first prompt, 1 new token) ran at "
                    "its start and end"))
+        if self.config.load is not None:
+            what += ("; under load each engine served every load point (max_num_seqs the largest concurrency), and a "
+                     "load point's warmup and drift probe ran its first `concurrency` requests as a fixed batch")
         self.info = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
                      "order": what, "cpu_reserved_cores": None if self.config.device.startswith("cuda") else
                      int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
@@ -641,10 +718,23 @@ class VllmExecutor:
 
 def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str) -> list[dict]:
     """A vLLM batch's answer as records: wall time of the generate call for every row (vLLM schedules the batch as
-    one), vLLM's own TTFT and latency per request in extra, and rounds from its per-request speculative counters."""
+    one), vLLM's own TTFT and latency per request in extra, and rounds from its per-request speculative counters.
+    A served request's (a serving unit's): its arrival, admission, first token, finish and emits, latency_s =
+    finish - arrival, prefill_s = first token - arrival (TTFT, the queue's wait included) and target_s its time in the
+    engine (finish - admission: vLLM runs the target and the drafter in one step)."""
     rows = []
     spec = REGISTRY[point.method]
     for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
+        timing = {"latency_s": answer["wall_s"], "prefill_s": None, "target_s": answer["wall_s"]}
+        if unit.serving:
+            served = {key: row[key] for key in ("arrival_s", "admitted_s", "first_token_s", "finish_s")}
+            if None in served.values() or not row.get("emits"):
+                missing = next((k for k, v in served.items() if v is None), "emits")
+                raise ValueError(f"request {index} has no {missing}")
+            served["emits"] = [[float(t), int(n)] for t, n in row["emits"]]
+            timing = {"latency_s": served["finish_s"] - served["arrival_s"],
+                      "prefill_s": served["first_token_s"] - served["arrival_s"],
+                      "target_s": served["finish_s"] - served["admitted_s"], **served}
         rounds = rounds_of(row.get("spec"), row["new_tokens"], row.get("steps")) if spec.has_rounds else None
         forwards = len(row["steps"]) if row.get("steps") else None  # one target forward per engine step
         extra = {"engine": "vllm", "vllm_ttft_s": row.get("ttft_s"), "vllm_latency_s": row.get("latency_s")}
@@ -656,9 +746,8 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
             reference=prompt.reference, output_ids=row["output_ids"],
             output_text=tokenizer.decode(row["output_ids"], skip_special_tokens=True), new_tokens=row["new_tokens"],
             stop_reason=row["stop_reason"] if row["stop_reason"] in ("eos", "length") else "eos",
-            latency_s=answer["wall_s"], prefill_s=None, target_forwards=forwards, draft_forwards=None,
-            target_s=answer["wall_s"], draft_s=0.0, draft_prefill_s=0.0, rounds=rounds, peak_memory_bytes=None,
-            worker=None, process=PROCESS, extra=extra).to_json())
+            target_forwards=forwards, draft_forwards=None, draft_s=0.0, draft_prefill_s=0.0, rounds=rounds,
+            peak_memory_bytes=None, worker=None, process=PROCESS, extra=extra, **timing).to_json())
     return rows
 
 

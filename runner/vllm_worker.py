@@ -15,8 +15,16 @@ Jobs and results:
    "top_k": null or int, "top_p": null or float (with a temperature), "seed": int, "stop_token_ids": [...]}
         -> {"ok": true, "wall_s": seconds from the first request's submission to the last one's end, "rows":
             [{"output_ids", "new_tokens", "steps": tokens per engine step, "stop_reason": "eos"|"length", "ttft_s",
-            "latency_s", "decode_s", "spec"}], "counters": {"num_drafts",
+            "latency_s", "decode_s", "spec", and the serve job's times below}], "counters": {"num_drafts",
             "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos"} for this call, or null without speculation}
+  {"op": "serve", ... a generate job's keys, and "arrivals": [seconds from the start, one per prompt, non-decreasing],
+   "concurrency": C}: the prompts as requests that arrive and leave. Request i is added to the engine once arrivals[i]
+        has passed and fewer than C requests are in flight (a closed loop: the next starts when one finishes; they
+        start in order); the engine is stepped while any is in flight, and the worker sleeps until the next arrival
+        while none is. C must not exceed the engine's max_num_seqs (vLLM would queue the rest itself).
+        -> a generate job's answer, each row with, in seconds from the start: "arrival_s", "admitted_s" (added to the
+            engine), "first_token_s", "finish_s" (the end of the engine steps that gave its first and last tokens)
+            and "emits": [[time_s, tokens], ...], one per step at which its output grew
   {"op": "check", "models": {role: folder or hub id}, "packages": [module names]}
         -> {"ok": true, "vllm": version, "unsupported": {role: "<architectures> (not in vLLM's model registry)"},
             "missing_packages": [...]}: what can be refused before any engine starts
@@ -78,16 +86,17 @@ def counter_delta(before: dict, after: dict) -> dict:
     return delta
 
 
-def row_of(output, ids: list[int], steps: list[int]) -> dict:
+def row_of(output, ids: list[int], steps: list[int], times: dict) -> dict:
     """One request's answer. output: its final (delta) RequestOutput; ids: every token it generated, in order (they
     end with the EOS or stop token when one ended the row: vLLM keeps it); steps: the tokens each engine step gave
-    it (a step is one target forward: the prefill's, then one per decode or verification step). stop_reason "eos"
-    covers eos and stop tokens (finish_reason "stop"), "length" is max_new_tokens or max_model_len."""
+    it (a step is one target forward: the prefill's, then one per decode or verification step); times: its arrival,
+    admission, first token, finish and emits (Worker.run). stop_reason "eos" covers eos and stop tokens (finish_reason
+    "stop"), "length" is max_new_tokens or max_model_len."""
     completion = output.outputs[0]
     row = {"output_ids": ids, "new_tokens": len(ids), "steps": steps,
            "stop_reason": {"stop": "eos", "length": "length"}.get(completion.finish_reason, completion.finish_reason),
            "finish_reason": completion.finish_reason, "ttft_s": None, "latency_s": None, "decode_s": None,
-           "spec": None}
+           "spec": None, **times}
     stats = getattr(output, "metrics", None)  # RequestStateStats, when the engine logs stats
     if stats is not None and getattr(stats, "first_token_ts", 0.0):
         # first_token_latency: the front end's clock, from arrival to the first token's output;
@@ -161,13 +170,43 @@ class Worker:
         return {"ok": True, "vllm": vllm.__version__, "unsupported": unsupported, "missing_packages": missing}
 
     def generate(self, job: dict) -> dict:
+        """A fixed batch: every prompt added at once, the engine stepped until all finish."""
+        prompts = self._prompts(job)
+        return self.run(prompts, self._sampling(job), [0.0] * len(prompts), len(prompts))
+
+    def serve(self, job: dict) -> dict:
+        """The prompts as requests arriving at job["arrivals"], at most job["concurrency"] in flight."""
+        prompts = self._prompts(job)
+        arrivals, concurrency = job.get("arrivals"), job.get("concurrency")
+        if not isinstance(arrivals, list) or len(arrivals) != len(prompts) or not all(
+                isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a < float("inf") for a in arrivals):
+            raise ValueError("arrivals must list one time >= 0 (seconds from the start) per prompt")
+        if any(b < a for a, b in zip(arrivals, arrivals[1:])):
+            raise ValueError("arrivals must be non-decreasing (request i arrives no earlier than request i - 1)")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+        most = self.max_num_seqs()
+        if most is not None and concurrency > most:
+            raise ValueError(f"concurrency {concurrency} exceeds the engine's max_num_seqs ({most}): vLLM would queue "
+                             "the rest itself; start the engine with max_num_seqs >= the concurrency")
+        return self.run(prompts, self._sampling(job), [float(a) for a in arrivals], concurrency)
+
+    def max_num_seqs(self) -> int | None:
+        config = getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None)
+        return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
+
+    def _prompts(self, job: dict) -> list[list[int]]:
         if self.llm is None:
             raise RuntimeError("no engine: send a start job first")
-        from vllm import SamplingParams
-
         prompts = job.get("prompts")
         if not isinstance(prompts, list) or not prompts:
             raise ValueError("prompts must be a non-empty list of token id lists")
+        return [[int(t) for t in ids] for ids in prompts]
+
+    def _sampling(self, job: dict):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
         temperature = job.get("temperature")
         sampling = {} if temperature is None else {"top_k": int(job.get("top_k") or 0) or -1,
                                                    "top_p": float(job.get("top_p") or 1.0)}
@@ -180,44 +219,74 @@ class Worker:
             ignore_eos=False,
             detokenize=False,
         )
-        # LLM.generate would return final outputs only: the requests go to the engine here and it is stepped until
-        # they finish, with delta outputs, so that the tokens each step gave each request are known (a step is one
-        # target forward; vLLM's spec-decode counters do not count steps that drafted nothing)
-        from vllm.sampling_params import RequestOutputKind
-
+        # delta outputs: what each step gave each request (see run)
         params.output_kind = RequestOutputKind.DELTA
+        return params
+
+    def run(self, prompts: list[list[int]], params, arrivals: list[float], concurrency: int) -> dict:
+        """Request i added once arrivals[i] (seconds from the start) has passed and fewer than `concurrency` are in
+        flight, in order; the engine stepped while any is in flight, a sleep until the next arrival while none is.
+
+        LLM.generate would return final outputs only: the requests go to the engine here and it is stepped until
+        they finish, with delta outputs, so that the tokens each step gave each request, and when, are known (a step
+        is one target forward; vLLM's spec-decode counters do not count steps that drafted nothing). A token's time
+        is the end of the step that gave it."""
         engine = self.llm.llm_engine
         self.batches += 1
         order = [f"speculate-{self.batches}-{i}" for i in range(len(prompts))]
-        got = {rid: {"ids": [], "steps": [], "final": None} for rid in order}
+        got = {rid: {"ids": [], "steps": [], "final": None, "times": {
+            "arrival_s": arrivals[i], "admitted_s": None, "first_token_s": None, "finish_s": None, "emits": []}}
+            for i, rid in enumerate(order)}
         before = spec_counters(self.llm.get_metrics()) if self.speculative else None
+        waiting, flying = list(range(len(order))), set()
+        waiting.reverse()  # popped from the end: request 0 first
         began = time.perf_counter()
+        clock = lambda: time.perf_counter() - began  # noqa: E731
         try:
-            for rid, ids in zip(order, prompts):
-                engine.add_request(rid, {"prompt_token_ids": [int(t) for t in ids]}, params.clone())
-            while engine.has_unfinished_requests():
-                for output in engine.step():
+            while waiting or flying:
+                now = clock()
+                while waiting and len(flying) < concurrency and arrivals[waiting[-1]] <= now:
+                    index = waiting.pop()
+                    rid = order[index]
+                    engine.add_request(rid, {"prompt_token_ids": prompts[index]}, params.clone())
+                    got[rid]["times"]["admitted_s"] = clock()
+                    flying.add(rid)
+                if not flying:
+                    time.sleep(max(0.0, arrivals[waiting[-1]] - now))
+                    continue
+                if not engine.has_unfinished_requests():
+                    raise RuntimeError(f"the engine has no unfinished request, but {len(flying)} did not finish")
+                outputs = engine.step()
+                now = clock()
+                for output in outputs:
                     entry = got.get(output.request_id)
                     if entry is None:
                         continue
                     new = [int(t) for t in output.outputs[0].token_ids]
+                    times = entry["times"]
                     if new:
                         entry["ids"] += new
                         entry["steps"].append(len(new))
+                        times["emits"].append([now, len(new)])
+                        if times["first_token_s"] is None:
+                            times["first_token_s"] = now
                     if output.finished:
                         entry["final"] = output
+                        times["finish_s"] = now
+                        flying.discard(output.request_id)
         except BaseException:
             try:
-                engine.abort_request([rid for rid in order if got[rid]["final"] is None])
+                engine.abort_request([rid for rid in order if got[rid]["final"] is None and
+                                      got[rid]["times"]["admitted_s"] is not None])
             except Exception:  # noqa: BLE001 - the engine may be dead; the error that matters is raised below
                 pass
             raise
-        wall = time.perf_counter() - began
+        wall = clock()
         missing = [rid for rid in order if got[rid]["final"] is None]
         if missing:
             raise RuntimeError(f"{len(missing)} request(s) did not finish")
         counters = counter_delta(before, spec_counters(self.llm.get_metrics())) if self.speculative else None
-        rows = [row_of(got[rid]["final"], got[rid]["ids"], got[rid]["steps"]) for rid in order]
+        rows = [row_of(got[rid]["final"], got[rid]["ids"], got[rid]["steps"], got[rid]["times"]) for rid in order]
         return {"ok": True, "wall_s": wall, "rows": rows, "counters": counters}
 
     def engine_dead(self) -> bool:
@@ -261,6 +330,8 @@ def main() -> int:
                     answer(worker.check(job))
                 elif op == "generate":
                     answer(worker.generate(job))
+                elif op == "serve":
+                    answer(worker.serve(job))
                 else:
                     raise ValueError(f"unknown op {op!r}")
             except Terminated:
