@@ -409,6 +409,7 @@ class TreeRound:
 
     def __init__(self, proposal: Proposal):
         self.proposal, self.layout = proposal, proposal.layout
+        self.depth = max(self.layout.max_depth, 1)  # the accepted path's width
 
     def verify(self, state, target, token: torch.Tensor) -> torch.Tensor:
         """fp32 target logits [B, N+1, V] by verification column (0: the root, i + 1: node i), with the tree mask:
@@ -423,17 +424,15 @@ class TreeRound:
         multi-step speculative sampling (decode/sampling.py accept_tree_greedy / accept_tree_sampled)."""
         proposal = self.proposal
         target_probs = _target_probs(target_logits, sampling)
-        depth = max(self.layout.max_depth, 1)
         children = host_to_device(self.layout.children, proposal.tokens.device)
         if sampling.do_sample:
-            return accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children, depth, generator)
-        return accept_tree_greedy(proposal.tokens, target_logits, children, depth)
+            return accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children, self.depth, generator)
+        return accept_tree_greedy(proposal.tokens, target_logits, children, self.depth)
 
     def readout(self, accepted_len: torch.Tensor, token: torch.Tensor, draft_limit: torch.Tensor,
                 path: torch.Tensor) -> torch.Tensor:
         """What the round's host read copies, [B, 3 + depth + N]: path length, next token, draft_limit, the path, the
         nodes' tokens."""
-        self.depth = path.shape[1]
         return torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], path, self.proposal.tokens],
                          dim=1)
 
