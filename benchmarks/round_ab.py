@@ -7,9 +7,10 @@ Each alternation runs every case once per side, in a fresh process that imports 
 (the order of the sides flips each alternation). A case is greedy speculative decoding on tiny random llama models
 (tests/tiny_models.py: a target and a noisy copy of it as the draft), a chain of gamma 4 or the static tree
 3-2-1-1, batch 1 and 4, 48 new tokens. Per side and case it prints tok/s (new tokens over generate_speculative's
-wall time; the median over the alternations of each process's median over --repeats runs after a warm-up), host
-syncs per round (reads and pageable copies, counted as tests/decode/test_host_syncs.py counts them, and clock
-reads), and whether the tokens are identical between the sides and to the target's own (generate_baseline).
+wall time: the median, and the range, over the alternations of each process's median over --repeats runs after a
+warm-up), host syncs per round (reads and pageable copies, counted as tests/decode/test_host_syncs.py counts them,
+and clock reads), and whether the tokens are identical between the sides and to the target's own
+(generate_baseline).
 """
 from __future__ import annotations
 
@@ -106,16 +107,17 @@ def main() -> None:
     print(f"greedy speculative, tiny llama (4 layers, hidden 128) and a noisy copy as the draft, {NEW_TOKENS} new "
           f"tokens, gamma {GAMMA} / tree {'-'.join(map(str, TREE))}; tok/s: median of {args.alternations} "
           f"alternations (each the median of {args.repeats} runs)")
-    print(f"{'case':<14} {'before tok/s':>12} {'after tok/s':>11} {'after/before':>12} "
-          f"{'syncs/round before -> after (reads, pageable copies, clock reads)':<66} same tokens, = target's")
+    print(f"{'case':<14} {'before tok/s (range)':>20} {'after tok/s (range)':>20} {'after/before':>12}  "
+          "syncs/round before -> after (reads, pageable copies, clock reads)  same tokens, = target's")
     for case in runs["before"][0]:
-        speed = {name: statistics.median(run[case]["tok_s"] for run in runs[name]) for name in sides}
+        speeds = {name: [run[case]["tok_s"] for run in runs[name]] for name in sides}
+        shown = {name: f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})" for name, v in speeds.items()}
+        ratio = statistics.median(speeds["after"]) / statistics.median(speeds["before"])
         syncs = {name: "{reads:.2f}, {copies:.2f}, {clock:.2f}".format(**runs[name][0][case]) for name in sides}
         same = all(run[case]["tokens"] == runs["before"][0][case]["tokens"] for name in sides for run in runs[name])
         own = all(run[case]["equals_target"] for name in sides for run in runs[name])
-        print(f"{case:<14} {speed['before']:>12.0f} {speed['after']:>11.0f} {speed['after'] / speed['before']:>12.2f} "
+        print(f"{case:<14} {shown['before']:>20} {shown['after']:>20} {ratio:>12.2f}  "
               f"{syncs['before'] + '  ->  ' + syncs['after']:<66} {same}, {own}")
-
 
 if __name__ == "__main__":
     main()
