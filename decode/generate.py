@@ -3,6 +3,8 @@
 Both share `prefill`, `choose_next`, the KV bookkeeping of decode/kv.py and the row bookkeeping
 below, so the baseline and the speculative path count tokens, forwards and time the same way.
 Metrics are not computed here: every row returns a `RowRecord` of raw facts (eval/ derives figures).
+A speculative round runs the same steps over a chain of drafts or a token tree: the proposal's layout (`ChainRound`,
+`TreeRound`) does what differs, and `_RoundRecorder` keeps the round's records and timing.
 """
 from __future__ import annotations
 
@@ -248,65 +250,93 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
                        records: list[RowRecord], generation: Generation, gamma: int, generator, clock: Clock,
                        start: float, synthetic_acceptance: float | None) -> tuple[torch.Tensor, list[int], list]:
     """One round over the running rows (token [B]: each row's last committed token; active: their records): propose,
-    verify, accept, the round's host read, roll back, the drafter's commit, and each row's tokens and round facts
-    into its record. Returns the next token [B], the local indices of the rows still running, and the round's host
-    rows (_RoundRow). The fixed batch's loop and the serving loop both run it."""
-    sampling = generation.sampling
+    verify, accept, the round's host read, roll back, the drafter's commit, and each row's tokens into its record
+    (its round facts, forwards and seconds: `_RoundRecorder`). The proposal's layout (`round_layout`: a chain or a
+    token tree) does verify / accept / read / roll back. Returns the next token [B], the local indices of the rows
+    still running, and the round's host rows (RoundRow). The fixed batch's loop and the serving loop both run it."""
     # gamma clipped per row so that a round never emits past max_new_tokens
     budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
+    drafts = max(budget_host) > 0
+    recorder = _RoundRecorder(clock, drafter)
 
     # 1. propose: the drafter decides each row's length (its schedule), within the budget; it may be 0
-    #    (each clock read syncs a CUDA device: the price of splitting time into draft and target)
-    round_start = clock.now()
-    draft_forwards_before = drafter.forwards
-    if max(budget_host) > 0:
+    if drafts:
         proposal = drafter.propose(token, max(budget_host), row_limits=budget_host)
     else:  # every row has one token left: a plain target step
         proposal = Proposal(token.new_zeros(len(active), 0), None)
-    num_drafted = proposal.tokens.shape[1]  # G: the widest row's draft
-    draft_limit = host_to_device(budget_host, token.device).clamp(max=num_drafted)  # [B]
+    layout = round_layout(proposal, synthetic_acceptance)
+    draft_limit = host_to_device(budget_host, token.device).clamp(max=proposal.tokens.shape[1])  # [B]
     if proposal.lengths is not None:
         draft_limit = torch.minimum(draft_limit, proposal.lengths)
-    drafted_at = clock.now()
+    recorder.drafted()
 
     # 2. verify: one target forward over [last token, d_1 .. d_G] (a tree: over its root and nodes)
-    target_logits = _verify(state, target, token, proposal)
+    target_logits = layout.verify(state, target, token)
     # 3. accept: each row's accepted drafts (a tree: a path) and the target's next token
-    accepted_len, token, path = _accept(proposal, target_logits, draft_limit, sampling, generator,
-                                        synthetic_acceptance)
+    accepted_len, token, path = layout.accept(target_logits, draft_limit, generation.sampling, generator)
     # host sync, once per round: each row's accepted drafts decide which tokens it appends, whether it stopped
     # at EOS, and how far the caches roll back
-    host = _read(accepted_len, token, draft_limit, path, proposal)
-    accepted_host = [row.accepted for row in host]
-    draft_limit_host = [row.drafted for row in host]
+    host = layout.read(layout.readout(accepted_len, token, draft_limit, path).tolist())
     # 4. roll both caches back to each row's accepted drafts
-    _roll_back(state, proposal, accepted_len, host)
+    layout.roll_back(state, accepted_len, host)
     drafter.observe([row.token for row in host], [row.drafts for row in host])
-    if max(budget_host) > 0:
-        tree = {} if proposal.layout is None else {"path_host": [row.path for row in host]}
-        drafter.commit(accepted_len, accepted_host, draft_limit_host, **tree)
-    verified_at = clock.now()
-    # a drafter of several sources says per row which drafted and how many of each were accepted (hybrid)
-    source_facts = getattr(drafter, "round_facts", None) if max(budget_host) > 0 else None
+    if drafts:
+        drafter.commit(accepted_len, [row.accepted for row in host], [row.drafted for row in host],
+                       **layout.commit_facts(host))
+    verified_at = recorder.verified()
     emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
     running, taken = _append(records, active, emitted, generation, verified_at - start)
-    draft_forwards = drafter.forwards - draft_forwards_before
-    for local, row in enumerate(active):
-        record = records[row]
-        facts = {} if proposal.layout is None else {"draft_forwards": draft_forwards, **host[local].tree_facts}
-        if source_facts:
-            facts = {**facts, **source_facts[local]}
-        record.rounds.append({"drafted": draft_limit_host[local], "accepted": accepted_host[local],
-                              "emitted": taken[local], **facts})
-        record.target_forwards += 1
-        record.draft_forwards += draft_forwards
-        record.draft_s += drafted_at - round_start
-        record.target_s += verified_at - drafted_at
+    recorder.record(records, active, host, taken, layout, drafts)
     return token, running, host
 
 
+class _RoundRecorder:
+    """A round's records and timing, beside the algorithm: its three clock reads (each syncs the CUDA devices: the
+    price of splitting time into draft and target), the drafter's forwards, and per row its round facts
+    ({"drafted", "accepted", "emitted"} plus the layout's and a drafter of several sources' own), one target forward
+    and the round's draft and target seconds."""
+
+    def __init__(self, clock: Clock, drafter: Drafter):
+        self.clock, self.drafter = clock, drafter
+        self.started = clock.now()
+        self.draft_forwards_before = drafter.forwards
+
+    def drafted(self) -> None:
+        self.drafted_at = self.clock.now()
+
+    def verified(self) -> float:
+        self.verified_at = self.clock.now()
+        return self.verified_at
+
+    def record(self, records: list[RowRecord], active: list[int], host: list[RoundRow], taken: list[int], layout,
+               drafts: bool) -> None:
+        """Each active row's round into its record; drafts: whether the drafter proposed this round."""
+        # a drafter of several sources says per row which drafted and how many of each were accepted (hybrid)
+        source_facts = getattr(self.drafter, "round_facts", None) if drafts else None
+        draft_forwards = self.drafter.forwards - self.draft_forwards_before
+        draft_s, target_s = self.drafted_at - self.started, self.verified_at - self.drafted_at
+        for local, row in enumerate(active):
+            record = records[row]
+            facts = layout.record_facts(host[local], draft_forwards)
+            if source_facts:
+                facts = {**facts, **source_facts[local]}
+            record.rounds.append({"drafted": host[local].drafted, "accepted": host[local].accepted,
+                                  "emitted": taken[local], **facts})
+            record.target_forwards += 1
+            record.draft_forwards += draft_forwards
+            record.draft_s += draft_s
+            record.target_s += target_s
+
+
+# A round's layouts: a chain of drafts or a token tree, each with its own verify / accept / readout and read (the
+# round's one host read) / roll back and the facts a round of it adds to the drafter's commit and to each row's record.
+# The round picks one per proposal (`round_layout`) and runs the same steps whatever the layout.
+
+SYNTHETIC_TREE = "synthetic acceptance applies to a chain of drafts, not to a token tree"
+
+
 @dataclass
-class _RoundRow:
+class RoundRow:
     """One row's verification result, as read to the host."""
     accepted: int  # drafts accepted (a tree: the path's length)
     token: int  # the target's next token
@@ -318,69 +348,148 @@ class _RoundRow:
     tree_facts: dict = field(default_factory=dict)
 
 
-def _verify(state, target, token: torch.Tensor, proposal: Proposal) -> torch.Tensor:
-    """fp32 target logits [B, G+1, V] over [last token, drafts]; a tree's with its tree mask (each node sees the
-    prefix and its ancestors), by verification column (0: the root, i + 1: node i)."""
-    ids = torch.cat([token[:, None], proposal.tokens], dim=1)
+def _target_probs(target_logits: torch.Tensor, sampling: Sampling) -> torch.Tensor | None:
+    """Sampling: the target's warped fp32 distribution [B, G+1, V]; greedy: None."""
+    if not sampling.do_sample:
+        return None
+    return logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+
+
+class ChainRound:
+    """A chain of up to G drafts per row (proposal.tokens [B, G], row b's first draft_limit[b] of them count).
+    synthetic_acceptance alpha: each row accepts by a Bernoulli(alpha) chain instead (decode/sampling.py
+    accept_synthetic)."""
+
+    def __init__(self, proposal: Proposal, synthetic_acceptance: float | None = None):
+        self.proposal, self.synthetic_acceptance = proposal, synthetic_acceptance
+
+    def verify(self, state, target, token: torch.Tensor) -> torch.Tensor:
+        """fp32 target logits [B, G+1, V] over [last token, d_1 .. d_G]."""
+        return state.forward(target, torch.cat([token[:, None], self.proposal.tokens], dim=1))
+
+    def accept(self, target_logits: torch.Tensor, draft_limit: torch.Tensor, sampling: Sampling,
+               generator) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """(accepted_len [B], next token [B], None): greedy or speculative sampling (decode/sampling.py accept_greedy /
+        accept_sampled), or the synthetic chain at alpha."""
+        proposal = self.proposal
+        if self.synthetic_acceptance is not None:
+            return (*accept_synthetic(draft_limit, proposal.tokens.shape[1], self.synthetic_acceptance, target_logits,
+                                      _target_probs(target_logits, sampling), generator), None)
+        if sampling.do_sample:
+            return (*accept_sampled(proposal.tokens, proposal.probs, _target_probs(target_logits, sampling),
+                                    draft_limit, generator), None)
+        return (*accept_greedy(proposal.tokens, target_logits, draft_limit), None)
+
+    def readout(self, accepted_len: torch.Tensor, token: torch.Tensor, draft_limit: torch.Tensor,
+                path: None = None) -> torch.Tensor:
+        """What the round's host read copies, [B, 3 + G]: accepted_len, next token, draft_limit, the drafts."""
+        return torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], self.proposal.tokens], dim=1)
+
+    def read(self, values: list[list[int]]) -> list[RoundRow]:
+        """The host rows of the readout's values: a row's path is its first `accepted` drafts."""
+        return [RoundRow(v[0], v[1], v[2], v[3:], list(range(v[0]))) for v in values]
+
+    def roll_back(self, state, accepted_len: torch.Tensor, host: list[RoundRow]) -> None:
+        """Keep each row's last token and accepted drafts: a prefix of the round's G + 1 slots."""
+        state.keep_prefix_of_last(self.proposal.tokens.shape[1] + 1, accepted_len + 1,
+                                  max(r.accepted for r in host) + 1, [r.accepted + 1 for r in host])
+
+    def commit_facts(self, host: list[RoundRow]) -> dict:
+        """What Drafter.commit gets besides the accepted lengths: nothing."""
+        return {}
+
+    def record_facts(self, row: RoundRow, draft_forwards: int) -> dict:
+        """A row's round record beyond "drafted", "accepted", "emitted": nothing."""
+        return {}
+
+
+class TreeRound:
+    """A token tree per row (proposal.tokens [B, N], its host structure proposal.layout, decode/tree_layout.py
+    TreeLayout; probs [B, N, V]: the q each node was drawn from)."""
+
+    def __init__(self, proposal: Proposal):
+        self.proposal, self.layout = proposal, proposal.layout
+        self.depth = max(self.layout.max_depth, 1)  # the accepted path's width
+
+    def verify(self, state, target, token: torch.Tensor) -> torch.Tensor:
+        """fp32 target logits [B, N+1, V] by verification column (0: the root, i + 1: node i), with the tree mask:
+        each node sees the prefix and its ancestors."""
+        ids = torch.cat([token[:, None], self.proposal.tokens], dim=1)
+        return state.forward_tree(target, ids, self.layout.verify_parents(), self.layout.verify_valid(),
+                                  new_round=True)
+
+    def accept(self, target_logits: torch.Tensor, draft_limit: torch.Tensor, sampling: Sampling,
+               generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(path length [B], next token [B], path [B, depth] of node indices, -1 past its end): greedy or SpecInfer's
+        multi-step speculative sampling (decode/sampling.py accept_tree_greedy / accept_tree_sampled)."""
+        proposal = self.proposal
+        target_probs = _target_probs(target_logits, sampling)
+        children = host_to_device(self.layout.children, proposal.tokens.device)
+        if sampling.do_sample:
+            return accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children, self.depth, generator)
+        return accept_tree_greedy(proposal.tokens, target_logits, children, self.depth)
+
+    def readout(self, accepted_len: torch.Tensor, token: torch.Tensor, draft_limit: torch.Tensor,
+                path: torch.Tensor) -> torch.Tensor:
+        """What the round's host read copies, [B, 3 + depth + N]: path length, next token, draft_limit, the path, the
+        nodes' tokens."""
+        return torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], path, self.proposal.tokens],
+                         dim=1)
+
+    def read(self, values: list[list[int]]) -> list[RoundRow]:
+        """The host rows of the readout's values; each row's record facts come from the host layout."""
+        layout, depth = self.layout, self.depth
+        rows = []
+        for row, v in enumerate(values):
+            nodes = [node for node in v[3: 3 + depth] if node >= 0]
+            ranks, tried = layout.round_facts(row, nodes)
+            rows.append(RoundRow(v[0], v[1], int(layout.valid[row].sum()), v[3 + depth:], nodes,
+                                 {"ranks": ranks, "tried": tried, "parents": layout.row_parents(row),
+                                  "batch_nodes": layout.nodes}))
+        return rows
+
+    def roll_back(self, state, accepted_len: torch.Tensor, host: list[RoundRow]) -> None:
+        """Keep each row's root (its last committed token) and its path's columns, mask the rest."""
+        keep = np.zeros((len(host), self.proposal.tokens.shape[1] + 1), dtype=bool)
+        keep[:, 0] = True
+        for row, r in enumerate(host):
+            keep[row, [node + 1 for node in r.path]] = True
+        state.keep_region(keep)
+
+    def commit_facts(self, host: list[RoundRow]) -> dict:
+        """Drafter.commit's path_host: each row's accepted node indices."""
+        return {"path_host": [row.path for row in host]}
+
+    def record_facts(self, row: RoundRow, draft_forwards: int) -> dict:
+        """A tree round's record adds the round's draft forwards and the row's tree facts (RoundRow.tree_facts)."""
+        return {"draft_forwards": draft_forwards, **row.tree_facts}
+
+
+def round_layout(proposal: Proposal, synthetic_acceptance: float | None = None) -> ChainRound | TreeRound:
+    """The proposal's layout: a chain (proposal.layout None) or a token tree. ValueError for a tree with
+    synthetic_acceptance."""
     if proposal.layout is None:
-        return state.forward(target, ids)
-    layout = proposal.layout
-    return state.forward_tree(target, ids, layout.verify_parents(), layout.verify_valid(), new_round=True)
+        return ChainRound(proposal, synthetic_acceptance)
+    if synthetic_acceptance is not None:
+        raise ValueError(SYNTHETIC_TREE)
+    return TreeRound(proposal)
+
+
+def _verify(state, target, token: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+    """A round's verification forward by its layout, as the cost probes time it (runner/probes.py)."""
+    return round_layout(proposal).verify(state, target, token)
 
 
 def _accept(proposal: Proposal, target_logits: torch.Tensor, draft_limit: torch.Tensor, sampling: Sampling,
             generator, synthetic_acceptance: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(accepted_len [B], next token [B], a tree's path [B, depth] or None): greedy or speculative sampling over a
-    chain (decode/sampling.py accept_greedy / accept_sampled) or a tree (accept_tree_greedy / accept_tree_sampled);
-    with synthetic_acceptance, a chain's Bernoulli chain at that alpha (accept_synthetic)."""
-    target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p) \
-        if sampling.do_sample else None
-    if synthetic_acceptance is not None:
-        if proposal.layout is not None:
-            raise ValueError("synthetic acceptance applies to a chain of drafts, not to a token tree")
-        return (*accept_synthetic(draft_limit, proposal.tokens.shape[1], synthetic_acceptance, target_logits,
-                                  target_probs, generator), None)
-    if proposal.layout is None:
-        if sampling.do_sample:
-            return (*accept_sampled(proposal.tokens, proposal.probs, target_probs, draft_limit, generator), None)
-        return (*accept_greedy(proposal.tokens, target_logits, draft_limit), None)
-    depth = max(proposal.layout.max_depth, 1)
-    children = host_to_device(proposal.layout.children, proposal.tokens.device)
-    if sampling.do_sample:
-        return accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children, depth, generator)
-    return accept_tree_greedy(proposal.tokens, target_logits, children, depth)
+    """A round's acceptance by its layout: (accepted_len [B], next token [B], a tree's path or None)."""
+    return round_layout(proposal, synthetic_acceptance).accept(target_logits, draft_limit, sampling, generator)
 
 
-def _read(accepted_len, token, draft_limit, path, proposal: Proposal) -> list[_RoundRow]:
-    """The round's one host read; a tree's rows also get their record facts from its host layout."""
-    parts = [accepted_len[:, None], token[:, None], draft_limit[:, None]] + ([] if path is None else [path])
-    values = torch.cat(parts + [proposal.tokens], dim=1).tolist()
-    layout = proposal.layout
-    if layout is None:
-        return [_RoundRow(v[0], v[1], v[2], v[3:], list(range(v[0]))) for v in values]
-    depth = path.shape[1]
-    rows = []
-    for row, v in enumerate(values):
-        nodes = [node for node in v[3: 3 + depth] if node >= 0]
-        ranks, tried = layout.round_facts(row, nodes)
-        rows.append(_RoundRow(v[0], v[1], int(layout.valid[row].sum()), v[3 + depth:], nodes,
-                              {"ranks": ranks, "tried": tried, "parents": layout.row_parents(row),
-                               "batch_nodes": layout.nodes}))
-    return rows
-
-
-def _roll_back(state, proposal: Proposal, accepted_len: torch.Tensor, host: list[_RoundRow]) -> None:
-    """Keep each row's last token and accepted drafts in the target's cache (a chain: a prefix of the round's slots;
-    a tree: the root and the path's columns), mask the rest."""
-    if proposal.layout is None:
-        state.keep_prefix_of_last(proposal.tokens.shape[1] + 1, accepted_len + 1, max(r.accepted for r in host) + 1,
-                                  [r.accepted + 1 for r in host])
-        return
-    keep = np.zeros((len(host), proposal.tokens.shape[1] + 1), dtype=bool)
-    keep[:, 0] = True  # the root: the last committed token
-    for row, r in enumerate(host):
-        keep[row, [node + 1 for node in r.path]] = True
-    state.keep_region(keep)
+def _read(accepted_len, token, draft_limit, path, proposal: Proposal) -> list[RoundRow]:
+    """A round's one host read, by its layout."""
+    layout = round_layout(proposal)
+    return layout.read(layout.readout(accepted_len, token, draft_limit, path).tolist())
 
 
 def _serve(target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
