@@ -475,23 +475,6 @@ def round_layout(proposal: Proposal, synthetic_acceptance: float | None = None) 
     return TreeRound(proposal)
 
 
-def _verify(state, target, token: torch.Tensor, proposal: Proposal) -> torch.Tensor:
-    """A round's verification forward by its layout, as the cost probes time it (runner/probes.py)."""
-    return round_layout(proposal).verify(state, target, token)
-
-
-def _accept(proposal: Proposal, target_logits: torch.Tensor, draft_limit: torch.Tensor, sampling: Sampling,
-            generator, synthetic_acceptance: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A round's acceptance by its layout: (accepted_len [B], next token [B], a tree's path or None)."""
-    return round_layout(proposal, synthetic_acceptance).accept(target_logits, draft_limit, sampling, generator)
-
-
-def _read(accepted_len, token, draft_limit, path, proposal: Proposal) -> list[RoundRow]:
-    """A round's one host read, by its layout."""
-    layout = round_layout(proposal)
-    return layout.read(layout.readout(accepted_len, token, draft_limit, path).tolist())
-
-
 def _serve(target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
            generation: Generation, gamma: int, generator: torch.Generator | None, clock: Clock, load: Load,
            synthetic_acceptance: float | None = None) -> list[RowRecord]:

@@ -15,7 +15,7 @@ import torch
 
 from decode.drafters.base import Proposal
 from decode.drafters.draft_model import DraftModelDrafter
-from decode.generate import _accept, _read, _verify, baseline_step
+from decode.generate import baseline_step, round_layout
 from decode.kv import KVState
 from decode.settings import Sampling
 from decode.static_kv import new_state
@@ -116,9 +116,10 @@ def _timed_verification(state: KVState, model, token: torch.Tensor, gamma: int, 
     proposal = Proposal(token[:, None].expand(-1, gamma).contiguous(), None)
     limit = torch.full_like(token, gamma)
     start = clock.now()
-    logits = _verify(state, model, token, proposal)
-    accepted_len, chosen, path = _accept(proposal, logits, limit, sampling, None)
-    _read(accepted_len, chosen, limit, path, proposal)
+    layout = round_layout(proposal)
+    logits = layout.verify(state, model, token)
+    accepted_len, chosen, path = layout.accept(logits, limit, sampling, None)
+    layout.read(layout.readout(accepted_len, chosen, limit, path).tolist())
     _restore(state, gamma + 1, batch, token.device)
     return clock.now() - start
 

@@ -111,3 +111,17 @@ def test_greedy_output_is_draft_tokens_then_the_targets_own():
 def test_prompt_lookup_takes_it_too():
     records = run("prompt_lookup", Sampling(), 0.9)
     assert any(r["accepted"] > 0 for record in records for r in record.rounds)
+
+
+def test_a_tree_proposal_is_refused_before_its_verification():
+    import numpy as np
+
+    from decode.drafters.base import Proposal
+    from decode.generate import round_layout
+    from decode.tree_layout import TreeLayout
+
+    tree = Proposal(torch.zeros(1, 2, dtype=torch.long), None,
+                    layout=TreeLayout(np.array([[-1, 0]]), np.ones((1, 2), dtype=bool)))
+    with pytest.raises(ValueError, match="not to a token tree"):
+        round_layout(tree, synthetic_acceptance=0.5)
+    assert round_layout(Proposal(torch.zeros(1, 2, dtype=torch.long), None), 0.5).__class__.__name__ == "ChainRound"
