@@ -269,9 +269,9 @@ class Experiment:
     # -- what a unit brings back ----------------------------------------------------------------------
     def _keep_engine(self, name: str, info: dict) -> None:
         """An engine's info (version, interpreter, pairing ...), per process (a resumed run may pair otherwise)."""
-        processes = dict((self.progress.engines.get(name) or {}).get("processes") or {})
+        processes = dict((self.progress.engine_info.get(name) or {}).get("processes") or {})
         processes[PROCESS] = info
-        self.progress.engines[name] = {**info, "processes": processes}
+        self.progress.engine_info[name] = {**info, "processes": processes}
         self.folder.save_progress()
 
     def _keep_probes(self, unit: Unit, result: UnitResult) -> None:

@@ -35,7 +35,7 @@ class Progress:
     order: str = ("per batch, every point of a (batch size, temperature) runs on the same prompts back to back, in an "
                   "order that changes from batch to batch and repeat to repeat (a Williams design: over a cycle each "
                   "point runs in each position, and right after each other point, equally often)")
-    engines: dict = field(default_factory=dict)  # engine name -> its info (Engine.info: version, pairing, order ...)
+    engine_info: dict = field(default_factory=dict)  # engine name -> its info (Engine.info: version, pairing, order ...)
 
 
 class ReportFolder:
@@ -67,7 +67,7 @@ class ReportFolder:
             saved_progress = json.loads(progress.read_text())
             for key in ("costs", "drift", "numerics", "workers", "processes"):
                 setattr(self.progress, key, saved_progress.get(key) or {})
-            self.progress.engines = engines_of(saved_progress)
+            self.progress.engine_info = engines_of(saved_progress)
             # a folder from before probes were kept per process: its entries become the earlier process's
             self.progress.costs = {b: per_process(e, OLD_COST_KEYS) for b, e in self.progress.costs.items()}
             self.progress.drift = {b: {p: old_readings(r) for p, r in per_process(e, OLD_DRIFT_KEYS).items()}

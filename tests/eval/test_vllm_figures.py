@@ -103,3 +103,16 @@ def test_rounds_from_vllms_per_step_counters_and_steps():
     assert rounds_of({"per_step_accepted": [0, 1], "per_step_drafted": [2, 2]}, 3, [1, 2]) is None
     assert rounds_of(None, 5, [1, 1, 1, 1, 1]) is None
     assert rounds_of({"per_step_accepted": [1], "per_step_drafted": [2]}, 3, None) is None
+
+
+def test_engine_info_reads_the_new_key_and_an_older_folder_s():
+    """progress.json keeps each engine's info under engine_info; a folder written before kept vLLM's under "vllm"."""
+    from eval.report import markdown
+
+    info = {"version": "0.1", "python": "/env/bin/python", "pairing": "batch", "order": "each batch back to back"}
+    for progress in ({"engine_info": {"vllm": info}}, {"vllm": info}):
+        summary = summarize(_two_engines(), progress)
+        assert summary["engine_info"] == {"vllm": info} and "vllm" not in summary
+        assert ("order of the vLLM points (vLLM 0.1, /env/bin/python): each batch back to back"
+                in markdown(summary))
+    assert "engine_info" not in summarize(_two_engines(), {"vllm": {}})  # an older run without vLLM

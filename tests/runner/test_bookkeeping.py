@@ -28,6 +28,15 @@ def experiment(tmp_path, **extra) -> Experiment:
 
 class FakeExecutor:
     """Runs `stop_after` units (baseline 2 s, speculative `speed(i)` x faster per prompt i), then a Ctrl-C."""
+    exclusive = False
+    released_for = None
+
+    def release(self, by):
+        self.released_for = by
+        return "released for the other engine"
+
+    def info(self):
+        return {}
 
     def __init__(self, exp, num_prompts, speed=lambda i: 2.0, stop_after=None, process="p1"):
         self.exp, self.num_prompts, self.speed, self.stop_after, self.process = exp, num_prompts, speed, stop_after, process
@@ -170,3 +179,28 @@ def test_a_resumed_auto_run_finishes_the_repeat_it_was_in(tmp_path):
     run = next(r for r in exp.folder.summary()["runs"] if r["label"] == LABEL)
     assert run["batches"]["done"] == 16 and run["batches"]["planned"] == 16 and run["status"] == "ok"
     assert any(n.startswith("repeats: auto stopped after 2 repeat(s) for batch=1 greedy") for n in exp.progress.notes)
+
+
+class OtherEngine:
+    """An engine that loads its own models (exclusive): it takes its units and yields none finished."""
+    exclusive = True
+
+    def __init__(self):
+        self.units = []
+
+    def run(self, units, done):
+        self.units += units
+        yield from ()
+
+    def info(self):
+        return {"version": "1", "order": "one engine at a time"}
+
+
+def test_an_exclusive_engine_has_the_others_released_and_its_info_kept(tmp_path):
+    exp = experiment(tmp_path, methods=["baseline", "speculative", "vllm_generate"])
+    ours, other = FakeExecutor(exp, 4), OtherEngine()
+    exp.sweep({"ours": ours, "vllm": other})
+    assert len(ours.ran) == 4 and len(other.units) == 4  # every unit to each engine with points in it
+    assert ours.released_for is other and "released for the other engine" in exp.progress.notes
+    assert exp.progress.engine_info["vllm"]["order"] == "one engine at a time"
+    assert list(exp.progress.engine_info["vllm"]["processes"].values()) == [other.info()]

@@ -2,6 +2,8 @@
 runner/engines/vllm/worker.py processes started with the interpreter of an environment that has vLLM."""
 from __future__ import annotations
 
+import contextlib
+
 from runner.engines.base import Engine
 from runner.engines.vllm.engine import VllmExecutor, check_vllm
 from runner.plan import Unit
@@ -15,7 +17,7 @@ class VllmEngine(Engine):
 
     def check(self) -> dict:
         """The interpreter, vLLM, its support of the models and the packages the methods need."""
-        with self.status("checking the vLLM environment"):
+        with self.status("checking the vLLM environment") if self.status else contextlib.nullcontext():
             self.checked = check_vllm(self.config, self.out_dir / "vllm-worker.log")
         return {"version": self.checked["vllm"], "python": self.checked["python"]}
 
