@@ -72,7 +72,8 @@ class Engine(ABC):
         return None
 
     def info(self) -> dict:
-        """What progress.json keeps of this engine under engine_info[name] (version, pairing, order ...); {}: nothing."""
+        """What progress.json keeps of this engine under engine_info[name] (version, pairing, order ...); {}:
+        nothing."""
         return {}
 
     def close(self) -> None:

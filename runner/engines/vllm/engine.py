@@ -218,10 +218,6 @@ def vllm_model(cfg: ModelConfig, role: str) -> str:
     return where
 
 
-def uses_vllm(config) -> bool:
-    return any(REGISTRY[m].engine == "vllm" for m in config.methods)
-
-
 def max_concurrency(config, num_prompts: int) -> int | None:
     """A serving run's largest concurrency over its load points (config load:; no cap: every request), which the
     engines' max_num_seqs must reach; None without load."""
