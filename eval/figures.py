@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-from decode.methods import REGISTRY
+from decode.methods import ENGINE_TEXTS, REGISTRY
 from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
@@ -212,8 +212,7 @@ def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str 
     if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_rate") is None:
         return None
     if REGISTRY[point.method].engine != "ours":
-        return ("vLLM runs draft and target inside its own scheduler step, so no lone draft or verification forward "
-                "can be timed through it: c and v, and so the prediction, are not measurable there")
+        return ENGINE_TEXTS[REGISTRY[point.method].engine].no_prediction
     if tree_of(point) is not None:
         return tree_prediction_gap(point, metrics, costs)
     if not metrics.get("constant_draft_length"):
@@ -242,19 +241,22 @@ def tree_prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) ->
             f"-token target forward; measured up to {measured} nodes), and the tree prediction prices every round")
 
 
-def per_request_times(samples: list[dict]) -> tuple[list[float], list[float]] | None:
-    """vLLM's own latency and TTFT per request (its request metrics, queueing included), where every record has them."""
+def per_request_times(samples: list[dict], keys: tuple[str, str]) -> tuple[list[float], list[float]] | None:
+    """An engine's own latency and TTFT per request (its request metrics, queueing included; keys: their names in
+    the records' extra, EngineText.request_times), where every record has them."""
+    latency, ttft = keys
     extra = [s.get("extra") or {} for s in samples]
-    if not samples or any(e.get("vllm_latency_s") is None or e.get("vllm_ttft_s") is None for e in extra):
+    if not samples or any(e.get(latency) is None or e.get(ttft) is None for e in extra):
         return None
-    return [e["vllm_latency_s"] for e in extra], [e["vllm_ttft_s"] for e in extra]
+    return [e[latency] for e in extra], [e[ttft] for e in extra]
 
 
 def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, costs: CostProbe | None) -> dict:
     """Every figure of one run (a point, overall or one group) against its baseline's samples (None: none ran)."""
     spec = REGISTRY[point.method]
     latencies = [s["latency_s"] for s in samples]
-    per_request = per_request_times(samples) if spec.engine == "vllm" else None
+    text = ENGINE_TEXTS.get(spec.engine)
+    per_request = per_request_times(samples, text.request_times) if text and text.request_times else None
     metrics = {
         "samples": len(samples),
         "new_tokens": sum(s["new_tokens"] for s in samples),
@@ -279,7 +281,7 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
     if spec.has_rounds:
         metrics.update(speculation_figures(samples, point.gamma, tree_of(point)))
         metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies)) \
-            if spec.engine == "ours" else None  # vLLM does not time its drafter apart
+            if spec.engine == "ours" else None  # another engine does not time its drafter apart
     metrics.update(dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"]))
     if baseline:
         clusters = paired_clusters(samples, baseline)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import REGISTRY
+from decode.methods import ENGINE_TEXTS, REGISTRY
 from decode.tree_layout import tree_nodes
 from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process
 from eval.stats import MIN_PROMPTS, spread
@@ -67,12 +67,13 @@ def ci_verdict(speedup: float | None, interval: list | None, prompts: int, ci_ta
 def probe_drift(progress: dict, batch_size: int, engine: str = "ours") -> float | None:
     """How far the drift probe (a 1-token target forward, the same work every time) moved during this batch size's
     points, within each process that ran them (a resumed run's processes, a Ray run's workers: each its own
-    machine and its own readings): the largest max / min - 1. vLLM's engines have their own probe (the first prompt,
-    one new token, at each engine's start and end), read for the vLLM points only."""
+    machine and its own readings): the largest max / min - 1. Another engine's probe processes are keyed
+    "<process>/<engine> <name>" (each its own probe, e.g. the first prompt and one new token at each of its engines'
+    start and end), read for that engine's points only."""
     entry = per_process((progress.get("drift") or {}).get(str(batch_size)), OLD_DRIFT_KEYS)
     moved = []
     for process, readings in entry.items():
-        if ("/vllm " in process) != (engine == "vllm"):
+        if (process.split("/", 1)[1].split(" ", 1)[0] if "/" in process else "ours") != engine:
             continue
         readings = [r for r in old_readings(readings) if r > 0]
         if len(readings) >= 2:
@@ -207,8 +208,8 @@ def host_bound(metrics: dict) -> list[dict]:
         return []
     return [{"code": "host_bound", "message": why + ". The speedups then measure Python and kernel-launch overhead "
              "(how many dispatches speculation saves), not the memory-bound decoding that speculative decoding "
-             "exploits; for figures of the models, run the compiled engine (engine.compile: true) or vLLM (the vllm_* "
-             "methods)"}]
+             "exploits; for figures of the models, run the compiled engine (engine.compile: true)"
+             + "".join(f" or {t.title} (the {t.methods} methods)" for t in ENGINE_TEXTS.values())}]
 
 
 def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[dict]:
@@ -237,8 +238,8 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
                       "back, so a change of the machine in between enters the ratio"})
     moved = machine.get("probe_drift")
     if moved is not None and moved > DRIFT_LIMIT:
-        probe = ("1-token target forward" if REGISTRY[point.method].engine == "ours" else
-                 "1-token generate of the first prompt through the same vLLM engine")
+        engine = REGISTRY[point.method].engine
+        probe = "1-token target forward" if engine == "ours" else ENGINE_TEXTS[engine].drift_probe
         flags.append({"code": "drift", "message": f"the machine changed speed during this batch size's points: the same "
                       f"{probe}, timed by the same probe, moved by {moved:.0%} (max / min), so batches "
                       "measured at different times are not alike"})

@@ -1,4 +1,5 @@
 """The report legend: what every figure, flag and field of summary.json means (docs/metrics.md's definitions)."""
+from decode.methods import ENGINE_TEXTS
 from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
                         HOST_BOUND_MIN_C, NUMERICS_DRIFT)
 from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
@@ -161,7 +162,9 @@ LEGEND = {
              f"than it computes: its GPU busy share below {HOST_BOUND_BUSY:.0%} where CUDA busy times exist, else c >= "
              f"{HOST_BOUND_EXCESS:g}x the weight bytes ratio and c >= {HOST_BOUND_MIN_C:g}; its speedups then measure "
              f"Python and kernel-launch overhead, not the memory-bound decoding that speculation exploits: the "
-             f"compiled engine (engine.compile: true) or vLLM (the vllm_* methods) measure the models; "
+             f"compiled engine (engine.compile: true)"
+             + "".join(f" or {t.title} (the {t.methods} methods)" for t in ENGINE_TEXTS.values()) +
+             f" measure the models; "
              f"possible_bug: a greedy output differs from the baseline's "
              f"where rounding cannot flip a token: at its first differing token the baseline's top-1 logit led its "
              f"top-2 by more than {FLIP_REACH:g} x the drift, the target's numerics probe's max |logit diff| (over "
@@ -175,23 +178,7 @@ LEGEND = {
     "group": "dataset.group_by's value; null: the overall run. At batch size 1 a group's figures are exact; at batch "
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
              "that group in the batch",
-    "engines": "vLLM as a second engine (the vllm_* methods): each vLLM point's ratios pair it with vllm_generate "
-               "(vLLM serving the target alone) on the same prompts, never with our baseline; exact_match likewise. "
-               "The engine comparison: vLLM's reference tok/s / our baseline's over the batches both measured (the "
-               "same paired bootstrap over prompts; not back to back: in each repeat our points run, then vLLM's), "
-               "whether their greedy tokens agree, and each vllm_* point beside our point of the same method, draft "
-               "and gamma (constant schedule), marked as in the main table. From vLLM's own counters: the worker "
-               "steps the engine and records the tokens each step gave each row (a step is one target forward: "
-               "target_forwards), and vLLM's detailed per-request spec-decode counters give each verification step "
-               "with drafts (drafted, accepted); the other decode steps drafted nothing (vLLM does not count them) "
-               "and are 1-token rounds; a last step cut by the stop emits what its step gave. Counters that disagree "
-               "with the steps give no rounds. A record's latency_s is the wall time of the batch, from submitting "
-               "its requests to the last one's end (throughput and speedup use it, as every method's batch wall); "
-               "the latency_s, tpot_s and ttft_s figures of a vLLM point are vLLM's own per request (arrival to "
-               "first and last token, queueing included), kept in each record's extra. The prefix cache is off "
-               "(every prompt is prefilled, as in our engine); on a CPU vLLM computes on every core, as ours. Null, "
-               "with a note: c, v, the prediction, the prefill split, decode speedup and draft time (vLLM runs "
-               "draft and target in one scheduler step: nothing times them apart)",
+    **({"engines": " ".join(t.legend for t in ENGINE_TEXTS.values())} if ENGINE_TEXTS else {}),
     "best": "per batch size and temperature: each method's point with the highest measured speedup among status ok "
             "points (flagged ones included and marked), and for a constant draft length with measured costs the "
             "gamma that the measured alpha, c and v predict best among the gammas swept",

@@ -5,7 +5,7 @@ import csv
 import io
 from pathlib import Path
 
-from decode.methods import REGISTRY
+from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
 from utils.io import write_atomic, write_json
@@ -124,9 +124,10 @@ def markdown(summary: dict, title: str = "") -> str:
     notes = list(summary.get("notes", []))
     if summary.get("order"):
         notes.append(f"order: {summary['order']}")
-    if (summary.get("vllm") or {}).get("order"):
-        v = summary["vllm"]
-        notes.append(f"order of the vLLM points (vLLM {v.get('version')}, {v.get('python')}): {v['order']}")
+    for engine, v in (summary.get("engine_info") or {}).items():
+        if v.get("order"):
+            title = ENGINE_TEXTS[engine].title if engine in ENGINE_TEXTS else engine
+            notes.append(f"order of the {title} points ({title} {v.get('version')}, {v.get('python')}): {v['order']}")
     prompts = summary.get("prompts") or {}
     if prompts:
         notes.append(f"prompts: {prompts.get('count')} from {prompts.get('source')}, mean {prompts.get('mean_tokens', 0):.0f} "
@@ -205,9 +206,10 @@ def synthetic_lines(runs: list[dict]) -> list[str]:
 
 
 def reference_name(summary: dict) -> str:
-    """What the speedups of a plot are against: the baseline, or each engine's own reference where vLLM ran."""
+    """What the speedups of a plot are against: the baseline, or each engine's own reference where another ran."""
     if any(REGISTRY[r["method"]].engine != "ours" for r in summary["runs"] if r["method"] in REGISTRY):
-        return "each engine's reference (baseline; vllm_generate for vllm_*)"
+        return "each engine's reference (baseline; " + "; ".join(
+            f"{reference_method(e)} for {t.methods}" for e, t in ENGINE_TEXTS.items()) + ")"
     return "baseline"
 
 
@@ -232,32 +234,36 @@ def _engine_cell(value, interval, status: str, prompts: int, flags: list[str]) -
 
 
 def engine_lines(engines: list[dict]) -> list[str]:
-    """The engine comparison: vLLM's reference against ours, and each vLLM point beside ours."""
-    if not engines:
-        return []
-    lines = ["", "Engines (the same prompts, not back to back: in each repeat our points ran, then vLLM's; each "
-             "engine's speedups are against its own reference):", "",
-             "| comparison | vLLM reference tok/s | ours tok/s | vLLM / ours tok/s [95% CI] | greedy tokens equal |",
-             "|---|---|---|---|---|"]
-    for row in engines:
-        ref = row["reference"]
-        comparison = f"batch={row['batch_size']} " + ("greedy" if row["temperature"] is None else f"T={row['temperature']}")
-        ratio_text = _engine_cell(ref["tok_s_ratio"], ref["tok_s_ratio_ci95"], "ok", ref["prompt_batches"],
-                                  ref["flags"] + ([] if ref["tok_s_ratio_ci95"] else ["few_samples"]))
-        lines.append(f"| {comparison} | {_fmt(ref['vllm_tok_s'])} | {_fmt(ref['ours_tok_s'])} | {ratio_text} | "
-                     f"{_fmt(ref.get('exact_match'), '{:.3f}')} |")
-    points = [p for row in engines for p in row["points"]]
-    if points:
-        lines += ["", "| vLLM point | speedup [95% CI] | accept | MAT | our point | speedup [95% CI] | accept | MAT |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for p in points:
-            mine = _engine_cell(p["vllm_speedup"], p["vllm_speedup_ci95"], p["vllm_status"], p["vllm_prompt_batches"],
-                                p["vllm_flags"])
-            other = _engine_cell(p["ours_speedup"], p["ours_speedup_ci95"], p["ours_status"], p["ours_prompt_batches"],
-                                 p["ours_flags"])
-            lines.append(f"| {md_cell(p['vllm'])} | {mine} | {_fmt(p['vllm_acceptance_rate'], '{:.3f}')} | "
-                         f"{_fmt(p['vllm_mean_accepted_tokens'], '{:.2f}')} | {md_cell(p['ours'])} | {other} | "
-                         f"{_fmt(p['ours_acceptance_rate'], '{:.3f}')} | {_fmt(p['ours_mean_accepted_tokens'], '{:.2f}')} |")
+    """The engine comparison, per other engine: its reference against ours, and each of its points beside ours."""
+    lines = []
+    for engine in dict.fromkeys(row.get("engine", "") for row in engines):
+        rows = [row for row in engines if row.get("engine", "") == engine]
+        title = ENGINE_TEXTS[engine].title if engine in ENGINE_TEXTS else engine
+        lines += ["", f"Engines (the same prompts, not back to back: in each repeat our points ran, then {title}'s; "
+                  "each engine's speedups are against its own reference):", "",
+                  f"| comparison | {title} reference tok/s | ours tok/s | {title} / ours tok/s [95% CI] | "
+                  "greedy tokens equal |", "|---|---|---|---|---|"]
+        for row in rows:
+            ref = row["reference"]
+            comparison = f"batch={row['batch_size']} " + ("greedy" if row["temperature"] is None else
+                                                          f"T={row['temperature']}")
+            ratio_text = _engine_cell(ref["tok_s_ratio"], ref["tok_s_ratio_ci95"], "ok", ref["prompt_batches"],
+                                      ref["flags"] + ([] if ref["tok_s_ratio_ci95"] else ["few_samples"]))
+            lines.append(f"| {comparison} | {_fmt(ref['theirs_tok_s'])} | {_fmt(ref['ours_tok_s'])} | {ratio_text} | "
+                         f"{_fmt(ref.get('exact_match'), '{:.3f}')} |")
+        points = [p for row in rows for p in row["points"]]
+        if points:
+            lines += ["", f"| {title} point | speedup [95% CI] | accept | MAT | our point | speedup [95% CI] | accept "
+                      "| MAT |", "|---|---|---|---|---|---|---|---|"]
+            for p in points:
+                mine = _engine_cell(p["theirs_speedup"], p["theirs_speedup_ci95"], p["theirs_status"],
+                                    p["theirs_prompt_batches"], p["theirs_flags"])
+                other = _engine_cell(p["ours_speedup"], p["ours_speedup_ci95"], p["ours_status"],
+                                     p["ours_prompt_batches"], p["ours_flags"])
+                lines.append(f"| {md_cell(p['theirs'])} | {mine} | {_fmt(p['theirs_acceptance_rate'], '{:.3f}')} | "
+                             f"{_fmt(p['theirs_mean_accepted_tokens'], '{:.2f}')} | {md_cell(p['ours'])} | {other} | "
+                             f"{_fmt(p['ours_acceptance_rate'], '{:.3f}')} | "
+                             f"{_fmt(p['ours_mean_accepted_tokens'], '{:.2f}')} |")
     return lines
 
 

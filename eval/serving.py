@@ -13,7 +13,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from decode.methods import REGISTRY
+from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
 from eval.figures import constant_draft_length, exact_match
 from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
@@ -252,7 +252,7 @@ def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) ->
     if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_pooled") is None:
         return None
     if REGISTRY[point.method].engine != "ours":
-        return "vLLM runs draft and target in one scheduler step: no c or v is measurable through it"
+        return ENGINE_TEXTS[REGISTRY[point.method].engine].no_prediction_load
     if tree_of(point) is not None:
         return "the prediction under load is Leviathan's, of a chain; a tree has none here"
     if not metrics.get("constant_draft_length"):
@@ -460,7 +460,7 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         for flag in flags:
             flagged.setdefault((flag["code"], flag["message"]), []).append(point.label)
         if not REGISTRY[point.method].is_reference and metrics["speedup_tput"] is None:
-            notes.append(f"{point.label}: no {'baseline' if engine == 'ours' else 'vllm_generate'} at {load_label(run)} "
+            notes.append(f"{point.label}: no {reference_method(engine)} at {load_label(run)} "
                          "to pair with: no speedups" if not metrics["requests_paired"] else
                          f"{point.label}: its paired requests' total time or tokens are 0: no speedup")
         if status == "partial":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import REGISTRY, reference_method
+from decode.methods import ENGINES, REGISTRY, reference_method
 from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
@@ -124,7 +124,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     # a serving point's records are requests, not batches: their figures are eval/serving.py's
     serving_points = {p: by_point.pop(p) for p in [p for p in by_point if p.serving]}
     serving_failures = {p: failures.pop(p) for p in [p for p in failures if p.serving]}
-    # each engine's points pair with its own reference (ours: baseline; vLLM: vllm_generate), never across engines
+    # each engine's points pair with its own reference (ours: baseline; another's: its own), never across engines
     baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
                  if REGISTRY[p.method].is_reference}
     planned = progress.get("planned") or {}
@@ -141,7 +141,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     for point in sorted(set(by_point) | set(failures), key=point_order):
         engine = REGISTRY[point.method].engine
         baseline = baselines.get((engine, point.comparison))
-        # c and v are timed forwards of our engine's models: nothing times a vLLM forward alone
+        # c and v are timed forwards of our engine's models: nothing times another engine's forward alone
         costs = costs_by_label[point.label] = costs_of(progress, point, by_point.get(point, [])) if engine == "ours" \
             else None
         missing = missing_costs(progress, point, by_point.get(point, []), costs)
@@ -204,10 +204,11 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     if serving:
         summary["serving"] = serving
         summary["legend"] = {**LEGEND, **SERVING_LEGEND}
-    for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "vllm", "status", "group_by",
-                "ci_target"):
+    for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "status", "group_by", "ci_target"):
         if progress.get(key) is not None and progress.get(key) != {}:
             summary[key] = progress[key]
+    if engines_of(progress):
+        summary["engine_info"] = engines_of(progress)
     replaced: list[str] = []
     summary = strict(summary, replaced=replaced)
     if replaced:  # eval's own figures go through ratio(); a NaN can only come in from progress.json
@@ -216,11 +217,18 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     return summary
 
 
+def engines_of(progress: dict) -> dict:
+    """progress.json's engine_info: engine name -> what it kept (Engine.info); a folder written before engines were
+    plugins kept it under the engine's own name."""
+    return progress.get("engine_info") or {e: progress[e] for e in ENGINES if isinstance(progress.get(e), dict)
+                                           and progress[e]}
+
+
 def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list[dict]:
-    """How the engines compare on the same prompts, per comparison (batch size, temperature): vLLM's reference
-    against ours in tok/s (paired by batch, the same bootstrap over prompts as every speedup) and, greedy, whether
-    their tokens agree; and each vLLM point beside our engine's point of the same method, draft and gamma (constant
-    schedule), each with its speedup against its own engine's reference."""
+    """How the engines compare on the same prompts, per other engine (engine) and comparison (batch size,
+    temperature): its reference against ours in tok/s (paired by batch, the same bootstrap over prompts as every
+    speedup) and, greedy, whether their tokens agree; and each of its points ("theirs") beside our engine's point of
+    the same method, draft and gamma (constant schedule), each with its speedup against its own engine's reference."""
     overall = {r["label"]: r for r in runs if r["group"] is None and r["status"] in ("ok", "partial")}
     rows = []
     for (engine, comparison), theirs in sorted(baselines.items(), key=lambda item: str(item[0])):
@@ -228,13 +236,13 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
         if engine == "ours" or not ours:
             continue
         clusters = paired_clusters(theirs, ours)
-        vllm_ref = next(p for p in by_point if by_point[p] is theirs)
+        their_ref = next(p for p in by_point if by_point[p] is theirs)
         ours_ref = next(p for p in by_point if by_point[p] is ours)
-        flags = sorted({f["code"] for p in (vllm_ref, ours_ref) for f in (overall.get(p.label) or {}).get("flags", [])})
-        row = {"batch_size": comparison[0], "temperature": comparison[1],
-               "reference": {"vllm": vllm_ref.label, "ours": ours_ref.label,
+        flags = sorted({f["code"] for p in (their_ref, ours_ref) for f in (overall.get(p.label) or {}).get("flags", [])})
+        row = {"engine": engine, "batch_size": comparison[0], "temperature": comparison[1],
+               "reference": {"theirs": their_ref.label, "ours": ours_ref.label,
                              # both over the batches both measured, as the ratio
-                             "vllm_tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
+                             "theirs_tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
                              "ours_tok_s": ratio(sum(c[2] for c in clusters), sum(c[3] for c in clusters)),
                              "tok_s_ratio": ratio_of_totals(clusters) if clusters else None,
                              "tok_s_ratio_ci95": bootstrap_ci(clusters) if clusters else None,
@@ -246,7 +254,7 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
             row["reference"]["exact_match"] = None if match is None else match["exact_match"]
         for point in sorted(by_point, key=point_order):
             spec = REGISTRY[point.method]
-            if spec.engine == "ours" or spec.is_reference or point.comparison != comparison or not spec.counterpart:
+            if spec.engine != engine or spec.is_reference or point.comparison != comparison or not spec.counterpart:
                 continue
             twin = Point(method=spec.counterpart, batch_size=point.batch_size, draft=point.draft, gamma=point.gamma,
                          schedule="constant" if "schedule" in REGISTRY[spec.counterpart].axes else None,
@@ -255,13 +263,13 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
             if mine is None or other is None:
                 continue
             keys = ("speedup", "speedup_ci95", "acceptance_rate", "mean_accepted_tokens", "throughput_tok_s")
-            row["points"].append({"vllm": point.label, "ours": twin.label,
-                                  **{f"vllm_{k}": mine["metrics"].get(k) for k in keys},
+            row["points"].append({"theirs": point.label, "ours": twin.label,
+                                  **{f"theirs_{k}": mine["metrics"].get(k) for k in keys},
                                   **{f"ours_{k}": other["metrics"].get(k) for k in keys},
-                                  "vllm_prompt_batches": mine["batches"]["prompts"],
+                                  "theirs_prompt_batches": mine["batches"]["prompts"],
                                   "ours_prompt_batches": other["batches"]["prompts"],
-                                  "vllm_status": mine["status"], "ours_status": other["status"],
-                                  "vllm_flags": sorted({f["code"] for f in mine["flags"]}),
+                                  "theirs_status": mine["status"], "ours_status": other["status"],
+                                  "theirs_flags": sorted({f["code"] for f in mine["flags"]}),
                                   "ours_flags": sorted({f["code"] for f in other["flags"]})})
         rows.append(row)
     return rows

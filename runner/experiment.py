@@ -1,5 +1,6 @@
-"""The experiment: refuse bad input early, open the report folder, run the sweep unit by unit (here or
-on a Ray cluster), keep every finished batch on disk, and rebuild the report from the raw records."""
+"""The experiment: refuse bad input early, open the report folder, run the sweep unit by unit on the engines of
+its methods (runner/engines: ours here or on a Ray cluster, and the others), keep every finished batch on disk, and
+rebuild the report from the raw records."""
 from __future__ import annotations
 
 import signal
@@ -12,11 +13,11 @@ from decode.methods import REGISTRY
 from eval.records import Point
 from eval.report import print_table
 from runner.display import Display
+from runner.engines import ENGINES, HOME, Engine
 from runner.plan import Unit, comparisons, num_units, points_of, units_of
 from runner.probes import PROCESS, environment
-from runner.session import Session, UnitResult
+from runner.session import UnitResult
 from runner.storage import ReportFolder
-from runner.vllm_engine import VllmExecutor, check_vllm, uses_vllm
 from utils import UserError
 from utils.config import Config
 from utils.data import resolve_path
@@ -66,13 +67,15 @@ class Experiment:
     def run(self) -> int:
         device = preflight(self.config)
         self.folder.reopen() if self.resume else self.folder.create()
-        self.vllm_checked = None
-        if uses_vllm(self.config):  # before any model loads: the interpreter, vLLM, its support of the models
-            with self.console.status("checking the vLLM environment"):
-                self.vllm_checked = check_vllm(self.config, self.out_dir / "vllm-worker.log")
+        # the home engine always (it loads the prompts), the others where the config has their methods
+        self.engines: dict[str, Engine] = {
+            name: engine(self.config, device, self.out_dir, self.folder.raw_config, self.console.status)
+            for name, engine in ENGINES.items() if name == HOME or engine.used_by(self.config)}
         env = environment(device)
-        if self.vllm_checked:
-            env["vllm"] = {"version": self.vllm_checked["vllm"], "python": self.vllm_checked["python"]}
+        for name, engine in self.engines.items():  # before any model loads: each engine's environment and models
+            found = engine.check()
+            if found:
+                env[name] = found
         self.folder.write_env(env, PROCESS)
         self.progress.status = "running"
         self.progress.group_by = self.config.dataset.group_by
@@ -119,23 +122,22 @@ class Experiment:
         return EXIT_POINTS_FAILED if failed else EXIT_OK
 
     def _run(self, device: torch.device) -> None:
-        """The executors run units and yield them finished; this process alone keeps what they bring (accept)."""
+        """The engines run units and yield them finished; this process alone keeps what they bring (accept)."""
         self.progress.failures = []  # failed points are retried on resume
-        if self.config.cluster.backend == "ray":
-            from runner.cluster import RayExecutor
-
-            executor = RayExecutor(self.config, device, self.folder.raw_config, self.console.status)
-        else:
-            executor = LocalExecutor(self.config, device, self.console.status)
-        with executor:
-            self.describe(executor)
-            vllm = VllmExecutor(self.config, executor.loaded, self.vllm_checked, self.out_dir) \
-                if self.vllm_checked else None
-            try:
-                self.sweep(executor, vllm)
-            finally:  # Ctrl-C, SIGTERM or a failure: no vLLM worker or engine process is left behind
-                if vllm is not None:
-                    vllm.close()
+        started: list[Engine] = []
+        try:
+            home = self.engines[HOME]
+            home.start(None)
+            started.append(home)
+            self.describe(home)
+            for name, engine in self.engines.items():
+                if name != HOME:
+                    engine.start(home.session)
+                    started.append(engine)
+            self.sweep(self.engines)
+        finally:  # Ctrl-C, SIGTERM or a failure: no engine's worker or process is left behind
+            for engine in reversed(started):
+                engine.close()
 
     def record_memory(self, device: torch.device) -> None:
         """The run's peak host memory (resident and anonymous), next to the GPU's peak."""
@@ -145,13 +147,13 @@ class Experiment:
             memory["gpu_peak_allocated_bytes"] = max(peaks, default=None)
         self.progress.memory = memory
 
-    def describe(self, executor) -> None:
-        """What an executor found as it started: its processes' machines (env.json), Ray workers, and the notes."""
-        self.describe_load(executor.loaded)
-        for env, process in getattr(executor, "environments", []):
+    def describe(self, engine: Engine) -> None:
+        """What the home engine found as it started: its processes' machines (env.json), Ray workers, and the notes."""
+        self.describe_load(engine.session)
+        for env, process in engine.environments:
             self.folder.write_env(env, process)
-        self.progress.workers.update(getattr(executor, "workers_info", {}))
-        self.progress.notes.extend(getattr(executor, "notes", []))
+        self.progress.workers.update(engine.workers_info)
+        self.progress.notes.extend(engine.notes)
         self.folder.save_progress()
 
     def describe_load(self, session) -> None:
@@ -165,11 +167,12 @@ class Experiment:
         self.folder.save_progress()
 
     # -- the sweep ----------------------------------------------------------------------------------
-    def sweep(self, executor, vllm=None) -> None:
-        """Repeat by repeat, every unit not yet on disk; `repeats: auto` stops a comparison once every
-        speedup CI in it is narrow enough (or at max_repeats, or past time_budget_s)."""
+    def sweep(self, engines: dict[str, Engine]) -> None:
+        """Repeat by repeat, every unit not yet on disk, engine by engine (engines: by name, the home engine first);
+        `repeats: auto` stops a comparison once every speedup CI in it is narrow enough (or at max_repeats, or past
+        time_budget_s)."""
         config = self.config
-        num_prompts = self.num_prompts = executor.num_prompts
+        num_prompts = self.num_prompts = engines[HOME].num_prompts
         pending = comparisons(config, (config.load.requests or num_prompts) if config.load else None)
         started = time.monotonic()
         done = self.folder.done_batches()
@@ -177,7 +180,7 @@ class Experiment:
         with Display(self.console, total) as display:
             self.display = display
             for repeat in range(config.max_repeats_planned):
-                units: dict[str, list[Unit]] = {"ours": [], "vllm": []}  # by engine
+                units: dict[str, list[Unit]] = {name: [] for name in engines}
                 planned_repeats = config.repeats if config.repeats != "auto" else repeat + 1
                 for comparison in pending:
                     for point in points_of(config, *comparison):
@@ -192,19 +195,18 @@ class Experiment:
                             else:
                                 mine.append(unit)
                 self.folder.save_progress()
-                for engine, runner in (("ours", executor), ("vllm", vllm)):
-                    if engine == "vllm" and units[engine] and hasattr(executor, "release"):
-                        # vLLM loads its own copies of the models: ours leave memory (and the GPU) meanwhile
-                        executor.release()
-                        note = ("our engine's models were released while vLLM ran (vLLM loads its own copies), and "
-                                "loaded again, warmed up and probed anew for a later repeat")
-                        if note not in self.progress.notes:
-                            self.progress.notes.append(note)
-                    if units[engine]:
-                        for unit, result in runner.run(units[engine], done):
-                            self.accept(unit, result)
-                        if engine == "vllm":
-                            self._keep_vllm(runner.info)
+                for name, engine in engines.items():
+                    if not units[name]:
+                        continue
+                    if engine.exclusive:  # it loads its own copies of the models: the others leave memory meanwhile
+                        for other in engines.values():
+                            note = other.release(engine) if other is not engine else None
+                            if note and note not in self.progress.notes:
+                                self.progress.notes.append(note)
+                    for unit, result in engine.run(units[name], done):
+                        self.accept(unit, result)
+                    if engine.info():
+                        self._keep_engine(name, engine.info())
                 if config.repeats != "auto":
                     continue
                 # a resumed run goes on to the repeats already on disk before it judges anything
@@ -265,11 +267,11 @@ class Experiment:
         return verdicts
 
     # -- what a unit brings back ----------------------------------------------------------------------
-    def _keep_vllm(self, info: dict) -> None:
-        """The vLLM engine's version, interpreter and pairing, per process (a resumed run may pair otherwise)."""
-        processes = dict(self.progress.vllm.get("processes") or {})
+    def _keep_engine(self, name: str, info: dict) -> None:
+        """An engine's info (version, interpreter, pairing ...), per process (a resumed run may pair otherwise)."""
+        processes = dict((self.progress.engine_info.get(name) or {}).get("processes") or {})
         processes[PROCESS] = info
-        self.progress.vllm = {**info, "processes": processes}
+        self.progress.engine_info[name] = {**info, "processes": processes}
         self.folder.save_progress()
 
     def _keep_probes(self, unit: Unit, result: UnitResult) -> None:
@@ -277,11 +279,11 @@ class Experiment:
         resumed run and each Ray worker measure their own, and eval takes each point's from the processes that ran it."""
         key, process = str(unit.batch_size), result.probe_process or result.process
         if process not in self.progress.processes:
-            drivers = sum(1 for p in self.progress.processes.values() if not p.get("worker") and not p.get("vllm"))
+            drivers = sum(1 for p in self.progress.processes.values() if not p.get("worker") and not p.get("probe"))
             self.progress.processes[process] = {"name": result.probe_name or result.worker or f"process {drivers + 1}",
                                                 "worker": result.worker}
-            if result.probe_process:
-                self.progress.processes[process]["vllm"] = True
+            if result.probe_process:  # another engine's probe process, not a driver
+                self.progress.processes[process]["probe"] = True
         if result.costs is not None:
             self.progress.costs.setdefault(key, {}).setdefault(process, result.costs.to_json())
         if result.drift_probe_s is not None:
@@ -319,36 +321,3 @@ class Experiment:
         if self.display and (result.rows or result.failures):
             self.display.unit_done(result.worker or "local")
 
-
-class LocalExecutor:
-    """Runs the units in this process, one after another, and yields each one finished."""
-
-    def __init__(self, config: Config, device: torch.device, status=None):
-        self.session = Session(config, device, worker=None, status=status)
-
-    def __enter__(self):
-        self.session.load()
-        self.loaded = self.session
-        self.num_prompts = len(self.session.prompt_set.prompts)
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def release(self) -> None:
-        """Our engine's models out of memory while another engine (vLLM) runs; run() loads them again if needed."""
-        if self.session.target is not None:
-            self.session.release_models()
-
-    def run(self, units: list[Unit], done: set):
-        if self.session.released:
-            self.session.load()
-        for unit in units:
-            try:
-                result = self.session.run_unit(unit, done)
-            except KeyboardInterrupt as interrupt:  # a serving unit runs minutes: keep the points it finished
-                partial = getattr(interrupt, "partial", None)
-                if partial is not None and partial.rows:
-                    yield unit, partial
-                raise
-            yield unit, result

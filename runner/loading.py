@@ -50,8 +50,8 @@ def status_of(status):
 
 
 def load_models(config, device: torch.device, loading) -> tuple[LoadedModel, dict[str, LoadedModel], Clock]:
-    """The target and the drafts our engine's methods use (a draft only vLLM uses is not loaded: vLLM loads its own),
-    checked against each other, with their kernels, and a clock that synchronises every device they use."""
+    """The target and the drafts our engine's methods use (a draft only another engine uses is not loaded: it loads
+    its own), checked against each other, with their kernels, and a clock that synchronises every device they use."""
     with loading("target model"):
         target = load_model(config.target, device, "target")
     check_exit_layers(config, target.model.config)  # a depth not readable before loading

@@ -62,7 +62,7 @@ def axis_values(config, method: str) -> dict[str, list]:
 
 def points_of(config, batch_size: int, temperature: float | None, concurrency: int | None = None,
               request_rate: float | None = None, engine: str | None = None) -> list[Point]:
-    """The comparison's points, of one engine's methods where engine is given ("ours", "vllm"); a serving
+    """The comparison's points, of one engine's methods where engine is given (MethodSpec.engine); a serving
     comparison's carry its load point (concurrency, request_rate).
 
     Per method, the chains (tree None) first, as before trees existed, then the trees in config order. A tree point

@@ -35,7 +35,7 @@ class UnitResult:
     notes: list[str] = field(default_factory=list)
     worker: str | None = None
     process: str = PROCESS
-    probe_process: str | None = None  # drift_probe_s measured elsewhere than `process` (a vLLM engine): keyed by this
+    probe_process: str | None = None  # drift_probe_s measured elsewhere than `process` (another engine's): keyed by this
     probe_name: str | None = None  # ... and named so in the report
 
 
@@ -61,7 +61,7 @@ def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, 
               peak: int | None = None, worker: str | None = None, **measured) -> dict:
     """One samples.jsonl line (eval/records.py SampleRecord) from a decode RowRecord-like `record` (output_ids,
     stop_reason, new_tokens, latency_s, prefill_s, forwards and times, rounds, top2_gaps, a served request's times);
-    `measured` overrides what an engine measures otherwise (vLLM: no forward counts)."""
+    `measured` overrides what an engine measures otherwise (another engine: no forward counts)."""
     prefill = record.prefill_s
     fields = dict(
         **asdict(point), sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
@@ -167,8 +167,8 @@ class Session:
         return getattr(self, "_released", False)
 
     def release_models(self) -> None:
-        """Drop the models (vLLM runs next and needs the memory); run_unit's caller reloads them (load) if units of
-        our engine come after. Prompts and tokenizer stay. On CUDA the caching allocator's blocks go back to the device
+        """Drop the models (another engine runs next and needs the memory); run_unit's caller reloads them (load) if
+        units of our engine come after. Prompts and tokenizer stay. On CUDA the caching allocator's blocks go back to the device
         (and, with engine.compile, the CUDA graphs' memory pools with dynamo's caches), so that what another engine
         reads as free memory is free."""
         import gc
@@ -184,7 +184,7 @@ class Session:
             torch.cuda.empty_cache()
 
     def load_prompts_only(self) -> None:
-        """Every method runs in vLLM: the tokenizer and the prompts, no model (vLLM loads its own)."""
+        """Every method runs in another engine: the tokenizer and the prompts, no model (it loads its own)."""
         from utils.models import generation_eos, load_tokenizer
 
         with self._loading("tokenizer"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from eval.summary import summarize
+from eval.summary import engines_of, summarize
 from eval.flags import old_readings
 from eval.records import OLD_COST_KEYS, OLD_DRIFT_KEYS, batch_key, per_process
 from eval.report import write_report
@@ -35,7 +35,7 @@ class Progress:
     order: str = ("per batch, every point of a (batch size, temperature) runs on the same prompts back to back, in an "
                   "order that changes from batch to batch and repeat to repeat (a Williams design: over a cycle each "
                   "point runs in each position, and right after each other point, equally often)")
-    vllm: dict = field(default_factory=dict)  # the vLLM engine's version, interpreter, pairing and its order (runner/vllm_engine.py)
+    engine_info: dict = field(default_factory=dict)  # engine name -> its info (Engine.info: version, pairing, order ...)
 
 
 class ReportFolder:
@@ -65,8 +65,9 @@ class ReportFolder:
         progress = self.path / "progress.json"
         if progress.is_file():
             saved_progress = json.loads(progress.read_text())
-            for key in ("costs", "drift", "numerics", "workers", "processes", "vllm"):
+            for key in ("costs", "drift", "numerics", "workers", "processes"):
                 setattr(self.progress, key, saved_progress.get(key) or {})
+            self.progress.engine_info = engines_of(saved_progress)
             # a folder from before probes were kept per process: its entries become the earlier process's
             self.progress.costs = {b: per_process(e, OLD_COST_KEYS) for b, e in self.progress.costs.items()}
             self.progress.drift = {b: {p: old_readings(r) for p, r in per_process(e, OLD_DRIFT_KEYS).items()}

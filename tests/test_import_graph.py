@@ -1,7 +1,10 @@
 """The repository's import graph: no module is in an import cycle (function-level imports included), decode/ imports
 nothing above it, eval/ does not import the runner and takes from decode/ only the method registry and the tree labels, and utils/ takes
-from decode/ only the method registry and the tree labels (utils/__init__.py says why)."""
+from decode/ only the method registry and the tree labels (utils/__init__.py says why). And engines are plugins: no
+module outside an engine's package (runner/engines/NAME/) and its method files names the engine."""
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,3 +85,37 @@ def test_test_files_have_unique_names():
     folders make a collection error."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted(names) == sorted(set(names)), sorted({n for n in names if names.count(n) > 1})
+
+
+# Where "vllm" may appear outside runner/engines/vllm/ and decode/methods/vllm_*.py: a file -> (how many lines, why).
+# Each is a citation of vLLM as prior art, not a dependency on the engine.
+VLLM_CITED = {
+    "decode/drafters/prompt_lookup.py": (2, "the lookup matches vLLM's ngram proposer's choice of occurrence"),
+    "eval/legend.py": (1, "MAT is what vLLM and SGLang call acceptance length"),
+    "eval/serving.py": (5, "ITL, percentiles and pooled acceptance follow vLLM's benchmark definitions"),
+    "runner/load.py": (1, "poisson arrivals draw their gaps as vLLM's bench serve does"),
+    "utils/config.py": (1, "load.burstiness is vLLM's bench serve's"),
+}
+
+
+def _python_files() -> list[str]:
+    """Every .py file of the repository that git tracks or would track (ignored folders, e.g. environments, left out)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    return sorted(p for p in set(listed) if (ROOT / p).is_file())
+
+
+def test_only_the_engine_package_names_its_engine():
+    """runner/engines/vllm/ and the vllm_* method files alone name vLLM (tests, benchmarks and docs aside); the
+    experiment, eval, utils and the rest go through the engine registry and the method specs."""
+    mine = re.compile(r"^(runner/engines/vllm/|decode/methods/vllm_[^/]*\.py$|tests/|benchmarks/|docs/)")
+    found: dict[str, list[str]] = {}
+    for path in _python_files():
+        if mine.match(path):
+            continue
+        for number, line in enumerate((ROOT / path).read_text().splitlines(), 1):
+            if "vllm" in line.lower():
+                found.setdefault(path, []).append(f"{path}:{number}: {line.strip()[:100]}")
+    assert "runner/experiment.py" in _python_files()  # the listing found the repository
+    wrong = [hit for path, hits in found.items() if len(hits) > VLLM_CITED.get(path, (0,))[0] for hit in hits]
+    assert not wrong, "vllm named outside its engine package:\n" + "\n".join(wrong)

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
+from decode.methods import ENGINE_SECTIONS, REGISTRY as _METHODS
 from utils import ConfigError  # noqa: F401 (importable from here)
 
 
@@ -41,7 +43,8 @@ class ModelConfig(Strict):
                                                                "{0: 70GiB, 1: 70GiB, cpu: 100GiB}")
     kind: Literal["model", "eagle", "eagle3"] = Field(
         "model", description="a draft: model (a causal LM of the target's vocabulary; every draft method), or an "
-                             "EAGLE / EAGLE-3 head for the target (vllm_eagle only)")
+                             "EAGLE / EAGLE-3 head for the target ("
+                             + ", ".join(n for n, spec in _METHODS.items() if "eagle" in spec.draft_kinds) + " only)")
 
     @property
     def name(self) -> str:
@@ -256,38 +259,6 @@ class EngineConfig(Strict):
                                 "(checks that the step compiles as one graph, quickly; no speed-up)")
 
 
-class VllmConfig(Strict):
-    python: str | None = Field(None, description="the interpreter of an environment with vLLM (.ci/vllm-env builds "
-                                                 "one); default: this one, where vllm imports. Missing, without "
-                                                 "vLLM, or a model vLLM does not serve: exit 2")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine (a target larger than one GPU)")
-    max_model_len: int | None = Field(None, ge=16, description="default: the longest prompt + max_new_tokens + 16")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = Field(None, description="default: target.dtype")
-    enforce_eager: bool | None = Field(None, description="no CUDA graphs / compilation; default: vLLM's (false)")
-    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV cache size; on a CPU default 256 MiB")
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="default: 0.9 of the GPU memory "
-                                                                              "free when the engine starts")
-    pairing: Literal["auto", "batch", "engine"] = Field(
-        "auto", description="batch: every vLLM engine of a comparison resident, batches back to back as ours; "
-                            "engine: one engine at a time over all batches; auto: batch where the weights fit")
-    engine_args: dict[str, Any] = Field({}, description="more keyword arguments of vllm.LLM, passed as they are")
-    start_timeout_s: float = Field(900, gt=0, allow_inf_nan=False, description="an engine not up by then fails")
-
-    @field_validator("engine_args")
-    @classmethod
-    def _engine_args(cls, value):
-        # what the tool sets per point or relies on to measure: overriding it would change what a point is
-        reserved = {"model", "dtype", "seed", "max_model_len", "speculative_config", "per_request_spec_decode_metrics",
-                    "disable_log_stats", "enable_prefix_caching", "tensor_parallel_size", "enforce_eager",
-                    "kv_cache_memory_bytes", "gpu_memory_utilization", "quantization", "revision"}
-        taken = sorted(set(value) & reserved)
-        if taken:
-            raise ValueError(f"{', '.join(taken)} cannot be set in vllm.engine_args: the tool sets it (per point, or "
-                             "to measure: the points' speculative_config, detailed per-request counters, no prefix "
-                             "cache); use the vllm.* keys or the point's axes")
-        return value
-
-
 class SloConfig(Strict):
     ttft_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="a request meets the SLO with its time "
                                                                              "to first token at most this (seconds)")
@@ -388,7 +359,6 @@ class Config(Strict):
     engine: EngineConfig = EngineConfig()
     report: ReportConfig = ReportConfig()
     cluster: ClusterConfig = ClusterConfig()
-    vllm: VllmConfig = VllmConfig()
 
     @field_validator("draft", mode="before")
     @classmethod
@@ -434,9 +404,8 @@ class Config(Strict):
             if self.repeats == "auto" and reference not in self.methods:
                 raise ValueError(f"repeats: auto repeats until the speedup intervals settle, and there is no speedup "
                                  f"without {reference} in methods: add {reference}, or set repeats to a number")
-        if "vllm" in engines and self.cluster.backend != "none":
-            raise ValueError("the vllm_* methods run in a vLLM worker of the driver, not on a Ray cluster: set "
-                             "cluster.backend: none (vllm.tensor_parallel_size spreads a model over GPUs)")
+        for engine in sorted(engines & set(ENGINE_SECTIONS)):  # what each engine refuses of the config
+            ENGINE_SECTIONS[engine].CHECK(self)
         labels = [d.name for d in self.draft]
         if len(set(labels)) != len(labels):
             raise ValueError(f"draft labels {labels} repeat; give each draft its own label: ...")
@@ -478,7 +447,7 @@ class Config(Strict):
         if self.speculative.synthetic_acceptance == [None]:
             return
         takers = ", ".join(name for name, spec in REGISTRY.items() if "synthetic_acceptance" in spec.axes)
-        # a method with no axis is the target alone (baseline, hf_generate, vllm_generate): it takes no acceptance
+        # a method with no axis is the target alone (each engine's reference, hf_generate): it takes no acceptance
         others = [m for m in self.methods if REGISTRY[m].axes and "synthetic_acceptance" not in REGISTRY[m].axes]
         if others:
             raise ValueError(f"speculative.synthetic_acceptance applies to {takers} (our engine) only, and {others[0]} "
@@ -576,6 +545,11 @@ class Config(Strict):
 
 
 # ---- seed-style flat configs -------------------------------------------------------------------
+
+# each engine's own section (decode/methods/__init__.py ENGINE_SECTIONS: the key is the engine's name), after the rest
+Config = create_model("Config", __base__=Config, __doc__=Config.__doc__, __module__=__name__,
+                      **{name: (module.SECTION, module.SECTION()) for name, module in ENGINE_SECTIONS.items()})
+
 
 FLAT_KEYS = {"draft_model", "target_model", "k", "max_new_tokens", "max_length", "num_samples", "dataset",
              "batch_size", "device", "quantized", "summary_file_name", "name", "seed", "temperature", "do_sample"}

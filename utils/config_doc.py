@@ -20,11 +20,13 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from decode.methods import ENGINE_SECTIONS
 from utils.config import Config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 COMMAND = "python -m utils.config_doc --write"
 
+ENGINE_EXAMPLES = "".join(f"{name}: {module.EXAMPLE}\n" for name, module in ENGINE_SECTIONS.items())
 PREAMBLE = f"""# Config reference
 
 <!-- Generated from utils/config.py by `{COMMAND}`; edit the field descriptions there, not this file. -->
@@ -56,8 +58,7 @@ time_budget_s: null
 engine: {{cpu_linear: auto, pack_batch_hint: 4}}
 report: {{summary_file_name: null, plots: true}}
 cluster: {{backend: none}}              # or {{backend: ray, address: local, num_workers: 2, num_gpus: 1, num_cpus: 4}}
-vllm: {{python: .vllm-venv/bin/python, tensor_parallel_size: 1, dtype: null, enforce_eager: null, pairing: auto}}
-```
+{ENGINE_EXAMPLES}```
 
 A type written `X or list of X` takes one value or a list; on a sweep axis a list sweeps (every combination of the
 values a method takes is a point).
@@ -74,7 +75,7 @@ SECTIONS = {
     "engine": "Our engine's kernels ([engine.md](engine.md), [compiled-engine.md](compiled-engine.md)).",
     "report": "The report folder ([report.md](report.md)).",
     "cluster": "Where units run ([engines.md](engines.md#sweeps-on-a-ray-cluster)).",
-    "vllm": "The `vllm_*` methods ([engines.md](engines.md#vllm-as-a-second-engine)).",
+    **{name: module.DOC for name, module in ENGINE_SECTIONS.items()},  # each engine's own section
 }
 
 

@@ -389,27 +389,8 @@ def _in_ranges(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
     return any(start <= address < stop for start, stop in ranges)
 
 
-def vllm_model(cfg: ModelConfig, role: str) -> str:
-    """What vLLM is given for a model: a local transformers folder (an offline model's converted copy) or a hub id.
-    A model that exists only in this process, or a GGUF file, is refused with one line."""
-    if cfg.model.startswith("synthetic:"):
-        raise UserError(f"{role}.model: {cfg.model} is built in this process and vLLM cannot load it; save it with "
-                        "save_pretrained and give that folder, or drop the vllm_* methods")
-    if cfg.quantization == "8bit":
-        raise UserError(f"{role}.quantization: 8bit is bitsandbytes' LLM.int8, which vLLM does not load in flight; "
-                        "use 4bit or none with the vllm_* methods")
-    if cfg.device_map is not None:
-        raise UserError(f"{role}.device_map does not apply to vLLM: drop it and set vllm.tensor_parallel_size")
-    where, gguf_file, _ = locate(cfg)
-    if gguf_file:
-        raise UserError(f"{role}.model: a GGUF file ({gguf_file}); the vllm_* methods need a transformers folder or "
-                        "a hub id (convert it with transformers' from_pretrained(..., gguf_file=...) and "
-                        "save_pretrained)")
-    return where
-
-
 def load_tokenizer(cfg: ModelConfig, role: str):
-    """The tokenizer alone (a run whose methods all run in vLLM loads no model here), left padding as load_model's."""
+    """The tokenizer alone (a run whose methods all run in another engine loads no model here), left padding as load_model's."""
     from transformers import AutoTokenizer
 
     check_model_config(cfg, role)

@@ -1,10 +1,23 @@
-"""The method registry: one entry per method, one file per method. Adding a method is one new file
-plus one line here."""
+"""The method registry: one entry per method, one file per method. Adding a method of our engine is one new file
+plus one line here; a method of another engine (MethodSpec.engine, runner/engines) is one file that declares its
+SPEC and its RANK (its place among that engine's methods), found by listing this folder."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from decode.methods.base import OPTIONAL_AXES, MethodSpec, RunContext
-from decode.methods import (baseline, early_exit, hf, hybrid, prompt_lookup, speculative, suffix, vllm_draft,
-                            vllm_eagle, vllm_generate, vllm_mtp, vllm_ngram, vllm_suffix)
+from decode.methods import baseline, early_exit, hf, hybrid, prompt_lookup, speculative, suffix
+
+
+_MODULES = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)]
+
+
+def _other_engines() -> list[MethodSpec]:
+    """The SPEC of every module here that is not our engine's, in the order of their RANK."""
+    specs = [m for m in _MODULES if isinstance(getattr(m, "SPEC", None), MethodSpec) and m.SPEC.engine != "ours"]
+    return [m.SPEC for m in sorted(specs, key=lambda m: (m.SPEC.engine, m.RANK))]
+
 
 REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
     baseline.SPEC,
@@ -17,14 +30,15 @@ REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
     hf.ASSISTED,
     hf.ASSISTED_DEFAULT,
     hf.PROMPT_LOOKUP,
-    vllm_generate.SPEC,
-    vllm_draft.SPEC,
-    vllm_ngram.SPEC,
-    vllm_eagle.SPEC,
-    vllm_mtp.SPEC,
-    vllm_suffix.SPEC,
+    *_other_engines(),
 )}
-ENGINES = ("ours", "vllm")
+ENGINES = tuple(dict.fromkeys(spec.engine for spec in REGISTRY.values()))  # the engines of the methods: names of
+#   runner/engines packages, as progress.json's engine_info keys them
+ENGINE_TEXTS = {spec.engine: spec.engine_text for spec in REGISTRY.values() if spec.engine_text}  # what the report
+#   says of each engine other than ours
+# engine -> the module that declares its config section (SECTION, a pydantic model; CHECK(config); EXAMPLE; DOC),
+#   the config key being the engine's name: utils/config.py adds each to the config
+ENGINE_SECTIONS = {m.ENGINE: m for m in _MODULES if hasattr(m, "SECTION")}
 
 
 def spec(name: str) -> MethodSpec:
@@ -36,4 +50,4 @@ def reference_method(engine: str = "ours") -> str:
     return next(name for name, s in REGISTRY.items() if s.is_reference and s.engine == engine)
 
 
-__all__ = ["ENGINES", "OPTIONAL_AXES", "REGISTRY", "MethodSpec", "RunContext", "reference_method", "spec"]
+__all__ = ["ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "OPTIONAL_AXES", "REGISTRY", "MethodSpec", "RunContext", "reference_method", "spec"]

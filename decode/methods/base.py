@@ -29,24 +29,40 @@ class RunContext:
 
 
 @dataclass(frozen=True)
+class EngineText:
+    """What the report says of an engine other than ours: declared by its reference method, read by eval (the
+    others' methods, in decode/methods/__init__.py ENGINE_TEXTS)."""
+    title: str  # its name in tables and notes
+    methods: str  # its methods together, as the report names them
+    no_prediction: str  # why its points have no c, v or prediction (fixed batches)
+    no_prediction_load: str  # ... under load
+    drift_probe: str  # what its drift probe times
+    legend: str  # the legend's engines entry
+    request_times: tuple[str, str] | None = None  # the record extra's keys of its own per-request latency and TTFT
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     name: str
     description: str  # one line, for the README and the report legend
     axes: tuple[str, ...]  # which OPTIONAL_AXES apply
-    run: Callable | None  # (ctx: RunContext, point, prompt_ids [B,P], prompt_mask [B,P], generation, generator) -> list[RowRecord]; None: another engine's (vllm_config)
+    run: Callable | None  # (ctx: RunContext, point, prompt_ids [B,P], prompt_mask [B,P], generation, generator) -> list[RowRecord]; None: another engine's (engine_config)
     has_rounds: bool = False  # records carry per-round drafted/accepted/emitted: speculation figures apply
     is_reference: bool = False  # the autoregressive baseline every ratio is computed against
     per_row_timing: bool = True  # False: one wall time per batch, no TTFT or forward counts (transformers' peers)
     max_batch_size: int | None = None  # None: any; 1: batch size 1 only (other sizes are reported as skipped)
     serves: bool = True  # runs under load (config load:): requests that arrive and leave, with continuous batching
     peer: bool = False  # transformers' implementation, run for comparison
-    engine: str = "ours"  # the engine that runs it: "ours" (this process, run) or "vllm" (a vLLM worker, vllm_config)
+    engine: str = "ours"  # the engine that runs it (runner/engines/<engine>): "ours" (this process, run) or another
+    #   (its engine_config)
     draft_kinds: tuple[str, ...] = ("model",)  # the kinds of draft entry (config draft[i].kind) its draft axis takes
-    vllm_config: Callable | None = None  # (point, drafts: label -> ModelConfig, speculative options) ->
-    #   vLLM's speculative_config (None: the target alone); vLLM methods only
-    counterpart: str | None = None  # our engine's method that does the same (vllm_draft: speculative at constant
-    #   gamma): the report's engine comparison puts the two side by side
-    vllm_package: str | None = None  # a package vLLM needs for it (checked in the vLLM environment before the run)
+    engine_config: Callable | None = None  # (point, drafts: label -> ModelConfig, speculative options) -> the
+    #   point's settings for another engine (its speculative configuration; None: the target alone)
+    counterpart: str | None = None  # our engine's method that does the same (another engine's draft-model method:
+    #   speculative at constant gamma): the report's engine comparison puts the two side by side
+    engine_package: str | None = None  # a package another engine needs for it (checked in its environment before
+    #   the run)
+    engine_text: EngineText | None = None  # on another engine's reference method: what the report says of it
 
     @property
     def needs_draft(self) -> bool:

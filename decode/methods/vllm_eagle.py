@@ -8,6 +8,7 @@ def speculative_config(point, drafts, options):
     return {"method": draft.kind, "model": draft.vllm_model, "num_speculative_tokens": point.gamma}
 
 
+RANK = 3  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("vllm_eagle", "vLLM's EAGLE / EAGLE-3 speculation with a head trained for the target (a draft of "
                   "kind eagle or eagle3)", axes=("draft", "gamma"), run=None, has_rounds=True, per_row_timing=False,
-                  engine="vllm", draft_kinds=("eagle", "eagle3"), vllm_config=speculative_config)
+                  engine="vllm", draft_kinds=("eagle", "eagle3"), engine_config=speculative_config)

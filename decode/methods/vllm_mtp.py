@@ -7,6 +7,7 @@ def speculative_config(point, drafts, options):
     return {"method": "mtp", "num_speculative_tokens": point.gamma}
 
 
+RANK = 4  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("vllm_mtp", "vLLM's MTP speculation with the target's own multi-token-prediction layers",
                   axes=("gamma",), run=None, has_rounds=True, per_row_timing=False, engine="vllm",
-                  vllm_config=speculative_config)
+                  engine_config=speculative_config)

@@ -7,6 +7,7 @@ def speculative_config(point, drafts, options):
             "prompt_lookup_min": options.get("ngram_min", 1), "prompt_lookup_max": options.get("ngram_max", 3)}
 
 
+RANK = 2  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("vllm_ngram", "vLLM's n-gram speculation (prompt lookup, speculative.ngram_min..ngram_max)",
                   axes=("gamma",), run=None, has_rounds=True, per_row_timing=False, engine="vllm", counterpart="prompt_lookup",
-                  vllm_config=speculative_config)
+                  engine_config=speculative_config)

@@ -7,6 +7,7 @@ def speculative_config(point, drafts, options):
     return {"method": "suffix", "num_speculative_tokens": point.gamma}
 
 
+RANK = 5  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("vllm_suffix", "vLLM's suffix decoding (needs arctic-inference in the vLLM environment)",
                   axes=("gamma",), run=None, has_rounds=True, per_row_timing=False, engine="vllm",
-                  vllm_config=speculative_config, vllm_package="arctic_inference")
+                  engine_config=speculative_config, engine_package="arctic_inference")

@@ -1,7 +1,7 @@
 """vLLM points in eval, from hand-made records: ratios against vllm_generate (never our baseline), the engine
 comparison, no borrowed costs, and rounds rebuilt from vLLM's per-request counters. No vLLM needed."""
 from eval.summary import summarize
-from runner.vllm_engine import rounds_of
+from runner.engines.vllm.engine import rounds_of
 from sample_records import costs, record, run
 
 ROUND = [{"drafted": 2, "accepted": 2, "emitted": 3}]
@@ -43,14 +43,14 @@ def test_the_engine_comparison_by_hand():
     summary = summarize(_two_engines(), {})
     (row,) = summary["engines"]
     ref = row["reference"]
-    assert (row["batch_size"], row["temperature"]) == (1, None)
-    assert abs(ref["vllm_tok_s"] - 32 / 4.0) < 1e-12 and abs(ref["ours_tok_s"] - 32 / 16.0) < 1e-12
+    assert (row["engine"], row["batch_size"], row["temperature"]) == ("vllm", 1, None)
+    assert abs(ref["theirs_tok_s"] - 32 / 4.0) < 1e-12 and abs(ref["ours_tok_s"] - 32 / 16.0) < 1e-12
     assert abs(ref["tok_s_ratio"] - 4.0) < 1e-12 and ref["prompt_batches"] == 8
     assert ref["exact_match"] == 7 / 8  # prompt 0 differs
     (pair,) = row["points"]
-    assert pair["vllm"] == "vllm_draft draft=d gamma=2 batch=1 greedy"
+    assert pair["theirs"] == "vllm_draft draft=d gamma=2 batch=1 greedy"
     assert pair["ours"] == "speculative draft=d gamma=2 constant batch=1 greedy"
-    assert abs(pair["vllm_speedup"] - 1.25) < 1e-12 and abs(pair["ours_speedup"] - 2.0) < 1e-12
+    assert abs(pair["theirs_speedup"] - 1.25) < 1e-12 and abs(pair["ours_speedup"] - 2.0) < 1e-12
 
 
 def test_the_engine_comparison_uses_only_batches_both_references_measured():
@@ -59,10 +59,10 @@ def test_the_engine_comparison_uses_only_batches_both_references_measured():
     ref = row["reference"]
     # 4 paired prompts: vLLM 16 tokens in 2.0 s, ours 16 in 8.0 s; too few prompts for an interval
     assert ref["prompt_batches"] == 4 and ref["tok_s_ratio_ci95"] is None
-    assert abs(ref["vllm_tok_s"] - 8.0) < 1e-12 and abs(ref["ours_tok_s"] - 2.0) < 1e-12
-    assert abs(ref["tok_s_ratio"] - ref["vllm_tok_s"] / ref["ours_tok_s"]) < 1e-12
+    assert abs(ref["theirs_tok_s"] - 8.0) < 1e-12 and abs(ref["ours_tok_s"] - 2.0) < 1e-12
+    assert abs(ref["tok_s_ratio"] - ref["theirs_tok_s"] / ref["ours_tok_s"]) < 1e-12
     (pair,) = row["points"]
-    assert pair["vllm_prompt_batches"] == 4 and pair["ours_prompt_batches"] == 8 and "few_samples" in pair["vllm_flags"]
+    assert pair["theirs_prompt_batches"] == 4 and pair["ours_prompt_batches"] == 8 and "few_samples" in pair["theirs_flags"]
     from eval.report import engine_lines
 
     text = "\n".join(engine_lines([row]))
@@ -103,3 +103,16 @@ def test_rounds_from_vllms_per_step_counters_and_steps():
     assert rounds_of({"per_step_accepted": [0, 1], "per_step_drafted": [2, 2]}, 3, [1, 2]) is None
     assert rounds_of(None, 5, [1, 1, 1, 1, 1]) is None
     assert rounds_of({"per_step_accepted": [1], "per_step_drafted": [2]}, 3, None) is None
+
+
+def test_engine_info_reads_the_new_key_and_an_older_folder_s():
+    """progress.json keeps each engine's info under engine_info; a folder written before kept vLLM's under "vllm"."""
+    from eval.report import markdown
+
+    info = {"version": "0.1", "python": "/env/bin/python", "pairing": "batch", "order": "each batch back to back"}
+    for progress in ({"engine_info": {"vllm": info}}, {"vllm": info}):
+        summary = summarize(_two_engines(), progress)
+        assert summary["engine_info"] == {"vllm": info} and "vllm" not in summary
+        assert ("order of the vLLM points (vLLM 0.1, /env/bin/python): each batch back to back"
+                in markdown(summary))
+    assert "engine_info" not in summarize(_two_engines(), {"vllm": {}})  # an older run without vLLM

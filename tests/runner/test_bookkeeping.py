@@ -28,6 +28,15 @@ def experiment(tmp_path, **extra) -> Experiment:
 
 class FakeExecutor:
     """Runs `stop_after` units (baseline 2 s, speculative `speed(i)` x faster per prompt i), then a Ctrl-C."""
+    exclusive = False
+    released_for = None
+
+    def release(self, by):
+        self.released_for = by
+        return "released for the other engine"
+
+    def info(self):
+        return {}
 
     def __init__(self, exp, num_prompts, speed=lambda i: 2.0, stop_after=None, process="p1"):
         self.exp, self.num_prompts, self.speed, self.stop_after, self.process = exp, num_prompts, speed, stop_after, process
@@ -54,7 +63,7 @@ def test_partial_counts_every_planned_repeat(tmp_path):
     # 8 prompts, batch 1, repeats 2: 16 batches planned per point from the start, not 8 until the second repeat
     exp = experiment(tmp_path, repeats=2)
     with pytest.raises(KeyboardInterrupt):
-        exp.sweep(FakeExecutor(exp, 8, stop_after=4))
+        exp.sweep({"ours": FakeExecutor(exp, 8, stop_after=4)})
     assert exp.progress.planned == {"baseline batch=1 greedy": 16, LABEL: 16}
     run = next(r for r in exp.folder.summary()["runs"] if r["label"] == LABEL)
     assert run["status"] == "partial" and run["batches"]["done"] == 4 and run["batches"]["planned"] == 16
@@ -64,7 +73,7 @@ def test_repeats_auto_stops_where_repeats_cannot_help(tmp_path):
     # 4 prompts: too few for an interval whatever the repeats; auto stops after one and says why
     exp = experiment(tmp_path, repeats="auto", max_repeats=5)
     executor = FakeExecutor(exp, 4)
-    exp.sweep(executor)
+    exp.sweep({"ours": executor})
     assert len(executor.ran) == 4  # one repeat
     assert any(n.startswith("repeats: auto stopped after 1 repeat(s)") and "few_samples" in n
                for n in exp.progress.notes)
@@ -75,13 +84,13 @@ def test_repeats_auto_goes_on_while_an_interval_is_wide(tmp_path):
     # leave it so: auto runs to max_repeats and says that is why it stopped
     exp = experiment(tmp_path, repeats="auto", max_repeats=3)
     executor = FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2])
-    exp.sweep(executor)
+    exp.sweep({"ours": executor})
     assert len(executor.ran) == 24
     assert any(n.startswith("repeats: auto stopped after 3 repeat(s) for batch=1 greedy: max_repeats (3) reached, "
                             "1 point(s) still ci_wide") for n in exp.progress.notes)
     steady = experiment(tmp_path / "b", repeats="auto", max_repeats=3)
     executor = FakeExecutor(steady, 8)
-    steady.sweep(executor)
+    steady.sweep({"ours": executor})
     assert len(executor.ran) == 8 and any("no speedup CI reaches beyond ci_target" in n for n in steady.progress.notes)
 
 
@@ -89,9 +98,9 @@ def test_probes_are_kept_per_process(tmp_path):
     exp = experiment(tmp_path)
     first = FakeExecutor(exp, 8, stop_after=3, process="host-1-a")
     with pytest.raises(KeyboardInterrupt):
-        exp.sweep(first)
+        exp.sweep({"ours": first})
     second = FakeExecutor(exp, 8, process="host-2-b")  # the resumed run
-    exp.sweep(second)
+    exp.sweep({"ours": second})
     assert set(exp.progress.costs["1"]) == {"host-1-a", "host-2-b"}
     assert exp.progress.costs["1"]["host-1-a"]["c_by_draft"] == {"draft": 0.3}
     assert exp.progress.drift["1"] == {"host-1-a": [0.1] * 3, "host-2-b": [0.1] * 5}
@@ -120,7 +129,7 @@ def test_repeats_auto_says_when_each_comparison_stopped(tmp_path):
     # batch 1: 8 prompt batches, a wide interval, on to max_repeats; batch 4: 2 prompt batches, few_samples after one
     exp = experiment(tmp_path, repeats="auto", max_repeats=2, batch_size=[1, 4])
     executor = FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2])
-    exp.sweep(executor)
+    exp.sweep({"ours": executor})
     assert sorted((u.batch_size, u.repeat) for u in executor.ran).count((4, 0)) == 2
     assert not any(u.batch_size == 4 and u.repeat == 1 for u in executor.ran)
     notes = [n for n in exp.progress.notes if n.startswith("repeats: auto")]
@@ -152,7 +161,7 @@ def test_repeats_auto_does_not_repeat_for_a_failed_point(tmp_path):
     # gamma 2 is ci_wide after repeat 0, then fails: more repeats cannot measure it, so auto stops after repeat 1
     exp = experiment(tmp_path, repeats="auto", max_repeats=4)
     executor = FailingExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2])
-    exp.sweep(executor)
+    exp.sweep({"ours": executor})
     assert max(u.repeat for u in executor.ran) == 1
     assert any(n.startswith("repeats: auto stopped after 2 repeat(s) for batch=1 greedy: no point has a speedup interval")
                and "1 point(s) failed" in n for n in exp.progress.notes)
@@ -163,10 +172,35 @@ def test_a_resumed_auto_run_finishes_the_repeat_it_was_in(tmp_path):
     # only then judges: 2 repeats, every batch of both on disk
     exp = experiment(tmp_path, repeats="auto", max_repeats=2)
     with pytest.raises(KeyboardInterrupt):
-        exp.sweep(FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2], stop_after=15))
+        exp.sweep({"ours": FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2], stop_after=15)})
     resumed = FakeExecutor(exp, 8, speed=lambda i: [1.5, 3.0][i % 2], process="p2")
-    exp.sweep(resumed)
+    exp.sweep({"ours": resumed})
     assert [(u.repeat, u.batch_index) for u in resumed.ran] == [(1, 7)]
     run = next(r for r in exp.folder.summary()["runs"] if r["label"] == LABEL)
     assert run["batches"]["done"] == 16 and run["batches"]["planned"] == 16 and run["status"] == "ok"
     assert any(n.startswith("repeats: auto stopped after 2 repeat(s) for batch=1 greedy") for n in exp.progress.notes)
+
+
+class OtherEngine:
+    """An engine that loads its own models (exclusive): it takes its units and yields none finished."""
+    exclusive = True
+
+    def __init__(self):
+        self.units = []
+
+    def run(self, units, done):
+        self.units += units
+        yield from ()
+
+    def info(self):
+        return {"version": "1", "order": "one engine at a time"}
+
+
+def test_an_exclusive_engine_has_the_others_released_and_its_info_kept(tmp_path):
+    exp = experiment(tmp_path, methods=["baseline", "speculative", "vllm_generate"])
+    ours, other = FakeExecutor(exp, 4), OtherEngine()
+    exp.sweep({"ours": ours, "vllm": other})
+    assert len(ours.ran) == 4 and len(other.units) == 4  # every unit to each engine with points in it
+    assert ours.released_for is other and "released for the other engine" in exp.progress.notes
+    assert exp.progress.engine_info["vllm"]["order"] == "one engine at a time"
+    assert list(exp.progress.engine_info["vllm"]["processes"].values()) == [other.info()]

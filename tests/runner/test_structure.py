@@ -1,6 +1,7 @@
-"""The executors (runner/experiment.py LocalExecutor, runner/cluster.py RayExecutor, runner/vllm_engine.py
-VllmExecutor) yield finished units and never call back into the experiment."""
+"""The engines (runner/engines: ours, whose executors are runner/engines/ours LocalExecutor and runner/cluster.py
+RayExecutor, and vLLM's) implement one contract, yield finished units and never call back into the experiment."""
 import ast
+import inspect
 from pathlib import Path
 
 RUNNER = Path(__file__).resolve().parents[2] / "runner"
@@ -16,19 +17,21 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_no_executor_imports_the_experiment():
+def test_no_engine_imports_the_experiment():
     """Import cycles anywhere in the repository: tests/test_import_graph.py."""
-    for module in ("session", "cluster", "vllm_engine"):
-        assert "experiment" not in _imports(RUNNER / f"{module}.py"), module
+    for path in [RUNNER / "session.py", RUNNER / "cluster.py", *(RUNNER / "engines").rglob("*.py")]:
+        assert "experiment" not in _imports(path), path
 
 
-def test_every_executor_is_a_producer():
+def test_every_engine_keeps_the_contract():
     from runner.cluster import RayExecutor
-    from runner.experiment import LocalExecutor
-    from runner.vllm_engine import VllmExecutor
+    from runner.engines import ENGINES, HOME, Engine
+    from runner.engines.ours import LocalExecutor
 
-    import inspect
-
-    for executor in (LocalExecutor, RayExecutor, VllmExecutor):
+    assert list(ENGINES)[0] == HOME == "ours" and "vllm" in ENGINES
+    for name, engine in ENGINES.items():
+        assert issubclass(engine, Engine) and engine.name == name and not inspect.isabstract(engine), name
+        assert inspect.isgeneratorfunction(engine.run), name
+    for executor in (LocalExecutor, RayExecutor):
         assert inspect.isgeneratorfunction(executor.run), executor
         assert "experiment" not in inspect.signature(executor.__init__).parameters

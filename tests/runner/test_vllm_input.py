@@ -64,7 +64,7 @@ def test_a_ctrl_c_during_a_workers_shutdown_is_deferred_not_lost():
     import os
     import signal
 
-    from runner.vllm_engine import _hold_signals, _release_signals
+    from runner.engines.vllm.engine import _hold_signals, _release_signals
 
     # Python's own Ctrl-C handler, as in launch.py: not whatever an earlier test in this process left installed
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -84,7 +84,7 @@ def _executor(config):
     """A VllmExecutor over a config, with a session of two prompts and a checked vLLM (none runs)."""
     from types import SimpleNamespace
 
-    from runner.vllm_engine import VllmExecutor
+    from runner.engines.vllm.engine import VllmExecutor
 
     prompts = [SimpleNamespace(token_ids=[5, 6, 7]), SimpleNamespace(token_ids=[5, 6])]
     session = SimpleNamespace(prompt_set=SimpleNamespace(prompts=prompts))
@@ -110,7 +110,7 @@ def test_the_vllm_drafts_revision_and_quantization_reach_its_speculative_config(
 
 
 def test_a_vllm_draft_in_another_dtype_than_the_engine_is_refused():
-    from runner.vllm_engine import draft_dtype_problem
+    from runner.engines.vllm.engine import draft_dtype_problem
 
     config = validate({**VALID, "target": {"model": "t", "dtype": "bfloat16"}, "draft": {"model": "d", "dtype": "float32"},
                        "device": "cpu", "methods": ["vllm_generate", "vllm_draft"]})
@@ -125,7 +125,7 @@ def test_a_vllm_draft_in_another_dtype_than_the_engine_is_refused():
 def test_vllm_pairing_is_decided_when_vllm_runs_not_while_our_models_hold_memory(monkeypatch):
     """pairing auto weighs the free memory: read when run() starts (after the sweep released our models), not when
     the executor is built beside them."""
-    import runner.vllm_engine as vllm_engine
+    import runner.engines.vllm.engine as vllm_engine
 
     config = validate({**VALID, "methods": ["vllm_generate", "vllm_draft"], "vllm": {"pairing": "auto"}})
     free = {"bytes": 0}  # our models loaded: nothing free

@@ -109,7 +109,7 @@ def test_batch_pairing_run_with_a_failing_engine(root):
     assert proc.returncode == 3, stderr[-3000:]  # a point failed, the rest measured
     assert not _none_left(mark), "a vLLM worker or engine process outlived the run"
     summary = _summary(out)
-    assert summary["vllm"]["pairing"] == "batch"
+    assert summary["engine_info"]["vllm"]["pairing"] == "batch"
     eagle = _run(summary, "vllm_eagle")
     assert eagle["status"] == "failed" and "vLLM engine did not start" in eagle["error"]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -168,7 +168,7 @@ def test_engine_pairing_interrupted_then_resumed(root):
     assert len(keys) == len(set(keys)) == 3 * 4  # every batch of every point once
     assert after[:len(before)] == before  # what was measured is kept as it was
     summary = _summary(out)
-    assert summary["vllm"]["pairing"] == "engine"
+    assert summary["engine_info"]["vllm"]["pairing"] == "engine"
     for method in ("vllm_generate", "vllm_draft"):
         assert _run(summary, method)["status"] == "ok"
     assert _run(summary, "vllm_draft")["metrics"]["exact_match"] == 1.0

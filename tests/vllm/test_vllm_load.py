@@ -1,5 +1,5 @@
-"""vLLM under load (config load:) against the real CPU build, on the tiny Llama pair: runner/vllm_engine.py's executor
-serves each load point's requests through runner/vllm_worker.py's serve job.
+"""vLLM under load (config load:) against the real CPU build, on the tiny Llama pair: runner/engines/vllm/engine.py's executor
+serves each load point's requests through runner/engines/vllm/worker.py's serve job.
 
 Skipped unless SPECULATE_VLLM_PYTHON names an interpreter that imports vllm (.ci/vllm-env DIR builds one). One
 executor serves the module: three engines (vllm_generate, vllm_draft, vllm_ngram), each started once and kept for
@@ -74,7 +74,7 @@ def served(tmp_path_factory):
     from helpers import save_vllm_pair, word_tokenizer
 
     from runner.plan import comparisons, points_of, units_of
-    from runner.vllm_engine import VllmExecutor, model_dirs
+    from runner.engines.vllm.engine import VllmExecutor, model_dirs
     from utils.config import validate
 
     root = tmp_path_factory.mktemp("vllm-load")

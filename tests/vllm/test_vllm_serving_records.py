@@ -1,4 +1,4 @@
-"""A serving run's vLLM points without vLLM (runner/vllm_engine.py): what the executor sends for a load point and the
+"""A serving run's vLLM points without vLLM (runner/engines/vllm/engine.py): what the executor sends for a load point and the
 records it makes of the answer, from hand-made answers. None of these needs vLLM installed."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _executor(config):
     """A VllmExecutor over a config and a session of three prompts whose load points have a hand-made schedule."""
     from decode.serving import Load
     from runner.load import requests_of
-    from runner.vllm_engine import VllmExecutor
+    from runner.engines.vllm.engine import VllmExecutor
 
     prompts = [SimpleNamespace(token_ids=ids, sample_id=i, group=None, reference=None) for i, ids in enumerate(PROMPTS)]
     session = SimpleNamespace(
@@ -120,7 +120,7 @@ def test_the_warmup_and_the_drift_probe_run_the_first_c_requests_as_a_fixed_batc
 
 
 def test_a_request_without_its_times_or_a_dead_engine_writes_no_records(monkeypatch):
-    from runner.vllm_engine import VllmDead
+    from runner.engines.vllm.engine import VllmDead
 
     config = _serving()
     executor = _executor(config)

@@ -1,4 +1,4 @@
-"""runner/vllm_worker.py against the real CPU build of vLLM, on a tiny random Llama pair.
+"""runner/engines/vllm/worker.py against the real CPU build of vLLM, on a tiny random Llama pair.
 
 Skipped unless SPECULATE_VLLM_PYTHON names an interpreter that imports vllm (.ci/vllm-env DIR builds one):
     SPECULATE_VLLM_PYTHON=/path/to/vllm-venv/bin/python python -m pytest -q tests/vllm/test_vllm_worker.py
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "runner" / "vllm_worker.py"
+WORKER = ROOT / "runner" / "engines" / "vllm" / "worker.py"
 PYTHON = os.environ.get("SPECULATE_VLLM_PYTHON", "")
 
 

