@@ -91,7 +91,7 @@ def test_a_load_point_is_one_serve_job_and_its_records_carry_the_serving_fields(
     (job,) = sent
     assert job["op"] == "serve" and job["concurrency"] == 2 and job["arrivals"] == [0.0, 0.5, 0.5, 3.0]
     assert job["prompts"] == [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]]  # request 3 cycles to prompt 0
-    assert [r["sample_id"] for r in rows] == [0, 1, 2, 0]
+    assert [r["sample_id"] for r in rows] == [0, 1, 2, 0] and [r["request"] for r in rows] == [0, 1, 2, 3]
     first, _, waited, _ = rows
     assert first["concurrency"] == 2 and first["batch_size"] == 2 and first["request_rate"] is None
     assert all(r["batch_rows"] == 4 for r in rows)

@@ -762,7 +762,8 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
             output_text=tokenizer.decode(row["output_ids"], skip_special_tokens=True), new_tokens=row["new_tokens"],
             stop_reason=row["stop_reason"] if row["stop_reason"] in ("eos", "length") else "eos",
             target_forwards=forwards, draft_forwards=None, draft_s=0.0, draft_prefill_s=0.0, rounds=rounds,
-            peak_memory_bytes=None, worker=None, process=PROCESS, extra=extra, **timing).to_json())
+            peak_memory_bytes=None, worker=None, process=PROCESS, extra=extra, request=index if unit.serving else None,
+            **timing).to_json())
     return rows
 
 
