@@ -87,5 +87,8 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True
                              *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["runs"] and all(r["status"] in ("ok", "skipped") for r in summary["runs"])
+    runs = summary["runs"] + (summary.get("serving") or {}).get("runs", [])  # a serving config's are under serving
+    assert runs and all(r["status"] in ("ok", "skipped") for r in runs)
+    if config.load is not None:
+        assert summary["serving"]["runs"] and not summary["runs"]
     return summary

@@ -10,7 +10,10 @@ from decode.methods.base import OPTIONAL_AXES, MethodSpec, RunContext
 from decode.methods import baseline, early_exit, hf, hybrid, prompt_lookup, speculative, suffix
 
 
-_MODULES = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)]
+# a *_settings module declares an engine's config section (pydantic): imported only when the config asks for it, so the
+# registry loads without pydantic (the GPU machine's check runs without it)
+_MODULES = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
+            if not m.name.endswith("_settings")]
 
 
 def _other_engines() -> list[MethodSpec]:
@@ -36,9 +39,17 @@ ENGINES = tuple(dict.fromkeys(spec.engine for spec in REGISTRY.values()))  # the
 #   runner/engines packages, as progress.json's engine_info keys them
 ENGINE_TEXTS = {spec.engine: spec.engine_text for spec in REGISTRY.values() if spec.engine_text}  # what the report
 #   says of each engine other than ours
-# engine -> the module that declares its config section (SECTION, a pydantic model; CHECK(config); EXAMPLE; DOC),
-#   the config key being the engine's name: utils/config.py adds each to the config
-ENGINE_SECTIONS = {m.ENGINE: m for m in _MODULES if hasattr(m, "SECTION")}
+
+
+def __getattr__(name: str):
+    """ENGINE_SECTIONS, on first use: engine -> the module that declares its config section (SECTION, a pydantic model;
+    CHECK(config); EXAMPLE; DOC), the config key being the engine's name: utils/config.py adds each to the config."""
+    if name == "ENGINE_SECTIONS":
+        modules = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
+                   if m.name.endswith("_settings")]
+        globals()[name] = {m.ENGINE: m for m in modules}
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def spec(name: str) -> MethodSpec:
