@@ -57,7 +57,7 @@ def eos_ids(tokenizer, model) -> tuple[int, ...]:
     return eos_set(tokenizer, model.generation_config.eos_token_id)
 
 
-def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, per_round: bool,
+def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, per_round: bool, batch_rows: int,
               peak: int | None = None, worker: str | None = None, **measured) -> dict:
     """One samples.jsonl line (eval/records.py SampleRecord) from a decode RowRecord-like `record` (output_ids,
     stop_reason, new_tokens, latency_s, prefill_s, forwards and times, rounds, top2_gaps, a served request's times);
@@ -65,7 +65,7 @@ def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, 
     prefill = record.prefill_s
     fields = dict(
         **asdict(point), sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
-        batch_rows=0, group=prompt.group, prompt_tokens=len(prompt.token_ids), preset=preset,
+        batch_rows=batch_rows, group=prompt.group, prompt_tokens=len(prompt.token_ids), preset=preset,
         reference=prompt.reference, output_ids=record.output_ids,
         output_text=tokenizer.decode(record.output_ids, skip_special_tokens=True), new_tokens=record.new_tokens,
         stop_reason=record.stop_reason, latency_s=record.latency_s,
@@ -358,8 +358,8 @@ class Session:
             return f"{type(error).__name__}: {one_line(error)}"
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         per_round = REGISTRY[point.method].has_rounds
-        rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, peak,
-                          self.worker, batch_rows=len(batch), request=index if unit.serving else None)
+        rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, len(batch),
+                          peak, self.worker, request=index if unit.serving else None)
                 for index, (prompt, record) in enumerate(zip(batch, records))]
         # a served load point's span: from its start (the first arrival) to its last token; a batch's: its longest row
         wall = max(r.finish_s for r in records) if unit.serving else max(r.latency_s for r in records)

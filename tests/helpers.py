@@ -13,6 +13,19 @@ from transformers import PreTrainedTokenizerFast
 from tiny_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
+# the interpreter of an environment with vLLM's CPU build (.ci/vllm-env DIR builds one); "" where none is given
+VLLM_PYTHON = os.environ.get("SPECULATE_VLLM_PYTHON", "")
+
+
+def vllm_imports() -> bool:
+    """Whether VLLM_PYTHON imports vllm (from /, so that no folder of the repository shadows a package)."""
+    if not VLLM_PYTHON:
+        return False
+    try:
+        return subprocess.run([VLLM_PYTHON, "-c", "import vllm"], capture_output=True, timeout=120,
+                              cwd="/").returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(93)]
 
 

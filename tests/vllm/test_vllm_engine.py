@@ -17,21 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, save_vllm_pair, write_prompts
+from helpers import ROOT, VLLM_PYTHON, save_vllm_pair, vllm_imports, write_prompts
 
-PYTHON = os.environ.get("SPECULATE_VLLM_PYTHON", "")
-
-
-def _vllm_imports() -> bool:
-    if not PYTHON:
-        return False
-    try:
-        return subprocess.run([PYTHON, "-c", "import vllm"], capture_output=True, timeout=120, cwd="/").returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
+PYTHON = VLLM_PYTHON
+pytestmark = pytest.mark.skipif(not vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
 
 
 def _config(root: Path, pairing: str, methods: list[str], **extra) -> Path:

@@ -7,25 +7,14 @@ both load points (batch pairing; max_num_seqs the largest concurrency).
 """
 from __future__ import annotations
 
-import os
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-PYTHON = os.environ.get("SPECULATE_VLLM_PYTHON", "")
+from helpers import VLLM_PYTHON, vllm_imports
 
-
-def _vllm_imports() -> bool:
-    if not PYTHON:
-        return False
-    try:
-        return subprocess.run([PYTHON, "-c", "import vllm"], capture_output=True, timeout=120, cwd="/").returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
+PYTHON = VLLM_PYTHON
+pytestmark = pytest.mark.skipif(not vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
 
 EOS = 2
 # word tokenizer ids (3..95 are words); repeated phrases give the n-gram proposer matches. 9 requests cycle over them

@@ -18,19 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "runner" / "engines" / "vllm" / "worker.py"
-PYTHON = os.environ.get("SPECULATE_VLLM_PYTHON", "")
+from helpers import VLLM_PYTHON, vllm_imports
 
-
-def _vllm_imports() -> bool:
-    if not PYTHON:
-        return False
-    try:
-        return subprocess.run([PYTHON, "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
+PYTHON = VLLM_PYTHON
+pytestmark = pytest.mark.skipif(not vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
 
 EOS = 2
 # token ids of the word tokenizer (3..95 are words); repeated phrases give the n-gram proposer matches
