@@ -283,8 +283,7 @@ def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference:
                      "alpha and the prediction are null")
     batches = run["batches"]
     if metrics.get("speedup") is None and not spec.is_reference:
-        comparison = f"batch={point.batch_size} {'greedy' if point.temperature is None else f'T={point.temperature}'}"
-        notes.append(f"{label}: no {reference} batch at {comparison} to pair with: no ratios" if not batches["paired"]
+        notes.append(f"{label}: no {reference} batch at {point.comparison.label} to pair with: no ratios" if not batches["paired"]
                      else f"{label}: {batches['paired']} batches paired with the {reference}, but a side's total wall "
                           "time or tokens are 0: no ratio")
     if run["status"] == "partial":

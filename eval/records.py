@@ -2,13 +2,10 @@
 every figure from it. A record is one prompt run by one method at one sweep point."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
-# The named axes of a sweep point. None = the axis does not apply to the point's method.
-AXES = ("method", "draft", "gamma", "schedule", "tree", "exit_layer", "synthetic_acceptance", "batch_size",
-        "concurrency", "request_rate", "temperature")
-# Points that share these are compared with one another (and with the same baseline).
-COMPARISON_AXES = ("batch_size", "concurrency", "request_rate", "temperature")
+from eval.axes import AXES, Axis, comparison_axes, label_of
+
 # The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
 EARLIER_PROCESS = "earlier"
 # the keys of progress.json's costs and drift entries of one batch size as written before they were kept per process
@@ -27,69 +24,105 @@ def per_process(entry: dict | None, old_keys: tuple) -> dict:
     return entry
 
 
-@dataclass(frozen=True)
-class Point:
-    """One point of the sweep: a method and the value of each axis that applies to it.
+class AxisValues:
+    """The values of some axes (eval/axes.py), by name: immutable, hashable, compared by value; an axis not given is
+    None (it does not apply). Its axes are read from the table when asked, so an axis declared later has a field."""
+    __slots__ = ("_values",)
 
-    temperature None = greedy decoding; a float = sampling at that temperature.
-    """
-    method: str
-    batch_size: int
-    draft: str | None = None  # the draft's label (config draft[i].label), for methods with a draft model
-    gamma: int | None = None  # max draft tokens per round
-    schedule: str | None = None  # draft-length schedule: constant | heuristic | confidence | cost_model
-    tree: str | None = None  # token tree label (decode/tree_layout.py): "3-2-1-1", "dynamic-24", "auto"; None = a chain
-    exit_layer: int | None = None  # early_exit: layers of the target that draft
-    # the set alpha of a synthetic point (config speculative.synthetic_acceptance): each draft accepted by a seeded
-    # Bernoulli(alpha) chain, not by the target (decode/sampling.py accept_synthetic); None: the real acceptance
-    synthetic_acceptance: float | None = None
-    # a serving point (config load:): at most `concurrency` requests in flight (batch_size is the same number), arriving
-    # at request_rate per second (None: all at once); both None: a fixed batch
-    concurrency: int | None = None
-    request_rate: float | None = None
-    temperature: float | None = None
+    @classmethod
+    def axes(cls) -> list[Axis]:
+        raise NotImplementedError
 
-    @property
-    def serving(self) -> bool:
-        return self.concurrency is not None
+    def __init__(self, **values):
+        known = {axis.name for axis in self.axes()}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no axis {unknown[0]!r} (eval/axes.py AXES)")
+        object.__setattr__(self, "_values", {k: v for k, v in values.items() if v is not None})
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if any(axis.name == name for axis in self.axes()):
+            return self._values.get(name)
+        raise AttributeError(f"{type(self).__name__} has no axis {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other._values == self._values
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, frozenset(self._values.items())))
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self._values)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.values().items() if v is not None)
+        return f"{type(self).__name__}({shown})"
+
+    def values(self) -> dict:
+        """Every axis of the table, in order: its value or None (a record's axis fields)."""
+        return {axis.name: self._values.get(axis.name) for axis in self.axes()}
 
     @property
     def key(self) -> tuple:
-        return tuple(getattr(self, axis) for axis in AXES)
+        return tuple(self._values.get(axis.name) for axis in self.axes())
 
     @property
     def label(self) -> str:
-        shown = {"draft": "draft={}", "gamma": "gamma={}", "schedule": "{}", "tree": "tree={}", "exit_layer": "exit={}",
-                 "synthetic_acceptance": "synthetic={}", "batch_size": "batch={}", "concurrency": "conc={}",
-                 "request_rate": "rate={}/s", "temperature": "T={}"}
-        parts = [self.method] + [shown[axis].format(getattr(self, axis)) for axis in AXES[1:]
-                                 if getattr(self, axis) is not None and not (axis == "batch_size" and self.serving)]
-        if self.temperature is None:
-            parts.append("greedy")
-        return " ".join(parts)
+        return label_of(self._values, self.axes())
 
     @property
-    def comparison(self) -> tuple:
-        """The baseline this point is compared with shares these values."""
-        return tuple(getattr(self, axis) for axis in COMPARISON_AXES)
+    def serving(self) -> bool:
+        """A serving point (config load:): its requests arrive and leave; else a fixed batch."""
+        return self._values.get("concurrency") is not None
 
     @classmethod
-    def of(cls, record: dict) -> "Point":
-        return cls(**{axis: record.get(axis) for axis in AXES})
+    def of(cls, record: dict):
+        """The axes' values of a record (samples.jsonl, a failure, a summary run): a field it lacks is None."""
+        return cls(**{axis.name: record.get(axis.name) for axis in cls.axes()})
+
+
+def _rebuild(cls, values: dict):
+    return cls(**values)
+
+
+class Point(AxisValues):
+    """One point of the sweep: a method and the value of each axis (eval/axes.py) that applies to it. temperature
+    None = greedy decoding; a float = sampling at that temperature."""
+    __slots__ = ()
+
+    @classmethod
+    def axes(cls) -> list[Axis]:
+        return AXES
+
+    @property
+    def comparison(self) -> "Comparison":
+        """The baseline this point is compared with shares these values."""
+        return Comparison(**{axis.name: self._values.get(axis.name) for axis in comparison_axes()})
+
+    def without(self, *names: str) -> dict:
+        """Its values but those axes' (a line across them: a plot's, the serving crossover's)."""
+        return {k: v for k, v in self.values().items() if k not in names}
+
+
+class Comparison(AxisValues):
+    """The comparison axes' values: the points that share them run on the same batches against one baseline."""
+    __slots__ = ()
+
+    @classmethod
+    def axes(cls) -> list[Axis]:
+        return comparison_axes()
 
 
 @dataclass
 class SampleRecord:
-    """One line of samples.jsonl. Times in seconds; None = not measured by this method."""
-    # the point
-    method: str
-    batch_size: int
-    draft: str | None
-    gamma: int | None
-    schedule: str | None
-    tree: str | None  # rows written before the tree axis have none: from_json reads them as None (a chain)
-    exit_layer: int | None
-    temperature: float | None
+    """One line of samples.jsonl: its point's axis fields (eval/axes.py, a field each), then these. Times in seconds;
+    None = not measured by this method."""
+    point: Point
     # where it ran
     sample_id: int
     repeat: int
@@ -117,9 +150,6 @@ class SampleRecord:
     process: str | None = None  # the OS process that measured it (runner/probes.py PROCESS)
     # the greedy baseline: per new token its top-1 minus top-2 logit (4 significant digits), else None
     top2_gaps: list[float] | None = None
-    synthetic_acceptance: float | None = None  # the point's axis (Point); rows written before it: None
-    concurrency: int | None = None  # a serving point's axes (Point); None: a fixed batch
-    request_rate: float | None = None
     # a serving point's request, in seconds from the load point's start: when it arrived, when its prefill began (it
     # waited in the queue between the two), its first token and its last; emits: [time_s, tokens] per time it got
     # tokens (a round's accepted drafts and the target's token come at once). latency_s is then finish - arrival and
@@ -132,23 +162,23 @@ class SampleRecord:
     emits: list[list[float]] | None = None
     extra: dict = field(default_factory=dict)
 
-    @property
-    def point(self) -> Point:
-        return Point.of(asdict(self))
+    def __getattr__(self, name: str):  # an axis: its point's value
+        if name.startswith("_") or name == "point":
+            raise AttributeError(name)
+        return getattr(self.point, name)
 
     @property
     def batch_key(self) -> tuple:
-        return batch_key(asdict(self))
+        return batch_key(self.to_json())
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**self.point.values(), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "point"}}
 
     @classmethod
     def from_json(cls, row: dict) -> "SampleRecord":
-        names = {f.name for f in fields(cls)}
-        # an optional axis added after the row was written (tree) did not apply to it
-        missing_axes = {axis: None for axis in AXES if axis not in row and axis not in ("method", "batch_size")}
-        return cls(**missing_axes, **{k: v for k, v in row.items() if k in names})
+        """A line as written; an axis added after it was written did not apply to it (None)."""
+        names = {f.name for f in fields(cls)} - {"point"}
+        return cls(point=Point.of(row), **{k: v for k, v in row.items() if k in names})
 
 
 def batch_key(record: dict) -> tuple:

@@ -6,12 +6,14 @@ import io
 from pathlib import Path
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
+from eval.axes import AXES, label_of, names as axis_names
+from eval.records import Comparison, Point
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
 from utils.io import write_atomic, write_json
 
-COLUMNS = [  # (header, metric path, format)
-    ("point", "label", "{}"), ("status", "status", "{}"), ("tree", "tree", "{}"), ("synthetic", "synthetic_acceptance", "{}"),
+COLUMNS = [  # (header, metric path, format); between status and tok/s come the axes' own columns (columns_for)
+    ("point", "label", "{}"), ("status", "status", "{}"),
     ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup [95% CI]", "speedup", "{:.2f}"),
     ("dec speedup [95% CI]", "decode_speedup", "{:.2f}"),
     ("nodes/rd", "drafted_per_round", "{:.2f}"), ("accept", "acceptance_rate", "{:.3f}"),
@@ -24,14 +26,16 @@ COLUMNS = [  # (header, metric path, format)
     ("TTFT s", "ttft_s.mean", "{:.3f}"), ("prefill %", "prefill_share", "{:.0%}"), ("TPOT ms", "tpot_s.mean", "{:.1f}"),
     ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
 ]
-RUN_KEYS = ("label", "status", "method", "draft", "gamma", "tree", "schedule", "exit_layer", "batch_size", "temperature",
-            "group", "synthetic_acceptance")
-TREE_COLUMNS = ("tree", "nodes/rd")  # shown in a table that has a tree point
-SYNTHETIC_COLUMNS = ("synthetic",)  # shown in a table that has a synthetic-acceptance point
+TREE_COLUMNS = ("nodes/rd",)  # shown in a table that has a tree point
+
+
+def run_keys() -> tuple[str, ...]:
+    """A summary run's own keys, not metrics: its label, status, every axis (eval/axes.py) and its group."""
+    return ("label", "status", *axis_names(), "group")
 
 
 def _value(run: dict, path: str):
-    if path in RUN_KEYS:
+    if path in run_keys():
         return run.get(path)
     node = run.get("metrics", {})
     for part in path.split("."):
@@ -48,7 +52,7 @@ def cell(run: dict, path: str, fmt: str) -> str:
             b = run.get("batches") or {}
             return f"partial {b.get('done')}/{b.get('planned')}" if b.get("planned") else f"partial {b.get('done')}"
         return value or ""
-    if run.get("status") in ("failed", "skipped") and path not in RUN_KEYS:
+    if run.get("status") in ("failed", "skipped") and path not in run_keys():
         return ""
     if path == "tpot_s.mean" and value is not None:
         value *= 1000
@@ -70,11 +74,12 @@ def cell(run: dict, path: str, fmt: str) -> str:
 
 
 def columns_for(runs: list[dict]) -> list[tuple]:
-    """The table's columns: the tree ones only where a run has a tree, synthetic only where a run is synthetic."""
+    """The table's columns: after the label and status, each axis that declares a column (eval/axes.py) where a run
+    has a value on it; the tree ones only where a run has a tree."""
+    shown = [(axis.column, axis.name, "{}") for axis in AXES
+             if axis.column and any(run.get(axis.name) is not None for run in runs)]
     trees = any(run.get("tree") is not None for run in runs)
-    synthetic = any(run.get("synthetic_acceptance") is not None for run in runs)
-    return [column for column in COLUMNS if (trees or column[0] not in TREE_COLUMNS)
-            and (synthetic or column[0] not in SYNTHETIC_COLUMNS)]
+    return COLUMNS[:2] + shown + [column for column in COLUMNS[2:] if trees or column[0] not in TREE_COLUMNS]
 
 
 def rows(runs: list[dict]) -> list[list[str]]:
@@ -245,8 +250,7 @@ def engine_lines(engines: list[dict]) -> list[str]:
                   "greedy tokens equal |", "|---|---|---|---|---|"]
         for row in rows:
             ref = row["reference"]
-            comparison = f"batch={row['batch_size']} " + ("greedy" if row["temperature"] is None else
-                                                          f"T={row['temperature']}")
+            comparison = Comparison.of(row).label
             ratio_text = _engine_cell(ref["tok_s_ratio"], ref["tok_s_ratio_ci95"], "ok", ref["prompt_batches"],
                                       ref["flags"] + ([] if ref["tok_s_ratio_ci95"] else ["few_samples"]))
             lines.append(f"| {comparison} | {_fmt(ref['theirs_tok_s'])} | {_fmt(ref['ours_tok_s'])} | {ratio_text} | "
@@ -270,8 +274,9 @@ def engine_lines(engines: list[dict]) -> list[str]:
 def csv_text(summary: dict) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    paths = list(RUN_KEYS) + [path for _, path, _ in COLUMNS if path not in RUN_KEYS] + ["speedup_ci95", "decode_speedup_ci95",
-                                                                                         "alpha_ci95"]
+    keys = run_keys()
+    paths = list(keys) + [path for _, path, _ in COLUMNS if path not in keys] + ["speedup_ci95", "decode_speedup_ci95",
+                                                                                 "alpha_ci95"]
     writer.writerow(paths + ["flags", "error"])
     for run in summary["runs"]:
         writer.writerow([_value(run, p) for p in paths] + [";".join(f["code"] for f in run.get("flags") or []),
@@ -297,15 +302,8 @@ def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
 
 
 def _line_key(run: dict) -> str:
-    """One line per (method, draft, tree, schedule, exit layer) and batch size (and temperature)."""
-    parts = [run["method"]] + [f"{shown}{run[k]}" for k, shown in (("draft", ""), ("tree", "tree="), ("schedule", ""),
-                                                                   ("exit_layer", "exit="),
-                                                                   ("synthetic_acceptance", "synthetic alpha="))
-                               if run.get(k) is not None]
-    parts.append(f"batch {run['batch_size']}")
-    if run.get("temperature") is not None:
-        parts.append(f"T={run['temperature']}")
-    return " ".join(parts)
+    """A plot's line across gamma: the run's label without its gamma."""
+    return label_of(Point.of(run).without("gamma"))
 
 
 def _save(figure, out_dir: Path, name: str, plt) -> str:
@@ -566,7 +564,7 @@ def serving_csv(summary: dict) -> str:
     """serving.csv: a row per method and load point, its axes and metrics (summary.json's serving.runs)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    axes = [k for k in RUN_KEYS if k != "group"] + ["concurrency", "request_rate"]
+    axes = [k for k in run_keys() if k != "group"]
     writer.writerow(axes + SERVING_CSV + ["flags", "error"])
     for run in summary["serving"]["runs"]:
         writer.writerow([run.get(k) for k in axes] + [_value(run, p) for p in SERVING_CSV]

@@ -17,14 +17,13 @@ from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
 from eval.figures import constant_draft_length, exact_match
 from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
-from eval.records import AXES, CostProbe, Point
+from eval.axes import axis as axis_named, label_of
+from eval.records import Comparison, CostProbe, Point
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.totals import cross_process_pairs
 from eval.trees import tree_of
 
-LOAD_AXES = ("concurrency", "request_rate")
-# a line of the crossover: the axes of a point that are not its load
-LINE_AXES = ("method", "draft", "gamma", "schedule", "tree", "exit_layer", "synthetic_acceptance", "temperature")
+LOAD_AXES = ("concurrency", "request_rate")  # the crossover runs along each, the other held
 SLO_KEYS = ("ttft_s", "tpot_ms")
 
 SERVING_LEGEND = {
@@ -287,21 +286,23 @@ def serving_flags(point: Point, metrics: dict, requests: int, ci_target: float, 
     return flags + [f for f in machine_flags if f["code"] not in ("few_samples", "ci_wide")]
 
 
+def _line(run: dict) -> dict:
+    """A serving run's axes but those its load point sets (eval/axes.py Axis.load)."""
+    return {name: value for name, value in Point.of(run).values().items() if not axis_named(name).load}
+
+
 def line_of(run: dict) -> tuple:
-    return tuple(run.get(axis) for axis in LINE_AXES)
+    return tuple(_line(run).values())
 
 
 def line_label(run: dict) -> str:
     """A point's label without its load: the line it draws across load points."""
-    point = Point(**{axis: run.get(axis) for axis in LINE_AXES}, batch_size=run["batch_size"])
-    return point.label.replace(f" batch={run['batch_size']}", "")
+    return label_of(_line(run))
 
 
 def load_label(run: dict) -> str:
-    """conc=4 rate=2.0/s T=0.7 (rate all at once: no rate)."""
-    rate = "" if run.get("request_rate") is None else f" rate={run['request_rate']:g}/s"
-    temperature = "greedy" if run.get("temperature") is None else f"T={run['temperature']}"
-    return f"conc={run['concurrency']}{rate} {temperature}"
+    """conc=4 rate=2.0/s T=0.7 (rate all at once: no rate): its comparison."""
+    return Comparison.of(run).label
 
 
 def load_value(run: dict, axis: str) -> float:
@@ -420,18 +421,14 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
     planned = progress.get("planned") or {}
     batch_sizes = sorted(int(b) for b in (progress.get("costs") or {}))
     runs, notes, gaps, flagged = [], [], defaultdict(list), {}
-    def load_order(point: Point) -> tuple:  # a load point's methods together, loads in increasing order
-        return (point.temperature is not None, point.temperature or 0, point.request_rate is None,
-                point.request_rate or 0, point.concurrency, order(point))
-
-    for point in sorted(set(by_point) | set(failures), key=load_order):
+    for point in sorted(set(by_point) | set(failures), key=order):  # a load point's methods together, loads rising
         samples, failed = by_point.get(point, []), failures.get(point, [])
         error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failed)) or None
         if untimed.get(point):
             notes.append(f"{point.label}: {untimed[point]} of its records carry no request times (arrival_s, "
                          "finish_s): left out of every figure")
             error = error or ("its records carry no request times" if not samples else None)
-        run = {**{axis: getattr(point, axis) for axis in AXES}, "label": point.label}
+        run = {**point.values(), "label": point.label}
         expected = planned.get(point.label)
         if not samples:
             status = "failed" if any(f.get("status") == "failed" for f in failed) else "skipped"

@@ -13,7 +13,8 @@ from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
-from eval.records import AXES, EARLIER_PROCESS, OLD_COST_KEYS, CostProbe, Point, per_process
+from eval.axes import comparison_axes, point_axes, sort_key
+from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
 from eval.serving import SERVING_LEGEND, serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
 from eval.totals import cross_process_pairs, paired_clusters, processes_of, throughput, units
@@ -23,11 +24,11 @@ from eval.trees import tree_of
 # ---- the summary --------------------------------------------------------------------------------------
 
 def point_order(point: Point) -> tuple:
-    methods = list(REGISTRY)
-    return (point.temperature is not None, point.temperature or 0, point.batch_size,
-            not REGISTRY[point.method].is_reference, methods.index(point.method), point.draft or "",
-            point.gamma or 0, tree_of(point) or "", point.schedule or "", point.exit_layer or 0,
-            point.synthetic_acceptance is not None, point.synthetic_acceptance or 0)
+    """Comparison by comparison (the last comparison axis outermost, as the plan runs them), the reference first,
+    methods in registry order, then by each point axis."""
+    values = point.values()
+    return (sort_key(values, comparison_axes()[::-1]), not REGISTRY[point.method].is_reference,
+            list(REGISTRY).index(point.method), sort_key(values, point_axes()))
 
 
 def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | None:
@@ -239,7 +240,7 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
         their_ref = next(p for p in by_point if by_point[p] is theirs)
         ours_ref = next(p for p in by_point if by_point[p] is ours)
         flags = sorted({f["code"] for p in (their_ref, ours_ref) for f in (overall.get(p.label) or {}).get("flags", [])})
-        row = {"engine": engine, "batch_size": comparison[0], "temperature": comparison[1],
+        row = {"engine": engine, **comparison.values(),
                "reference": {"theirs": their_ref.label, "ours": ours_ref.label,
                              # both over the batches both measured, as the ratio
                              "theirs_tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
@@ -249,16 +250,15 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
                              "prompt_batches": len(clusters),
                              "flags": flags},
                "points": []}
-        if comparison[1] is None:
+        if comparison.temperature is None:
             match = exact_match(theirs, ours)
             row["reference"]["exact_match"] = None if match is None else match["exact_match"]
         for point in sorted(by_point, key=point_order):
             spec = REGISTRY[point.method]
             if spec.engine != engine or spec.is_reference or point.comparison != comparison or not spec.counterpart:
                 continue
-            twin = Point(method=spec.counterpart, batch_size=point.batch_size, draft=point.draft, gamma=point.gamma,
-                         schedule="constant" if "schedule" in REGISTRY[spec.counterpart].axes else None,
-                         temperature=point.temperature)
+            twin = Point(**{**point.values(), "method": spec.counterpart,
+                            "schedule": "constant" if "schedule" in REGISTRY[spec.counterpart].axes else None})
             mine, other = overall.get(point.label), overall.get(twin.label)
             if mine is None or other is None:
                 continue
@@ -276,13 +276,13 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
 
 
 def _axes(point: Point) -> dict:
-    return {axis: getattr(point, axis) for axis in AXES}
+    return point.values()
 
 
 # ---- the best points ------------------------------------------------------------------------------------
 
 def comparison_name(run: dict) -> str:
-    return f"batch={run['batch_size']} " + ("greedy" if run["temperature"] is None else f"T={run['temperature']}")
+    return Comparison.of(run).label
 
 
 def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -> dict:
@@ -312,10 +312,9 @@ def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -
                           max(modelled, key=lambda r: r["metrics"]["speedup"]))
             costs = costs_by_label.get(source["label"]) or CostProbe()
             alpha, c = source["metrics"]["alpha"], source["metrics"]["draft_cost_ratio_c"]
-            line = ("method", "draft", "tree", "schedule", "exit_layer", "synthetic_acceptance", "batch_size",
-                    "temperature")
+            line = Point.of(source).without("gamma")  # the source's line across gamma
             swept = {r["gamma"] for r in runs if r["group"] is None and r["gamma"] is not None
-                     and all(r.get(axis) == source.get(axis) for axis in line)}
+                     and Point.of(r).without("gamma") == line}
             candidates = {g: predicted_speedup(alpha, g, c, costs.v_for(g)) for g in sorted(swept)
                           if costs.v_for(g) is not None}
             candidates = {g: value for g, value in candidates.items() if value is not None}

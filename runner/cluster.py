@@ -187,7 +187,7 @@ class RayExecutor:
         while queue or running:
             while queue and idle:
                 worker, unit = idle.pop(0), queue.pop(0)
-                keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(self.config, *unit.comparison,
+                keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(self.config, unit.comparison,
                                                                                    engine="ours")}
                 ref = self.workers[worker].run_unit.remote(unit, done & keys)
                 running[ref] = (worker, unit)

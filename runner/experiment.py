@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from decode.methods import REGISTRY
-from eval.records import Point
+from eval.records import Comparison, Point
 from eval.report import print_table
 from runner.display import Display
 from runner.engines import ENGINES, HOME, Engine
@@ -176,18 +176,18 @@ class Experiment:
         pending = comparisons(config, (config.load.requests or num_prompts) if config.load else None)
         started = time.monotonic()
         done = self.folder.done_batches()
-        total = sum(len(points_of(config, *c)) * num_units(c, num_prompts) for c in pending) * config.max_repeats_planned
+        total = sum(len(points_of(config, c)) * num_units(c, num_prompts) for c in pending) * config.max_repeats_planned
         with Display(self.console, total) as display:
             self.display = display
             for repeat in range(config.max_repeats_planned):
                 units: dict[str, list[Unit]] = {name: [] for name in engines}
                 planned_repeats = config.repeats if config.repeats != "auto" else repeat + 1
                 for comparison in pending:
-                    for point in points_of(config, *comparison):
+                    for point in points_of(config, comparison):
                         self.progress.planned[point.label] = num_units(comparison, num_prompts) * planned_repeats
                     for unit in units_of(comparison, num_prompts, repeat):
                         for engine, mine in units.items():
-                            points = points_of(config, *comparison, engine=engine)
+                            points = points_of(config, comparison, engine=engine)
                             if not points:
                                 continue
                             if all(p.key + (repeat, unit.batch_index) in done for p in points):
@@ -217,18 +217,18 @@ class Experiment:
                 if not pending:
                     break
 
-    def _settle(self, pending: list[tuple], repeat: int, elapsed: float) -> list[tuple]:
+    def _settle(self, pending: list[Comparison], repeat: int, elapsed: float) -> list[Comparison]:
         """repeats: auto after a repeat: the comparisons that go on (a speedup CI flagged ci_wide, repeats and time
         left); each one that stops gets a note saying when and why."""
         config = self.config
         last = repeat + 1 == config.max_repeats_planned
         over_budget = config.time_budget_s is not None and elapsed > config.time_budget_s
         going_on = []
-        for batch_size, temperature in pending:
-            verdicts = self._verdicts((batch_size, temperature))
+        for comparison in pending:
+            verdicts = self._verdicts(comparison)
             wide, few, failed = (verdicts.get(k, []) for k in ("ci_wide", "few_samples", "failed"))
             if wide and not (last or over_budget):
-                going_on.append((batch_size, temperature))
+                going_on.append(comparison)
                 continue
             if wide:
                 reason = (f"{'the time budget is spent' if over_budget else f'max_repeats ({repeat + 1}) reached'}, "
@@ -242,18 +242,18 @@ class Experiment:
             if few:
                 reason += (f"; {len(few)} point(s) rest on too few prompts for an interval (few_samples), which "
                            "repeats cannot change: more prompts can")
-            comparison = f"batch={batch_size} " + ("greedy" if temperature is None else f"T={temperature}")
-            self.progress.notes.append(f"repeats: auto stopped after {repeat + 1} repeat(s) for {comparison}: {reason}")
+            self.progress.notes.append(f"repeats: auto stopped after {repeat + 1} repeat(s) for {comparison.label}: "
+                                       f"{reason}")
         return going_on
 
-    def _verdicts(self, comparison: tuple) -> dict[str, list[str]]:
+    def _verdicts(self, comparison: Comparison) -> dict[str, list[str]]:
         """The labels of a comparison's overall runs by their interval's verdict (eval.flags.ci_verdict, the rule
         the ci_wide and few_samples flags use): ci_wide ones need more repeats, few_samples ones cannot use them."""
         from eval.flags import ci_verdict
 
         verdicts: dict[str, list[str]] = {}
         for run in self.folder.summary()["runs"]:
-            if (run.get("batch_size"), run.get("temperature")) != comparison or run.get("group") is not None:
+            if Comparison.of(run) != comparison or run.get("group") is not None:
                 continue
             if REGISTRY[run["method"]].is_reference:
                 continue

@@ -1,11 +1,12 @@
 """The sweep plan: which points run, on which batches, in which units of work.
 
-A point is a set of named axes (eval/records.py: method, draft, gamma, schedule, tree, exit_layer,
-synthetic_acceptance, batch_size, temperature); the registry says which axes apply to a method, so a new axis is a new entry in AXES and
-here, not a new code path. A unit of work is one batch of prompts at one (batch_size, temperature) in one
-repeat: every point of that comparison runs on it back to back, in an order that changes from unit to unit
-(`order_of`, a Williams design), so drift of the machine favours no method, no point always runs right after
-the same other one, and every ratio pairs the same prompts.
+A point is a set of named axes, declared once in eval/axes.py: the comparison axes (batch_size, the load point,
+temperature) split the sweep into comparisons, each with its own baseline, and the point axes (draft, gamma, schedule,
+tree, ...) tell a comparison's points apart; the registry says which point axes apply to a method. Nothing here names
+an axis but the tree's own rules (points_of). A unit of work is one batch of prompts of one comparison in one repeat
+(a serving comparison's: its whole load point): every point of that comparison runs on it back to back, in an order
+that changes from unit to unit (`order_of`, a Williams design), so drift of the machine favours no method, no point
+always runs right after the same other one, and every ratio pairs the same prompts.
 """
 from __future__ import annotations
 
@@ -14,62 +15,46 @@ from dataclasses import dataclass
 
 from decode.methods import REGISTRY
 from decode.tree_layout import tree_depth
-from eval.records import Point
+from eval.axes import comparison_axes, point_axes
+from eval.records import Comparison, Point
 
 
 @dataclass(frozen=True)
 class Unit:
     """One batch of a fixed-batch comparison, or one whole load point of a serving run (config load:): all its
-    requests, batch_index 0, batch_size = concurrency (the most rows in flight)."""
-    batch_size: int
-    temperature: float | None
+    requests, batch_index 0, batch_size = concurrency (the most rows in flight). Its comparison's axes read as its own
+    (unit.batch_size, unit.temperature, ...)."""
+    comparison: Comparison
     repeat: int
     batch_index: int
-    concurrency: int | None = None  # a serving unit's load point; None: a fixed batch
-    request_rate: float | None = None  # requests per second; None: all at once
 
-    @property
-    def serving(self) -> bool:
-        return self.concurrency is not None
-
-    @property
-    def comparison(self) -> tuple:
-        """What points_of and Session.prepare take: (batch_size, temperature), and a serving unit's load point."""
-        return (self.batch_size, self.temperature) + ((self.concurrency, self.request_rate) if self.serving else ())
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name == "comparison":
+            raise AttributeError(name)
+        return getattr(self.comparison, name)
 
     @property
     def label(self) -> str:
-        temperature = "greedy" if self.temperature is None else f"T={self.temperature}"
-        if self.serving:
-            rate = "" if self.request_rate is None else f" rate={self.request_rate}/s"
-            return f"conc={self.concurrency}{rate} {temperature} repeat={self.repeat}"
-        return f"batch={self.batch_size} {temperature} repeat={self.repeat} batch#{self.batch_index}"
+        where = "" if self.serving else f" batch#{self.batch_index}"
+        return f"{self.comparison.label} repeat={self.repeat}{where}"
 
 
 def axis_values(config, method: str) -> dict[str, list]:
-    """The values each axis takes for one method: the registry says which axes apply."""
+    """The values each point axis takes for one method: [None] where the axis does not apply to it (the registry
+    says which do)."""
     spec = REGISTRY[method]
-    axes, speculative = spec.axes, config.speculative
-    return {
-        "draft": [d.name for d in config.draft if d.kind in spec.draft_kinds] if "draft" in axes else [None],
-        "gamma": list(speculative.gamma) if "gamma" in axes else [None],
-        "schedule": list(speculative.schedule) if "schedule" in axes else [None],
-        "tree": list(speculative.tree) if "tree" in axes else [None],
-        "exit_layer": list(speculative.exit_layer or []) if "exit_layer" in axes else [None],
-        "synthetic_acceptance": list(speculative.synthetic_acceptance) if "synthetic_acceptance" in axes else [None],
-    }
+    return {axis.name: axis.swept(config, spec) if axis.applies_to(spec) else [None] for axis in point_axes()}
 
 
-def points_of(config, batch_size: int, temperature: float | None, concurrency: int | None = None,
-              request_rate: float | None = None, engine: str | None = None) -> list[Point]:
-    """The comparison's points, of one engine's methods where engine is given (MethodSpec.engine); a serving
-    comparison's carry its load point (concurrency, request_rate).
+def points_of(config, comparison: Comparison, engine: str | None = None) -> list[Point]:
+    """The comparison's points, of one engine's methods where engine is given (MethodSpec.engine).
 
     Per method, the chains (tree None) first, as before trees existed, then the trees in config order. A tree point
     has no schedule (schedules choose a chain's length), and a static tree's gamma is its depth, so the gamma axis
     does not repeat it; a dynamic tree and auto keep each gamma (their depth cap). auto is a draft model's (it prices
     the tree with the draft's measured cost): prompt lookup takes the static and dynamic trees only."""
     points = []
+    shared = comparison.values()
     for method in config.methods:
         if engine is not None and REGISTRY[method].engine != engine:
             continue
@@ -78,21 +63,22 @@ def points_of(config, batch_size: int, temperature: float | None, concurrency: i
         for tree in sorted(trees, key=lambda label: label is not None):  # stable: the trees keep config order
             if tree == "auto" and method != "speculative":
                 continue
-            for draft, gamma, schedule, exit_layer, synthetic in itertools.product(*values.values()):
+            for combination in itertools.product(*values.values()):
+                axes = dict(zip(values, combination), tree=tree)
                 if tree is not None:
-                    gamma, schedule = tree_depth(tree, gamma), None
-                points.append(Point(method=method, batch_size=batch_size, draft=draft, gamma=gamma, schedule=schedule,
-                                    tree=tree, exit_layer=exit_layer, synthetic_acceptance=synthetic,
-                                    concurrency=concurrency, request_rate=request_rate, temperature=temperature))
+                    axes.update(gamma=tree_depth(tree, axes["gamma"]), schedule=None)
+                points.append(Point(method=method, **shared, **axes))
     return list(dict.fromkeys(points))  # a static tree comes once per gamma and schedule: keep the first
 
 
-def comparisons(config, requests: int | None = None) -> list[tuple]:
-    """(batch_size, temperature) pairs, in the order they run; each has its own baseline. A serving run's (config
-    load:) are (concurrency, temperature, concurrency, request_rate): its load points, `requests` per point."""
-    if getattr(config, "load", None) is not None:
-        return [(c, t, c, r) for t in config.generation.temperatures() for c, r in config.load.points(requests or 1)]
-    return [(b, t) for t in config.generation.temperatures() for b in config.batch_size]
+def comparisons(config, requests: int | None = None) -> list[Comparison]:
+    """The comparisons, in the order they run; each has its own baseline. The product of the comparison axes' values,
+    the last axis of the table outermost (temperature: every batch size at one temperature, then the next); an axis
+    another sets (a serving run's load point sets concurrency, request_rate and batch_size together) adds none of its
+    own. `requests`: a serving run's requests per load point."""
+    sweeps = [axis.swept(config, requests) for axis in reversed(comparison_axes()) if axis.set_by is None]
+    return [Comparison(**{k: v for part in combination for k, v in part.items()})
+            for combination in itertools.product(*sweeps)]
 
 
 def skipped_reason(point: Point) -> str | None:
@@ -106,19 +92,14 @@ def batches_of(prompts: list, batch_size: int) -> list[list]:
     return [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
-def units_of(comparison: tuple, num_prompts: int, repeat: int) -> list[Unit]:
+def units_of(comparison: Comparison, num_prompts: int, repeat: int) -> list[Unit]:
     """A fixed-batch comparison's batches of num_prompts prompts; a serving comparison is one unit (its requests)."""
-    if len(comparison) == 4:
-        batch_size, temperature, concurrency, rate = comparison
-        return [Unit(batch_size, temperature, repeat, 0, concurrency, rate)]
-    batch_size, temperature = comparison
-    count = -(-num_prompts // batch_size)
-    return [Unit(batch_size, temperature, repeat, index) for index in range(count)]
+    return [Unit(comparison, repeat, index) for index in range(num_units(comparison, num_prompts))]
 
 
-def num_units(comparison: tuple, num_prompts: int) -> int:
+def num_units(comparison: Comparison, num_prompts: int) -> int:
     """Units (batches; one for a load point) per repeat of a comparison."""
-    return 1 if len(comparison) == 4 else -(-num_prompts // comparison[0])
+    return 1 if comparison.serving else -(-num_prompts // comparison.batch_size)
 
 
 def williams_order(n: int, index: int) -> list[int]:

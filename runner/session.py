@@ -7,14 +7,14 @@ never writes the report folder.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from decode import Clock, Generation, Sampling
 from decode.methods import REGISTRY, RunContext
 from decode.serving import Load
-from eval.records import CostProbe, Point, SampleRecord
+from eval.records import Comparison, CostProbe, Point, SampleRecord
 from runner import loading
 from runner.attention import settle_attention
 from runner.load import requests_of, schedule_of
@@ -41,7 +41,9 @@ class UnitResult:
 
 @dataclass
 class Prepared:
-    """A comparison, warmed up and probed: the points that cannot run there and why, its costs, its notes."""
+    """A comparison, warmed up and probed: our engine's points of it, those that cannot run there and why, its costs,
+    its notes."""
+    points: list = field(default_factory=list)  # Points, in plan order (runner/plan.py points_of)
     failed: set = field(default_factory=set)  # Points
     failures: list[dict] = field(default_factory=list)  # failure() of each
     costs: CostProbe | None = None
@@ -64,7 +66,7 @@ def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, 
     `measured` overrides what an engine measures otherwise (another engine: no forward counts)."""
     prefill = record.prefill_s
     fields = dict(
-        **asdict(point), sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
+        point=point, sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
         batch_rows=batch_rows, group=prompt.group, prompt_tokens=len(prompt.token_ids), preset=preset,
         reference=prompt.reference, output_ids=record.output_ids,
         output_text=tokenizer.decode(record.output_ids, skip_special_tokens=True), new_tokens=record.new_tokens,
@@ -87,7 +89,7 @@ def serving_fields(record) -> dict:
 
 
 def failure(point: Point, status: str, error: str) -> dict:
-    return {**asdict(point), "status": status, "error": error}
+    return {**point.values(), "status": status, "error": error}
 
 
 class Session:
@@ -95,7 +97,7 @@ class Session:
         self.config, self.device, self.worker = config, device, worker
         self._loading = loading.status_of(status)  # what -> a context manager showing what loads (rich), or none
         self.clock = Clock(device)  # replaced at load by one that syncs every device the models use
-        self.prepared: dict[tuple, Prepared] = {}  # by comparison
+        self.prepared: dict[Comparison, Prepared] = {}
         self.notes: list[str] = []
 
     # -- loading ----------------------------------------------------------------------------------
@@ -136,7 +138,7 @@ class Session:
 
     def _points(self) -> list[Point]:
         """Every point of our engine in the run."""
-        return [p for c in comparisons(self.config, 1) for p in points_of(self.config, *c, engine="ours")]
+        return [p for c in comparisons(self.config, 1) for p in points_of(self.config, c, engine="ours")]
 
     def _numerics_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Two of the prompts, of different lengths (a ragged batch), for the numerics probe; with engine.compile at
@@ -221,27 +223,26 @@ class Session:
         return left_pad([p.token_ids for p in batch], self.pad_id, self.device)
 
     # -- per comparison ---------------------------------------------------------------------------
-    def prepare(self, comparison: tuple, known_costs: CostProbe | None = None) -> Prepared:
+    def prepare(self, comparison: Comparison, known_costs: CostProbe | None = None) -> Prepared:
         """Warm up every point on this comparison's first batch (a serving comparison's: its first `concurrency`
         prompts, a fixed batch), then measure c and v there (once per comparison)."""
         if comparison in self.prepared:
             return self.prepared[comparison]
-        batch_size, temperature = comparison[:2]
-        points = points_of(self.config, *comparison, engine="ours")
+        points = points_of(self.config, comparison, engine="ours")
         self.context.load = None  # the warmup and the probes run a fixed batch
-        state = Prepared(costs=known_costs)
+        state = Prepared(points=points, costs=known_costs)
         for point in points:
             reason = skipped_reason(point)
             if reason:
                 state.fail(point, "skipped", reason)
-        ids, mask = self.batch_tensors(self.batches(batch_size)[0])
+        ids, mask = self.batch_tensors(self.batches(comparison.batch_size)[0])
         for model in self.compiled_models().values():  # this comparison's shapes compile in its probes and warmup
             model.warm = False
         with torch.inference_mode():
             if state.costs is None:
                 state.costs = self._measure_costs([p for p in points if p not in state.failed], ids, mask, state)
             self.context.costs = state.costs
-            self._warm_up(points, state, ids, mask, temperature)
+            self._warm_up(points, state, ids, mask, comparison.temperature)
             for model in self.compiled_models().values():  # the warmup may have built early exit's views
                 model.precompile(ids, mask)
                 model.warm = True
@@ -299,7 +300,7 @@ class Session:
         ids, mask = self.batch_tensors(batch)
         result = UnitResult(failures=list(state.failures), costs=state.costs, notes=list(state.notes),
                             worker=self.worker)
-        points = points_of(self.config, *unit.comparison, engine="ours")
+        points = state.points
         self.context.costs = state.costs
         self.context.load = self.load_of(unit)
         try:

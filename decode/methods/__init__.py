@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from decode.methods.base import OPTIONAL_AXES, MethodSpec, RunContext
+from decode.methods.base import MethodSpec, RunContext
 from decode.methods import baseline, early_exit, hf, hybrid, prompt_lookup, speculative, suffix
 
 
@@ -61,4 +61,4 @@ def reference_method(engine: str = "ours") -> str:
     return next(name for name, s in REGISTRY.items() if s.is_reference and s.engine == engine)
 
 
-__all__ = ["ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "OPTIONAL_AXES", "REGISTRY", "MethodSpec", "RunContext", "reference_method", "spec"]
+__all__ = ["ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "REGISTRY", "MethodSpec", "RunContext", "reference_method", "spec"]

@@ -8,10 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-# sweep axes a method may use besides batch_size and temperature (which every method has)
-OPTIONAL_AXES = ("draft", "gamma", "schedule", "tree", "exit_layer", "synthetic_acceptance")
-
-
 @dataclass
 class RunContext:
     """What a method's run function may use. Passed explicitly; nothing reaches a method through globals."""
@@ -45,7 +41,7 @@ class EngineText:
 class MethodSpec:
     name: str
     description: str  # one line, for the README and the report legend
-    axes: tuple[str, ...]  # which OPTIONAL_AXES apply
+    axes: tuple[str, ...]  # the point axes it sweeps (eval/axes.py; every method has the comparison axes)
     run: Callable | None  # (ctx: RunContext, point, prompt_ids [B,P], prompt_mask [B,P], generation, generator) -> list[RowRecord]; None: another engine's (engine_config)
     has_rounds: bool = False  # records carry per-round drafted/accepted/emitted: speculation figures apply
     is_reference: bool = False  # the autoregressive baseline every ratio is computed against

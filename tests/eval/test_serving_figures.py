@@ -6,7 +6,6 @@ import json
 import math
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -277,7 +276,7 @@ def test_a_failed_and_a_partial_load_point():
     rows = sweep(concurrencies=(1,), spec_finish=(0.5,))
     spec = next(r for r in rows if r["method"] == "speculative")
     label = "speculative draft=d gamma=2 constant conc=1 greedy"
-    failed = {**asdict(Point.of(spec)), "concurrency": 2, "batch_size": 2, "status": "failed", "error": "boom"}
+    failed = {**Point.of(spec).values(), "concurrency": 2, "batch_size": 2, "status": "failed", "error": "boom"}
     progress = {"planned": {label: 2, "baseline conc=1 greedy": 1}, "failures": [failed]}
     summary = summarize(rows, progress)
     assert serving_run(summary, "speculative", concurrency=2)["status"] == "failed"

@@ -2,14 +2,12 @@
 acceptance by depth and rank, Sequoia's expected accepted length, the tree prediction and its gaps, v(n), strict JSON
 and the report's tree table, depth/rank block and v(n) line."""
 import json
-from dataclasses import asdict, fields
-from types import SimpleNamespace
 
 import pytest
 
 from eval.figures import prediction_gap, run_metrics
 from eval.legend import LEGEND
-from eval.records import AXES, CostProbe, Point
+from eval.records import CostProbe, Point
 from eval.report import markdown
 from eval.trees import acceptance_by_depth_rank, expected_emitted
 from sample_records import costs, record
@@ -33,11 +31,7 @@ V = {"2": 1.2, "6": 2.0}
 
 
 def tree_point(**axes):
-    """A Point with a tree label: Point itself once it has the tree axis, before that a stand-in with its fields."""
-    if "tree" in {f.name for f in fields(Point)}:
-        return Point(**axes)
-    base = Point(**{k: x for k, x in axes.items() if k != "tree"})
-    return SimpleNamespace(**asdict(base), tree=axes.get("tree"), label=f"{base.label} tree={axes.get('tree')}")
+    return Point(**axes)
 
 
 def tree_samples(method="speculative", draft="d"):
@@ -119,7 +113,7 @@ def test_the_report_shows_a_tree_point():
     spec, baseline = tree_samples()
     point = tree_point(method="speculative", batch_size=1, draft="d", gamma=2, schedule="constant", tree="2-1")
     m = run_metrics(point, spec, baseline, CostProbe.from_json(costs(0.25, V)["1"]["p1"]))
-    tree_run = {**{axis: getattr(point, axis, None) for axis in AXES}, "tree": "2-1", "group": None,
+    tree_run = {**point.values(), "tree": "2-1", "group": None,
                 "label": point.label, "status": "ok", "flags": [], "metrics": m,
                 "batches": {"done": 8, "paired": 8, "planned": 8, "prompts": 8, "cross_process": 0}}
     chain_run = {**tree_run, "tree": None, "label": "chain", "metrics": {"drafted_per_round": 2.0}}
@@ -139,7 +133,6 @@ def test_the_report_shows_a_tree_point():
     assert "v(n)" not in chains_only and "Trees" not in chains_only
 
 
-@pytest.mark.skipif("tree" not in AXES, reason="the tree sweep axis (Point.tree) is not merged yet")
 def test_summary_of_a_tree_point_is_strict_and_notes_a_missing_v():
     from eval.summary import summarize
     from sample_records import run

@@ -1,12 +1,11 @@
 """The experiment's bookkeeping without models: what is planned, what `repeats: auto` stops on, where each process's
 probes go, and env.json keeping every process's machine. A fake executor hands back constructed units."""
 import json
-from dataclasses import asdict
 
 import pytest
 from rich.console import Console
 
-from eval.records import CostProbe, Point
+from eval.records import Comparison, CostProbe
 from runner.experiment import Experiment
 from runner.plan import points_of
 from runner.session import UnitResult
@@ -47,7 +46,7 @@ class FakeExecutor:
             if self.stop_after is not None and len(self.ran) == self.stop_after:
                 raise KeyboardInterrupt
             rows = []
-            for point in points_of(self.exp.config, unit.batch_size, unit.temperature):
+            for point in points_of(self.exp.config, unit.comparison):
                 i, size = unit.batch_index, unit.batch_size
                 latency = 2.0 if point.method == "baseline" else 2.0 / self.speed(i)
                 for row in range(i * size, min((i + 1) * size, self.num_prompts)):
@@ -147,12 +146,12 @@ class FailingExecutor(FakeExecutor):
     def run(self, units, done):
         for unit in units:
             if unit.repeat >= 1:
-                label = next(p for p in points_of(self.exp.config, 1, None) if p.gamma == 2)
+                label = next(p for p in points_of(self.exp.config, Comparison(batch_size=1)) if p.gamma == 2)
                 rows = [record("baseline", unit.batch_index, unit.batch_index, unit.repeat, tokens=4, latency=2.0,
                                process=self.process)]
                 self.ran.append(unit)
                 yield unit, UnitResult(rows=rows, process=self.process, failures=[
-                    {**asdict(label), "status": "failed", "error": "RuntimeError: boom"}])
+                    {**label.values(), "status": "failed", "error": "RuntimeError: boom"}])
             else:
                 yield from super().run([unit], done)
 

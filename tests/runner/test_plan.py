@@ -3,6 +3,7 @@ from collections import Counter
 
 import pytest
 
+from eval.records import Comparison
 from runner.plan import Unit, order_of, points_of, williams_order
 from utils.config import validate
 
@@ -16,7 +17,7 @@ def test_sweep_axes_and_drafts():
                        "speculative": {"gamma": [2, 4], "schedule": ["constant", "cost_model"]}})
     assert [d.name for d in config.draft] == ["d1", "small"]
     assert config.generation.temperatures() == [None, 0.7]
-    points = points_of(config, 1, 0.7)
+    points = points_of(config, Comparison(batch_size=1, temperature=0.7))
     # baseline 1 + speculative 2 drafts x 2 gammas x 2 schedules + prompt_lookup 2 gammas
     assert len(points) == 1 + 8 + 2
     assert {p.draft for p in points if p.method == "speculative"} == {"d1", "small"}
@@ -37,7 +38,7 @@ def test_point_order_is_a_williams_design(n):
         assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1
     assert williams_order(n, cycle + 3) == williams_order(n, 3)  # it cycles
     points = [f"p{i}" for i in range(n)]  # the unit's index is its batch index plus its repeat
-    assert order_of(points, Unit(1, None, 1, 2)) == [points[i] for i in williams_order(n, 3)]
+    assert order_of(points, Unit(Comparison(batch_size=1), 1, 2)) == [points[i] for i in williams_order(n, 3)]
 
 
 CHAIN_SWEEP = {**VALID, "methods": ["baseline", "speculative", "prompt_lookup"],
@@ -54,7 +55,7 @@ CHAIN_LABELS = ["baseline batch=1 greedy",
 def test_chain_points_are_those_of_before_the_tree_axis():
     for speculative in ({}, {"tree": None}, {"tree": [None]}):
         config = validate({**CHAIN_SWEEP, "speculative": {**CHAIN_SWEEP["speculative"], **speculative}})
-        points = points_of(config, 1, None)
+        points = points_of(config, Comparison(batch_size=1))
         assert [p.label for p in points] == CHAIN_LABELS
         assert all(p.tree is None for p in points)
 
@@ -64,7 +65,7 @@ def test_tree_points_follow_the_chains():
     # take each gamma as their depth cap; no tree point has a schedule
     config = validate({**CHAIN_SWEEP, "speculative": {**CHAIN_SWEEP["speculative"],
                                                       "tree": [[3, 2, 1], None, {"dynamic": 24}, "auto", [2, 2]]}})
-    labels = [p.label for p in points_of(config, 1, None)]
+    labels = [p.label for p in points_of(config, Comparison(batch_size=1))]
     assert labels == CHAIN_LABELS[:5] + [
         "speculative draft=d gamma=3 tree=3-2-1 batch=1 greedy",
         "speculative draft=d gamma=2 tree=dynamic-24 batch=1 greedy",
@@ -78,7 +79,7 @@ def test_tree_points_follow_the_chains():
         "prompt_lookup gamma=4 tree=dynamic-24 batch=1 greedy",
         "prompt_lookup gamma=2 tree=2-2 batch=1 greedy",  # no auto: it prices a draft model's tree
     ]
-    points = points_of(config, 1, None)
+    points = points_of(config, Comparison(batch_size=1))
     assert all(p.schedule is None for p in points if p.tree is not None)
     assert len({p.key for p in points}) == len(points)
     # the static tree of depth 2 and the chain of gamma 2 are two points
@@ -89,8 +90,6 @@ def test_tree_points_follow_the_chains():
 def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     # samples.jsonl lines written before the axis have no "tree": they read as chains, their batches count as done
     # for the same plan, and the folder's config.yaml (no tree keys) is this config on --resume
-    from dataclasses import asdict
-
     from eval.records import Point, SampleRecord, batch_key
     SERVING_FIELDS = ("concurrency", "request_rate", "request", "arrival_s", "admitted_s", "first_token_s", "finish_s", "emits")
     from runner.storage import ReportFolder
@@ -99,9 +98,9 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     old = record("speculative", sample_id=0, batch_index=3, repeat=1, gamma=4)
     assert "tree" not in old and SampleRecord.from_json(old).tree is None
     config = validate(VALID)
-    point, = [p for p in points_of(config, 1, None) if p.method == "speculative"]
+    point, = [p for p in points_of(config, Comparison(batch_size=1)) if p.method == "speculative"]
     assert Point.of(old) == point and batch_key(old) == point.key + (1, 3)
-    assert asdict(SampleRecord.from_json(old)) == {**old, "tree": None, "synthetic_acceptance": None, "top2_gaps": None,
+    assert SampleRecord.from_json(old).to_json() == {**old, "tree": None, "synthetic_acceptance": None, "top2_gaps": None,
                                                    "extra": {}, **dict.fromkeys(SERVING_FIELDS)}
 
     raw = config.model_dump(mode="json")

@@ -23,14 +23,15 @@ def test_vllm_config_errors_name_the_key(patch, fragment):
 
 
 def test_draft_kinds_split_the_draft_axis():
+    from eval.records import Comparison
     from runner.plan import points_of
 
     config = validate({**VALID, "draft": [{"model": "d"}, {"model": "h", "kind": "eagle3"}],
                        "methods": ["baseline", "speculative", "vllm_generate", "vllm_draft", "vllm_eagle"]})
-    drafts = {p.method: sorted({q.draft for q in points_of(config, 1, None) if q.method == p.method})
-              for p in points_of(config, 1, None)}
+    drafts = {p.method: sorted({q.draft for q in points_of(config, Comparison(batch_size=1)) if q.method == p.method})
+              for p in points_of(config, Comparison(batch_size=1))}
     assert drafts["speculative"] == ["d"] and drafts["vllm_draft"] == ["d"] and drafts["vllm_eagle"] == ["h"]
-    assert {p.method for p in points_of(config, 1, None, engine="ours")} == {"baseline", "speculative"}
+    assert {p.method for p in points_of(config, Comparison(batch_size=1), engine="ours")} == {"baseline", "speculative"}
 
 
 @pytest.fixture(scope="module")
@@ -93,19 +94,20 @@ def _executor(config):
 
 
 def test_the_vllm_drafts_revision_and_quantization_reach_its_speculative_config():
+    from eval.records import Comparison
     from runner.plan import points_of
 
     config = validate({**VALID, "draft": [{"model": "d", "revision": "abc123", "quantization": "4bit"},
                                           {"model": "e"}],
                        "methods": ["vllm_generate", "vllm_draft"], "speculative": {"gamma": [3]}})
     executor = _executor(config)
-    by_draft = {p.draft: executor.engine_kwargs(p) for p in points_of(config, 1, None) if p.method == "vllm_draft"}
+    by_draft = {p.draft: executor.engine_kwargs(p) for p in points_of(config, Comparison(batch_size=1)) if p.method == "vllm_draft"}
     assert by_draft["d"]["speculative_config"] == {"method": "draft_model", "model": "/models/d",
                                                    "num_speculative_tokens": 3, "revision": "abc123",
                                                    "quantization": "bitsandbytes"}
     assert by_draft["e"]["speculative_config"] == {"method": "draft_model", "model": "/models/e",
                                                    "num_speculative_tokens": 3}
-    reference = next(p for p in points_of(config, 1, None) if p.method == "vllm_generate")
+    reference = next(p for p in points_of(config, Comparison(batch_size=1)) if p.method == "vllm_generate")
     assert "speculative_config" not in executor.engine_kwargs(reference)
 
 

@@ -81,7 +81,7 @@ def served(tmp_path_factory):
     units = [u for c in comparisons(config, REQUESTS) for u in units_of(c, len(PROMPTS), 0)]
     try:
         # two slots; requests 0-2 arrive at once (2 waits for a slot), 3 arrives after a gap
-        reference = next(p for p in points_of(config, *units[0].comparison) if p.method == "vllm_generate")
+        reference = next(p for p in points_of(config, units[0].comparison) if p.method == "vllm_generate")
         engine = executor.start(reference)
         assert engine.failed is None, engine.failed
         job = executor._job(executor.session.prompt_set.prompts[:4], None, MAX_NEW, 0,

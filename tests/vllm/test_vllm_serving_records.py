@@ -35,7 +35,7 @@ def _units(config):
     from runner.plan import comparisons, points_of, units_of
 
     units = [u for c in comparisons(config, config.load.requests) for u in units_of(c, len(PROMPTS), 0)]
-    return units, {u: {p.method: p for p in points_of(config, *u.comparison)} for u in units}
+    return units, {u: {p.method: p for p in points_of(config, u.comparison)} for u in units}
 
 
 def _serving(**load):
@@ -43,17 +43,18 @@ def _serving(**load):
 
 
 def test_every_engine_takes_the_largest_concurrency_as_max_num_seqs():
+    from eval.records import Comparison
     from runner.plan import points_of
 
     config = _serving()
     executor = _executor(config)
-    kwargs = [executor.engine_kwargs(p) for u in _units(config)[0] for p in points_of(config, *u.comparison)]
+    kwargs = [executor.engine_kwargs(p) for u in _units(config)[0] for p in points_of(config, u.comparison)]
     assert {k["max_num_seqs"] for k in kwargs} == {2}
     uncapped = _serving(concurrency=None, request_rate=[1.0])  # no cap: every request may be in flight
-    assert _executor(uncapped).engine_kwargs(points_of(uncapped, *_units(uncapped)[0][0].comparison)[0])[
+    assert _executor(uncapped).engine_kwargs(points_of(uncapped, _units(uncapped)[0][0].comparison)[0])[
         "max_num_seqs"] == 4
     fixed = validate(VALID)
-    assert "max_num_seqs" not in _executor(fixed).engine_kwargs(points_of(fixed, 1, None)[0])
+    assert "max_num_seqs" not in _executor(fixed).engine_kwargs(points_of(fixed, Comparison(batch_size=1))[0])
 
 
 def test_a_max_num_seqs_below_the_concurrency_is_refused():

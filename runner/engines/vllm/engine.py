@@ -27,15 +27,16 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 from decode.methods import REGISTRY
-from eval.records import Point, SampleRecord
+from eval.axes import comparison_axes, label_of
+from eval.records import Comparison, Point
 from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
-from runner.session import UnitResult, failure
+from runner.session import UnitResult, failure, record_of
 from utils import UserError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -436,7 +437,7 @@ class VllmExecutor:
         if any(size is None for size in sizes.values()):
             return "engine"  # a hub id: its size is not known before it downloads
         engines: dict[str, int] = {}  # distinct engines of a comparison -> the bytes they hold
-        for point in points_of(self.config, *comparisons(self.config)[0], engine="vllm"):
+        for point in points_of(self.config, comparisons(self.config)[0], engine="vllm"):
             kwargs = self.engine_kwargs(point)
             drafted = (kwargs.get("speculative_config") or {}).get("model")
             draft = next((sizes[r] for r, path in models.items() if r != "target" and path == drafted), 0)
@@ -452,8 +453,7 @@ class VllmExecutor:
         kwargs = self.engine_kwargs(point)
         key = json.dumps(kwargs, sort_keys=True, default=str)
         if key not in self.engines:
-            name = " ".join(part for part in point.label.split()
-                            if not part.startswith(("batch=", "T=", "conc=", "rate=")) and part != "greedy")
+            name = label_of(point.without(*(axis.name for axis in comparison_axes())))
             self.engines[key] = Engine(name, kwargs)
         return self.engines[key]
 
@@ -602,17 +602,17 @@ class VllmExecutor:
     def run(self, units: list[Unit], done: set):
         if self.pairing is None:  # after our models left memory (the sweep releases them before vLLM's units)
             self.pairing = self._pairing()
-        by_comparison: dict[tuple, list[Unit]] = {}
+        by_comparison: dict[Comparison, list[Unit]] = {}
         for unit in units:
             by_comparison.setdefault(unit.comparison, []).append(unit)
         try:
             if self.pairing == "engine" and self.config.load is not None:
-                if any(points_of(self.config, *comparison, engine="vllm") for comparison in by_comparison):
+                if any(points_of(self.config, comparison, engine="vllm") for comparison in by_comparison):
                     self._note_pairing()
                     yield from self._serving_by_engine(by_comparison, done)
                 return
             for comparison, mine in by_comparison.items():
-                points = points_of(self.config, *comparison, engine="vllm")
+                points = points_of(self.config, comparison, engine="vllm")
                 if not points:
                     continue
                 self._note_pairing()
@@ -657,11 +657,11 @@ class VllmExecutor:
             finally:
                 self.stop(self.engine_of(point))
 
-    def _serving_by_engine(self, by_comparison: dict[tuple, list[Unit]], done: set):
+    def _serving_by_engine(self, by_comparison: dict[Comparison, list[Unit]], done: set):
         """Engine pairing in a serving run: each engine up once for every load point (its max_num_seqs is the
         largest concurrency), then down before the next; the engines in the Williams order of the first load point's
         points, each going through the load points in order."""
-        plans = [(points_of(self.config, *comparison, engine="vllm"), mine)
+        plans = [(points_of(self.config, comparison, engine="vllm"), mine)
                  for comparison, mine in by_comparison.items()]
         plans = [(points, mine) for points, mine in plans if points and mine]
         engines: list[Engine] = []
@@ -740,7 +740,7 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
     rows = []
     spec = REGISTRY[point.method]
     for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
-        timing = {"latency_s": answer["wall_s"], "prefill_s": None, "target_s": answer["wall_s"]}
+        timing = {"latency_s": answer["wall_s"], "prefill_s": None, "target_s": answer["wall_s"], "arrival_s": None}
         if unit.serving:
             served = {key: row[key] for key in ("arrival_s", "admitted_s", "first_token_s", "finish_s")}
             if None in served.values() or not row.get("emits"):
@@ -750,20 +750,18 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
             timing = {"latency_s": served["finish_s"] - served["arrival_s"],
                       "prefill_s": served["first_token_s"] - served["arrival_s"],
                       "target_s": served["finish_s"] - served["admitted_s"], **served}
-        rounds = rounds_of(row.get("spec"), row["new_tokens"], row.get("steps")) if spec.has_rounds else None
-        forwards = len(row["steps"]) if row.get("steps") else None  # one target forward per engine step
         extra = {"engine": "vllm", "vllm_ttft_s": row.get("ttft_s"), "vllm_latency_s": row.get("latency_s")}
         if index == 0 and answer.get("counters") is not None:
             extra["vllm_batch_counters"] = answer["counters"]
-        rows.append(SampleRecord(
-            **asdict(point), sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
-            batch_rows=len(batch), group=prompt.group, prompt_tokens=len(prompt.token_ids), preset=preset,
-            reference=prompt.reference, output_ids=row["output_ids"],
-            output_text=tokenizer.decode(row["output_ids"], skip_special_tokens=True), new_tokens=row["new_tokens"],
+        measured = SimpleNamespace(
+            output_ids=row["output_ids"], new_tokens=row["new_tokens"],
             stop_reason=row["stop_reason"] if row["stop_reason"] in ("eos", "length") else "eos",
-            target_forwards=forwards, draft_forwards=None, draft_s=0.0, draft_prefill_s=0.0, rounds=rounds,
-            peak_memory_bytes=None, worker=None, process=PROCESS, extra=extra, request=index if unit.serving else None,
-            **timing).to_json())
+            target_forwards=len(row["steps"]) if row.get("steps") else None,  # one target forward per engine step
+            draft_forwards=None, draft_s=0.0, draft_prefill_s=0.0,
+            rounds=rounds_of(row.get("spec"), row["new_tokens"], row.get("steps")) if spec.has_rounds else None,
+            **timing)
+        rows.append(record_of(point, unit, prompt, measured, tokenizer, preset, spec.has_rounds, len(batch),
+                              extra=extra, request=index if unit.serving else None))
     return rows
 
 
