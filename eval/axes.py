@@ -139,8 +139,8 @@ def axis(name: str) -> Axis:
 
 
 def label_of(values: dict, axes: list[Axis] | None = None) -> str:
-    """A point's (or a comparison's) label: each axis's text in table order."""
-    parts = [axis.text(values.get(axis.name), values) for axis in (AXES if axes is None else axes)]
+    """A point's (or a comparison's) label: the text of each axis `values` has (None included), in table order."""
+    parts = [axis.text(values[axis.name], values) for axis in (AXES if axes is None else axes) if axis.name in values]
     return " ".join(p for p in parts if p)
 
 

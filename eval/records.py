@@ -73,7 +73,7 @@ class AxisValues:
 
     @property
     def label(self) -> str:
-        return label_of(self._values, self.axes())
+        return label_of(self.values(), self.axes())
 
     @property
     def serving(self) -> bool:
