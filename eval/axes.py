@@ -61,7 +61,10 @@ class Axis:
     def key(self, value) -> tuple:
         if self.order is not None:
             return self.order(value)
-        return (value is not None, (str(type(value)), value) if value is not None else ())
+        if value is None:
+            return (False, ())
+        # numbers by value whatever their type (an int 1 before a float 1.5), other values by type, then value
+        return (True, (0, value) if isinstance(value, (int, float)) else (1, str(type(value)), value))
 
 
 def _lookup(config, path: str):

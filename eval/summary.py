@@ -13,7 +13,7 @@ from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
-from eval.axes import comparison_axes, point_axes, sort_key
+from eval.axes import axis as axis_named, comparison_axes, point_axes, sort_key
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
 from eval.serving import SERVING_LEGEND, serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
@@ -25,10 +25,12 @@ from eval.trees import tree_of
 
 def point_order(point: Point) -> tuple:
     """Comparison by comparison (the last comparison axis outermost, as the plan runs them), the reference first,
-    methods in registry order, then by each point axis."""
-    values = point.values()
+    methods in registry order, then by each point axis, the tree just before the schedule: at each gamma a method's
+    chains (tree None) before its trees (which have no schedule), as the plan runs them."""
+    values, axes = point.values(), point_axes()
+    axes.insert(axes.index(axis_named("schedule")), axes.pop(axes.index(axis_named("tree"))))
     return (sort_key(values, comparison_axes()[::-1]), not REGISTRY[point.method].is_reference,
-            list(REGISTRY).index(point.method), sort_key(values, point_axes()))
+            list(REGISTRY).index(point.method), sort_key(values, axes))
 
 
 def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | None:
@@ -232,7 +234,8 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
     the same method, draft and gamma (constant schedule), each with its speedup against its own engine's reference."""
     overall = {r["label"]: r for r in runs if r["group"] is None and r["status"] in ("ok", "partial")}
     rows = []
-    for (engine, comparison), theirs in sorted(baselines.items(), key=lambda item: str(item[0])):
+    for (engine, comparison), theirs in sorted(baselines.items(), key=lambda item: (  # engine, then as the runs
+            item[0][0], sort_key(item[0][1].values(), comparison_axes()[::-1]))):
         ours = baselines.get(("ours", comparison))
         if engine == "ours" or not ours:
             continue

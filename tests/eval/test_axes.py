@@ -107,3 +107,20 @@ def _model_of(annotation):
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return next((m for m in map(_model_of, typing.get_args(annotation)) if m is not None), None)
+
+
+def test_the_summary_order_puts_a_methods_chains_before_its_trees_and_numbers_by_value():
+    from eval.summary import point_order
+
+    def point(**axes):
+        return Point(method="speculative", draft="d", batch_size=1, **axes)
+
+    expected = [Point(method="baseline", batch_size=1),
+                point(gamma=2, schedule="constant"), point(gamma=2, schedule="constant", synthetic_acceptance=0.5),
+                point(gamma=2, schedule="heuristic"), point(gamma=2, tree="2-1"), point(gamma=2, tree="dynamic-8"),
+                point(gamma=4, schedule="constant"), point(gamma=4, tree="dynamic-8"),
+                # sampling after greedy, temperatures by value whatever their type: 1 (an int) between 0.7 and 1.5
+                point(gamma=2, schedule="constant", temperature=0.7), point(gamma=2, schedule="constant", temperature=1),
+                point(gamma=2, schedule="constant", temperature=1.5)]
+    assert sorted(reversed(expected), key=point_order) == expected
+    assert sorted(expected[::2] + expected[1::2], key=point_order) == expected

@@ -116,3 +116,16 @@ def test_engine_info_reads_the_new_key_and_an_older_folder_s():
         assert ("order of the vLLM points (vLLM 0.1, /env/bin/python): each batch back to back"
                 in markdown(summary))
     assert "engine_info" not in summarize(_two_engines(), {"vllm": {}})  # an older run without vLLM
+
+
+def test_the_engine_comparison_rows_follow_the_runs_order():
+    """Batch sizes 2 and 10, greedy and T=0.7: greedy first, then batch sizes by value (10 after 2)."""
+    samples = []
+    for temperature in (0.7, None):
+        for batch_size in (10, 2):
+            for i in range(batch_size):
+                for method, latency in (("baseline", 2.0), ("vllm_generate", 0.5)):
+                    samples.append(record(method, i, 0, batch_size=batch_size, tokens=4, latency=latency,
+                                          temperature=temperature))
+    rows = summarize(samples, {})["engines"]
+    assert [(r["batch_size"], r["temperature"]) for r in rows] == [(2, None), (10, None), (2, 0.7), (10, 0.7)]

@@ -138,3 +138,14 @@ def test_vllm_pairing_is_decided_when_vllm_runs_not_while_our_models_hold_memory
     free["bytes"] = 2**40  # released: all of it
     list(executor.run([], set()))
     assert executor.pairing == "batch"
+
+
+@pytest.mark.parametrize("generation", [{}, {"do_sample": True, "temperature": [0.7]}])
+def test_a_vllm_engine_is_named_by_its_point_axes_alone(generation):
+    from runner.plan import comparisons, points_of
+
+    config = validate({**VALID, "methods": ["vllm_generate", "vllm_draft"], "speculative": {"gamma": [3]},
+                       "generation": generation})
+    executor = _executor(config)
+    names = [executor.engine_of(p).name for p in points_of(config, comparisons(config)[0])]
+    assert names == ["vllm_generate", "vllm_draft draft=d gamma=3"]  # no batch, load or temperature in it

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from decode.methods import REGISTRY
-from eval.axes import comparison_axes, label_of
+from eval.axes import AXES, POINT, label_of
 from eval.records import Comparison, Point
 from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
@@ -453,7 +453,7 @@ class VllmExecutor:
         kwargs = self.engine_kwargs(point)
         key = json.dumps(kwargs, sort_keys=True, default=str)
         if key not in self.engines:
-            name = label_of(point.without(*(axis.name for axis in comparison_axes())))
+            name = label_of(point.values(), [axis for axis in AXES if axis.splits == POINT])  # its point axes
             self.engines[key] = Engine(name, kwargs)
         return self.engines[key]
 
