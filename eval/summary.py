@@ -289,7 +289,7 @@ def comparison_name(run: dict) -> str:
 
 
 def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -> dict:
-    """Per comparison (batch size, temperature): each method's best measured point (status ok only; flagged ones
+    """Per comparison (eval/axes.py: batch size, load point, temperature): each method's best measured point (status ok only; flagged ones
     are kept and marked), and, where Leviathan's model applies (a constant draft length, a draft model, c and v
     measured), the gamma the measured alpha, c and v predict best among the gammas swept. Synthetic-acceptance points
     take no part: their alpha is set, not the pair's."""

@@ -32,9 +32,10 @@ class Progress:
     group_by: str | None = None
     notes: list[str] = field(default_factory=list)
     prompts: dict = field(default_factory=dict)
-    order: str = ("per batch, every point of a (batch size, temperature) runs on the same prompts back to back, in an "
-                  "order that changes from batch to batch and repeat to repeat (a Williams design: over a cycle each "
-                  "point runs in each position, and right after each other point, equally often)")
+    order: str = ("per batch, every point of a comparison (its batch size or load point, and temperature) runs on the "
+                  "same prompts back to back, in an order that changes from batch to batch and repeat to repeat (a "
+                  "Williams design: over a cycle each point runs in each position, and right after each other point, "
+                  "equally often)")
     engine_info: dict = field(default_factory=dict)  # engine name -> its info (Engine.info: version, pairing, order ...)
 
 
