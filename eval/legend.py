@@ -179,7 +179,7 @@ LEGEND = {
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
              "that group in the batch",
     **({"engines": " ".join(t.legend for t in ENGINE_TEXTS.values())} if ENGINE_TEXTS else {}),
-    "best": "per batch size and temperature: each method's point with the highest measured speedup among status ok "
-            "points (flagged ones included and marked), and for a constant draft length with measured costs the "
-            "gamma that the measured alpha, c and v predict best among the gammas swept",
+    "best": "per comparison (batch size or load point, and temperature): each method's point with the highest "
+            "measured speedup among status ok points (flagged ones included and marked), and for a constant draft "
+            "length with measured costs the gamma that the measured alpha, c and v predict best among the gammas swept",
 }
