@@ -98,6 +98,7 @@ class Session:
         self._loading = loading.status_of(status)  # what -> a context manager showing what loads (rich), or none
         self.clock = Clock(device)  # replaced at load by one that syncs every device the models use
         self.prepared: dict[Comparison, Prepared] = {}
+        self._batches: dict[int, list[list]] = {}  # batch size -> the prompts in batches (batches())
         self.notes: list[str] = []
 
     # -- loading ----------------------------------------------------------------------------------
@@ -205,7 +206,10 @@ class Session:
         return Generation(max_new_tokens or g.max_new_tokens, sampling, self.eos)
 
     def batches(self, batch_size: int) -> list[list]:
-        return batches_of(self.prompt_set.prompts, batch_size)
+        """The prompts in batches of batch_size, sliced once per batch size."""
+        if batch_size not in self._batches:
+            self._batches[batch_size] = batches_of(self.prompt_set.prompts, batch_size)
+        return self._batches[batch_size]
 
     def prompts_of(self, unit: Unit) -> list:
         """The unit's prompts: its batch, or a serving unit's requests (runner/load.py)."""
