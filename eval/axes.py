@@ -96,15 +96,14 @@ def _temperatures(config, requests) -> list[dict]:
 
 
 AXES: list[Axis] = [
-    Axis("method", POINT, "methods", "{}", "the method (decode/methods registry)", applies=lambda spec: True,
-         values=lambda config, spec: [spec.name]),
+    Axis("method", POINT, "methods", "{}", "the method (decode/methods registry; the plan goes method by method)"),
     Axis("draft", POINT, "draft", "draft={}", "the draft's label (config draft[i].label), for methods with a draft",
          values=_drafts),
     Axis("gamma", POINT, "speculative.gamma", "gamma={}", "the most draft tokens per round (a static tree: its depth)"),
-    Axis("schedule", POINT, "speculative.schedule", "{}",
-         "the draft-length schedule: constant, heuristic, confidence or cost_model (a chain's)"),
     Axis("tree", POINT, "speculative.tree", "tree={}", "the token tree (decode/tree_layout.py): 3-2-1-1, dynamic-24, "
          "auto; None: a chain", column="tree"),
+    Axis("schedule", POINT, "speculative.schedule", "{}",
+         "the draft-length schedule: constant, heuristic, confidence or cost_model (a chain's)"),
     Axis("exit_layer", POINT, "speculative.exit_layer", "exit={}", "early_exit: the target's layers that draft"),
     Axis("synthetic_acceptance", POINT, "speculative.synthetic_acceptance", "synthetic={}",
          "the set alpha of a synthetic point (decode/sampling.py accept_synthetic); None: the real acceptance",

@@ -19,7 +19,7 @@ from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
-from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals
+from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals, strict
 from eval.totals import cross_process_pairs
 from eval.trees import tree_of
 
@@ -365,18 +365,7 @@ def crossovers(runs: list[dict]) -> list[dict]:
                         "measured": crossing(loads, [x["speedup_tput"] for x in m], [x.get("speedup_tput_ci95") for x in m]),
                         "predicted": crossing(loads, [x.get("predicted_speedup") for x in m]),
                         "tpot": crossing(loads, [x.get("speedup_tpot") for x in m], [x.get("speedup_tpot_ci95") for x in m])})
-    return [_finite(c) for c in out]
-
-
-def _finite(obj):
-    """math.inf (all at once) written as None: summary.json is strict JSON."""
-    if isinstance(obj, float) and math.isinf(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
+    return [strict(c) for c in out]  # math.inf (all at once) written as null: summary.json is strict JSON
 
 
 def load_text(value, axis: str) -> str:

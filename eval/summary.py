@@ -13,11 +13,11 @@ from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
-from eval.axes import axis as axis_named, comparison_axes, point_axes, sort_key
+from eval.axes import comparison_axes, point_axes, sort_key
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
 from eval.serving import SERVING_LEGEND, serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
-from eval.totals import cross_process_pairs, paired_clusters, processes_of, throughput, units
+from eval.totals import cross_process_pairs, paired_clusters, processes_of, units
 from eval.trees import tree_of
 
 
@@ -25,12 +25,11 @@ from eval.trees import tree_of
 
 def point_order(point: Point) -> tuple:
     """Comparison by comparison (the last comparison axis outermost, as the plan runs them), the reference first,
-    methods in registry order, then by each point axis, the tree just before the schedule: at each gamma a method's
-    chains (tree None) before its trees (which have no schedule), as the plan runs them."""
-    values, axes = point.values(), point_axes()
-    axes.insert(axes.index(axis_named("schedule")), axes.pop(axes.index(axis_named("tree"))))
+    methods in registry order, then by each point axis in table order (the tree before the schedule: at each gamma a
+    method's chains, tree None, before its trees, which have no schedule, as the plan runs them)."""
+    values = point.values()
     return (sort_key(values, comparison_axes()[::-1]), not REGISTRY[point.method].is_reference,
-            list(REGISTRY).index(point.method), sort_key(values, axes))
+            list(REGISTRY).index(point.method), sort_key(values, point_axes()))
 
 
 def costs_of(progress: dict, point: Point, samples: list[dict]) -> CostProbe | None:
