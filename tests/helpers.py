@@ -1,12 +1,14 @@
 """Tiny models saved to a folder, configs that use them, and launch.py run in a subprocess."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -17,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository
 VLLM_PYTHON = os.environ.get("SPECULATE_VLLM_PYTHON", "")
 
 
+@functools.cache
 def vllm_imports() -> bool:
-    """Whether VLLM_PYTHON imports vllm (from /, so that no folder of the repository shadows a package)."""
+    """Whether VLLM_PYTHON imports vllm (from /, so that no folder of the repository shadows a package); asked once
+    per test session."""
     if not VLLM_PYTHON:
         return False
     try:
@@ -26,6 +30,24 @@ def vllm_imports() -> bool:
                               cwd="/").returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def needs_vllm():
+    """A module's pytestmark: skipped unless VLLM_PYTHON imports vllm."""
+    return pytest.mark.skipif(not vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
+
+
+# word tokenizer ids (word_tokenizer: 3..95 are words) for vLLM's engine: repeated phrases give the n-gram proposer
+# matches
+WORD_PROMPTS = [
+    [1, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7],
+    [1, 20, 21, 22, 20, 21, 22, 20, 21],
+    [1, 40, 41, 42, 43, 44, 45],
+    [1, 60, 61, 60, 61, 60],
+    [1, 9, 30, 9, 30, 11, 9, 30, 11, 9],
+    [1, 70, 71, 72, 73, 70, 71],
+]
+
 WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(93)]
 
 

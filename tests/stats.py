@@ -8,9 +8,23 @@ import torch
 
 from decode import Sampling
 from decode.sampling import logits_to_probs
+from tiny_models import tiny_model
 
 V = 12  # the vocabulary of the models whose joint is enumerated: V^3 continuations
 PROMPT = torch.tensor([[3, 7, 5, 9]])
+
+
+def sampling_pair():
+    """The target and draft of the sampling tests, over V: a 2-layer target and a 1-layer draft of another seed, whose
+    distributions differ enough that a draft sample passed through unchecked is off the target's."""
+    return (tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3),
+            tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3))
+
+
+def joint_counts(records) -> torch.Tensor:
+    """How often each (2nd, 3rd) new token pair was sampled, [V * V]: what exact_joint_of_tokens_2_and_3 predicts."""
+    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
+    return torch.bincount(pairs, minlength=V * V)
 
 
 def chi_square(observed_counts: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0):

@@ -16,7 +16,7 @@ from decode.kv import KVState
 from decode.compile_plan import compile_widths
 from decode.static_kv import CompiledModel, CompileRefused, StaticKVState, attach, new_state
 from decode.tree_layout import static_parents
-from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from test_sliding_window import tiny_windowed
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
@@ -110,8 +110,7 @@ def test_inductor_compiled_run_is_exact_and_compiles_once_per_width():
 
 def test_compiled_speculative_sampling_matches_target_distribution():
     sampling = Sampling(True, 1.0)
-    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
-    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    target, draft = sampling_pair()
     rows = 20_000
     ids = PROMPT.expand(rows, -1).contiguous()
     mask = torch.ones_like(ids)
@@ -123,8 +122,7 @@ def test_compiled_speculative_sampling_matches_target_distribution():
         spec = generate_speculative(ctarget, DraftModelDrafter(cdraft, V, sampling, generator), ids, mask,
                                     generation, gamma=2, generator=generator)
     assert all(r.rounds[0]["drafted"] == 2 for r in spec)
-    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in spec])
-    statistic, critical = chi_square(torch.bincount(pairs, minlength=V * V), exact_joint_of_tokens_2_and_3(target, sampling))
+    statistic, critical = chi_square(joint_counts(spec), exact_joint_of_tokens_2_and_3(target, sampling))
     assert statistic < critical, f"compiled speculative sampling is off the target's distribution: chi2 {statistic:.1f}"
 
 

@@ -13,7 +13,7 @@ from decode import Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters import EarlyExitDrafter
 from decode.drafters.early_exit import early_exit_view, num_layers
 from decode.drafters.schedules import HeuristicSchedule
-from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts
 from tiny_models import VOCAB, ragged_batch, tiny_model
 
 ARCHS = ["llama", "gpt2", "qwen2"]
@@ -150,8 +150,7 @@ def test_sampling_keeps_the_target_distribution(monkeypatch):
         drafter = EarlyExitDrafter(target, 1, V, sampling, generator)
         with torch.inference_mode():
             spec = generate_speculative(target, drafter, ids, torch.ones_like(ids), generation, 2, generator)
-        pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in spec])
-        return torch.bincount(pairs, minlength=V * V), spec
+        return joint_counts(spec), spec
 
     counts, spec = joint()
     drafted = sum(s.rounds[0]["drafted"] for s in spec)

@@ -10,7 +10,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 import decode.sampling
 from decode import Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter, lookup
-from stats import chi_square, exact_joint_of_tokens_2_and_3
+from stats import V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts
 from tiny_models import ragged_batch, tiny_model
 
 ARCHS = ["llama", "gpt2", "qwen2"]
@@ -172,7 +172,6 @@ def test_point_mass_step_outputs_p():
         if limit:
             assert abs(accepted.double().mean().item() - 0.3) < 0.005  # P(accept) = p(x)
 
-V = 12
 PERMUTATION = torch.tensor([[3, 7, 5, 0, 9, 1, 11, 4, 8, 2, 10, 6]])  # every id once: any first token matches
 
 
@@ -183,8 +182,7 @@ def sample_joint(target, rows, sampling):
     with torch.inference_mode():
         spec = generate_speculative(target, PromptLookupDrafter(3, 1), ids, torch.ones_like(ids), generation,
                                     gamma=2, generator=generator)
-    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in spec])
-    return torch.bincount(pairs, minlength=V * V), spec
+    return joint_counts(spec), spec
 
 
 def test_sampling_keeps_the_target_distribution(monkeypatch):

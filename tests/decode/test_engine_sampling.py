@@ -3,19 +3,12 @@ import pytest
 import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
-from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
-from tiny_models import tiny_model
-
-
-def joint_counts(records) -> torch.Tensor:
-    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
-    return torch.bincount(pairs, minlength=V * V)
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 
 
 @pytest.mark.parametrize("sampling", [Sampling(True, 1.0), Sampling(True, 0.7, top_p=0.9)], ids=["t1.0", "t0.7-top_p0.9"])
 def test_speculative_sampling_matches_target_distribution(sampling):
-    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
-    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    target, draft = sampling_pair()
     rows = 20_000
     ids = PROMPT.expand(rows, -1).contiguous()
     mask = torch.ones_like(ids)

@@ -7,7 +7,7 @@ from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, g
 from decode.drafters.hybrid import HybridDrafter, plan_row
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, SuffixTrie, remember_outputs
 from eval.sources import acceptance_by_source
-from stats import V, chi_square, exact_joint_of_tokens_2_and_3
+from stats import V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
 CHEAP = (0.02, {k: 1.0 for k in range(1, 9)})  # c, v: a tree of a free source and the draft wins whenever both exist
@@ -102,16 +102,10 @@ def test_plan_row_prefers_a_confident_free_match_and_the_draft_elsewhere():
         (None, 0, 0)
 
 
-def joint_counts(records) -> torch.Tensor:
-    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
-    return torch.bincount(pairs, minlength=V * V)
-
-
 @pytest.mark.parametrize("which", ["suffix", "hybrid-tree", "hybrid-chains"])
 def test_sampling_matches_target_distribution(which):
     sampling = Sampling(True, 1.0)
-    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
-    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    target, draft = sampling_pair()
     prompt = torch.tensor([[3, 7, 5, 9, 3, 7, 4, 9, 3]])  # repeats: lookup and suffix match after most first tokens
     rows = 12_000
     ids = prompt.expand(rows, -1).contiguous()

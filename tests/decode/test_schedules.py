@@ -9,7 +9,7 @@ import decode.sampling
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.schedules import (AcceptanceCounts, ConfidenceSchedule, ConstantSchedule, CostModelSchedule, HeuristicSchedule,
                                        PointEvidence, make_schedule, monotone)
-from stats import chi_square, exact_joint_of_tokens_2_and_3
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
 
@@ -358,10 +358,6 @@ def test_greedy_with_qwen2_and_heuristic():
 
 # ---- sampling under the confidence schedule --------------------------------------------------------------
 
-V = 12
-PROMPT = torch.tensor([[3, 7, 5, 9]])
-
-
 def confidence_threshold_splitting_rows(target, draft) -> float:
     """The median, over the target's first token, of the draft's top probability at the first draft: about half
     the rows then stop after one draft, the other half draft two."""
@@ -382,14 +378,12 @@ def sample_joint(target, draft, sampling, threshold, rows):
     with torch.inference_mode():
         spec = generate_speculative(target, drafter, ids, torch.ones_like(ids), generation, gamma=2,
                                     generator=generator)
-    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in spec])
-    return torch.bincount(pairs, minlength=V * V), spec
+    return joint_counts(spec), spec
 
 
 def test_sampling_under_the_confidence_schedule_keeps_the_target_distribution(monkeypatch):
     sampling = Sampling(True, 1.0)
-    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
-    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    target, draft = sampling_pair()
     threshold = confidence_threshold_splitting_rows(target, draft)
     rows = 12_000
     counts, spec = sample_joint(target, draft, sampling, threshold, rows)

@@ -14,7 +14,7 @@ from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.kv import KVState
 from decode.serving import Load
 from decode.tree_layout import static_parents
-from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from test_compiled_engine import compiled_copy
 from test_hybrid_suffix import CHEAP, _repetitive
 from test_sliding_window import tiny_windowed
@@ -121,15 +121,9 @@ def test_greedy_draft_chain_under_load_with_a_sliding_window(monkeypatch):
     assert joins
 
 
-def joint_counts(records) -> torch.Tensor:
-    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
-    return torch.bincount(pairs, minlength=V * V)
-
-
 def test_speculative_sampling_under_load_matches_target_distribution():
     sampling = Sampling(True, 1.0)
-    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
-    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    target, draft = sampling_pair()
     requests = 8000
     ids = PROMPT.expand(requests, -1).contiguous()
     generation = Generation(max_new_tokens=4, sampling=sampling)  # tokens 2 and 3 come from a request's first round

@@ -9,7 +9,7 @@ from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, g
 from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.sampling import accept_greedy, accept_tree_greedy, accept_tree_sampled
 from decode.tree_layout import TreeLayout, depths_and_ranks, static_parents
-from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from test_sliding_window import tiny_windowed
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
@@ -157,19 +157,13 @@ def test_tree_sampling_rule_keeps_the_target_distribution(case):
     assert chi_square(wrong, p)[0] > 3 * critical  # the test can tell another distribution
 
 
-def joint_counts(records) -> torch.Tensor:
-    pairs = torch.tensor([r.output_ids[1] * V + r.output_ids[2] for r in records])
-    return torch.bincount(pairs, minlength=V * V)
-
-
 @pytest.mark.parametrize("warp", [(1.0, None), (1.5, 0.9)])
 @pytest.mark.parametrize("kind", ["static-iid", "dynamic-point-masses"])
 def test_tree_speculative_sampling_matches_target_distribution(kind, warp):
     """End to end: tokens 2 and 3 come from one tree round (depth 2); their joint is the target's, enumerated. Also
     with a temperature and top_p, which warp q (the draws, the dynamic tree's scores) and p alike."""
     sampling = Sampling(True, warp[0], None, warp[1])
-    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
-    draft = tiny_model("llama", seed=7, vocab_size=V, layers=1, hidden=32, init_range=0.3)
+    target, draft = sampling_pair()
     rows = 12_000
     ids = PROMPT.expand(rows, -1).contiguous()
     mask = torch.ones_like(ids)

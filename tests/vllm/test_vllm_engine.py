@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, VLLM_PYTHON, save_vllm_pair, vllm_imports, write_prompts
+from helpers import ROOT, VLLM_PYTHON, needs_vllm, save_vllm_pair, write_prompts
 
 PYTHON = VLLM_PYTHON
-pytestmark = pytest.mark.skipif(not vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
+pytestmark = needs_vllm()
 
 
 def _config(root: Path, pairing: str, methods: list[str], **extra) -> Path:

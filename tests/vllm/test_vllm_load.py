@@ -11,21 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import VLLM_PYTHON, vllm_imports
+from helpers import VLLM_PYTHON, WORD_PROMPTS, needs_vllm
 
 PYTHON = VLLM_PYTHON
-pytestmark = pytest.mark.skipif(not vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
+pytestmark = needs_vllm()
 
 EOS = 2
-# word tokenizer ids (3..95 are words); repeated phrases give the n-gram proposer matches. 9 requests cycle over them
-PROMPTS = [
-    [1, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7],
-    [1, 20, 21, 22, 20, 21, 22, 20, 21],
-    [1, 40, 41, 42, 43, 44, 45],
-    [1, 60, 61, 60, 61, 60],
-    [1, 9, 30, 9, 30, 11, 9, 30, 11, 9],
-    [1, 70, 71, 72, 73, 70, 71],
-]
+PROMPTS = WORD_PROMPTS  # 9 requests cycle over them
 REQUESTS, CONCURRENCY, MAX_NEW = 9, [1, 3], 16
 METHODS = ["vllm_generate", "vllm_draft", "vllm_ngram"]
 

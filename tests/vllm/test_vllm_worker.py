@@ -18,18 +18,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "runner" / "engines" / "vllm" / "worker.py"
-from helpers import VLLM_PYTHON, vllm_imports
+from helpers import VLLM_PYTHON, WORD_PROMPTS, needs_vllm
 
 PYTHON = VLLM_PYTHON
-pytestmark = pytest.mark.skipif(not vllm_imports(), reason="SPECULATE_VLLM_PYTHON does not name a python with vllm")
+pytestmark = needs_vllm()
 
 EOS = 2
-# token ids of the word tokenizer (3..95 are words); repeated phrases give the n-gram proposer matches
-PROMPTS = [
-    [1, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7],
-    [1, 20, 21, 22, 20, 21, 22, 20, 21],
-    [1, 40, 41, 42, 43, 44, 45],
-]
+PROMPTS = WORD_PROMPTS[:3]
 MAX_NEW = 16
 ENGINE = {"dtype": "float32", "max_model_len": 128, "enforce_eager": True, "seed": 0,
           "kv_cache_memory_bytes": 64 * 2**20}
