@@ -17,6 +17,15 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
+def saved_records(folder: Path | None) -> int:
+    """How many records a report folder holds on disk (0: none, or no such folder)."""
+    try:
+        with open(Path(folder) / "samples.jsonl", "rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    except (OSError, TypeError):
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(description="Benchmark speculative decoding from a YAML experiment.")
     parser.add_argument("--config", help="experiment YAML (configs/default.yaml is the offline demo)")
@@ -62,8 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # before the run started: nothing measured yet
-        print("interrupted before any measurement", file=sys.stderr)
+    except KeyboardInterrupt:  # outside the run's own handling of it (before the run started, or as it ended)
+        folder = out_dir or (Path(args.resume) if args.resume else None)
+        saved = saved_records(folder)
+        if not saved:
+            print("interrupted before any measurement", file=sys.stderr)
+            return 130
+        print(f"interrupted: the {saved} records saved in {folder} are kept; continue with --resume {folder}",
+              file=sys.stderr)
+        print(folder)
         return 130
     except Exception as error:  # a bug, not bad input: one line here, the traceback in a file
         import traceback

@@ -85,10 +85,13 @@ def _batch_sizes(config, requests) -> list[dict]:
 
 
 def _load_points(config, requests) -> list[dict]:
-    """A serving run's load points: at most `concurrency` rows in flight is its batch size."""
+    """A serving run's load points: its batch size is the most rows that can be in flight, min(concurrency,
+    `requests`: a load point's requests), at which its costs are probed and kept; the concurrency stays as
+    configured (its label)."""
     if getattr(config, "load", None) is None:
         return [{}]
-    return [{"concurrency": c, "request_rate": r, "batch_size": c} for c, r in config.load.points(requests or 1)]
+    return [{"concurrency": c, "request_rate": r, "batch_size": c if requests is None else min(c, requests)}
+            for c, r in config.load.points(requests or 1)]
 
 
 def _temperatures(config, requests) -> list[dict]:
@@ -109,10 +112,10 @@ AXES: list[Axis] = [
          "the set alpha of a synthetic point (decode/sampling.py accept_synthetic); None: the real acceptance",
          column="synthetic"),
     Axis("batch_size", COMPARISON, "batch_size", lambda v, values: None if v is None or values.get("concurrency") is not None
-         else f"batch={v}", "prompts per batch; a serving point's most requests in flight (its concurrency)",
+         else f"batch={v}", "prompts per batch; a serving point's most requests in flight, min(concurrency, its requests)",
          values=_batch_sizes, load=True),
     Axis("concurrency", COMPARISON, "load.concurrency", "conc={}",
-         "a serving point's most requests in flight (config load:); None: a fixed batch", values=_load_points,
+         "a serving point's cap on requests in flight (config load:); None: a fixed batch", values=_load_points,
          load=True),
     Axis("request_rate", COMPARISON, "load.request_rate", "rate={}/s",
          "a serving point's arrivals per second; None: all at once", set_by="concurrency", load=True,

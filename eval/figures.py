@@ -53,16 +53,18 @@ def constant_draft_length(samples: list[dict], gamma: int | None) -> bool:
     return all(s["new_tokens"] <= budget for s in samples) and reached <= {budget}
 
 
-def speculation_figures(samples: list[dict], gamma: int | None, tree: str | None = None) -> dict:
+def speculation_figures(samples: list[dict], gamma: int | None, tree: str | None = None,
+                        sources: tuple[str, ...] = ()) -> dict:
     """Acceptance figures from the rounds; those of drafted tokens None when no round drafted one. A tree (its label,
     decode/tree_layout.py) drafts nodes: acceptance by position is by depth, and Leviathan's alpha and constant draft length,
-    which describe a chain, are None."""
+    which describe a chain, are None; a chain point some of whose rounds were trees (hybrid's merged trees) takes alpha
+    from its chain rounds only. sources: the draft sources the method offers (acceptance_by_source's zero rows)."""
     rounds = [r for s in samples for r in s.get("rounds") or []]
     figures = dict.fromkeys(["rounds", "acceptance_rate", "mean_accepted_tokens", "alpha", "per_position_acceptance",
                              "accepted_histogram", "drafted_per_round", "max_drafted", "zero_draft_rounds",
                              "constant_draft_length", "acceptance_by_depth_rank"])
     figures["rounds"] = len(rounds)
-    figures["acceptance_by_source"] = acceptance_by_source(rounds)  # drafters of several sources (hybrid)
+    figures["acceptance_by_source"] = acceptance_by_source(rounds, sources)  # drafters of several sources (hybrid)
     if not rounds:
         return figures
     drafted = [r["drafted"] for r in rounds]
@@ -83,9 +85,10 @@ def speculation_figures(samples: list[dict], gamma: int | None, tree: str | None
         for i in range(1, longest + 1)]
     figures["accepted_histogram"] = [sum(a == k for a, d in zip(accepted, drafted) if d > 0) for k in range(longest + 1)]
     figures["acceptance_by_depth_rank"] = acceptance_by_depth_rank(rounds)
-    if tree is None:
-        figures["constant_draft_length"] = constant_draft_length(samples, gamma)
-        figures["alpha"] = solve_alpha(rounds)
+    chains = [r for r in rounds if "parents" not in r]  # a tree round records its nodes' parents
+    if tree is None and sum(r["drafted"] for r in chains):
+        figures["constant_draft_length"] = len(chains) == len(rounds) and constant_draft_length(samples, gamma)
+        figures["alpha"] = solve_alpha(chains)
     return figures
 
 
@@ -279,7 +282,7 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
         metrics["prefill_share"] = ratio(sum(min(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0), s["latency_s"])
                                              for s in samples), sum(latencies))
     if spec.has_rounds:
-        metrics.update(speculation_figures(samples, point.gamma, tree_of(point)))
+        metrics.update(speculation_figures(samples, point.gamma, tree_of(point), spec.draft_sources))
         metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies)) \
             if spec.engine == "ours" else None  # another engine does not time its drafter apart
     metrics.update(dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"]))

@@ -56,7 +56,8 @@ LEGEND = {
     "acceptance_by_source": "hybrid: per draft source (lookup, suffix, draft), its accepted tokens / the tokens it "
                             "drafted, pooled over every round of every sequence in which it drafted (a token counts "
                             "as accepted when it lies on the round's accepted path); drafted, accepted and rounds "
-                            "beside it",
+                            "beside it; every source the method offers is listed, one never chosen with 0 rounds "
+                            "(acceptance null); fixed batches and under load alike",
     "acceptance_by_depth_rank": "p(d, r) = hits / trials per depth d (1: the root's children) and sibling rank r (0: "
                                 "the drafter's first choice at its parent): hits = rounds whose accepted path's node at "
                                 "depth d has rank r, trials = rounds that reached depth d (accepted the path to d - 1) "
@@ -79,7 +80,8 @@ LEGEND = {
              "sum_r a_r over the rounds that drafted, E[a | g, alpha] = alpha (1 - alpha^g) / (1 - alpha); every draft "
              "accepted gives 1, none 0; null when no round drafted a token. Not solved from tau, which counts the "
              "prefill's forward and token and so reads low for short outputs. Null for a tree: Leviathan's model is "
-             "of a chain (acceptance_by_depth_rank describes a tree)",
+             "of a chain (acceptance_by_depth_rank describes a tree); a chain point some of whose rounds were trees "
+             "(hybrid's merged trees) solves it from its chain rounds only",
     "draft_cost_ratio_c": "one draft step / one baseline step, each timed as the run executes it (a draft step: its "
                           "1-token forward and its token's choice; a baseline step: the target's 1-token forward, its "
                           "token's choice, greedy its top-2 gap, and the host read), medians of interleaved repetitions "

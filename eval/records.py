@@ -153,7 +153,8 @@ class SampleRecord:
     # a serving point's request, in seconds from the load point's start: when it arrived, when its prefill began (it
     # waited in the queue between the two), its first token and its last; emits: [time_s, tokens] per time it got
     # tokens (a round's accepted drafts and the target's token come at once). latency_s is then finish - arrival and
-    # prefill_s first token - arrival (TTFT, the wait included). None: a fixed batch
+    # prefill_s first token - arrival (raw facts, the client's wait for a slot included); the report's TTFT and E2E
+    # start at the request's slot instead, derived from these times (eval/serving.py with_slots). None: a fixed batch
     request: int | None = None  # a serving point's request index (request i is prompt i, cycling): with sample_id, the row
     arrival_s: float | None = None
     admitted_s: float | None = None

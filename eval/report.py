@@ -136,7 +136,8 @@ def markdown(summary: dict, title: str = "") -> str:
     prompts = summary.get("prompts") or {}
     if prompts:
         notes.append(f"prompts: {prompts.get('count')} from {prompts.get('source')}, mean {prompts.get('mean_tokens', 0):.0f} "
-                     f"tokens; {prompts.get('truncated', 0)} truncated, {prompts.get('skipped_too_long', 0)} skipped as too long")
+                     f"tokens; {prompts.get('truncated', 0)} truncated, {prompts.get('skipped_too_long', 0)} skipped as too long"
+                     + (f", {prompts['skipped_empty']} skipped as empty" if "skipped_empty" in prompts else ""))
     memory = summary.get("memory") or {}
     if memory.get("peak_rss_bytes"):
         gib = 1024 ** 3
@@ -470,7 +471,7 @@ def print_table(summary: dict, console) -> None:
 # ---- serving runs (config load:, eval/serving.py) ------------------------------------------------------------------
 
 SERVING_COLUMNS = [  # (header, metric paths, format): several paths share a cell, "a / b"
-    ("point", ("line",), "{}"), ("status", ("status",), "{}"),
+    ("point", ("line",), "{}"), ("status", ("status",), "{}"), ("synthetic", ("synthetic_acceptance",), "{:g}"),
     ("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}"), ("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}"),
     ("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}"), ("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}"),
     ("tok/s", ("output_tok_s",), "{:.1f}"), ("req/s", ("requests_per_s",), "{:.2f}"),
@@ -479,9 +480,10 @@ SERVING_COLUMNS = [  # (header, metric paths, format): several paths share a cel
     ("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}"),
     ("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}"), ("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}"),
     ("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}"), ("pred", ("predicted_speedup",), "{:.2f}"),
+    ("exact", ("exact_match",), "{:.3f}"),
 ]
 MS_PATHS = ("tpot_s", "itl_s")  # shown in milliseconds
-SERVING_TERMINAL = ["point", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "tok/s", "speedup tput [95% CI]",
+SERVING_TERMINAL = ["point", "synthetic", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "tok/s", "speedup tput [95% CI]",
                     "speedup TPOT [95% CI]", "pred"]
 
 
@@ -511,6 +513,37 @@ def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
     return text
 
 
+def serving_columns(runs: list[dict], names: list[str] | None = None) -> list[tuple]:
+    """The serving table's columns (names: those only); the synthetic one only where a run has a set alpha."""
+    synthetic = any(r.get("synthetic_acceptance") is not None for r in runs)
+    return [(h, p, f) for h, p, f in SERVING_COLUMNS if (names is None or h in names)
+            and (synthetic or p != ("synthetic_acceptance",))]
+
+
+def serving_synthetic_lines(runs: list[dict]) -> list[str]:
+    """Under load, per synthetic-acceptance point: the set alpha against the estimated one, and the throughput
+    speedup against the prediction (the cost model's test under load; legend: synthetic_acceptance)."""
+    chosen = [r for r in runs if r.get("synthetic_acceptance") is not None and r["status"] in ("ok", "partial")]
+    if not chosen:
+        return []
+    lines = ["", "Synthetic acceptance under load (each draft accepted by a seeded Bernoulli(alpha) chain at the set "
+             "alpha, not by the target: outputs are not the target's, no exact match; kept out of the crossovers; "
+             "legend: synthetic_acceptance):", "",
+             "| point | load | set alpha | alpha [95% CI] | speedup tput [95% CI] | predicted [alpha's CI] | c | v | "
+             "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in chosen:
+        m = r["metrics"]
+        alpha, interval = m.get("alpha"), m.get("alpha_ci95")
+        alpha_text = _fmt(alpha, "{:.3f}") + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if alpha is not None and
+                                              interval else f" (n={m.get('alpha_prompts')})" if alpha is not None else "")
+        lines.append(f"| {md_cell(line_label(r))} | {md_cell(load_label(r))} | {r['synthetic_acceptance']:g} | "
+                     f"{alpha_text} | {serving_cell(r, ('speedup_tput',), '{:.2f}')} | "
+                     f"{_with_ci(m.get('predicted_speedup'), m.get('predicted_speedup_ci95'))} | "
+                     f"{_fmt(m.get('draft_cost_ratio_c'), '{:.3f}')} | {_fmt(m.get('verify_cost_ratio_v'), '{:.3f}')} | "
+                     f"{_with_ci(m.get('efficiency'), m.get('efficiency_ci95'))} |")
+    return lines
+
+
 def serving_lines(summary: dict) -> list[str]:
     """A table per load point (its methods), then the crossovers, measured beside predicted."""
     serving = summary.get("serving")
@@ -521,17 +554,21 @@ def serving_lines(summary: dict) -> list[str]:
     lines = ["", "## Under load", "", f"Every method of a load point served the same requests on the same arrival "
              f"schedule; speedups are against the baseline of the same load point (legend: speedup_tput, speedup_tpot), "
              f"'tok/s ratio' is the measured system output tok/s over the baseline's (a reading). SLO: {limits}."]
-    headers = [h for h, _, _ in SERVING_COLUMNS]
+    columns = serving_columns(serving["runs"])
+    headers = [h for h, _, _ in columns]
     by_load: dict[str, list[dict]] = {}
     for run in serving["runs"]:
         by_load.setdefault(load_label(run), []).append(run)
     for load, runs in by_load.items():
         lines += ["", f"### {load} ({runs[0]['metrics'].get('requests', '-')} requests)", "",
                   "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(md_cell(serving_cell(r, paths, fmt)) for _, paths, fmt in SERVING_COLUMNS) + " |"
+        lines += ["| " + " | ".join(md_cell(serving_cell(r, paths, fmt)) for _, paths, fmt in columns) + " |"
                   for r in runs]
         failed = [r for r in runs if r["status"] in ("failed", "skipped")]
         lines += [f"- {r['label']}: {r['status']}: {r.get('error')}" for r in failed]
+    lines += serving_synthetic_lines(serving["runs"])
+    lines += source_lines([dict(r, label=f"{r['label']} at {load_label(r)}") for r in serving["runs"]
+                           if r["status"] in ("ok", "partial")])
     crossovers = serving.get("crossovers") or []
     if crossovers:
         lines += ["", "Crossover (where the speedup crosses 1 as the load grows; legend: crossovers):", "",
@@ -556,7 +593,7 @@ SERVING_CSV = ["requests", "output_tokens", "span_s"] + [f"{name}.{q}" for name 
                                                         for q in ("mean", "p50", "p90", "p99")] + [
     "output_tok_s", "requests_per_s", "goodput_req_s", "slo_met", "mean_in_flight", "acceptance_pooled",
     "acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request", "alpha",
-    "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
+    "max_in_flight", "queue_s.p50", "alpha_rounds", "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
     "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "predicted_speedup", "exact_match"]
 
 
@@ -576,7 +613,7 @@ def print_serving_table(summary: dict, console) -> None:
     """A table per load point, the headline columns (every column and the crossover: summary.md)."""
     from rich.table import Table
 
-    chosen = [(h, p, f) for h, p, f in SERVING_COLUMNS if h in SERVING_TERMINAL]
+    chosen = serving_columns(summary["serving"]["runs"], SERVING_TERMINAL)
     by_load: dict[str, list] = {}
     for run in summary["serving"]["runs"]:
         by_load.setdefault(load_label(run), []).append(run)

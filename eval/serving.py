@@ -9,6 +9,7 @@ schedule: they pair by (repeat, position in the load point, sample_id).
 """
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from collections import defaultdict
@@ -19,9 +20,11 @@ from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
+from eval.sources import acceptance_by_source
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals, strict
+from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
 from eval.totals import cross_process_pairs
-from eval.trees import tree_of
+from eval.trees import acceptance_by_depth_rank, tree_of
 
 LOAD_AXES = ("concurrency", "request_rate")  # the crossover runs along each, the other held
 SLO_KEYS = ("ttft_s", "tpot_ms")
@@ -31,28 +34,38 @@ SERVING_LEGEND = {
                "request_rate: arrivals per second, null = all at once) serves the same N requests on the same arrival "
                "schedule for every method; summary.json's serving.runs holds one run per method and load point, "
                "serving.crossovers the crossovers. Times per request from the load point's start: arrival, admission "
-               "(its prefill began; the time before is its queue wait, queue_s), first token, finish",
-    "ttft_s (load)": "time to first token = first token - arrival: the queue wait and the prefill",
+               "(its prefill began), first token, finish; its clock starts at its slot: when it got one of the C "
+               "concurrency slots (vLLM bench serve's --max-concurrency semaphore), max(arrival, the earliest release "
+               "of a slot by a finishing request, in request order); with no cap binding, its arrival",
+    "ttft_s (load)": "time to first token = first token - slot: the prefill and any wait inside the engine for the "
+                     "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
+    "queue_s": "the client's wait for a concurrency slot = slot - arrival (0 with no cap binding); not in TTFT, E2E or "
+               "the SLO, as in vLLM's bench serve",
+    "max_in_flight": "the most requests in flight (admitted, not finished) at once; where the concurrency exceeds the "
+                     "load point's requests the notes say that at most that many could be",
     "tpot_s (load)": "time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
                      "one-token request has none)",
     "itl_s": "inter-token latency: the gaps between successive emissions of a request, pooled over requests; as in "
              "vLLM a chunk of tokens emitted at once (a round's accepted drafts and its target token) is one gap, so "
              "speculation has fewer, longer gaps: TPOT is the per-token figure",
-    "e2e_s": "end to end = finish - arrival. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
+    "e2e_s": "end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
              "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
     "output_tok_s": "total new tokens / span, span = the last finish - the first arrival of the load point (summed "
                     "over repeats); requests_per_s likewise; goodput_req_s: requests meeting every limit of config "
-                    "load.slo (TTFT <= ttft_s, TPOT <= tpot_ms) / span, null when no SLO is set; slo_met: their share",
+                    "load.slo (TTFT from the slot <= ttft_s, TPOT <= tpot_ms) / span, null when no SLO is set; slo_met: their share",
     "mean_in_flight": "occupancy: the time average over the span of the requests between admission and finish = "
                       "sum(finish - admitted) / span",
     "acceptance_pooled": "acceptance rate pooled over every round of every request, sum(accepted) / sum(drafted) (as "
                          "vLLM's counters); acceptance_per_request: the mean over requests of each request's own (as "
-                         "specdec_bench); mean_accepted_tokens_pooled / _per_request: MAT = emitted / rounds, likewise",
+                         "specdec_bench); mean_accepted_tokens_pooled / _per_request: MAT = emitted / rounds, likewise; "
+                         "alpha from the chain rounds only (alpha_rounds of them; a tree round, hybrid's merged trees "
+                         "too, is described by acceptance_by_depth_rank); acceptance_by_source for a drafter of several "
+                         "sources, a source offered and never chosen with 0 rounds",
     "speedup_tput": "(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
                     "point and temperature: a per-request token rate. By Little's law a system's tok/s = L x (sum N / "
                     "sum E2E), L the mean requests in the system (queued or in flight) over the span, so the ratio is "
-                    "the system throughput ratio where both keep the same L (a closed loop at C always full: L = C); "
-                    "where requests queue, L differs between methods and output_tok_s_ratio (method / baseline "
+                    "the system throughput ratio where both keep the same L (a closed loop at C always full: L = C, E2E "
+                    "from the slot); where requests queue in the engine, L differs between methods and output_tok_s_ratio (method / baseline "
                     "output_tok_s, a reading without interval) is the system's ratio",
     "speedup_tpot": "mean TPOT of the baseline / the method's, over the requests both served with N > 1",
     "speedup_tput_ci95": f"95% paired bootstrap over requests (request i of both, with all its repeats; the expanded "
@@ -63,7 +76,7 @@ SERVING_LEGEND = {
     "predicted_speedup (load)": "Leviathan's (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v)) at the load point's "
                                 "measured alpha (pooled rounds), with c and v at its mean occupancy (cost_rows): "
                                 "linear between the batch sizes probed around it (cost_batch_sizes; each load point "
-                                "probes at its C), the nearest outside them. Per-row decoding only: no prefill, no "
+                                "probes at min(C, its requests)), the nearest outside them. Per-row decoding only: no prefill, no "
                                 "queue, no joining request",
     "crossovers": "per method line and sweep along one load axis (the other held): measured: where the throughput "
                   "speedup's point estimate crosses 1 (the load where the straight line between the two loads around "
@@ -75,6 +88,36 @@ SERVING_LEGEND = {
 
 
 # ---- per request ----------------------------------------------------------------------------------------------
+
+def with_slots(samples: list[dict]) -> list[dict]:
+    """The records, each with "slot_s": when its request got a concurrency slot, the moment its clock starts (vLLM's
+    bench serve starts a request's clock when it passes its --max-concurrency semaphore). Per repeat, requests take
+    slots in request order (FIFO, as the engines admit them): request i's slot is free at the earliest time one of the
+    C slots is released (a request's finish; all free at 0), and it starts at max(its arrival, that time). Without a
+    cap binding (no concurrency given: C = the requests), slot_s = arrival_s. Derived from the raw times, so older
+    records rebuild the same. Idempotent."""
+    out = []
+    for rows in by_repeat(samples).values():
+        rows = sorted(rows, key=lambda s: s.get("request") or 0)
+        cap = rows[0].get("concurrency") or len(rows)
+        free = [0.0] * min(cap, len(rows))  # a heap: when each slot is next free
+        for s in rows:
+            start = max(s["arrival_s"], heapq.heappop(free))
+            heapq.heappush(free, s["finish_s"])
+            out.append(s if "slot_s" in s else dict(s, slot_s=start))
+    return out
+
+
+def ttft(s: dict) -> float:
+    """Time to first token from the request's slot (with_slots): its prefill and any wait inside the engine; the
+    client's wait for a slot is queue_s."""
+    return s["first_token_s"] - s["slot_s"]
+
+
+def e2e(s: dict) -> float:
+    """End to end from the request's slot to its last token."""
+    return s["finish_s"] - s["slot_s"]
+
 
 def tpot(s: dict) -> float | None:
     """Time per output token after the first: (finish - first token) / (N - 1); None for a one-token request."""
@@ -94,8 +137,9 @@ def inter_token_gaps(s: dict) -> list[float]:
 
 
 def meets_slo(s: dict, slo: dict) -> bool:
-    """Every limit given: TTFT <= ttft_s and TPOT <= tpot_ms (a one-token request has no TPOT: nothing to exceed)."""
-    if slo.get("ttft_s") is not None and (s.get("prefill_s") is None or s["prefill_s"] > slo["ttft_s"]):
+    """Every limit given: TTFT (from its slot) <= ttft_s and TPOT <= tpot_ms (a one-token request has no TPOT: nothing
+    to exceed). s: a record with its slot_s (with_slots)."""
+    if slo.get("ttft_s") is not None and ttft(s) > slo["ttft_s"]:
         return False
     per_token = tpot(s)
     return slo.get("tpot_ms") is None or per_token is None or per_token * 1000 <= slo["tpot_ms"]
@@ -124,8 +168,10 @@ def request_keys(samples: list[dict]) -> dict[tuple, dict]:
 # ---- per load point and method ------------------------------------------------------------------------------------
 
 def load_figures(samples: list[dict], slo: dict | None) -> dict:
-    """Latencies (mean, P50, P90, P99, linear interpolation between ranks), rates over the span (each repeat's first
-    arrival to its last finish, summed over repeats), goodput and the mean rows in flight."""
+    """Latencies (mean, P50, P90, P99, linear interpolation between ranks; TTFT and E2E from each request's slot, the
+    wait for it queue_s), rates over the span (each repeat's first arrival to its last finish, summed over repeats),
+    goodput and the mean and most rows in flight."""
+    samples = with_slots(samples)
     spans = [max(s["finish_s"] for s in rows) - min(s["arrival_s"] for s in rows) for rows in by_repeat(samples).values()]
     span = sum(spans)
     # the time average of requests between admission and finish: each contributes its time in flight
@@ -134,43 +180,64 @@ def load_figures(samples: list[dict], slo: dict | None) -> dict:
     met = [meets_slo(s, slo) for s in samples] if slo else None
     return {
         "requests": len(samples), "output_tokens": sum(s["new_tokens"] for s in samples), "span_s": span,
-        "ttft_s": distribution([s["prefill_s"] for s in samples if s.get("prefill_s") is not None]),
+        "ttft_s": distribution([ttft(s) for s in samples]),
         "tpot_s": distribution([t for t in map(tpot, samples) if t is not None]),
         "itl_s": distribution([g for s in samples for g in inter_token_gaps(s)]),
-        "e2e_s": distribution([s["latency_s"] for s in samples]),
-        "queue_s": distribution([s["admitted_s"] - s["arrival_s"] for s in samples if s.get("admitted_s") is not None]),
+        "e2e_s": distribution([e2e(s) for s in samples]),
+        "queue_s": distribution([s["slot_s"] - s["arrival_s"] for s in samples]),
         "output_tok_s": ratio(sum(s["new_tokens"] for s in samples), span),
         "requests_per_s": ratio(len(samples), span),
         "goodput_req_s": None if met is None else ratio(sum(met), span),
         "slo_met": None if met is None else ratio(sum(met), len(met)),
         "mean_in_flight": ratio(in_flight, span),
+        "max_in_flight": max_in_flight(samples),
     }
+
+
+def max_in_flight(samples: list[dict]) -> int:
+    """The most requests in flight (admitted, not finished) at once in any repeat of the load point."""
+    most = 0
+    for rows in by_repeat(samples).values():
+        events = sorted([(s.get("admitted_s", s["arrival_s"]), 1) for s in rows] + [(s["finish_s"], -1) for s in rows],
+                        key=lambda e: (e[0], e[1]))  # a finish before an admission at the same instant
+        now = 0
+        for _, step in events:
+            now += step
+            most = max(most, now)
+    return most
 
 
 def acceptance_figures(samples: list[dict], point: Point) -> dict:
     """Acceptance and mean accepted tokens pooled over every round of every request (as vLLM's counters) and as the
-    mean over requests of each request's own (as specdec_bench); Leviathan's alpha from the pooled rounds."""
+    mean over requests of each request's own (as specdec_bench); Leviathan's alpha from the pooled chain rounds (a
+    tree round, hybrid's merged ones too, is described by acceptance_by_depth_rank instead); a drafter of several
+    sources' acceptance per source, every source it offers listed."""
     rounds = [r for s in samples for r in s.get("rounds") or []]
+    chains = [r for r in rounds if "parents" not in r]  # a tree round records its nodes' parents
     drafted = sum(r["drafted"] for r in rounds)
     per_accept = [ratio(sum(r["accepted"] for r in s["rounds"]), sum(r["drafted"] for r in s["rounds"]))
                   for s in samples if s.get("rounds")]
     per_mat = [sum(r["emitted"] for r in s["rounds"]) / len(s["rounds"]) for s in samples if s.get("rounds")]
     per_accept = [a for a in per_accept if a is not None]
-    chain = tree_of(point) is None
+    chain = tree_of(point) is None and sum(r["drafted"] for r in chains) > 0
+    trees = len(chains) < len(rounds)
     return {"rounds": len(rounds),
             "acceptance_pooled": ratio(sum(r["accepted"] for r in rounds), drafted),
             "acceptance_per_request": statistics.fmean(per_accept) if per_accept else None,
             "mean_accepted_tokens_pooled": ratio(sum(r["emitted"] for r in rounds), len(rounds)),
             "mean_accepted_tokens_per_request": statistics.fmean(per_mat) if per_mat else None,
-            "alpha": solve_alpha(rounds) if chain and drafted else None,
-            "constant_draft_length": constant_draft_length(samples, point.gamma) if chain and drafted else None}
+            "alpha": solve_alpha(chains) if chain else None,
+            "alpha_rounds": len(chains) if chain else 0,
+            "constant_draft_length": constant_draft_length(samples, point.gamma) if chain and not trees else None,
+            "acceptance_by_depth_rank": acceptance_by_depth_rank([r for r in rounds if "parents" in r]) if trees else None,
+            "acceptance_by_source": acceptance_by_source(rounds, REGISTRY[point.method].draft_sources)}
 
 
 def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tuple], list[tuple], int]:
     """Per request both sides served (summed over the repeats both served): (tokens, E2E, baseline tokens, baseline
     E2E) for the throughput ratio, and (requests with a TPOT, their TPOT sum, the same of the baseline) for the TPOT
     ratio, both shaped for eval/stats.py's ratio_of_totals and bootstrap_ci. Also the requests paired."""
-    mine, theirs = request_keys(samples), request_keys(baseline)
+    mine, theirs = request_keys(with_slots(samples)), request_keys(with_slots(baseline))
     tput: dict[tuple, list[float]] = {}
     per_token: dict[tuple, list[float]] = {}
     paired = sorted(set(mine) & set(theirs))
@@ -178,7 +245,7 @@ def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tu
         a, b = mine[key], theirs[key]
         request = key[1:]  # a request carries all its repeats
         total = tput.setdefault(request, [0, 0.0, 0, 0.0])
-        for i, value in enumerate((a["new_tokens"], a["latency_s"], b["new_tokens"], b["latency_s"])):
+        for i, value in enumerate((a["new_tokens"], e2e(a), b["new_tokens"], e2e(b))):
             total[i] += value
         ta, tb = tpot(a), tpot(b)
         if ta is not None and tb is not None:
@@ -243,6 +310,15 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
             metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
                            cost_batch_sizes=at["probed"],
                            predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
+    if point.synthetic_acceptance is not None:  # accepted at a set alpha: its output is not the target's
+        metrics.update(exact_match=None, mismatches=None)
+        metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
+        metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
+        predicted = metrics.get("predicted_speedup")
+        metrics["efficiency"] = ratio(metrics["speedup_tput"], predicted) if metrics["speedup_tput"] is not None \
+            and predicted else None
+        metrics["efficiency_ci95"] = efficiency_interval({"speedup_ci95": metrics["speedup_tput_ci95"],
+                                                          "predicted_speedup": predicted})
     return metrics
 
 
@@ -344,7 +420,8 @@ def crossovers(runs: list[dict]) -> list[dict]:
     """Per method line (its axes but load) and per sweep along one load axis (the other axis held): the measured
     throughput speedup's crossing and the predicted one's, TPOT's too. A sweep needs two loads or more."""
     measured = [r for r in runs if r["status"] in ("ok", "partial") and not REGISTRY[r["method"]].is_reference
-                and r["metrics"].get("speedup_tput") is not None]
+                and r["metrics"].get("speedup_tput") is not None
+                and r.get("synthetic_acceptance") is None]  # a synthetic line's speedup is at a set alpha
     out = []
     for axis in LOAD_AXES:
         other = next(a for a in LOAD_AXES if a != axis)
@@ -404,12 +481,12 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
     records and failures; costs_of(progress, point, samples) -> CostProbe (eval/summary.py); order: the points' sort
     key; machine_of(point, costs) -> what eval/flags.py flags_of reads (drift, numerics, ci_target)."""
     untimed = {p: sum(not timed(s) for s in rows) for p, rows in by_point.items()}
-    by_point = {p: [s for s in rows if timed(s)] for p, rows in by_point.items()}
+    by_point = {p: with_slots([s for s in rows if timed(s)]) for p, rows in by_point.items()}
     baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
                  if REGISTRY[p.method].is_reference}
     planned = progress.get("planned") or {}
     batch_sizes = sorted(int(b) for b in (progress.get("costs") or {}))
-    runs, notes, gaps, flagged = [], [], defaultdict(list), {}
+    runs, notes, gaps, flagged, capped, synthetic = [], [], defaultdict(list), {}, {}, []
     for point in sorted(set(by_point) | set(failures), key=order):  # a load point's methods together, loads rising
         samples, failed = by_point.get(point, []), failures.get(point, [])
         error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failed)) or None
@@ -445,6 +522,13 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
                      "flags": flags, "metrics": metrics})
         for flag in flags:
             flagged.setdefault((flag["code"], flag["message"]), []).append(point.label)
+        requests = max(len(rows) for rows in by_repeat(samples).values())
+        if point.concurrency is not None and point.concurrency > requests:
+            label = load_label(run)
+            most = max(metrics["max_in_flight"], capped.get(label, (0, 0))[1])
+            capped[label] = (requests, most)
+        if point.synthetic_acceptance is not None:
+            synthetic.append(point.label)
         if not REGISTRY[point.method].is_reference and metrics["speedup_tput"] is None:
             notes.append(f"{point.label}: no {reference_method(engine)} at {load_label(run)} "
                          "to pair with: no speedups" if not metrics["requests_paired"] else
@@ -455,6 +539,14 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         gap = prediction_gap(point, metrics, probes) if REGISTRY[point.method].has_rounds else None
         if gap:
             gaps[gap].append(point.label)
+    for label, (requests, most) in capped.items():
+        notes.append(f"{label}: its concurrency exceeds the load point's {requests} requests: at most {requests} could "
+                     f"be in flight (the most measured: {most}), and its costs were probed at {requests} rows; a "
+                     "higher cap would change nothing (serve more requests: load.requests)")
+    if synthetic:
+        notes.append(f"{'; '.join(synthetic)}: synthetic acceptance (drafts accepted by a seeded Bernoulli(alpha) chain, "
+                     "not by the target): outputs are not the target's, no exact match; their speedups measure the "
+                     "cost at the set alpha, and they take no part in the crossovers")
     for (code, message), labels in flagged.items():
         notes.append(f"{'; '.join(labels)}: flagged {code}: {message}")
     for reason, labels in gaps.items():

@@ -10,17 +10,18 @@ from __future__ import annotations
 from eval.stats import ratio
 
 
-def acceptance_by_source(rounds: list[dict]) -> dict | None:
-    """{source: {"drafted", "accepted", "acceptance", "rounds"}} over the rounds that recorded sources; None where
-    none did (a drafter of one source)."""
-    totals: dict[str, list[int]] = {}
+def acceptance_by_source(rounds: list[dict], offered: tuple[str, ...] = ()) -> dict | None:
+    """{source: {"drafted", "accepted", "acceptance", "rounds"}} over the rounds that recorded sources, with a zero row
+    (acceptance None) for each source `offered` (decode/methods MethodSpec.draft_sources) that never drafted: never
+    chosen, not absent; None for a drafter of one source."""
+    totals: dict[str, list[int]] = {source: [0, 0, 0] for source in offered}
     for r in rounds:
         for source, (drafted, accepted) in (r.get("sources") or {}).items():
             entry = totals.setdefault(source, [0, 0, 0])
             entry[0] += drafted
             entry[1] += accepted
             entry[2] += 1
-    if not totals:
+    if not totals or not rounds:
         return None
     return {source: {"drafted": d, "accepted": a, "acceptance": ratio(a, d), "rounds": n}
             for source, (d, a, n) in sorted(totals.items())}

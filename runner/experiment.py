@@ -15,6 +15,7 @@ from eval.report import print_table
 from runner.display import Display
 from runner.engines import ENGINES, HOME, Engine
 from runner.plan import Unit, comparisons, num_units, points_of, units_of
+from runner.load import request_count
 from runner.probes import PROCESS, environment
 from runner.session import UnitResult
 from runner.storage import ReportFolder
@@ -49,6 +50,17 @@ def preflight(config: Config) -> torch.device:
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _hold_interrupts() -> dict:
+    """Ctrl-C and SIGTERM ignored from here on, while a report is written; -> the handlers to put back. A second
+    interrupt in the middle of writing would leave a stale summary, plots missing and no folder printed."""
+    return {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _release_interrupts(held: dict) -> None:
+    for signum, handler in held.items():
+        signal.signal(signum, handler)
 
 
 class Experiment:
@@ -86,12 +98,17 @@ class Experiment:
         try:
             self._run(device)
         except KeyboardInterrupt:
-            self.record_memory(device)
-            self.progress.status = "interrupted"
-            self.folder.save_progress()
-            self.folder.write_summary(plots=True)
-            self.console.print(f"[yellow]interrupted: the report holds every batch that finished; "
-                               f"continue with --resume {self.out_dir}[/yellow]")
+            # the report of what finished is written as at the normal finish below: with interrupts held off
+            held = _hold_interrupts()
+            try:
+                self.record_memory(device)
+                self.progress.status = "interrupted"
+                self.folder.save_progress()
+                self.folder.write_summary(plots=True)
+                self.console.print(f"[yellow]interrupted: the report holds every batch that finished; "
+                                   f"continue with --resume {self.out_dir}[/yellow]")
+            finally:
+                _release_interrupts(held)
             return EXIT_INTERRUPTED
         except UserError as error:  # refused after the folder was made (a model that cannot load, ...): say so there
             self.progress.status = "refused"
@@ -108,17 +125,16 @@ class Experiment:
                 signal.signal(signum, handler)
         # every point is measured: a Ctrl-C now would only leave a stale summary, so the final report is
         # written with interrupts held off (it takes a moment)
-        held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+        held = _hold_interrupts()
         try:
             self.record_memory(device)
             failed = any(f.get("status") == "failed" for f in self.progress.failures)
             self.progress.status = "finished with failures" if failed else "finished"
             self.folder.save_progress()
             summary = self.folder.write_summary(plots=True)
+            print_table(summary, self.console)  # held too: a Ctrl-C here would report a finished run as interrupted
         finally:
-            for signum, handler in held.items():
-                signal.signal(signum, handler)
-        print_table(summary, self.console)
+            _release_interrupts(held)
         return EXIT_POINTS_FAILED if failed else EXIT_OK
 
     def _run(self, device: torch.device) -> None:
@@ -160,7 +176,8 @@ class Experiment:
         """What the loaded session tells the report: prompts, models, numerics."""
         prompts = session.prompt_set
         self.progress.prompts = {"source": prompts.source, "count": len(prompts.prompts), "truncated": prompts.truncated,
-                                 "skipped_too_long": prompts.skipped_too_long, "prompt_field": prompts.field_name,
+                                 "skipped_too_long": prompts.skipped_too_long, "skipped_empty": prompts.skipped_empty,
+                                 "prompt_field": prompts.field_name,
                                  "mean_tokens": sum(len(p.token_ids) for p in prompts.prompts) / len(prompts.prompts)}
         self.progress.notes = list(session.notes)
         self.progress.numerics = session.numerics
@@ -173,7 +190,7 @@ class Experiment:
         time_budget_s)."""
         config = self.config
         num_prompts = self.num_prompts = engines[HOME].num_prompts
-        pending = comparisons(config, (config.load.requests or num_prompts) if config.load else None)
+        pending = comparisons(config, request_count(config, num_prompts) if config.load else None)
         started = time.monotonic()
         done = self.folder.done_batches()
         total = sum(len(points_of(config, c)) * num_units(c, num_prompts) for c in pending) * config.max_repeats_planned
@@ -275,7 +292,7 @@ class Experiment:
         self.folder.save_progress()
 
     def _keep_probes(self, unit: Unit, result: UnitResult) -> None:
-        """The process's cost probe of this batch size (once) and its drift probe reading, kept per process: a
+        """The process's cost probe of this batch size (once) and its drift probe readings, kept per process: a
         resumed run and each Ray worker measure their own, and eval takes each point's from the processes that ran it."""
         key, process = str(unit.batch_size), result.probe_process or result.process
         if process not in self.progress.processes:
@@ -286,8 +303,8 @@ class Experiment:
                 self.progress.processes[process]["probe"] = True
         if result.costs is not None:
             self.progress.costs.setdefault(key, {}).setdefault(process, result.costs.to_json())
-        if result.drift_probe_s is not None:
-            self.progress.drift.setdefault(key, {}).setdefault(process, []).append(result.drift_probe_s)
+        if result.drift_readings:  # a load point's: one as it starts and one after each point it ran
+            self.progress.drift.setdefault(key, {}).setdefault(process, []).extend(result.drift_readings)
 
     def accept(self, unit: Unit, result: UnitResult) -> None:
         """Keep a finished unit: its records (a batch already on disk is not written twice), its failures,

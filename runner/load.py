@@ -15,28 +15,47 @@ def requests_of(prompts: list, count: int | None) -> list:
     return [prompts[i % len(prompts)] for i in range(count)]
 
 
+def request_count(config, num_prompts: int) -> int:
+    """A serving run's requests per load point: load.requests, or one per prompt."""
+    return config.load.requests or num_prompts
+
+
+def arrival_gaps(count: int, rate: float, arrival: str = "poisson", burstiness: float = 1.0,
+                 seed: int = 0) -> np.ndarray:
+    """The gap before each of `count` requests (the first's after the start) at a finite rate, as drawn: 1/rate
+    (constant), or gamma-distributed of shape `burstiness` and scale 1 / (rate x burstiness), mean 1/rate (poisson:
+    exponential at burstiness 1; vLLM's bench serve draws its gaps so), from a generator seeded by `seed`."""
+    if arrival == "constant":
+        return np.full(count, 1.0 / rate)
+    if arrival == "poisson":
+        return np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=count)
+    raise ValueError(f"unknown arrival {arrival!r}: poisson or constant")
+
+
 def arrival_times(count: int, rate: float | None, arrival: str = "poisson", burstiness: float = 1.0,
                   seed: int = 0) -> list[float]:
-    """Seconds from the start at which each of `count` requests arrives, in order: all at 0 for rate None (inf);
-    else the first at 0 and then gaps of 1/rate (constant) or gamma-distributed gaps of mean 1/rate and shape
-    `burstiness` (poisson: exponential at burstiness 1; vLLM's bench serve draws its gaps so), from a generator
-    seeded by `seed`."""
-    if rate is None:
+    """Seconds from the start at which each of `count` requests arrives, in order, as vLLM's `bench serve` sets
+    them (benchmarks/serve.py get_request): all at 0 for rate None (inf); else the gaps (arrival_gaps, one before
+    every request, the first included) accumulated, then every time scaled so that the last request arrives at
+    count / rate exactly (vLLM's normalize_factor: the sum of random gaps misses it by a few percent, and the
+    throughput would move with the seed)."""
+    if rate is None or rate == float("inf") or count == 0:
         return [0.0] * count
-    if arrival == "constant":
-        gaps = np.full(max(count - 1, 0), 1.0 / rate)
-    elif arrival == "poisson":
-        gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (rate * burstiness),
-                                                 size=max(count - 1, 0))
-    else:
-        raise ValueError(f"unknown arrival {arrival!r}: poisson or constant")
-    return [0.0] + np.cumsum(gaps).tolist()
+    times = np.cumsum(arrival_gaps(count, rate, arrival, burstiness, seed))
+    if times[-1] != 0:
+        times = times * ((count / rate) / times[-1])
+    return times.tolist()
+
+
+def schedule_seed(config, unit) -> int:
+    """The arrival generator's seed: the run's seed and the repeat, not the concurrency, so that every load point
+    of one rate (a concurrency sweep) gets the same arrivals in a repeat, and each repeat its own."""
+    return config.seed * 1_000_003 + unit.repeat * 101
 
 
 def schedule_of(config, unit, num_prompts: int) -> list[float]:
     """The unit's arrival schedule: one per request, the same for every method (and engine) of its load point and
-    repeat."""
+    repeat, and for every concurrency at its rate."""
     load = config.load
-    count = load.requests or num_prompts
-    return arrival_times(count, unit.request_rate, load.arrival, load.burstiness,
-                         seed=config.seed * 1_000_003 + unit.repeat * 101 + unit.concurrency)
+    return arrival_times(request_count(config, num_prompts), unit.request_rate, load.arrival, load.burstiness,
+                         seed=schedule_seed(config, unit))

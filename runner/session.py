@@ -17,7 +17,7 @@ from decode.serving import Load
 from eval.records import Comparison, CostProbe, Point, SampleRecord
 from runner import loading
 from runner.attention import settle_attention
-from runner.load import requests_of, schedule_of
+from runner.load import request_count, requests_of, schedule_of
 from runner.plan import Unit, batches_of, comparisons, left_pad, order_of, points_of, skipped_reason
 from runner.probes import (PROCESS, RUNTIME_ERRORS, comparison_costs, drift_probe, one_line, probe_numerics,
                            probe_widths)
@@ -30,13 +30,19 @@ class UnitResult:
     rows: list[dict] = field(default_factory=list)  # records of every point that finished this batch
     failures: list[dict] = field(default_factory=list)  # {point axes, status, error}
     rates: dict = field(default_factory=dict)  # point label -> tok/s on this batch
-    drift_probe_s: float | None = None
+    drift_probe_s: float | None = None  # the drift probe's reading as the unit starts
+    drift_after_s: list[float] = field(default_factory=list)  # a serving unit's: again after each point it ran
     costs: CostProbe | None = None  # the comparison's measured costs (sent with every unit; kept once per process)
     notes: list[str] = field(default_factory=list)
     worker: str | None = None
     process: str = PROCESS
     probe_process: str | None = None  # drift_probe_s measured elsewhere than `process` (another engine's): keyed by this
     probe_name: str | None = None  # ... and named so in the report
+
+    @property
+    def drift_readings(self) -> list[float]:
+        """Every drift probe reading of the unit, in order."""
+        return ([] if self.drift_probe_s is None else [self.drift_probe_s]) + list(self.drift_after_s)
 
 
 @dataclass
@@ -109,12 +115,12 @@ class Session:
         if not any(REGISTRY[m].engine == "ours" for m in config.methods):
             return self.load_prompts_only()
         self.target, self.drafts, self.clock = loading.load_models(config, self.device, self._loading)
+        self.tokenizer = self.target.tokenizer
+        self.prompt_set = load_prompts(config.dataset, self.tokenizer)  # a load point's rows in flight need its count
         for role, _, loaded in self.roles():  # attn_implementation auto, where it has a choice
-            settle_attention(loaded, max(config.batch_size + [c for c, _ in self._load_points()]),
+            settle_attention(loaded, max(c.batch_size for c in self._comparisons()),
                              max(config.speculative.gamma) + 1, self.clock)
         loading.check_trees(config, self.target, self.drafts)
-        self.tokenizer = self.target.tokenizer
-        self.prompt_set = load_prompts(config.dataset, self.tokenizer)
         self.eos = eos_ids(self.tokenizer, self.target.model)
         self.pad_id = self.tokenizer.pad_token_id
         loading.refuse_ragged_batches_if_wrong(config, self.target, self.drafts)
@@ -134,12 +140,15 @@ class Session:
         """(role, draft label or None, LoadedModel) of every model loaded (runner/loading.py roles)."""
         return loading.roles(getattr(self, "target", None), getattr(self, "drafts", {}))
 
-    def _load_points(self) -> list[tuple]:
-        return self.config.load.points(self.config.load.requests or 1) if getattr(self.config, "load", None) else []
+    def _comparisons(self) -> list[Comparison]:
+        """The run's comparisons, as the sweep plans them (runner/experiment.py): a load point's batch size is the
+        most requests it can have in flight, min(concurrency, its requests)."""
+        load = getattr(self.config, "load", None)
+        return comparisons(self.config, request_count(self.config, len(self.prompt_set.prompts)) if load else None)
 
     def _points(self) -> list[Point]:
         """Every point of our engine in the run."""
-        return [p for c in comparisons(self.config, 1) for p in points_of(self.config, c, engine="ours")]
+        return [p for c in self._comparisons() for p in points_of(self.config, c, engine="ours")]
 
     def _numerics_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Two of the prompts, of different lengths (a ragged batch), for the numerics probe; with engine.compile at
@@ -217,6 +226,14 @@ class Session:
             return requests_of(self.prompt_set.prompts, self.config.load.requests)
         return self.batches(unit.batch_size)[unit.batch_index]
 
+    def probe_batch(self, comparison: Comparison) -> list:
+        """What a comparison's warmup and cost probes run, as a fixed batch: its first batch; a serving
+        comparison's first batch_size requests (cycling through the prompts), batch_size being the most that can be
+        in flight, min(concurrency, its requests)."""
+        if comparison.serving:
+            return requests_of(self.prompt_set.prompts, self.config.load.requests)[:comparison.batch_size]
+        return self.batches(comparison.batch_size)[0]
+
     def load_of(self, unit: Unit) -> Load | None:
         """A serving unit's requests' arrival times and concurrency (decode/serving.py Load); None: a fixed batch."""
         if not unit.serving:
@@ -228,8 +245,8 @@ class Session:
 
     # -- per comparison ---------------------------------------------------------------------------
     def prepare(self, comparison: Comparison, known_costs: CostProbe | None = None) -> Prepared:
-        """Warm up every point on this comparison's first batch (a serving comparison's: its first `concurrency`
-        prompts, a fixed batch), then measure c and v there (once per comparison)."""
+        """Warm up every point on this comparison's first batch (a serving comparison's: its first requests, as
+        many as can be in flight, as a fixed batch: probe_batch), then measure c and v there (once per comparison)."""
         if comparison in self.prepared:
             return self.prepared[comparison]
         points = points_of(self.config, comparison, engine="ours")
@@ -239,7 +256,7 @@ class Session:
             reason = skipped_reason(point)
             if reason:
                 state.fail(point, "skipped", reason)
-        ids, mask = self.batch_tensors(self.batches(comparison.batch_size)[0])
+        ids, mask = self.batch_tensors(self.probe_batch(comparison))
         for model in self.compiled_models().values():  # this comparison's shapes compile in its probes and warmup
             model.warm = False
         with torch.inference_mode():
@@ -318,6 +335,8 @@ class Session:
 
     def _run_points(self, unit: Unit, points, state: Prepared, batch, ids, mask, result: UnitResult, done,
                     on_point) -> None:
+        # the drift probe as the unit starts; a load point's also after each point: every method serves the whole
+        # load back to back, so the machine can change speed inside one unit, between the baseline and a method
         with torch.inference_mode():
             probe_ids, probe_mask = self.batch_tensors(batch[:unit.batch_size]) if unit.serving else (ids, mask)
             result.drift_probe_s = drift_probe(self.target.model, probe_ids, probe_mask, self.clock)
@@ -340,6 +359,8 @@ class Session:
                     rows, rate = outcome
                     result.rows.extend(rows)
                     result.rates[point.label] = rate
+                if unit.serving:
+                    result.drift_after_s.append(drift_probe(self.target.model, probe_ids, probe_mask, self.clock))
                 if on_point:
                     on_point(point, outcome)
 
@@ -366,6 +387,7 @@ class Session:
         rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, len(batch),
                           peak, self.worker, request=index if unit.serving else None)
                 for index, (prompt, record) in enumerate(zip(batch, records))]
-        # a served load point's span: from its start (the first arrival) to its last token; a batch's: its longest row
-        wall = max(r.finish_s for r in records) if unit.serving else max(r.latency_s for r in records)
+        # a served load point's span: from its first arrival to its last token (eval's span); a batch's: its longest row
+        wall = max(r.finish_s for r in records) - min(r.arrival_s for r in records) if unit.serving else \
+            max(r.latency_s for r in records)
         return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)

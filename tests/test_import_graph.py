@@ -92,8 +92,10 @@ def test_test_files_have_unique_names():
 VLLM_CITED = {
     "decode/drafters/prompt_lookup.py": (2, "the lookup matches vLLM's ngram proposer's choice of occurrence"),
     "eval/legend.py": (1, "MAT is what vLLM and SGLang call acceptance length"),
-    "eval/serving.py": (5, "ITL, percentiles and pooled acceptance follow vLLM's benchmark definitions"),
-    "runner/load.py": (1, "poisson arrivals draw their gaps as vLLM's bench serve does"),
+    "eval/serving.py": (8, "ITL, percentiles, pooled acceptance and the request's clock (its concurrency slot) follow "
+                           "vLLM's benchmark definitions"),
+    "runner/load.py": (3, "arrivals are drawn and rescaled as vLLM's bench serve does"),
+    "utils/config_doc.py": (2, "the load section says whose arrivals and timing it follows"),
     "utils/config.py": (1, "load.burstiness is vLLM's bench serve's"),
 }
 

@@ -49,6 +49,7 @@ dataset: {{path: openai/gsm8k, name: main, split: test, num_samples: 100, preset
 generation: {{max_new_tokens: 256, do_sample: false, temperature: 1.0, top_k: null, top_p: null}}
 speculative: {{gamma: [2, 4, 8], schedule: [constant, cost_model], confidence: 0.4, exit_layer: null, ngram_max: 3, ngram_min: 1}}
 batch_size: [1, 4]                    # int or list; a list is a sweep
+# load: {{concurrency: [1, 4], request_rate: [2.0, inf], slo: {{ttft_s: 2.0}}}}   # a serving run, in place of batch_size
 methods: [baseline, speculative, prompt_lookup, hf_generate, hf_assisted]
 warmup: 1
 repeats: 1                            # or auto: repeat until every speedup CI is within ci_target
@@ -72,6 +73,14 @@ SECTIONS = {
     "dataset": "The prompts: [models-and-data.md](models-and-data.md#datasets) describes paths and presets.",
     "generation": "How every method decodes: greedy, or sampling with the same settings for every point.",
     "speculative": "The speculation axes and their settings ([methods.md](methods.md)).",
+    "load": "A serving run ([load.md](load.md)): every method serves the same requests on the same arrival trace, "
+            "with continuous batching, at each load point (every pair of a concurrency and a request_rate). The trace "
+            "is drawn as vLLM's `bench serve` draws it: a gap before each request, the first included, the times "
+            "rescaled so that the last of N requests arrives at N / rate; it is seeded by the run's seed and the "
+            "repeat, not by the concurrency, so every concurrency at a rate sees the same trace. TTFT and E2E are "
+            "timed from the moment a request may start: its arrival or, under a concurrency cap (a closed loop "
+            "too), the moment a slot frees for it, as vLLM times from passing its --max-concurrency semaphore; the "
+            "wait from arrival to then is reported as queue_s.",
     "engine": "Our engine's kernels ([engine.md](engine.md), [compiled-engine.md](compiled-engine.md)).",
     "report": "The report folder ([report.md](report.md)).",
     "cluster": "Where units run ([engines.md](engines.md#sweeps-on-a-ray-cluster)).",
@@ -91,7 +100,10 @@ def _scalar(value: Any) -> str:
 
 
 def _model_of(annotation) -> type[BaseModel] | None:
-    """The pydantic model a field holds (itself, or as the items of a list), else None."""
+    """The pydantic model a field holds (itself, as the items of a list, or beside null: an optional section such as
+    load), else None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next((m for m in map(_model_of, typing.get_args(annotation)) if m is not None), None)
     if typing.get_origin(annotation) is list:
         annotation = typing.get_args(annotation)[0]
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
@@ -164,7 +176,7 @@ def rows(model: type[BaseModel], prefix: str) -> tuple[list[str], list[tuple[str
     for name, field in model.model_fields.items():
         sub = _model_of(field.annotation)
         if sub is not None:
-            nested.append((name, f"{name}.", sub))
+            nested.append((name, f"{prefix}{name}.", sub))
         kind = type_name(field.annotation)
         if name in single:
             listed = _list_in(field.annotation)
@@ -193,7 +205,10 @@ def render() -> str:
         title = ", ".join(f"`{n}`" for n in shared)
         prefix = "*." if len(shared) > 1 else prefix
         lines, deeper = rows(model, prefix)
-        assert not deeper, f"{name}: a section inside a section is not rendered"
+        for inner, inner_prefix, inner_model in deeper:  # a section inside a section (load.slo): its rows follow
+            more, deepest = rows(inner_model, inner_prefix)
+            assert not deepest, f"{name}.{inner}: a section two deep is not rendered"
+            lines += more
         out += [f"## {title}", "", SECTIONS.get(name, ""), "", *HEADER, *lines, ""]
     return "\n".join(out).replace("\n\n\n", "\n\n")
 

@@ -42,6 +42,7 @@ class Prompt:
 class PromptSet:
     prompts: list[Prompt]
     skipped_too_long: int = 0
+    skipped_empty: int = 0  # rows whose prompt is missing, empty or whitespace only (or has no tokens)
     truncated: int = 0
     source: str = ""
     fields: list[str] = field(default_factory=list)
@@ -148,10 +149,14 @@ def prompt_field(cfg: DatasetConfig, fields: list[str]) -> tuple[str, bool]:
                     f"{', '.join(fields)}")
 
 
-def prompt_of(row: dict, cfg: DatasetConfig, field_name: str) -> str:
+def prompt_of(row: dict, cfg: DatasetConfig, field_name: str) -> str | None:
+    """The prompt's text, or None where the row has none: a missing (null) field, an empty list, or text that is empty
+    or whitespace only (such a row is skipped, and counted as skipped_empty)."""
     value = row[field_name]
     if isinstance(value, list):  # MT-Bench: the first user turn
-        value = value[0]
+        value = value[0] if value else None
+    if value is None or not str(value).strip():
+        return None
     return INSTRUCTIONS.get(cfg.preset, "") + str(value)
 
 
@@ -184,7 +189,11 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
         rows = rows.select(range(min(cfg.num_samples, available)))
     result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed)
     for index, row in enumerate(rows):
-        text = apply_chat_template(tokenizer, prompt_of(row, cfg, field_name), cfg)
+        prompt = prompt_of(row, cfg, field_name)
+        if prompt is None:  # nothing to ask: skipped, and counted (the report's notes say how many)
+            result.skipped_empty += 1
+            continue
+        text = apply_chat_template(tokenizer, prompt, cfg)
         ids = tokenizer(text, add_special_tokens=not _has_bos_in_template(tokenizer, text))["input_ids"]
         truncated = False
         if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
@@ -193,15 +202,22 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
                 continue
             ids, truncated = ids[-cfg.max_prompt_tokens:], True  # keep the end, where the question is asked
             result.truncated += 1
-        if not ids:
+        if not ids:  # text the tokenizer makes nothing of is as empty as no text
+            result.skipped_empty += 1
             continue
         group = None if cfg.group_by is None else str(row[cfg.group_by])
         result.prompts.append(Prompt(index, text, ids, reference_of(row, cfg), truncated, group))
     if not result.prompts:
-        reason = f" ({result.skipped_too_long} longer than max_prompt_tokens={cfg.max_prompt_tokens})" \
-            if result.skipped_too_long else ""
-        raise DataError(f"dataset: no prompts left from {cfg.path}{reason}; raise dataset.max_prompt_tokens "
-                        "or use prompt_overflow: truncate")
+        reasons, fixes = [], []
+        if result.skipped_empty:
+            reasons.append(f"{result.skipped_empty} of {len(rows)} rows have an empty or whitespace-only "
+                           f"'{field_name}'")
+            fixes.append("point dataset.prompt_field at the field that holds the prompts, or fill it in")
+        if result.skipped_too_long:
+            reasons.append(f"{result.skipped_too_long} longer than max_prompt_tokens={cfg.max_prompt_tokens}")
+            fixes.append("raise dataset.max_prompt_tokens or use prompt_overflow: truncate")
+        raise DataError(f"dataset: no prompts left from {cfg.path} ({', '.join(reasons) or 'no rows'}); "
+                        f"{'; or '.join(fixes) or 'give a file with at least one row'}")
     if cfg.num_samples is not None and cfg.num_samples > available:  # fewer prompts than asked: say so
         where = "the file" if not source.startswith("hub:") else f"split {cfg.split}"
         result.notes.append(f"dataset: num_samples {cfg.num_samples} asked for, {where} has {available} rows: "

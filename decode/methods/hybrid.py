@@ -25,4 +25,5 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
 SPEC = MethodSpec("hybrid", "per row and round, prompt lookup, suffix decoding, the draft model, or a tree of a free "
                   "source and the draft, whichever promises the most accepted tokens per unit of measured cost "
-                  "(our engine)", axes=("draft", "gamma"), run=run, has_rounds=True)
+                  "(our engine)", axes=("draft", "gamma"), run=run, has_rounds=True,
+                  draft_sources=("lookup", "suffix", "draft"))  # decode/drafters/hybrid.py SOURCES (a test keeps them equal)

@@ -57,28 +57,31 @@ def test_tpot_and_inter_token_gaps_by_hand():
 
 
 def test_percentiles_goodput_rates_and_occupancy_by_hand():
-    # five requests at concurrency 2; TTFT 0.1, 0.2, 0.3, 0.4, 1.0 (arrival 0, so the first token's time);
-    # each 5 tokens, finish = first + 4 * step
+    # five requests at concurrency 2, all arriving at 0, each 5 tokens; first tokens at 0.1, 0.2, 0.3, 0.4, 1.0 and
+    # finish = first + 4 * step: 0.14, 0.40, 0.34, 0.44, 1.04. A closed loop: request 2 gets the slot request 0 frees
+    # at 0.14, request 3 request 2's at 0.34, request 4 request 1's at 0.40 (each admitted then)
     steps = [0.01, 0.05, 0.01, 0.01, 0.01]  # TPOT 10 ms but the second 50 ms
     firsts = [0.1, 0.2, 0.3, 0.4, 1.0]
-    admitted = [0.0, 0.0, 0.1, 0.2, 0.9]
+    admitted = [0.0, 0.0, 0.14, 0.34, 0.40]
     rows = [request("baseline", i, concurrency=2, first=f, finish=f + 4 * st, admitted=a, requests=5)
             for i, (f, st, a) in enumerate(zip(firsts, steps, admitted))]
     config = {"load": {"concurrency": [2], "slo": {"ttft_s": 0.35, "tpot_ms": 20}}}
     m = serving_run(summarize(rows, {}, config), "baseline")["metrics"]
-    # TTFT sorted 0.1 .. 1.0: P50 the middle 0.3; P90 at rank 0.9 * 4 = 3.6: 0.4 + 0.6 * (1.0 - 0.4) = 0.76;
-    # P99 at 3.96: 0.4 + 0.96 * 0.6 = 0.976; mean 2.0 / 5 = 0.4
-    assert m["ttft_s"]["p50"] == pytest.approx(0.3) and m["ttft_s"]["p90"] == pytest.approx(0.76)
-    assert m["ttft_s"]["p99"] == pytest.approx(0.976) and m["ttft_s"]["mean"] == pytest.approx(0.4)
+    # TTFT from the slot: 0.1, 0.2, 0.16, 0.06, 0.6; sorted 0.06 0.1 0.16 0.2 0.6: P50 0.16; P90 at rank 3.6:
+    # 0.2 + 0.6 * 0.4 = 0.44; P99 at 3.96: 0.2 + 0.96 * 0.4 = 0.584; mean 1.12 / 5 = 0.224
+    assert m["ttft_s"]["p50"] == pytest.approx(0.16) and m["ttft_s"]["p90"] == pytest.approx(0.44)
+    assert m["ttft_s"]["p99"] == pytest.approx(0.584) and m["ttft_s"]["mean"] == pytest.approx(0.224)
+    # E2E from the slot: 0.14, 0.40, 0.20, 0.10, 0.64; the client's wait for a slot: 0, 0, 0.14, 0.34, 0.40
+    assert m["e2e_s"]["mean"] == pytest.approx(1.48 / 5) and m["e2e_s"]["p50"] == pytest.approx(0.2)
+    assert m["queue_s"]["mean"] == pytest.approx(0.88 / 5) and m["queue_s"]["p50"] == pytest.approx(0.14)
     assert m["tpot_s"]["p50"] == pytest.approx(0.01) and m["tpot_s"]["mean"] == pytest.approx(0.018)
     # span: the first arrival 0 to the last finish 1.0 + 0.04 = 1.04; 25 tokens, 5 requests
     assert m["span_s"] == pytest.approx(1.04)
     assert m["output_tok_s"] == pytest.approx(25 / 1.04) and m["requests_per_s"] == pytest.approx(5 / 1.04)
-    # the SLO: TTFT <= 0.35 keeps requests 0, 1, 2; TPOT <= 20 ms drops request 1: 2 requests in 1.04 s
-    assert m["goodput_req_s"] == pytest.approx(2 / 1.04) and m["slo_met"] == pytest.approx(0.4)
-    # in flight from admission to finish: 0.14 + 0.4 + 0.24 + 0.24 + 0.14 = 1.16 over 1.04 s
-    assert m["mean_in_flight"] == pytest.approx(1.16 / 1.04)
-    assert m["queue_s"]["mean"] == pytest.approx((0.1 + 0.2 + 0.9) / 5)
+    # the SLO: TTFT <= 0.35 drops request 4 (0.6); TPOT <= 20 ms drops request 1: 3 requests in 1.04 s
+    assert m["goodput_req_s"] == pytest.approx(3 / 1.04) and m["slo_met"] == pytest.approx(0.6)
+    # in flight from admission to finish: 0.14 + 0.40 + 0.20 + 0.10 + 0.64 = 1.48 over 1.04 s; never more than 2
+    assert m["mean_in_flight"] == pytest.approx(1.48 / 1.04) and m["max_in_flight"] == 2
     # no SLO in the config: no goodput
     assert serving_run(summarize(rows, {}), "baseline")["metrics"]["goodput_req_s"] is None
 
@@ -256,11 +259,11 @@ def test_eval_rebuilds_a_serving_folder(tmp_path):
     written = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
     assert written["serving"]["slo"] == {"ttft_s": 0.5, "tpot_ms": 50.0}
     # the SLO from config.yaml: the baseline's TPOT 0.9 / 9 = 100 ms misses 50 ms; the method's at concurrency 2
-    # (0.9 s a request) too; at concurrency 1 (0.4 / 9 = 44 ms) the first request alone meets TTFT 0.5 (the second
-    # waits 0.5 s): 1 request in 8 * 0.5 s
+    # (0.9 s a request) too; at concurrency 1 (0.4 / 9 = 44 ms) every request meets TTFT 0.5, timed from its slot
+    # (0.1 s; the wait for the slot is queue_s): 8 requests in 8 * 0.5 s
     assert serving_run(written, "baseline", concurrency=1)["metrics"]["goodput_req_s"] == 0
     assert serving_run(written, "speculative", concurrency=2)["metrics"]["goodput_req_s"] == 0
-    assert serving_run(written, "speculative", concurrency=1)["metrics"]["goodput_req_s"] == pytest.approx(1 / 4)
+    assert serving_run(written, "speculative", concurrency=1)["metrics"]["goodput_req_s"] == pytest.approx(2.0)
     # occupancy 1 (one request at a time); alpha 1, gamma 2 at c 0.2 and v(1) = 1.5: 3 / 1.9
     assert serving_run(written, "speculative", concurrency=1)["metrics"]["mean_in_flight"] == pytest.approx(1.0)
     assert serving_run(written, "speculative", concurrency=1)["metrics"]["predicted_speedup"] == pytest.approx(3 / 1.9)
@@ -309,3 +312,122 @@ def test_records_without_request_times_are_left_out_and_said():
     summary = summarize(rows, {})
     assert serving_run(summary, "speculative")["metrics"]["requests"] == 7
     assert any("1 of its records carry no request times" in n for n in summary["notes"])
+
+
+# ---- issue 36: figures that mean what their names say ----------------------------------------------------------
+
+def closed_loop(count, service=0.2, prefill=0.02, concurrency=1, method="baseline"):
+    """`count` requests arriving at 0 into a closed loop of one slot, each served in `service` s (its first token
+    `prefill` s after admission), back to back: request i holds the slot from 0.2 i to 0.2 (i + 1)."""
+    return [request(method, i, concurrency=concurrency, arrival=0.0, admitted=service * i, first=service * i + prefill,
+                    finish=service * (i + 1), tokens=5, requests=count) for i in range(count)]
+
+
+@pytest.mark.parametrize("count", [7, 28])
+def test_a_closed_loop_times_each_request_from_its_slot_not_from_t0(count):
+    # every request takes 0.02 s to its first token and 0.2 s end to end once it holds the slot, however many wait:
+    # timed from t=0 instead, TTFT P50 grew with the requests (0.62 at 7, 2.72 at 28) and only request 0 met the SLO
+    config = {"load": {"concurrency": [1], "slo": {"ttft_s": 0.5}}}
+    m = serving_run(summarize(closed_loop(count), {}, config), "baseline")["metrics"]
+    assert m["ttft_s"]["p50"] == pytest.approx(0.02) and m["ttft_s"]["p99"] == pytest.approx(0.02)
+    assert m["e2e_s"]["p50"] == pytest.approx(0.2) and m["e2e_s"]["mean"] == pytest.approx(0.2)
+    assert m["slo_met"] == pytest.approx(1.0) and m["goodput_req_s"] == pytest.approx(count / (0.2 * count))
+    # the client's wait for the slot is beside: request i waits 0.2 i; mean 0.1 (count - 1)
+    assert m["queue_s"]["mean"] == pytest.approx(0.1 * (count - 1))
+
+
+def test_an_open_loop_without_a_binding_cap_times_from_arrival():
+    # concurrency 4 never binds for two requests: the clock starts at arrival, the wait for the engine counts
+    rows = [request("baseline", 0, concurrency=4, arrival=0.0, admitted=0.0, first=0.1, finish=0.5, requests=2),
+            request("baseline", 1, concurrency=4, arrival=0.05, admitted=0.1, first=0.3, finish=0.6, requests=2)]
+    m = serving_run(summarize(rows, {}), "baseline")["metrics"]
+    assert m["ttft_s"]["mean"] == pytest.approx((0.1 + 0.25) / 2) and m["e2e_s"]["mean"] == pytest.approx((0.5 + 0.55) / 2)
+    assert m["queue_s"]["mean"] == 0
+
+
+def test_speedup_tput_pairs_e2e_from_the_slot():
+    # one slot, two requests at 0, 10 tokens each: the baseline serves them in 1 s and 3 s, the method in 0.5 s and
+    # 3 s. From the slot: (20 / 3.5) / (20 / 4) = 8 / 7; from t=0 it read (20 / (0.5 + 3.5)) / (20 / (1 + 4)) = 1.25
+    rows = []
+    for method, services in (("baseline", (1.0, 3.0)), ("speculative", (0.5, 3.0))):
+        starts = (0.0, services[0])
+        rows += [request(method, i, concurrency=1, admitted=starts[i], first=starts[i] + 0.1,
+                         finish=starts[i] + services[i], tokens=10, requests=2,
+                         rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] * 3) for i in range(2)]
+    m = serving_run(summarize(rows, {}), "speculative")["metrics"]
+    assert m["speedup_tput"] == pytest.approx(8 / 7) and m["e2e_s"]["p99"] == pytest.approx(3.0, rel=0.02)
+
+
+def test_hybrid_under_load_has_acceptance_by_source_with_never_chosen_sources():
+    # hybrid drafted from lookup (3 of 4 accepted) and draft (1 of 2); suffix was offered and never chosen
+    rounds = [{"drafted": 4, "accepted": 3, "emitted": 4, "sources": {"lookup": [4, 3]}},
+              {"drafted": 2, "accepted": 1, "emitted": 2, "sources": {"draft": [2, 1]}}]
+    rows = [request("hybrid", 0, rounds=rounds, requests=1, tokens=6)]
+    summary = summarize(rows, {})
+    table = serving_run(summary, "hybrid")["metrics"]["acceptance_by_source"]
+    assert table["lookup"] == {"drafted": 4, "accepted": 3, "acceptance": 0.75, "rounds": 1}
+    assert table["draft"] == {"drafted": 2, "accepted": 1, "acceptance": 0.5, "rounds": 1}
+    assert table["suffix"] == {"drafted": 0, "accepted": 0, "acceptance": None, "rounds": 0}
+    text = markdown(summary)
+    assert "Acceptance per draft source" in text and "suffix - (0/0 in 0 rounds)" in text
+
+
+def test_hybrid_sources_offered_are_the_drafters_own():
+    from decode.drafters.hybrid import SOURCES
+    from decode.methods import REGISTRY
+    assert REGISTRY["hybrid"].draft_sources == SOURCES
+
+
+def test_alpha_under_load_and_in_batches_comes_from_chain_rounds_only():
+    # two chain rounds accepting 2 of 2 and 0 of 2: alpha solves 2 a (1 - a^2) / (1 - a) ... by hand: the expected
+    # accepted drafts of a 2-draft chain is a + a^2, and 2 (a + a^2) = 2 gives a = 0.618 (the golden ratio's
+    # inverse); a merged tree round of 4 nodes accepting 0 must not enter it (with it alpha falls)
+    tree = {"drafted": 4, "accepted": 0, "emitted": 1, "parents": [-1, 0, -1, 2], "ranks": [], "tried": [2],
+            "sources": {"lookup": [2, 0], "draft": [2, 0]}}
+    rounds = [{"drafted": 2, "accepted": 2, "emitted": 3, "sources": {"draft": [2, 2]}},
+              {"drafted": 2, "accepted": 0, "emitted": 1, "sources": {"draft": [2, 0]}}, tree]
+    golden = (math.sqrt(5) - 1) / 2
+    served = serving_run(summarize([request("hybrid", 0, rounds=rounds, requests=1, tokens=5)], {}), "hybrid")
+    assert served["metrics"]["alpha"] == pytest.approx(golden, abs=1e-6) and served["metrics"]["alpha_rounds"] == 2
+    assert served["metrics"]["acceptance_by_depth_rank"][0]["trials"] == [1, 1]  # the tree round, by depth and rank
+    batch = [record("baseline", 0, tokens=5), record("hybrid", 0, tokens=5, rounds=rounds)]
+    from sample_records import run as fixed_run
+    assert fixed_run(summarize(batch, {}), "hybrid")["metrics"]["alpha"] == pytest.approx(golden, abs=1e-6)
+
+
+def synthetic_sweep():
+    """Two load points (concurrency 1 and 2), the baseline, a real speculative line and a synthetic one at 0.6."""
+    rows = []
+    for concurrency, slow in ((1, 1.0), (2, 1.5)):
+        for method, speed, extra in (("baseline", 1.0, {}), ("speculative", 2.0, {}),
+                                     ("speculative", 1.5, {"synthetic_acceptance": 0.6})):
+            for i in range(2):
+                service = slow / speed
+                rows.append(request(method, i, concurrency=concurrency, admitted=service * i,
+                                    first=service * i + 0.05, finish=service * (i + 1), tokens=10, requests=2,
+                                    rounds=[{"drafted": 2, "accepted": 1, "emitted": 2}] * 5, **extra))
+    return rows
+
+
+def test_synthetic_points_under_load_are_marked_and_kept_out_of_crossovers():
+    summary = summarize(synthetic_sweep(), {})
+    synthetic = [r for r in summary["serving"]["runs"] if r.get("synthetic_acceptance") is not None]
+    assert len(synthetic) == 2 and all(r["metrics"]["synthetic"] is True for r in synthetic)
+    assert all(r["metrics"]["exact_match"] is None for r in synthetic)
+    real = [r for r in summary["serving"]["runs"] if r["method"] == "speculative" and r not in synthetic]
+    assert all(r["metrics"]["exact_match"] == 1.0 for r in real)
+    lines = [c["line"] for c in summary["serving"]["crossovers"]]
+    assert lines and not any("synthetic" in line for line in lines)
+    text = markdown(summary)
+    assert "Synthetic acceptance under load" in text and "outputs are not the target's" in text
+    header = next(line for line in text.splitlines() if line.startswith("| point | status |"))
+    assert "| synthetic |" in header and header.rstrip().endswith("| exact |")
+    assert any("synthetic acceptance" in note and "take no part in the crossovers" in note for note in summary["notes"])
+
+
+def test_a_cap_above_the_requests_is_said():
+    rows = [request("baseline", i, concurrency=64, admitted=0.0, first=0.1, finish=0.5 + 0.1 * i, requests=3)
+            for i in range(3)]
+    summary = summarize(rows, {})
+    assert serving_run(summary, "baseline")["metrics"]["max_in_flight"] == 3
+    assert any("conc=64" in note and "at most 3 could be in flight" in note for note in summary["notes"])

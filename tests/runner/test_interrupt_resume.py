@@ -172,3 +172,92 @@ def test_a_serving_run_interrupted_mid_load_point_resumes_to_the_same_records(tm
     assert launch(["--resume", out]).returncode == 0
     assert served(out) == served(reference) and len(served(out)) == 3 * 2 * 12
     assert read_jsonl(out / "samples.jsonl")[:len(kept)] == kept
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A run of 4 one-prompt batches of two points, for interrupts delivered in this process."""
+    root = tmp_path_factory.mktemp("second-interrupt")
+    target, draft = save_tiny_pair(root)
+    data = write_prompts(root / "prompts.jsonl", count=4)
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(base_config(target, draft, data, batch_size=[1], speculative={"gamma": [1]},
+                                               generation={"max_new_tokens": 8}, warmup=0)))
+    return path
+
+
+def _signal_self(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(0.2)  # the handler runs here, in the main thread (an ignored signal does nothing)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_interrupt_while_the_interrupted_run_writes_its_report_is_held(small, tmp_path, monkeypatch, capsys,
+                                                                                sig):
+    """The first Ctrl-C (or SIGTERM) after a batch is saved; a second one as the interrupted run writes its report:
+    the report is written whole all the same (summary, plots), the folder is the last line printed, and the exit is
+    130; signals are handled as before once it returns."""
+    import launch
+    from runner.experiment import Experiment
+    from runner.storage import ReportFolder
+
+    accept, write_summary, second = Experiment.accept, ReportFolder.write_summary, []
+
+    def accept_then_interrupt(self, unit, result):
+        accept(self, unit, result)
+        _signal_self(sig)
+
+    def write_summary_interrupted(self, plots=False):
+        if self.progress.status == "interrupted" and not second:
+            second.append(sig)
+            _signal_self(sig)
+        return write_summary(self, plots)
+
+    monkeypatch.setattr(Experiment, "accept", accept_then_interrupt)
+    monkeypatch.setattr(ReportFolder, "write_summary", write_summary_interrupted)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out = tmp_path / "run"
+    code = launch.main(["--config", str(small), "--output-dir", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert second, "the interrupted run wrote no report"
+    assert code == 130, stderr
+    assert stdout.strip().splitlines()[-1] == str(out), stdout
+    assert "before any measurement" not in stderr and "--resume" in stderr
+    saved = read_jsonl(out / "samples.jsonl")
+    summary = json.loads((out / "summary.json").read_text())
+    assert saved and summary["status"] == "interrupted"
+    assert json.loads((out / "progress.json").read_text())["status"] == "interrupted"
+    assert sum(r["batches"]["done"] for r in summary["runs"]) == 2  # the batch saved, of both points
+    assert (out / "summary.md").exists() and list(out.glob("*.png"))
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+def test_an_interrupt_before_a_resumed_run_starts_keeps_the_saved_records(small, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C outside the run's own handling (here as a resumed run reopens its folder): launch.py says the
+    records on disk are kept, names the folder, and exits 130; it does not claim nothing was measured."""
+    import launch
+    from runner.experiment import Experiment
+    from runner.storage import ReportFolder
+
+    accept = Experiment.accept
+
+    def accept_then_interrupt(self, unit, result):
+        accept(self, unit, result)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(Experiment, "accept", accept_then_interrupt)
+        assert launch.main(["--config", str(small), "--output-dir", str(out)]) == 130
+    saved = len(read_jsonl(out / "samples.jsonl"))
+    capsys.readouterr()
+
+    def reopen_then_interrupt(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ReportFolder, "reopen", reopen_then_interrupt)
+    assert launch.main(["--resume", str(out)]) == 130
+    stdout, stderr = capsys.readouterr()
+    assert "before any measurement" not in stderr
+    assert f"the {saved} records saved in {out} are kept" in stderr and f"--resume {out}" in stderr
+    assert stdout.strip().splitlines()[-1] == str(out)

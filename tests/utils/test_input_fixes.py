@@ -155,6 +155,52 @@ def test_num_samples_above_the_rows_is_noted(tiny, num_samples, notes, count):
     assert prompts.notes == notes
 
 
+# ---- empty prompts: skipped and counted, never silently -----------------------------------------
+
+def _rows_with_empty_prompts(path, texts):
+    import json
+
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def test_empty_and_whitespace_prompts_are_counted(tmp_path):
+    from utils.data import load_prompts
+
+    data = _rows_with_empty_prompts(tmp_path / "rows.jsonl", ["w3 w4 w5", "", " \t\n ", "w6 w7"])
+    prompts = load_prompts(DatasetConfig(path=str(data), prompt_field="text", chat_template=False), word_tokenizer())
+    assert [p.sample_id for p in prompts.prompts] == [0, 3]
+    assert (prompts.skipped_empty, prompts.skipped_too_long, prompts.truncated) == (2, 0, 0)
+
+
+@pytest.mark.e2e
+def test_the_report_says_how_many_prompts_were_skipped_as_empty(tiny, tmp_path):
+    import json
+
+    _, target, draft, _ = tiny
+    data = _rows_with_empty_prompts(tmp_path / "rows.jsonl", ["w3 w4 w5", "", " \t\n ", "w6 w7"])
+    config = base_config(target, draft, data, batch_size=[1], methods=["baseline"], warmup=0,
+                         generation={"max_new_tokens": 2})
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(config))
+    result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    prompts = json.loads((tmp_path / "out" / "summary.json").read_text())["prompts"]
+    assert (prompts["count"], prompts["skipped_empty"]) == (2, 2)
+    assert "0 truncated, 0 skipped as too long, 2 skipped as empty" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.e2e
+def test_a_file_of_empty_prompts_is_refused_in_one_line(tiny, tmp_path):
+    _, target, draft, _ = tiny
+    data = _rows_with_empty_prompts(tmp_path / "rows.jsonl", ["", "  ", "\n"])
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(base_config(target, draft, data, batch_size=[1])))
+    result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])
+    assert_one_clean_line(result, "3 of 3 rows have an empty or whitespace-only 'text'")
+    assert "dataset.prompt_field" in result.stderr
+
+
 # ---- the same through launch.py: exit 2, one line, before any measurement -----------------------
 
 @pytest.mark.e2e
