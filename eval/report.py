@@ -474,6 +474,7 @@ SERVING_COLUMNS = [  # (header, metric paths, format): several paths share a cel
     ("point", ("line",), "{}"), ("status", ("status",), "{}"), ("synthetic", ("synthetic_acceptance",), "{:g}"),
     ("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}"), ("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}"),
     ("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}"), ("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}"),
+    ("queue P50 / P99 s", ("queue_s.p50", "queue_s.p99"), "{:.3f}"),
     ("tok/s", ("output_tok_s",), "{:.1f}"), ("req/s", ("requests_per_s",), "{:.2f}"),
     ("goodput req/s", ("goodput_req_s",), "{:.2f}"), ("in flight", ("mean_in_flight",), "{:.2f}"),
     ("accept pooled / per-req", ("acceptance_pooled", "acceptance_per_request"), "{:.3f}"),
