@@ -568,8 +568,7 @@ def serving_lines(summary: dict) -> list[str]:
         failed = [r for r in runs if r["status"] in ("failed", "skipped")]
         lines += [f"- {r['label']}: {r['status']}: {r.get('error')}" for r in failed]
     lines += serving_synthetic_lines(serving["runs"])
-    lines += source_lines([dict(r, label=f"{r['label']} at {load_label(r)}") for r in serving["runs"]
-                           if r["status"] in ("ok", "partial")])
+    lines += source_lines([r for r in serving["runs"] if r["status"] in ("ok", "partial")])
     crossovers = serving.get("crossovers") or []
     if crossovers:
         lines += ["", "Crossover (where the speedup crosses 1 as the load grows; legend: crossovers):", "",
@@ -594,7 +593,7 @@ SERVING_CSV = ["requests", "output_tokens", "span_s"] + [f"{name}.{q}" for name 
                                                         for q in ("mean", "p50", "p90", "p99")] + [
     "output_tok_s", "requests_per_s", "goodput_req_s", "slo_met", "mean_in_flight", "acceptance_pooled",
     "acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request", "alpha",
-    "max_in_flight", "queue_s.p50", "alpha_rounds", "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
+    "busy_in_flight", "max_in_flight", "queue_s.mean", "queue_s.p50", "queue_s.p90", "queue_s.p99", "alpha_rounds", "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
     "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "predicted_speedup", "exact_match"]
 
 

@@ -50,11 +50,13 @@ SERVING_LEGEND = {
              "speculation has fewer, longer gaps: TPOT is the per-token figure",
     "e2e_s": "end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
              "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
-    "output_tok_s": "total new tokens / span, span = the last finish - the first arrival of the load point (summed "
+    "output_tok_s": "total new tokens / span, span = the last finish - the load point's start (t = 0: vLLM's "
+                    "benchmark duration, the first request's arrival gap in it; summed "
                     "over repeats); requests_per_s likewise; goodput_req_s: requests meeting every limit of config "
                     "load.slo (TTFT from the slot <= ttft_s, TPOT <= tpot_ms) / span, null when no SLO is set; slo_met: their share",
     "mean_in_flight": "occupancy: the time average over the span of the requests between admission and finish = "
-                      "sum(finish - admitted) / span",
+                      "sum(finish - admitted) / span; busy_in_flight: the same over the time at least one was in "
+                      "flight (what a step sees: idle time between arrivals left out)",
     "acceptance_pooled": "acceptance rate pooled over every round of every request, sum(accepted) / sum(drafted) (as "
                          "vLLM's counters); acceptance_per_request: the mean over requests of each request's own (as "
                          "specdec_bench); mean_accepted_tokens_pooled / _per_request: MAT = emitted / rounds, likewise; "
@@ -74,16 +76,18 @@ SERVING_LEGEND = {
                          "interval covers how the ratio varies from request to request on that schedule, not from "
                          "run to run",
     "predicted_speedup (load)": "Leviathan's (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v)) at the load point's "
-                                "measured alpha (pooled rounds), with c and v at its mean occupancy (cost_rows): "
-                                "linear between the batch sizes probed around it (cost_batch_sizes; each load point "
-                                "probes at min(C, its requests)), the nearest outside them. Per-row decoding only: no prefill, no "
-                                "queue, no joining request",
+                                "measured alpha (pooled chain rounds), with c and v at its occupancy while busy "
+                                "(busy_in_flight, cost_rows): linear between the batch sizes probed around it "
+                                "(cost_batch_sizes; each load point probes at min(C, its requests)), the nearest within "
+                                "10% outside them, null farther (the notes say why). Per-row decoding only: no prefill, "
+                                "no queue, no joining request",
     "crossovers": "per method line and sweep along one load axis (the other held): measured: where the throughput "
                   "speedup's point estimate crosses 1 (the load where the straight line between the two loads around "
                   "the crossing meets 1; null beside 'all at once'), the verdict 'above 1 at every load measured' or "
                   "'below 1 at every load measured' where it never does, and highest_load_ci_above_1: the highest load "
                   "whose interval lies wholly above 1; predicted: the same on the predicted speedups; tpot: on the TPOT "
-                  "speedup",
+                  "speedup. A concurrency above a load point's requests is placed at the requests (no more can be in "
+                  "flight), and of several such caps the lowest stands for them",
 }
 
 
@@ -169,10 +173,11 @@ def request_keys(samples: list[dict]) -> dict[tuple, dict]:
 
 def load_figures(samples: list[dict], slo: dict | None) -> dict:
     """Latencies (mean, P50, P90, P99, linear interpolation between ranks; TTFT and E2E from each request's slot, the
-    wait for it queue_s), rates over the span (each repeat's first arrival to its last finish, summed over repeats),
-    goodput and the mean and most rows in flight."""
+    wait for it queue_s), rates over the span (each repeat's start, t = 0, to its last finish, summed over repeats:
+    vLLM's benchmark duration, which the first request's gap is part of), goodput, and the rows in flight: their
+    time average over the span, over the time any was in flight (busy), and the most at once."""
     samples = with_slots(samples)
-    spans = [max(s["finish_s"] for s in rows) - min(s["arrival_s"] for s in rows) for rows in by_repeat(samples).values()]
+    spans = [max(s["finish_s"] for s in rows) for rows in by_repeat(samples).values()]
     span = sum(spans)
     # the time average of requests between admission and finish: each contributes its time in flight
     in_flight = sum(s["finish_s"] - (s["admitted_s"] if s.get("admitted_s") is not None else s["arrival_s"])
@@ -190,8 +195,20 @@ def load_figures(samples: list[dict], slo: dict | None) -> dict:
         "goodput_req_s": None if met is None else ratio(sum(met), span),
         "slo_met": None if met is None else ratio(sum(met), len(met)),
         "mean_in_flight": ratio(in_flight, span),
+        "busy_in_flight": ratio(in_flight, sum(map(busy_time, by_repeat(samples).values()))),
         "max_in_flight": max_in_flight(samples),
     }
+
+
+def busy_time(rows: list[dict]) -> float:
+    """The time at least one of a repeat's requests was in flight (the union of their admission-to-finish spans)."""
+    spans = sorted((s.get("admitted_s", s["arrival_s"]), s["finish_s"]) for s in rows)
+    total, end = 0.0, -math.inf
+    for a, b in spans:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def max_in_flight(samples: list[dict]) -> int:
@@ -227,7 +244,7 @@ def acceptance_figures(samples: list[dict], point: Point) -> dict:
             "mean_accepted_tokens_pooled": ratio(sum(r["emitted"] for r in rounds), len(rounds)),
             "mean_accepted_tokens_per_request": statistics.fmean(per_mat) if per_mat else None,
             "alpha": solve_alpha(chains) if chain else None,
-            "alpha_rounds": len(chains) if chain else 0,
+            "alpha_rounds": sum(r["drafted"] > 0 for r in chains) if chain else 0,
             "constant_draft_length": constant_draft_length(samples, point.gamma) if chain and not trees else None,
             "acceptance_by_depth_rank": acceptance_by_depth_rank([r for r in rounds if "parents" in r]) if trees else None,
             "acceptance_by_source": acceptance_by_source(rounds, REGISTRY[point.method].draft_sources)}
@@ -257,12 +274,17 @@ def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tu
             len({key[1:] for key in paired}))
 
 
+COST_ROWS_REACH = 0.1  # how far (relative) outside the probed batch sizes an occupancy may take their nearest
+
+
 def costs_at(probes: dict[int, CostProbe], draft: str | None, gamma: int, rows: float) -> dict | None:
-    """c and v at a batch of `rows` rows (the mean occupancy): linear between the probed batch sizes around it, the
-    nearest probed one outside their range. None where no probe measured both for this draft and gamma."""
+    """c and v at a batch of `rows` rows (the occupancy while busy): linear between the probed batch sizes around it,
+    the nearest probed one within COST_ROWS_REACH outside their range. None where no probe measured both for this
+    draft and gamma, or the occupancy lies farther outside the probed sizes (a rate without a cap probes every
+    request in flight; a load that keeps 1.7 of them busy is not priced at 10)."""
     known = sorted(b for b, p in probes.items() if p is not None and p.c_for(draft) is not None
                    and p.v_for(gamma) is not None)
-    if not known:
+    if not known or not known[0] * (1 - COST_ROWS_REACH) <= rows <= known[-1] * (1 + COST_ROWS_REACH):
         return None
     at = min(max(rows, known[0]), known[-1])
     low, high = max(b for b in known if b <= at), min(b for b in known if b >= at)
@@ -305,7 +327,7 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
                 metrics["mismatches"] = [dict(m, request=m["sample_id"][0], sample_id=m["sample_id"][1])
                                          for m in match["mismatches"]]
     if spec.has_rounds and point.gamma and tree_of(point) is None and metrics.get("constant_draft_length"):
-        at = costs_at(probes, point.draft, point.gamma, metrics["mean_in_flight"] or point.batch_size)
+        at = costs_at(probes, point.draft, point.gamma, metrics["busy_in_flight"] or point.batch_size)
         if at is not None and metrics.get("alpha") is not None:
             metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
                            cost_batch_sizes=at["probed"],
@@ -336,6 +358,11 @@ def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) ->
         return "no draft model: no draft cost c was measured for this drafter"
     if not probes:
         return "no cost probe ran at the batch sizes of this run's load points"
+    measured = sorted(b for b, p in probes.items() if p.c_for(point.draft) is not None and p.v_for(point.gamma) is not None)
+    if measured and metrics.get("busy_in_flight") is not None:
+        return (f"its load kept {metrics['busy_in_flight']:.2f} requests in flight while busy, outside the batch sizes "
+                f"whose c and v were probed ({', '.join(map(str, measured))} rows; each load point probes at min(C, its "
+                "requests)): sweep a concurrency near it to price it")
     return "no c and v were measured for this draft and gamma"
 
 
@@ -382,9 +409,12 @@ def load_label(run: dict) -> str:
 
 
 def load_value(run: dict, axis: str) -> float:
-    """A load on its axis: a rate of None (all at once) is the highest."""
+    """A load on its axis: a rate of None (all at once) is the highest; a concurrency above the load point's requests
+    is the requests (its batch size, min(C, requests): a higher cap is the same load)."""
     value = run.get(axis)
-    return math.inf if value is None else value
+    if value is None:
+        return math.inf
+    return min(value, run.get("batch_size") or value) if axis == "concurrency" else value
 
 
 # ---- the crossover ------------------------------------------------------------------------------------------
@@ -429,13 +459,15 @@ def crossovers(runs: list[dict]) -> list[dict]:
         for run in measured:
             lines[line_of(run) + (run.get(other),)].append(run)
         for key, rows in lines.items():
-            rows = sorted(rows, key=lambda r: load_value(r, axis))
-            if len({r.get(axis) for r in rows}) < 2:
+            rows = sorted(rows, key=lambda r: (load_value(r, axis), r.get(axis) or math.inf))
+            # caps above the requests are one load: its lowest cap stands for it
+            rows = [r for i, r in enumerate(rows) if i == 0 or load_value(r, axis) != load_value(rows[i - 1], axis)]
+            if len(rows) < 2:
                 continue
             loads = [load_value(r, axis) for r in rows]
             m = [r["metrics"] for r in rows]
             out.append({"line": line_label(rows[0]), "axis": axis, other: key[-1], "temperature": rows[0]["temperature"],
-                        "loads": [r.get(axis) for r in rows], "labels": [r["label"] for r in rows],
+                        "loads": [None if x == math.inf else x for x in loads], "labels": [r["label"] for r in rows],
                         "speedup_tput": [x["speedup_tput"] for x in m],
                         "speedup_tput_ci95": [x.get("speedup_tput_ci95") for x in m],
                         "predicted_speedup": [x.get("predicted_speedup") for x in m],

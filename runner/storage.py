@@ -90,6 +90,12 @@ class ReportFolder:
     def _drop_incomplete_batches(self) -> None:
         """A kill can tear the write of a batch: keep only batches whose every row is on disk (once)."""
         samples = read_jsonl(self.samples_path, repair=True)
+        older = False
+        for s in samples:
+            # a serving point's batch size is the most requests that can be in flight, min(concurrency, requests); a
+            # folder written before stored its concurrency there: read as now, so that --resume keeps its load points
+            if s.get("concurrency") is not None and s.get("batch_rows") and s.get("batch_size", 0) > s["batch_rows"]:
+                s["batch_size"], older = s["batch_rows"], True
         rows: dict[tuple, dict] = {}
         for s in samples:
             # a row written twice counts once; a serving point's requests cycle through the prompts: the request tells them apart
@@ -98,7 +104,7 @@ class ReportFolder:
                 if len(by_id) == next(iter(by_id.values()))["batch_rows"]]
         order = {id(s): i for i, s in enumerate(samples)}
         self.samples = sorted(kept, key=lambda s: order[id(s)])
-        if len(self.samples) < len(samples):
+        if len(self.samples) < len(samples) or older:
             write_atomic(self.samples_path, "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in self.samples))
 
     def done_batches(self) -> set[tuple]:

@@ -21,13 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def request(method="baseline", index=0, concurrency=1, first=0.5, finish=1.0, tokens=5, arrival=0.0, admitted=None,
-            rate=None, requests=8, emits=None, rounds=None, sample_id=None, repeat=0, **extra):
+            rate=None, requests=8, emits=None, rounds=None, sample_id=None, repeat=0, batch_size=None, **extra):
     """One served request: its times from the load point's start; emits default to the first token at `first`, then
     one token at a time evenly up to `finish`."""
     if emits is None:
         step = (finish - first) / max(tokens - 1, 1)
         emits = [[first, 1]] + [[first + step * k, 1] for k in range(1, tokens)]
-    return record(method, sample_id=index if sample_id is None else sample_id, repeat=repeat, batch_size=concurrency,
+    return record(method, sample_id=index if sample_id is None else sample_id, repeat=repeat,
+                  batch_size=concurrency if batch_size is None else batch_size,
                   batch_rows=requests, tokens=tokens, latency=finish - arrival, prefill=first - arrival, rounds=rounds,
                   concurrency=concurrency, request_rate=rate, arrival_s=arrival,
                   admitted_s=arrival if admitted is None else admitted, first_token_s=first, finish_s=finish,
@@ -163,8 +164,9 @@ def test_costs_at_the_mean_occupancy_by_hand():
     probes = {2: probe(0.2, 1.5), 4: probe(0.3, 2.5)}
     at = costs_at(probes, "d", 2, 3.0)  # halfway from 2 to 4
     assert at["c"] == pytest.approx(0.25) and at["v"] == pytest.approx(2.0) and at["probed"] == [2, 4]
-    below = costs_at(probes, "d", 2, 1.2)  # below the smallest probed: the nearest probed
+    below = costs_at(probes, "d", 2, 1.85)  # within 10% below the smallest probed: the nearest probed
     assert (below["c"], below["v"], below["rows"], below["probed"]) == (0.2, 1.5, 2, [2])
+    assert costs_at(probes, "d", 2, 1.2) is None and costs_at(probes, "d", 2, 4.5) is None  # farther: not priced
     assert costs_at(probes, "other", 2, 3.0) is None and costs_at(probes, "d", 4, 3.0) is None
 
 
@@ -431,3 +433,45 @@ def test_a_cap_above_the_requests_is_said():
     summary = summarize(rows, {})
     assert serving_run(summary, "baseline")["metrics"]["max_in_flight"] == 3
     assert any("conc=64" in note and "at most 3 could be in flight" in note for note in summary["notes"])
+
+
+def test_caps_above_the_requests_are_one_load_in_the_crossover():
+    # 6 requests at concurrency 2, 8 and 16: 8 and 16 are the same load, 6 requests in flight (batch size 6); the
+    # line runs 2 -> 6, so the speedup 2.0 at 2 and 0.5 at 6 crosses 1 at 2 + (1 - 2) * 4 / (0.5 - 2) = 4.67
+    rows = []
+    for c, spec in ((2, 0.5), (8, 2.0), (16, 2.0)):
+        for method, took in (("baseline", 1.0), ("speculative", spec)):
+            for i in range(6):
+                start = (i // c) * took
+                rows.append(request(method, i, concurrency=c, admitted=start, first=start + 0.1, finish=start + took,
+                                    tokens=10, requests=6, batch_size=min(c, 6),
+                                    rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] * 3
+                                    if method == "speculative" else None))
+    (found,) = summarize(rows, {})["serving"]["crossovers"]
+    assert found["loads"] == [2, 6] and found["labels"][1].startswith("speculative") and "conc=8" in found["labels"][1]
+    assert found["measured"]["crossing"]["load"] == pytest.approx(2 + 4 * 2 / 3)
+
+
+def test_a_light_load_is_not_priced_at_the_probed_batch_far_from_it():
+    # probes at 10 rows only; a load that keeps one request at a time busy: no prediction, and the notes say why
+    rows = [request(m, i, concurrency=10, arrival=float(i), admitted=float(i), first=i + 0.1, finish=i + 0.5,
+                    tokens=5, requests=10, batch_size=10, rate=1.0,
+                    rounds=[{"drafted": 2, "accepted": 2, "emitted": 3}] * 2 if m == "speculative" else None)
+            for m in ("baseline", "speculative") for i in range(10)]
+    progress = {"costs": {"10": {"p1": {"c_by_draft": {"d": 0.3}, "v": {"2": 1.2}, "target_forward_s": 0.1}}}}
+    summary = summarize(rows, progress)
+    m = serving_run(summary, "speculative")["metrics"]
+    # in flight 0.5 s of every 1 s: 5 / 9.5 on average over the span 0 .. 9.5, 1.0 while busy
+    assert m["busy_in_flight"] == pytest.approx(1.0) and m["mean_in_flight"] == pytest.approx(5.0 / 9.5)
+    assert m["predicted_speedup"] is None and m["cost_rows"] is None
+    assert any("1.00 requests in flight while busy" in note and "10 rows" in note for note in summary["notes"])
+
+
+def test_the_span_runs_from_the_load_points_start_and_alpha_rounds_count_drafting_rounds():
+    # the first request arrives 0.5 s after the start (vLLM's first gap): the span is 0 .. 2.0, not 0.5 .. 2.0
+    rounds = [{"drafted": 2, "accepted": 1, "emitted": 2}, {"drafted": 0, "accepted": 0, "emitted": 1}]
+    rows = [request("speculative", 0, arrival=0.5, admitted=0.5, first=0.6, finish=2.0, tokens=4, requests=1,
+                    rounds=rounds)]
+    m = serving_run(summarize(rows, {}), "speculative")["metrics"]
+    assert m["span_s"] == pytest.approx(2.0) and m["output_tok_s"] == pytest.approx(2.0)
+    assert m["alpha_rounds"] == 1  # the round that drafted nothing carries nothing of alpha

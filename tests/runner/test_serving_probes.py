@@ -106,3 +106,26 @@ def test_a_drift_probe_that_moved_inside_a_load_point_flags_it():
     flags = {(r["method"], r["concurrency"]): [f["code"] for f in r["flags"]] for r in runs}
     assert all("drift" in flags[(m, 8)] for m in ("baseline", "speculative"))
     assert all("drift" not in flags[(m, 2)] for m in ("baseline", "speculative"))
+
+
+def test_a_folder_written_with_the_concurrency_as_batch_size_resumes_without_rerunning(above, tmp_path):
+    """Before, a serving record's batch_size was its concurrency (8 over 3 requests): --resume reads it as
+    min(concurrency, requests), so the finished load point is kept, not run again beside itself."""
+    import shutil
+
+    import yaml
+    from runner.storage import ReportFolder
+
+    _, _, samples, config = above
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "samples.jsonl").write_text("".join(json.dumps(dict(s, batch_size=8)) + "\n" for s in samples))
+    raw = config.model_dump(mode="json")
+    (folder / "config.yaml").write_text(yaml.safe_dump(raw))
+    opened = ReportFolder(folder, raw, "old", None, False)
+    opened.reopen()
+    assert len(opened.samples) == len(samples) and {s["batch_size"] for s in opened.samples} == {3}
+    keys = {(s["method"], s["gamma"], s["concurrency"], s["batch_size"], s["repeat"]) for s in samples}
+    assert {(s["method"], s["gamma"], s["concurrency"], s["batch_size"], s["repeat"]) for s in opened.samples} == keys
+    assert {json.loads(line)["batch_size"] for line in (folder / "samples.jsonl").read_text().splitlines()} == {3}
+    shutil.rmtree(folder)

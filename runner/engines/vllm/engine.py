@@ -15,7 +15,7 @@ A vLLM point's ratios are against vllm_generate on the same prompts (eval pairs 
 A serving run (config load:): each load point's requests go to the worker as one serve job, on the load point's
 arrival schedule with at most its concurrency in flight; every engine starts with max_num_seqs the run's largest
 concurrency, so that one engine serves every load point (with pairing engine too: each engine is up once for every
-load point of a repeat). Its warmup and drift probe run a fixed batch of the first `concurrency` requests.
+load point of a repeat). Its warmup and drift probe run a fixed batch of the first min(concurrency, requests) requests.
 """
 from __future__ import annotations
 
@@ -225,7 +225,8 @@ def max_concurrency(config, num_prompts: int) -> int | None:
     load = getattr(config, "load", None)
     if load is None:
         return None
-    return max(c for c, _ in load.points(load.requests or num_prompts))
+    requests = load.requests or num_prompts
+    return max(min(c, requests) for c, _ in load.points(requests))  # no more than the requests are ever in flight
 
 
 def model_dirs(config) -> dict[str, str]:
@@ -529,7 +530,7 @@ class VllmExecutor:
 
     def fixed_batch(self, unit: Unit) -> list:
         """The unit's first batch as a fixed batch (the warmup's and a serving unit's drift probe's): a serving unit's
-        first `concurrency` requests."""
+        first min(concurrency, requests) requests (its batch size)."""
         if unit.serving:
             return self.session.prompts_of(unit)[:unit.batch_size]
         return self.session.batches(unit.batch_size)[0]
@@ -550,7 +551,7 @@ class VllmExecutor:
         """The first prompt, one new token, greedy, through the point's engine: the same work at each of its starts
         and ends. Kept per engine (each is its own process), so the drift flag compares like with like. Yields the
         reading as a unit result without records (unit: the comparison it belongs to). A serving unit's probe: its
-        first `concurrency` requests as a fixed batch, one new token each (kept per concurrency, as every probe is
+        first min(concurrency, requests) requests as a fixed batch, one new token each (kept per concurrency, as every probe is
         kept per batch size)."""
         if engine.failed:
             return
@@ -724,8 +725,9 @@ class VllmExecutor:
                    "apart, not back to back, and each engine's drift probe (the first prompt, 1 new token) ran at "
                    "its start and end"))
         if self.config.load is not None:
-            what += ("; under load each engine served every load point (max_num_seqs the largest concurrency), and a "
-                     "load point's warmup and drift probe ran its first `concurrency` requests as a fixed batch")
+            what += ("; under load each engine served every load point (max_num_seqs the largest concurrency, at most "
+                     "the requests), and a load point's warmup and drift probe ran its first min(concurrency, requests) "
+                     "requests as a fixed batch")
         self.info = {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
                      "order": what, "cpu_reserved_cores": None if self.config.device.startswith("cuda") else
                      int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
