@@ -135,43 +135,8 @@ def generate_baseline(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     """The target alone: prefill, then one forward per token. prompt_ids, prompt_mask [B, P].
 
     Greedy, each row also keeps its top2_gaps (one per new token). With a load, the rows are requests served with
-    continuous batching (see `_serve`)."""
-    clock = clock or Clock(prompt_ids.device)
-    if load is not None:
-        return _serve(model, None, prompt_ids, prompt_mask, generation, 0, generator, clock, load)
-    records = [RowRecord() for _ in range(prompt_ids.shape[0])]
-    active = list(range(len(records)))
-    greedy = not generation.sampling.do_sample
-    gaps = []  # greedy: per step, (the rows it ran, their top2_gap [B'] left on the device)
-    start = clock.now()
-    state, logits = prefill(model, prompt_ids, prompt_mask)
-    token = choose_next(logits, generation.sampling, generator)  # [B]
-    if greedy:
-        gaps.append((active, top2_gap(logits)))
-    # host sync, once per step: the loop needs each row's token to stop it at its own EOS
-    emitted = [[t] for t in token.tolist()]
-    elapsed = clock.now() - start
-    for record in records:
-        record.prefill_s = elapsed
-        record.target_forwards = 1
-    running, _ = _append(records, active, emitted, generation, elapsed)
-    while running:
-        if len(running) < len(active):
-            rows = torch.tensor(running, device=token.device)
-            state.select_rows(rows)
-            token, active = token[rows], [active[i] for i in running]
-        token, gap = baseline_step(state, model, token, generation.sampling, generator, greedy)
-        if greedy:
-            gaps.append((active, gap))
-        emitted = [[t] for t in token.tolist()]  # host sync, as above
-        elapsed = clock.now() - start
-        for row in active:
-            records[row].target_forwards += 1
-        running, _ = _append(records, active, emitted, generation, elapsed)
-    for record in records:
-        record.target_s = record.latency_s
-    _keep_gaps(records, gaps)
-    return records
+    continuous batching; without, a static batch: the same loop (`_Loop`) with every row arriving at once."""
+    return _Loop(model, None, prompt_ids, prompt_mask, generation, 0, generator, clock, load).run()
 
 
 def _keep_gaps(records: list[RowRecord], gaps: list[tuple[list[int], torch.Tensor]]) -> None:
@@ -208,42 +173,11 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     drafts by a Bernoulli(alpha) chain drawn from `generator` (decode/sampling.py accept_synthetic), then takes the
     target's own token there: it measures the cost at that alpha, and its output is not the target's.
 
-    With a load, the rows are requests served with continuous batching (see `_serve`); each round is the same
-    (`_speculative_round`).
+    With a load, the rows are requests served with continuous batching; without, a static batch: the same loop
+    (`_Loop`) with every row arriving at once, each round `_speculative_round`.
     """
-    clock = clock or Clock(prompt_ids.device)
-    if load is not None:
-        return _serve(target, drafter, prompt_ids, prompt_mask, generation, gamma, generator, clock, load,
-                      synthetic_acceptance)
-    sampling = generation.sampling
-    records = [RowRecord() for _ in range(prompt_ids.shape[0])]
-    active = list(range(len(records)))
-    start = clock.now()
-    state, logits = prefill(target, prompt_ids, prompt_mask)
-    token = choose_next(logits, sampling, generator)  # [B]
-    emitted = [[t] for t in token.tolist()]  # host sync: the first token may already be EOS
-    elapsed = clock.now() - start
-    for record in records:
-        record.prefill_s = elapsed
-        record.target_forwards = 1
-        record.target_s = elapsed
-    running, _ = _append(records, active, emitted, generation, elapsed)
-    if running:
-        drafter.start(prompt_ids, prompt_mask)
-        draft_prefill_s = clock.now() - start - elapsed
-        for record in records:
-            record.draft_s += draft_prefill_s
-            record.draft_prefill_s = draft_prefill_s
-            record.draft_forwards += drafter.forwards  # the draft's prefill; 0 for a drafter without a model
-        drafter.observe([row[0] for row in emitted])
-    while running:
-        if len(running) < len(active):
-            state.select_rows(running)
-            drafter.select_rows(torch.tensor(running))
-            token, active = token[host_to_device(running, token.device)], [active[i] for i in running]
-        token, running, _ = _speculative_round(target, drafter, state, token, active, records, generation, gamma,
-                                               generator, clock, start, synthetic_acceptance)
-    return records
+    return _Loop(target, drafter, prompt_ids, prompt_mask, generation, gamma, generator, clock, load,
+                 synthetic_acceptance).run()
 
 
 def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, active: list[int],
@@ -475,116 +409,169 @@ def round_layout(proposal: Proposal, synthetic_acceptance: float | None = None) 
     return TreeRound(proposal)
 
 
-def _serve(target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-           generation: Generation, gamma: int, generator: torch.Generator | None, clock: Clock, load: Load,
-           synthetic_acceptance: float | None = None) -> list[RowRecord]:
-    """Continuous batching: row i of prompt_ids, prompt_mask [N, P] (left padded) is request i, arriving at
-    load.arrivals[i] seconds after the loop's start; drafter None: the baseline's one target step a round, else
-    `_speculative_round`.
+class _Loop:
+    """The one decode loop: static batches and continuous batching, the baseline and every drafter. Row i of
+    prompt_ids, prompt_mask [N, P] (left padded) is request i, arriving at load.arrivals[i] seconds after the loop's
+    start; without a load, a static batch: every row arrives at 0 and all N are in flight (nobody joins later). Each
+    pass runs three steps:
 
-    At the start and between rounds, the requests that have arrived join, in order, while fewer than
-    load.concurrency rows are in flight. Those admitted at one moment are prefilled together in one target forward
-    over their own width (the leading columns that are padding for all of them dropped) and take their first token;
-    then their cache joins the running batch's (decode/kv.py KVState.join) and the drafter gets their rows
-    (Drafter.add_rows; reset first when no row was in flight). That prefill, and the draft's, run between rounds:
-    they count in the joining requests' TTFT and target_s/draft_s (draft_prefill_s: the draft's), and delay the
-    running rows' next tokens, as in a server. With no row in flight and nobody waiting, the loop sleeps until the
-    next arrival. Finished rows leave after each round (select_rows). Records come back in request order, with
-    the serving fields (RowRecord.arrival_s ...) set: times in seconds from the loop's start.
+    - admit: the requests that have arrived join, in order, while fewer than load.concurrency rows are in flight.
+      Those admitted at one moment are prefilled together in one target forward (over their own width under a load:
+      the leading columns that are padding for all of them dropped) and take their first token; their cache joins the
+      running batch's (decode/kv.py KVState.join) and the drafter gets their rows (a static batch: Drafter.start,
+      which may ask a schedule whether drafting pays at all; under a load Drafter.add_rows, reset first when no row
+      was in flight). That prefill and the draft's run between rounds: they count in the joining requests' TTFT and
+      target_s / draft_s (draft_prefill_s: the draft's), and delay the running rows' next tokens, as in a server.
+      With no row in flight and nobody waiting, the loop sleeps until the next arrival.
+    - round: the baseline's one target step (`baseline_step`) or a speculative round (`_speculative_round`) over the
+      running rows.
+    - evict: finished rows leave (select_rows on the target's cache and the drafter).
 
-    The compiled mode's static caches take no joins: ValueError (decode/kv.py COMPILED_JOIN).
+    Records come back in request order; served, with the serving fields (RowRecord.arrival_s ...) set: times in
+    seconds from the loop's start. Host reads per round are those of the round alone: the clock is read to admit only
+    while requests are still to come. The compiled mode's static caches take no joins: served with a load,
+    ValueError (decode/kv.py COMPILED_JOIN); a static batch never joins and runs compiled.
     """
-    requests = prompt_ids.shape[0]
-    load.check(requests)
-    if compiled_of(target) is not None:
-        raise ValueError(COMPILED_JOIN)
-    sampling = generation.sampling
-    greedy_gaps = drafter is None and not sampling.do_sample
-    device = prompt_ids.device
-    mask_host = prompt_mask.cpu().numpy() != 0  # one read, before the clock starts
-    first_real = np.where(mask_host.any(axis=1), mask_host.argmax(axis=1), mask_host.shape[1])  # [N] left padding
-    records = [RowRecord(arrival_s=float(arrival), emits=[]) for arrival in load.arrivals]
-    state, token, active, last_host = None, None, [], []  # the running batch: its rows' records, their last tokens
-    gaps = []  # greedy baseline: (rows, their top2_gap) per forward
-    waiting = 0  # the next request to admit (requests arrive in index order)
-    start = clock.now()
-    while waiting < requests or active:
-        now = clock.now() - start
-        group = []
-        while waiting < requests and len(active) + len(group) < load.concurrency and load.arrivals[waiting] <= now:
-            group.append(waiting)
-            waiting += 1
-        if not group and not active:  # nobody in flight: wait for the next arrival
-            time.sleep(max(0.0, load.arrivals[waiting] - now))
-            continue
-        if group:
-            # 1. the group's prefill, over its own width, and its first token (a host read: it may already be EOS)
-            lead = int(min(first_real[i] for i in group))
+
+    def __init__(self, target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 generation: Generation, gamma: int, generator: torch.Generator | None, clock: Clock | None,
+                 load: Load | None, synthetic_acceptance: float | None = None):
+        requests = prompt_ids.shape[0]
+        self.served = load is not None
+        if self.served:
+            load.check(requests)
+            if compiled_of(target) is not None:
+                raise ValueError(COMPILED_JOIN)
+        self.load = load or Load([0.0] * requests, max(requests, 1))
+        self.target, self.drafter, self.generation, self.gamma = target, drafter, generation, gamma
+        self.generator, self.synthetic_acceptance = generator, synthetic_acceptance
+        self.clock = clock or Clock(prompt_ids.device)
+        self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
+        self.greedy_gaps = drafter is None and not generation.sampling.do_sample
+        self.records = [RowRecord(arrival_s=float(a), emits=[]) if self.served else RowRecord()
+                        for a in self.load.arrivals]
+        # the running batch: the target's cache, each row's last token [B] (device) and host copy, its records
+        self.state, self.token, self.active, self.last_host = None, None, [], []
+        self.gaps = []  # greedy baseline: (rows, their top2_gap) per forward
+        self.waiting = 0  # the next request to admit (requests arrive in index order)
+
+    def run(self) -> list[RowRecord]:
+        if self.served:
+            mask_host = self.prompt_mask.cpu().numpy() != 0  # one read, before the clock starts
+            self.first_real = np.where(mask_host.any(axis=1), mask_host.argmax(axis=1), mask_host.shape[1])
+        requests, clock = len(self.records), self.clock
+        self.start = clock.now()
+        self.last_read = 0.0  # seconds from the start at the latest clock read: a baseline step's time runs from it
+        while self.waiting < requests or self.active:
+            if self.waiting < requests:
+                # a static batch: all arrive at 0, admitted at once, no clock read before the prefill
+                now = clock.now() - self.start if self.served else 0.0
+                group = self._arrived(now)
+                if not group and not self.active:  # nobody in flight: wait for the next arrival
+                    time.sleep(max(0.0, self.load.arrivals[self.waiting] - now))
+                    continue
+                if group:
+                    self._admit(group, now)
+            if not self.active:
+                continue
+            running = self._round()
+            self._evict(running)
+        _keep_gaps(self.records, self.gaps)
+        return self.records
+
+    def _arrived(self, now: float) -> list[int]:
+        """The requests that have arrived by `now`, in order, while slots are free."""
+        group, load = [], self.load
+        while self.waiting < len(self.records) and len(self.active) + len(group) < load.concurrency \
+                and load.arrivals[self.waiting] <= now:
+            group.append(self.waiting)
+            self.waiting += 1
+        return group
+
+    def _admit(self, group: list[int], now: float) -> None:
+        """The group's prefill and first token (a host read: it may already be EOS), the drafter's rows, and its cache
+        joined to the running batch's."""
+        records, device, sampling = self.records, self.prompt_ids.device, self.generation.sampling
+        if self.served:
+            lead = int(min(self.first_real[i] for i in group))
             index = host_to_device(group, device)
-            ids, mask = prompt_ids[index, lead:], prompt_mask[index, lead:]
-            group_state, logits = prefill(target, ids, mask)
-            first = choose_next(logits, sampling, generator)  # [G]
-            if greedy_gaps:
-                gaps.append((group, top2_gap(logits)))
-            first_host = first.tolist()
-            prefilled = clock.now() - start
-            for row in group:
-                record = records[row]
+            ids, mask = self.prompt_ids[index, lead:], self.prompt_mask[index, lead:]
+        else:
+            ids, mask = self.prompt_ids, self.prompt_mask
+        group_state, logits = prefill(self.target, ids, mask)
+        first = choose_next(logits, sampling, self.generator)  # [G]
+        if self.greedy_gaps:
+            self.gaps.append((group, top2_gap(logits)))
+        first_host = first.tolist()
+        prefilled = self.clock.now() - self.start
+        self.last_read = prefilled
+        for row in group:
+            record = records[row]
+            record.target_forwards, record.target_s = 1, prefilled - now
+            record.prefill_s = prefilled - (record.arrival_s or 0.0)
+            if self.served:
                 record.admitted_s, record.first_token_s = now, prefilled
-                record.prefill_s = prefilled - record.arrival_s
-                record.target_forwards, record.target_s = 1, prefilled - now
-            running, _ = _append(records, group, [[t] for t in first_host], generation, prefilled)
-            if running:
-                if len(running) < len(group):  # rows done at their first token never join
-                    group_state.select_rows(running)
-                    keep = host_to_device(running, device)
-                    first, ids, mask = first[keep], ids[keep], mask[keep]
-                    lead = int(min(first_real[group[i]] for i in running)) - int(min(first_real[i] for i in group))
-                    ids, mask = ids[:, lead:], mask[:, lead:]
-                joining = [group[i] for i in running]
-                # 2. the drafter's rows (its model's prefill of them); a drafter without rows starts afresh
-                if drafter is not None:
-                    if not active:
-                        drafter.reset()
-                    forwards = drafter.forwards
-                    drafter.add_rows(ids, mask)
-                    draft_prefill_s = clock.now() - start - prefilled
-                    for row in joining:
-                        records[row].draft_s = records[row].draft_prefill_s = draft_prefill_s
-                        records[row].draft_forwards = drafter.forwards - forwards
-                # 3. the group's cache joins the running batch's
-                state = joined(state, group_state)
-                token = first if token is None else torch.cat([token, first])
-                active = active + joining
-                last_host = last_host + [first_host[i] for i in running]
-                if drafter is not None:
-                    drafter.observe(last_host)
-        if not active:
-            continue
-        # 4. a round over the running rows
-        if drafter is None:
-            step_start = clock.now()
-            token, gap = baseline_step(state, target, token, sampling, generator, greedy_gaps)
-            if greedy_gaps:
-                gaps.append((active, gap))
-            last_host = token.tolist()  # host sync, as in the fixed batch's loop
-            stepped = clock.now()
+        running, _ = _append(records, group, [[t] for t in first_host], self.generation, prefilled)
+        if not running:
+            return
+        if len(running) < len(group):  # rows done at their first token never join
+            group_state.select_rows(running)
+            keep = host_to_device(running, device)
+            first, ids, mask = first[keep], ids[keep], mask[keep]
+            if self.served:
+                lead = int(min(self.first_real[group[i]] for i in running)) - int(min(self.first_real[i] for i in group))
+                ids, mask = ids[:, lead:], mask[:, lead:]
+        joining = [group[i] for i in running]
+        drafter = self.drafter
+        if drafter is not None:  # the drafter's rows (its model's prefill of them)
+            forwards = drafter.forwards
+            if not self.served:
+                drafter.start(ids, mask)
+            else:
+                if not self.active:
+                    drafter.reset()
+                drafter.add_rows(ids, mask)
+            draft_prefill_s = self.clock.now() - self.start - prefilled
+            for row in joining:
+                records[row].draft_s = records[row].draft_prefill_s = draft_prefill_s
+                records[row].draft_forwards = drafter.forwards - forwards
+        self.state = joined(self.state, group_state)
+        self.token = first if self.token is None else torch.cat([self.token, first])
+        self.active = self.active + joining
+        self.last_host = self.last_host + [first_host[i] for i in running]
+        if drafter is not None:
+            drafter.observe(self.last_host)
+
+    def _round(self) -> list[int]:
+        """One round over the running rows; the local indices of those still running."""
+        records, active = self.records, self.active
+        if self.drafter is None:
+            self.token, gap = baseline_step(self.state, self.target, self.token, self.generation.sampling,
+                                            self.generator, self.greedy_gaps)
+            if self.greedy_gaps:
+                self.gaps.append((active, gap))
+            self.last_host = self.token.tolist()  # host sync, once per step: each row's token may be its EOS
+            stepped = self.clock.now() - self.start
             for row in active:
                 records[row].target_forwards += 1
-                records[row].target_s += stepped - step_start
-            running, _ = _append(records, active, [[t] for t in last_host], generation, stepped - start)
-        else:
-            token, running, host = _speculative_round(target, drafter, state, token, active, records, generation,
-                                                      gamma, generator, clock, start, synthetic_acceptance)
-            last_host = [row.token for row in host]
-        # 5. finished rows leave
+                records[row].target_s += stepped - self.last_read
+            self.last_read = stepped
+            running, _ = _append(records, active, [[t] for t in self.last_host], self.generation, stepped)
+            return running
+        self.token, running, host = _speculative_round(self.target, self.drafter, self.state, self.token, active,
+                                                       records, self.generation, self.gamma, self.generator,
+                                                       self.clock, self.start, self.synthetic_acceptance)
+        self.last_host = [row.token for row in host]
+        return running
+
+    def _evict(self, running: list[int]) -> None:
+        """Finished rows leave the target's cache and the drafter."""
         if not running:
-            state, token, active, last_host = None, None, [], []
-        elif len(running) < len(active):
-            state.select_rows(running)
-            if drafter is not None:
-                drafter.select_rows(torch.tensor(running))
-            token, active = token[host_to_device(running, token.device)], [active[i] for i in running]
-            last_host = [last_host[i] for i in running]
-    _keep_gaps(records, gaps)
-    return records
+            self.state, self.token, self.active, self.last_host = None, None, [], []
+        elif len(running) < len(self.active):
+            self.state.select_rows(running)
+            if self.drafter is not None:
+                self.drafter.select_rows(torch.tensor(running))
+            self.token = self.token[host_to_device(running, self.token.device)]
+            self.active = [self.active[i] for i in running]
+            self.last_host = [self.last_host[i] for i in running]

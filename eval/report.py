@@ -189,6 +189,19 @@ def tree_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
+def synthetic_cells(r: dict, speedup: str) -> str:
+    """A synthetic point's row after its label: set alpha | alpha [CI] (or its n) | speedup | predicted [at alpha's
+    CI] | c | v | measured / predicted [at the speedup's CI]."""
+    m = r["metrics"]
+    alpha, interval = m.get("alpha"), m.get("alpha_ci95")
+    alpha_text = _fmt(alpha, "{:.3f}") + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if alpha is not None and
+                                          interval else f" (n={m.get('alpha_prompts')})" if alpha is not None else "")
+    return " | ".join([f"{r['synthetic_acceptance']:g}", alpha_text, speedup,
+                       _with_ci(m.get("predicted_speedup"), m.get("predicted_speedup_ci95")),
+                       _fmt(m.get("draft_cost_ratio_c"), "{:.3f}"), _fmt(m.get("verify_cost_ratio_v"), "{:.3f}"),
+                       _with_ci(m.get("efficiency"), m.get("efficiency_ci95"))])
+
+
 def synthetic_lines(runs: list[dict]) -> list[str]:
     """Per synthetic-acceptance point: the set alpha against the estimated one, and measured against predicted
     speedup (the cost model's own test; legend: synthetic_acceptance)."""
@@ -200,14 +213,7 @@ def synthetic_lines(runs: list[dict]) -> list[str]:
              "| point | set alpha | alpha [95% CI] | speedup [95% CI] | predicted [alpha's CI] | c | v | "
              "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|"]
     for r in chosen:
-        m = r["metrics"]
-        alpha, interval = m.get("alpha"), m.get("alpha_ci95")
-        alpha_text = _fmt(alpha, "{:.3f}") + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if alpha is not None and
-                                              interval else f" (n={m.get('alpha_prompts')})" if alpha is not None else "")
-        predicted = _with_ci(m.get("predicted_speedup"), m.get("predicted_speedup_ci95"))
-        lines.append(f"| {md_cell(r['label'])} | {r['synthetic_acceptance']:g} | {alpha_text} | "
-                     f"{cell(r, 'speedup', '{:.2f}')} | {predicted} | {_fmt(m.get('draft_cost_ratio_c'), '{:.3f}')} | "
-                     f"{_fmt(m.get('verify_cost_ratio_v'), '{:.3f}')} | {_with_ci(m.get('efficiency'), m.get('efficiency_ci95'))} |")
+        lines.append(f"| {md_cell(r['label'])} | {synthetic_cells(r, cell(r, 'speedup', '{:.2f}'))} |")
     return lines
 
 
@@ -533,15 +539,8 @@ def serving_synthetic_lines(runs: list[dict]) -> list[str]:
              "| point | load | set alpha | alpha [95% CI] | speedup tput [95% CI] | predicted [alpha's CI] | c | v | "
              "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|---|"]
     for r in chosen:
-        m = r["metrics"]
-        alpha, interval = m.get("alpha"), m.get("alpha_ci95")
-        alpha_text = _fmt(alpha, "{:.3f}") + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if alpha is not None and
-                                              interval else f" (n={m.get('alpha_prompts')})" if alpha is not None else "")
-        lines.append(f"| {md_cell(line_label(r))} | {md_cell(load_label(r))} | {r['synthetic_acceptance']:g} | "
-                     f"{alpha_text} | {serving_cell(r, ('speedup_tput',), '{:.2f}')} | "
-                     f"{_with_ci(m.get('predicted_speedup'), m.get('predicted_speedup_ci95'))} | "
-                     f"{_fmt(m.get('draft_cost_ratio_c'), '{:.3f}')} | {_fmt(m.get('verify_cost_ratio_v'), '{:.3f}')} | "
-                     f"{_with_ci(m.get('efficiency'), m.get('efficiency_ci95'))} |")
+        lines.append(f"| {md_cell(line_label(r))} | {md_cell(load_label(r))} | "
+                     f"{synthetic_cells(r, serving_cell(r, ('speedup_tput',), '{:.2f}'))} |")
     return lines
 
 

@@ -233,3 +233,18 @@ def test_requests_done_at_their_first_token_never_join(pair):
                                    Generation(1, GREEDY), 4, load=LOADS["all-at-once-c3"])
     assert [r.output_ids for r in one] == [output[:1] for output in alone]
     assert all(r.rounds == [] and r.draft_forwards == 0 and r.target_forwards == 1 for r in one)
+
+
+@pytest.mark.parametrize("name", ["chain-heuristic", "static-tree", "hybrid"])
+def test_a_static_batch_is_the_serving_loop_with_every_request_at_once(pair, name):
+    # one loop (decode/generate.py _Loop): a static batch and the same rows served all at once with room for every
+    # one take the same rounds, row for row (drafted, accepted, emitted), and emit the same tokens
+    target, draft, ids, mask, generation, _ = pair
+    with torch.inference_mode():
+        static = generate_speculative(target, drafters(target, draft)[name], ids, mask, generation, 4)
+        served = generate_speculative(target, drafters(target, draft)[name], ids, mask, generation, 4,
+                                      load=Load([0.0] * len(LENGTHS), len(LENGTHS)))
+    facts = lambda rows: [[(r["drafted"], r["accepted"], r["emitted"]) for r in row.rounds] for row in rows]
+    assert [r.output_ids for r in static] == [r.output_ids for r in served]
+    assert facts(static) == facts(served)
+    assert all(r.arrival_s is None and r.emits is None for r in static)  # a static batch's records carry no serving times
