@@ -50,7 +50,7 @@ SERVING_LEGEND = {
              "speculation has fewer, longer gaps: TPOT is the per-token figure",
     "e2e_s": "end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
              "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
-    "output_tok_s": "total new tokens / span, span = the last finish - the load point's start (t = 0: vLLM's "
+    "output_tok_s": "total new tokens / span, span = the last finish - the load point's start (t = 0: the serving "
                     "benchmark duration, the first request's arrival gap in it; summed "
                     "over repeats); requests_per_s likewise; goodput_req_s: requests meeting every limit of config "
                     "load.slo (TTFT from the slot <= ttft_s, TPOT <= tpot_ms) / span, null when no SLO is set; slo_met: their share",

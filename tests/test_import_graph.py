@@ -92,7 +92,7 @@ def test_test_files_have_unique_names():
 VLLM_CITED = {
     "decode/drafters/prompt_lookup.py": (2, "the lookup matches vLLM's ngram proposer's choice of occurrence"),
     "eval/legend.py": (1, "MAT is what vLLM and SGLang call acceptance length"),
-    "eval/serving.py": (8, "ITL, percentiles, pooled acceptance and the request's clock (its concurrency slot) follow "
+    "eval/serving.py": (9, "ITL, percentiles, pooled acceptance and the request's clock (its concurrency slot) follow "
                            "vLLM's benchmark definitions"),
     "runner/load.py": (3, "arrivals are drawn and rescaled as vLLM's bench serve does"),
     "utils/config_doc.py": (2, "the load section says whose arrivals and timing it follows"),
