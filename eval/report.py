@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
@@ -294,7 +295,8 @@ def csv_text(summary: dict) -> str:
 # ---- plots --------------------------------------------------------------------------------------------
 
 def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
-    """matplotlib's yerr: distances below and above each value; None when no run has an interval."""
+    """matplotlib's yerr: distances below and above each value, NaN where a run has no interval (few prompts: no bar
+    is drawn, where a zero-width one would read as a precise figure); None when no run has an interval."""
     lows, highs, any_interval = [], [], False
     for run in runs:
         value, interval = run["metrics"].get(metric), run["metrics"].get(metric + "_ci95")
@@ -303,8 +305,8 @@ def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
             highs.append(max(interval[1] - value, 0.0))
             any_interval = True
         else:
-            lows.append(0.0)
-            highs.append(0.0)
+            lows.append(math.nan)
+            highs.append(math.nan)
     return [lows, highs] if any_interval else None
 
 

@@ -150,3 +150,16 @@ def test_eval_does_not_load_the_engine():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_point_without_an_interval_draws_no_error_bar():
+    # two runs: one with an interval, one without (few prompts): the second gets no bar (NaN), not a zero-width one
+    # that draws caps at the value as if it were exact
+    import math
+
+    from eval.report import _errors
+    runs = [{"metrics": {"speedup": 1.5, "speedup_ci95": [1.25, 1.75]}}, {"metrics": {"speedup": 2.0}}]
+    lows, highs = _errors(runs, "speedup")
+    assert lows[0] == pytest.approx(0.25) and highs[0] == pytest.approx(0.25)
+    assert math.isnan(lows[1]) and math.isnan(highs[1])
+    assert _errors(runs[1:], "speedup") is None
