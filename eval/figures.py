@@ -7,6 +7,7 @@ from decode.methods import ENGINE_TEXTS, REGISTRY
 from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
+from eval.replay import replay_speedup
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -178,7 +179,8 @@ def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: 
     decode efficiency is off 1, whether the probes' costs or the tokens per round are."""
     out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "draft_cost_ratio_c_run",
                          "verify_cost_ratio_v_run", "weight_bytes_ratio", "draft_busy_share", "target_busy_share", "predicted_speedup",
-                         "predicted_speedup_v1", "efficiency", "decode_efficiency"])
+                         "predicted_speedup_v1", "efficiency", "decode_efficiency", "predicted_speedup_replay",
+                         "replay_efficiency"])
     tree = tree_of(point)
     spec = REGISTRY[point.method]
     if spec.has_rounds and spec.engine == "ours" and tree is None and point.draft is not None and point.gamma:
@@ -191,6 +193,10 @@ def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: 
         out["weight_bytes_ratio"] = costs.bytes_ratio_for(point.draft)
         out["draft_busy_share"] = costs.busy_share_for(point.draft)
         out["target_busy_share"] = costs.busy_share_for(None)
+    if tree is None and point.draft is not None and baseline and point.synthetic_acceptance is None:
+        # the batch's own schedule replayed with the probed costs (eval/replay.py): its slowest row included
+        out["predicted_speedup_replay"] = replay_speedup(samples, baseline, c, costs.v_at_nodes)
+        out["replay_efficiency"] = ratio(metrics.get("decode_speedup"), out["predicted_speedup_replay"])
     if tree is not None:
         out["verify_cost_by_nodes"] = {str(n): x for n, x in sorted(costs.v.items())}
         c_tree = tree_draft_cost(point, costs)

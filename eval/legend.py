@@ -121,6 +121,15 @@ LEGEND = {
                          "v(n) = 1",
     "efficiency": "measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
                   "decode_efficiency: decode speedup / predicted speedup",
+    "predicted_speedup_replay": "a draft model's chain in static batches: the decode speedup the batches' own schedule "
+                                "predicts (eval/replay.py): each batch's rounds replayed in lockstep until its slowest "
+                                "row ends, round k costing G_k c + v(G_k) target steps (G_k the most any running row "
+                                "drafted; v(0) = 1), the baseline's batch its longest row's steps; (decode tokens / "
+                                "steps) over (the baseline's tokens / steps), c and v the probes' at the batch size. "
+                                "Equal to Leviathan's at batch 1 and a constant gamma; above, it prices the batch's "
+                                "wait for its slowest row, which Leviathan's average row does not. No prefill, no host "
+                                "work between steps, and every round at the full batch's cost (the probes run at its "
+                                "size only). replay_efficiency: decode speedup / predicted_speedup_replay",
     "exact_match": "greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
                    "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
                    "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "

@@ -23,6 +23,7 @@ COLUMNS = [  # (header, metric path, format); between status and tok/s come the 
     ("c", "draft_cost_ratio_c", "{:.3f}"), ("bytes", "weight_bytes_ratio", "{:.3f}"),
     ("v", "verify_cost_ratio_v", "{:.3f}"),
     ("pred", "predicted_speedup", "{:.3f}"), ("eff", "efficiency", "{:.3f}"), ("dec eff", "decode_efficiency", "{:.3f}"),
+    ("pred replay", "predicted_speedup_replay", "{:.3f}"), ("replay eff", "replay_efficiency", "{:.3f}"),
     ("lat p50 s", "latency_s.p50", "{:.3f}"), ("lat p90 s", "latency_s.p90", "{:.3f}"),
     ("TTFT s", "ttft_s.mean", "{:.3f}"), ("prefill %", "prefill_share", "{:.0%}"), ("TPOT ms", "tpot_s.mean", "{:.1f}"),
     ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
