@@ -149,3 +149,22 @@ def test_a_vllm_engine_is_named_by_its_point_axes_alone(generation):
     executor = _executor(config)
     names = [executor.engine_of(p).name for p in points_of(config, comparisons(config)[0])]
     assert names == ["vllm_generate", "vllm_draft draft=d gamma=3"]  # no batch, load or temperature in it
+
+
+def test_the_vllm_worker_runs_where_this_package_cannot_shadow_vllm(tmp_path, monkeypatch):
+    """vLLM inspects models in `python -m vllm....` subprocesses, which put their cwd first on sys.path: the worker's
+    cwd must hold no folder named vllm (runner/engines does: on a cold ~/.cache/vllm every engine failed to start)."""
+    import subprocess
+    from pathlib import Path
+
+    from runner.engines.vllm import engine
+
+    seen = {}
+
+    class Fake:
+        def __init__(self, args, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Fake)
+    engine.VllmProcess("python3", tmp_path / "worker.log", "w")
+    assert not (Path(seen["cwd"]) / "vllm").exists()

@@ -76,8 +76,11 @@ class VllmProcess:
         self._log.flush()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         try:
+            # cwd "/", as the check's: vLLM runs `python -m vllm....` subprocesses (its model inspection, whose result it
+            # caches in ~/.cache/vllm), which put their cwd first on sys.path; from runner/engines this package's
+            # folder, named vllm, would shadow vLLM (a cold cache failed every engine start). Model paths are absolute
             self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._log, env=env, cwd=WORKER.parent.parent, start_new_session=True,
+                                         stderr=self._log, env=env, cwd="/", start_new_session=True,
                                          preexec_fn=_die_with_parent)
         except OSError as error:
             self._log.close()
