@@ -99,7 +99,7 @@ def with_slots(samples: list[dict]) -> list[dict]:
     slots in request order (FIFO, as the engines admit them): request i's slot is free at the earliest time one of the
     C slots is released (a request's finish; all free at 0), and it starts at max(its arrival, that time). Without a
     cap binding (no concurrency given: C = the requests), slot_s = arrival_s. Derived from the raw times, so older
-    records rebuild the same. Idempotent."""
+    records rebuild the same. serving_section gives every served record its slot once; the figures read it."""
     out = []
     for rows in by_repeat(samples).values():
         rows = sorted(rows, key=lambda s: s.get("request") or 0)
@@ -108,8 +108,13 @@ def with_slots(samples: list[dict]) -> list[dict]:
         for s in rows:
             start = max(s["arrival_s"], heapq.heappop(free))
             heapq.heappush(free, s["finish_s"])
-            out.append(s if "slot_s" in s else dict(s, slot_s=start))
+            out.append(dict(s, slot_s=start))
     return out
+
+
+def admitted(s: dict) -> float:
+    """When the request's prefill began (records without it: its arrival)."""
+    return s["admitted_s"] if s.get("admitted_s") is not None else s["arrival_s"]
 
 
 def ttft(s: dict) -> float:
@@ -175,13 +180,12 @@ def load_figures(samples: list[dict], slo: dict | None) -> dict:
     """Latencies (mean, P50, P90, P99, linear interpolation between ranks; TTFT and E2E from each request's slot, the
     wait for it queue_s), rates over the span (each repeat's start, t = 0, to its last finish, summed over repeats:
     vLLM's benchmark duration, which the first request's gap is part of), goodput, and the rows in flight: their
-    time average over the span, over the time any was in flight (busy), and the most at once."""
-    samples = with_slots(samples)
+    time average over the span, over the time any was in flight (busy), and the most at once. samples: with their
+    slots (with_slots)."""
     spans = [max(s["finish_s"] for s in rows) for rows in by_repeat(samples).values()]
     span = sum(spans)
     # the time average of requests between admission and finish: each contributes its time in flight
-    in_flight = sum(s["finish_s"] - (s["admitted_s"] if s.get("admitted_s") is not None else s["arrival_s"])
-                    for s in samples)
+    in_flight = sum(s["finish_s"] - admitted(s) for s in samples)
     met = [meets_slo(s, slo) for s in samples] if slo else None
     return {
         "requests": len(samples), "output_tokens": sum(s["new_tokens"] for s in samples), "span_s": span,
@@ -202,7 +206,7 @@ def load_figures(samples: list[dict], slo: dict | None) -> dict:
 
 def busy_time(rows: list[dict]) -> float:
     """The time at least one of a repeat's requests was in flight (the union of their admission-to-finish spans)."""
-    spans = sorted((s.get("admitted_s", s["arrival_s"]), s["finish_s"]) for s in rows)
+    spans = sorted((admitted(s), s["finish_s"]) for s in rows)
     total, end = 0.0, -math.inf
     for a, b in spans:
         if b > end:
@@ -215,7 +219,7 @@ def max_in_flight(samples: list[dict]) -> int:
     """The most requests in flight (admitted, not finished) at once in any repeat of the load point."""
     most = 0
     for rows in by_repeat(samples).values():
-        events = sorted([(s.get("admitted_s", s["arrival_s"]), 1) for s in rows] + [(s["finish_s"], -1) for s in rows],
+        events = sorted([(admitted(s), 1) for s in rows] + [(s["finish_s"], -1) for s in rows],
                         key=lambda e: (e[0], e[1]))  # a finish before an admission at the same instant
         now = 0
         for _, step in events:
@@ -253,8 +257,9 @@ def acceptance_figures(samples: list[dict], point: Point) -> dict:
 def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tuple], list[tuple], int]:
     """Per request both sides served (summed over the repeats both served): (tokens, E2E, baseline tokens, baseline
     E2E) for the throughput ratio, and (requests with a TPOT, their TPOT sum, the same of the baseline) for the TPOT
-    ratio, both shaped for eval/stats.py's ratio_of_totals and bootstrap_ci. Also the requests paired."""
-    mine, theirs = request_keys(with_slots(samples)), request_keys(with_slots(baseline))
+    ratio, both shaped for eval/stats.py's ratio_of_totals and bootstrap_ci. Also the requests paired. Both sides with
+    their slots (with_slots)."""
+    mine, theirs = request_keys(samples), request_keys(baseline)
     tput: dict[tuple, list[float]] = {}
     per_token: dict[tuple, list[float]] = {}
     paired = sorted(set(mine) & set(theirs))
@@ -277,13 +282,18 @@ def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tu
 COST_ROWS_REACH = 0.1  # how far (relative) outside the probed batch sizes an occupancy may take their nearest
 
 
+def priced_sizes(probes: dict[int, CostProbe], draft: str | None, gamma: int) -> list[int]:
+    """The probed batch sizes that measured both c for this draft and v for this gamma, ascending."""
+    return sorted(b for b, p in probes.items() if p is not None and p.c_for(draft) is not None
+                  and p.v_for(gamma) is not None)
+
+
 def costs_at(probes: dict[int, CostProbe], draft: str | None, gamma: int, rows: float) -> dict | None:
     """c and v at a batch of `rows` rows (the occupancy while busy): linear between the probed batch sizes around it,
     the nearest probed one within COST_ROWS_REACH outside their range. None where no probe measured both for this
     draft and gamma, or the occupancy lies farther outside the probed sizes (a rate without a cap probes every
     request in flight; a load that keeps 1.7 of them busy is not priced at 10)."""
-    known = sorted(b for b, p in probes.items() if p is not None and p.c_for(draft) is not None
-                   and p.v_for(gamma) is not None)
+    known = priced_sizes(probes, draft, gamma)
     if not known or not known[0] * (1 - COST_ROWS_REACH) <= rows <= known[-1] * (1 + COST_ROWS_REACH):
         return None
     at = min(max(rows, known[0]), known[-1])
@@ -337,8 +347,7 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
         metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
         metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
         predicted = metrics.get("predicted_speedup")
-        metrics["efficiency"] = ratio(metrics["speedup_tput"], predicted) if metrics["speedup_tput"] is not None \
-            and predicted else None
+        metrics["efficiency"] = ratio(metrics["speedup_tput"], predicted)
         metrics["efficiency_ci95"] = efficiency_interval({"speedup_ci95": metrics["speedup_tput_ci95"],
                                                           "predicted_speedup": predicted})
     return metrics
@@ -358,7 +367,7 @@ def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) ->
         return "no draft model: no draft cost c was measured for this drafter"
     if not probes:
         return "no cost probe ran at the batch sizes of this run's load points"
-    measured = sorted(b for b, p in probes.items() if p.c_for(point.draft) is not None and p.v_for(point.gamma) is not None)
+    measured = priced_sizes(probes, point.draft, point.gamma)
     if measured and metrics.get("busy_in_flight") is not None:
         return (f"its load kept {metrics['busy_in_flight']:.2f} requests in flight while busy, outside the batch sizes "
                 f"whose c and v were probed ({', '.join(map(str, measured))} rows; each load point probes at min(C, its "

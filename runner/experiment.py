@@ -3,6 +3,7 @@ its methods (runner/engines: ours here or on a Ray cluster, and the others), kee
 rebuild the report from the raw records."""
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -52,15 +53,16 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _hold_interrupts() -> dict:
-    """Ctrl-C and SIGTERM ignored from here on, while a report is written; -> the handlers to put back. A second
+@contextlib.contextmanager
+def _interrupts_held():
+    """Ctrl-C and SIGTERM ignored inside, while a report is written, and their handlers put back after: a second
     interrupt in the middle of writing would leave a stale summary, plots missing and no folder printed."""
-    return {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _release_interrupts(held: dict) -> None:
-    for signum, handler in held.items():
-        signal.signal(signum, handler)
+    held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
 
 
 class Experiment:
@@ -99,16 +101,13 @@ class Experiment:
             self._run(device)
         except KeyboardInterrupt:
             # the report of what finished is written as at the normal finish below: with interrupts held off
-            held = _hold_interrupts()
-            try:
+            with _interrupts_held():
                 self.record_memory(device)
                 self.progress.status = "interrupted"
                 self.folder.save_progress()
                 self.folder.write_summary(plots=True)
                 self.console.print(f"[yellow]interrupted: the report holds every batch that finished; "
                                    f"continue with --resume {self.out_dir}[/yellow]")
-            finally:
-                _release_interrupts(held)
             return EXIT_INTERRUPTED
         except UserError as error:  # refused after the folder was made (a model that cannot load, ...): say so there
             self.progress.status = "refused"
@@ -125,16 +124,13 @@ class Experiment:
                 signal.signal(signum, handler)
         # every point is measured: a Ctrl-C now would only leave a stale summary, so the final report is
         # written with interrupts held off (it takes a moment)
-        held = _hold_interrupts()
-        try:
+        with _interrupts_held():
             self.record_memory(device)
             failed = any(f.get("status") == "failed" for f in self.progress.failures)
             self.progress.status = "finished with failures" if failed else "finished"
             self.folder.save_progress()
             summary = self.folder.write_summary(plots=True)
             print_table(summary, self.console)  # held too: a Ctrl-C here would report a finished run as interrupted
-        finally:
-            _release_interrupts(held)
         return EXIT_POINTS_FAILED if failed else EXIT_OK
 
     def _run(self, device: torch.device) -> None:

@@ -230,9 +230,7 @@ class Session:
         """What a comparison's warmup and cost probes run, as a fixed batch: its first batch; a serving
         comparison's first batch_size requests (cycling through the prompts), batch_size being the most that can be
         in flight, min(concurrency, its requests)."""
-        if comparison.serving:
-            return requests_of(self.prompt_set.prompts, self.config.load.requests)[:comparison.batch_size]
-        return self.batches(comparison.batch_size)[0]
+        return self.prompts_of(Unit(comparison, 0, 0))[:comparison.batch_size]
 
     def load_of(self, unit: Unit) -> Load | None:
         """A serving unit's requests' arrival times and concurrency (decode/serving.py Load); None: a fixed batch."""
@@ -387,7 +385,6 @@ class Session:
         rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, len(batch),
                           peak, self.worker, request=index if unit.serving else None)
                 for index, (prompt, record) in enumerate(zip(batch, records))]
-        # a served load point's span: from its first arrival to its last token (eval's span); a batch's: its longest row
-        wall = max(r.finish_s for r in records) - min(r.arrival_s for r in records) if unit.serving else \
-            max(r.latency_s for r in records)
+        # a served load point's span: from its start to its last token (eval's span); a batch's: its longest row
+        wall = max(r.finish_s for r in records) if unit.serving else max(r.latency_s for r in records)
         return rows, (sum(r.new_tokens for r in records) / wall if wall > 0 else 0.0)
