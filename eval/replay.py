@@ -70,3 +70,127 @@ def replay_speedup(samples: list[dict], baseline: list[dict], c: float | None, v
         base_tokens += decode_tokens(theirs[unit])
         base_steps += baseline_steps([s["new_tokens"] for s in theirs[unit]])
     return ratio(ratio(spec_tokens, spec_steps), ratio(base_tokens, base_steps))
+
+
+# ---- the schedule replayed in seconds, with a cost profile (eval/costs.py) ----------------------------------------
+#
+# The engine's one loop (decode/generate.py _Loop) replayed: admit / round / evict with simulated time instead of the
+# clock. Each pass admits the requests that have arrived, in order, while fewer than C rows are in flight (a static
+# batch: all at 0, C = its rows), prefilling those admitted together in one target forward over their widest prompt
+# (then the draft model's prefill of those that go on); with nobody in flight and nobody arrived, time jumps to the
+# next arrival. Then one round over the rows in flight: the baseline's 1-token step, or a speculative round priced
+# at its widest draft (the draft model's forwards, then one verification of the widest chain + 1 or tree + 1 tokens);
+# the rows' caches as long as the longest row's prompt and tokens so far. Then the rows whose recorded rounds are
+# done leave. Each request's rounds (drafted, accepted, emitted) and lengths are the point's own, as measured; the
+# costs are the profile's, never the point's timed steps. Host work between steps is in the profile's steps (each
+# timed with its host read) or left out (the loop's own bookkeeping).
+
+class MissingCost(LookupError):
+    """The profile lacks a cost the schedule needs: what is missing, in words."""
+
+
+class Pricer:
+    """A schedule's costs from a profile: the target's steps and prefills, and the draft model's when the method
+    drafts with one (draft: its label in the profile)."""
+
+    def __init__(self, profile, draft: str | None = None):
+        from eval.costs import TARGET, draft_model
+        self.profile, self.target = profile, TARGET
+        self.draft = None if draft is None else draft_model(draft)
+
+    def step(self, rows: int, width: int, kv: float) -> float:
+        s = self.profile.step_s(self.target, rows, width, kv)
+        if s is None:
+            raise MissingCost(f"the target's step at {rows} rows x {width} tokens (profiled: rows "
+                              f"{self.profile.rows_measured(self.target)}, widths "
+                              f"{self.profile.widths_measured(self.target)})")
+        return s
+
+    def draft_step(self, rows: int, kv: float) -> float:
+        s = self.profile.step_s(self.draft, rows, 1, kv)
+        if s is None:
+            raise MissingCost(f"the draft model's step at {rows} rows (profiled: rows "
+                              f"{self.profile.rows_measured(self.draft)})")
+        return s
+
+    def prefill(self, rows: int, tokens: int, draft: bool = False) -> float:
+        model = self.draft if draft else self.target
+        s = self.profile.prefill_s(model, rows, tokens)
+        if s is None:
+            raise MissingCost(f"the {'draft model' if draft else 'target'}'s prefill (no prefill profiled)")
+        return s
+
+
+def round_shape(rounds: list[dict]) -> tuple[int, int]:
+    """A round over rows (their round records): (the target's verification width, the draft model's forwards). A
+    chain verifies its widest draft + 1 and drafts it one forward a token; a tree verifies the batch's widest tree's
+    nodes + 1 (batch_nodes) with the forwards its drafter recorded (draft_forwards); a drafter of several sources
+    (hybrid) runs the draft model for its own nodes only (sources["draft"]); a round nobody drafted is a 1-token
+    step."""
+    trees = [r for r in rounds if "batch_nodes" in r]
+    if trees:
+        return max(r["batch_nodes"] for r in trees) + 1, max(r.get("draft_forwards", 0) for r in trees)
+    widest = max((r["drafted"] for r in rounds), default=0)
+    if any("sources" in r for r in rounds):  # a drafter of several sources: the draft model's nodes only
+        return widest + 1, max((r.get("sources") or {}).get("draft", [0])[0] for r in rounds)
+    return widest + 1, widest
+
+
+def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dict]:
+    """The loop over requests (each: arrival_s, prompt_tokens, new_tokens, and rounds for a speculative point, None
+    for the baseline) at most `concurrency` in flight: each request's admitted_s, first_token_s, finish_s (seconds
+    from the start). Raises MissingCost where the profile lacks a cost the schedule needs."""
+    n = len(requests)
+    out = [dict(r) for r in requests]
+    done = [0] * n  # tokens so far
+    taken = [0] * n  # rounds replayed
+    now, waiting, active = 0.0, 0, []
+    drafts = pricer.draft is not None
+
+    def finished(i: int) -> bool:
+        rounds = requests[i].get("rounds")
+        return done[i] >= requests[i]["new_tokens"] if rounds is None else taken[i] >= len(rounds)
+
+    while waiting < n or active:
+        if waiting < n:
+            group = []
+            while waiting < n and len(active) + len(group) < concurrency and requests[waiting]["arrival_s"] <= now:
+                group.append(waiting)
+                waiting += 1
+            if not group and not active:
+                now = max(now, requests[waiting]["arrival_s"])
+                continue
+            if group:
+                width = max(requests[i]["prompt_tokens"] for i in group)
+                admitted = now
+                now += pricer.prefill(len(group), width)
+                for i in group:
+                    out[i]["admitted_s"], out[i]["first_token_s"] = admitted, now
+                    done[i] = min(1, requests[i]["new_tokens"])
+                going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
+                for i in set(group) - set(going):
+                    out[i]["finish_s"] = now
+                if going and drafts:
+                    now += pricer.prefill(len(going), width, draft=True)
+                active += going
+        if not active:
+            continue
+        rows = len(active)
+        kv = max(requests[i]["prompt_tokens"] + done[i] for i in active)
+        if requests[active[0]].get("rounds") is None:
+            now += pricer.step(rows, 1, kv)
+            for i in active:
+                done[i] += 1
+        else:
+            this = [requests[i]["rounds"][taken[i]] for i in active]
+            width, forwards = round_shape(this)
+            if forwards and drafts:
+                now += forwards * pricer.draft_step(rows, kv)
+            now += pricer.step(rows, width, kv)
+            for i, r in zip(active, this):
+                done[i] += r["emitted"]
+                taken[i] += 1
+        for i in [i for i in active if finished(i)]:
+            out[i]["finish_s"] = now
+        active = [i for i in active if not finished(i)]
+    return out

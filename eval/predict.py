@@ -1,0 +1,253 @@
+"""The replay's predictions of a run (#33): every speculative point of our engine, static batches and load points,
+replayed with a cost profile's step costs (eval/replay.py simulate) from the point's own schedule: its requests'
+arrivals, prompt and output lengths and rounds as measured, beside the baseline replayed the same way. The figures
+of the predicted schedule are computed by the same functions as the measured ones (eval/totals.py, eval/serving.py).
+
+    python -m eval.predict RUN_DIR [--costs PROFILE.json] [--concurrency 1,2,8] [--batch-size 1,4] [--out FILE]
+
+Without --costs the run's own probes are the profile (costs.json in the folder, else progress.json's probes);
+with a profile of another device (python -m runner.profile), what the run's acceptance would give there. A
+concurrency or batch size the run did not measure is predicted from the requests of a measured one (the same
+arrivals and rounds, another cap or grouping): a prediction without a measurement beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from decode.methods import REGISTRY
+from eval.costs import Profile, ProfileError, from_probe
+from eval.records import CostProbe, Point, per_process, OLD_COST_KEYS
+from eval.replay import MissingCost, Pricer, simulate
+from eval.serving import load_figures, speedup_clusters, with_slots
+from eval.stats import percentile, ratio, ratio_of_totals
+from eval.totals import paired_clusters, units
+from utils.io import read_jsonl, write_json
+
+
+def run_profile(folder: Path, progress: dict) -> Profile:
+    """The run's own profile: costs.json where the run wrote one, else its probes in progress.json (each batch
+    size's probes, every process's)."""
+    if (folder / "costs.json").exists():
+        return Profile.load(folder / "costs.json")
+    return profile_of_probes(progress, _env(folder))
+
+
+def profile_of_probes(progress: dict, env: dict) -> Profile:
+    steps, prefills = [], []
+    for size, entry in sorted((progress.get("costs") or {}).items(), key=lambda kv: int(kv[0])):
+        for row in per_process(entry, OLD_COST_KEYS).values():
+            probe = CostProbe.from_json(row)
+            if probe is not None:
+                more_steps, more_prefills = from_probe(probe, int(size))
+                steps += more_steps
+                prefills += more_prefills
+    meta = {k: env.get(k) for k in ("device", "device_name", "torch", "transformers", "cpu_count", "git_commit")}
+    return Profile(meta=dict(meta, source="the run's probes"), steps=steps, prefills=prefills)
+
+
+def _env(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "env.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+# ---- a point's schedule as requests ---------------------------------------------------------------------------
+
+def _rounds(s: dict):
+    rounds = s.get("rounds")
+    if isinstance(rounds, str):  # written as a JSON string in the records
+        rounds = json.loads(rounds)
+    return rounds
+
+
+def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
+    return {"arrival_s": arrival, "prompt_tokens": int(s["prompt_tokens"]), "new_tokens": int(s["new_tokens"]),
+            "rounds": (_rounds(s) or []) if speculative else None}
+
+
+def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_size: int | None = None) -> list[dict]:
+    """Each batch of the point (or, with batch_size, its rows regrouped so, in order) replayed as a static batch:
+    the records with latency_s, prefill_s, draft_prefill_s as the replay times them."""
+    out = []
+    for unit, batch in sorted(units(samples).items()):
+        batch = sorted(batch, key=lambda s: s["sample_id"])
+        groups = [batch] if batch_size is None else [batch[i:i + batch_size] for i in range(0, len(batch), batch_size)]
+        for k, group in enumerate(groups):
+            timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer)
+            for s, t in zip(group, timed):
+                index = s["batch_index"] if batch_size is None else (unit, k)
+                out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
+                                draft_prefill_s=0.0))
+    return out
+
+
+def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurrency: int | None = None) -> list[dict]:
+    """Each repeat of a load point replayed: its requests at their arrivals, at most `concurrency` (default: the
+    point's) in flight; the records with admitted_s, first_token_s, finish_s as the replay times them."""
+    out = []
+    by_repeat = defaultdict(list)
+    for s in samples:
+        by_repeat[s.get("repeat", 0)].append(s)
+    for repeat, rows in sorted(by_repeat.items()):
+        rows = sorted(rows, key=lambda s: s.get("request") or 0)
+        cap = concurrency or rows[0].get("concurrency") or len(rows)
+        timed = simulate([as_request(s, s["arrival_s"], speculative) for s in rows], cap, pricer)
+        for s, t in zip(rows, timed):
+            out.append(dict(s, concurrency=cap, admitted_s=t["admitted_s"], first_token_s=t["first_token_s"],
+                            finish_s=t["finish_s"]))
+    return out
+
+
+# ---- measured and predicted ------------------------------------------------------------------------------------
+
+def static_figures(samples: list[dict], baseline: list[dict]) -> dict:
+    clusters = paired_clusters(samples, baseline)
+    totals = [sum(c[i] for c in clusters) for i in range(4)]
+    return {"speedup": ratio_of_totals(clusters) if clusters else None,
+            "tok_s": ratio(totals[0], totals[1]) if clusters else None}
+
+
+def load_summary(samples: list[dict], baseline: list[dict]) -> dict:
+    mine, theirs = with_slots(samples), with_slots(baseline)
+    tput, _, _ = speedup_clusters(mine, theirs)
+    figures = load_figures(mine, None)
+    tpot_mean = (figures["tpot_s"] or {}).get("mean")
+    return {"speedup": ratio_of_totals(tput) if tput else None, "tok_s": figures["output_tok_s"],
+            "ttft_p50_s": (figures["ttft_s"] or {}).get("p50"), "e2e_p50_s": (figures["e2e_s"] or {}).get("p50"),
+            "tpot_mean_ms": None if tpot_mean is None else tpot_mean * 1000}
+
+
+def draft_label(point: Point, profile: Profile) -> str | None:
+    """The profile's draft model for a point's draft: the same label, else the profile's only draft (a profile of
+    synthetic shapes names its draft otherwise)."""
+    if not REGISTRY[point.method].needs_draft:
+        return None
+    drafts = profile.drafts()
+    if point.draft in drafts:
+        return point.draft
+    return drafts[0] if len(drafts) == 1 else point.draft
+
+
+def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | None = None,
+                batch_sizes: list[int] | None = None) -> list[dict]:
+    """A row per speculative point of our engine (and per what-if concurrency or batch size): measured and
+    predicted figures, their ratio, or why no prediction."""
+    by_point: dict[Point, list[dict]] = defaultdict(list)
+    for s in samples:
+        if s.get("method") in REGISTRY:
+            by_point[Point.of(s)].append(s)
+    references = {p.comparison: rows for p, rows in by_point.items()
+                  if REGISTRY[p.method].is_reference and REGISTRY[p.method].engine == "ours"}
+    base_pricer = Pricer(profile)
+    out = []
+    for point, rows in by_point.items():
+        spec = REGISTRY[point.method]
+        if not spec.has_rounds or spec.engine != "ours" or point.synthetic_acceptance is not None:
+            continue
+        baseline = references.get(point.comparison)
+        if baseline is None:
+            continue
+        pricer = Pricer(profile, draft_label(point, profile))
+        loads = [None] if not point.serving else [None] + [c for c in concurrency or []
+                                                          if c != rows[0].get("concurrency")]
+        sizes = [None] if point.serving else [None] + [b for b in batch_sizes or [] if b != point.batch_size]
+        for what_if in (loads if point.serving else sizes):
+            row = {"label": point.label, "method": point.method, "gamma": point.gamma,
+                   "serving": point.serving, "measured": None, "predicted": None}
+            try:
+                if point.serving:
+                    row["concurrency"] = what_if or rows[0].get("concurrency")
+                    row["rate"] = rows[0].get("request_rate")
+                    if what_if is None:
+                        row["measured"] = load_summary(rows, baseline)
+                    row["predicted"] = load_summary(replay_load(rows, pricer, True, what_if),
+                                                    replay_load(baseline, base_pricer, False, what_if))
+                else:
+                    row["batch_size"] = what_if or point.batch_size
+                    if what_if is None:
+                        row["measured"] = static_figures(rows, baseline)
+                    row["predicted"] = static_figures(replay_static(rows, pricer, True, what_if),
+                                                      replay_static(baseline, base_pricer, False, what_if))
+            except MissingCost as error:
+                row["missing"] = f"the profile lacks {error}"
+            if row["measured"] and row["predicted"]:
+                row["measured_over_predicted"] = ratio(row["measured"]["speedup"], row["predicted"]["speedup"])
+            out.append(row)
+    return sorted(out, key=lambda r: (r["serving"], r.get("concurrency") or 0, r.get("batch_size") or 0, r["label"]))
+
+
+def _fmt(x, f="{:.2f}") -> str:
+    return "-" if x is None else f.format(x)
+
+
+def table(rows: list[dict], profile: Profile) -> str:
+    meta = profile.meta
+    lines = [f"costs: {meta.get('source') or 'profile'} ({meta.get('device_name') or meta.get('device') or '?'}, "
+             f"torch {meta.get('torch') or '?'})", "",
+             "| point | load | measured speedup | predicted | measured / predicted | predicted tok/s | "
+             "predicted TTFT P50 s | predicted TPOT ms |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m, p = r["measured"] or {}, r["predicted"] or {}
+        load = f"conc={r['concurrency']}" if r["serving"] else f"batch={r['batch_size']}"
+        lines.append(f"| {r['label']} | {load} | {_fmt(m.get('speedup'))} | "
+                     f"{_fmt(p.get('speedup')) if p else r.get('missing', '-')} | {_fmt(r.get('measured_over_predicted'))} | "
+                     f"{_fmt(p.get('tok_s'))} | {_fmt(p.get('ttft_p50_s'))} | {_fmt(p.get('tpot_mean_ms'), '{:.0f}')} |")
+    within = [r["measured_over_predicted"] for r in rows if r.get("measured_over_predicted") is not None]
+    if within:
+        inside = sum(0.95 <= x <= 1.05 for x in within)
+        lines += ["", f"measured / predicted within [0.95, 1.05] on {inside} of {len(within)} points "
+                      f"(range {min(within):.3f} to {max(within):.3f})"]
+    return "\n".join(lines)
+
+
+def _ints(text: str | None, what: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"error: --{what} takes positive integers separated by commas, e.g. 1,2,4 (got {text!r})")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.predict", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--costs", type=Path, help="a cost profile (python -m runner.profile); default: the run's")
+    parser.add_argument("--concurrency", help="concurrencies to predict besides those measured (load points)")
+    parser.add_argument("--batch-size", help="batch sizes to predict besides those measured (static points)")
+    parser.add_argument("--out", type=Path, help="where to write the prediction (default RUN_DIR/prediction.json)")
+    args = parser.parse_args(argv)
+    folder = args.run_dir
+    if not (folder / "samples.jsonl").exists():
+        print(f"error: {folder} has no samples.jsonl: give a report folder of a run", file=sys.stderr)
+        return 2
+    try:
+        concurrency, sizes = _ints(args.concurrency, "concurrency"), _ints(args.batch_size, "batch-size")
+        progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
+        profile = Profile.load(args.costs) if args.costs else run_profile(folder, progress)
+    except ProfileError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except SystemExit as error:
+        print(error, file=sys.stderr)
+        return 2
+    rows = predict_run(read_jsonl(folder / "samples.jsonl"), profile, concurrency, sizes)
+    text = table(rows, profile)
+    print(text)
+    out = args.out or folder / "prediction.json"
+    write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes", "profile_meta": profile.meta,
+                     "points": rows})
+    print(f"\nwritten: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The schedule replayed in seconds with a cost profile (eval/replay.py simulate, eval/costs.py Profile, eval/predict.py)
+against schedules worked out by hand: two rows of known acceptance and known step costs, a static batch whose fast
+row leaves, a request joining mid-round; Leviathan's closed form at batch 1."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from eval.costs import Profile, ProfileError, TARGET, draft_model
+from eval.leviathan import predicted_speedup, solve_alpha
+from eval.predict import predict_run
+from eval.replay import MissingCost, Pricer, simulate
+
+
+def profile(steps=None, prefills=None) -> Profile:
+    """Target steps: rows 1 -> 0.8 s (1 token), 1.2 s (3 tokens); rows 2 -> 1.0 s, 1.5 s. Draft step: 0.25 s, 0.3 s.
+    Prefills: 0.01 s a target token, 0.005 s a draft token (rows x width)."""
+    steps = steps or [(TARGET, 1, 1, 0.8), (TARGET, 1, 3, 1.2), (TARGET, 2, 1, 1.0), (TARGET, 2, 3, 1.5),
+                      (draft_model("d"), 1, 1, 0.25), (draft_model("d"), 2, 1, 0.3)]
+    prefills = prefills if prefills is not None else [(TARGET, 1, 10, 0.1), (TARGET, 2, 10, 0.2),
+                                                      (draft_model("d"), 1, 10, 0.05), (draft_model("d"), 2, 10, 0.1)]
+    return Profile(steps=[{"model": m, "rows": r, "width": w, "kv": 100, "s": s, "reps_s": [s]} for m, r, w, s in steps],
+                   prefills=[{"model": m, "rows": r, "tokens": t, "s": s, "reps_s": [s]} for m, r, t, s in prefills])
+
+
+def request(rounds=None, new_tokens=None, arrival=0.0, prompt=10):
+    if rounds is not None:
+        rounds = [{"drafted": d, "accepted": a, "emitted": a + 1} for d, a in rounds]
+        new_tokens = 1 + sum(r["emitted"] for r in rounds)
+    return {"arrival_s": arrival, "prompt_tokens": prompt, "new_tokens": new_tokens, "rounds": rounds}
+
+
+def test_two_rows_of_a_static_batch_by_hand():
+    # A: 2 rounds of gamma 2 (3 then 1 tokens), 5 tokens; B: 1 round (2 tokens), 3 tokens; prompts 10 and 8
+    a, b = request([(2, 2), (2, 0)]), request([(2, 1)], prompt=8)
+    timed = simulate([a, b], 2, Pricer(profile(), "d"))
+    # prefill of 2 rows 10 wide: 0.2, first tokens at 0.2; the draft's prefill 0.1; round 1 over 2 rows: 2 x 0.3 +
+    # 1.5 = 2.1 -> 2.4, B done; round 2 over A alone: 2 x 0.25 + 1.2 = 1.7 -> 4.1
+    assert [t["first_token_s"] for t in timed] == pytest.approx([0.2, 0.2])
+    assert [t["finish_s"] for t in timed] == pytest.approx([4.1, 2.4])
+    # the baseline of the same rows: prefill 0.2, 2 steps over 2 rows (B's 2 tokens after its first) -> 2.2,
+    # then A's last 2 alone at 0.8 -> 3.8
+    base = simulate([request(new_tokens=5), request(new_tokens=3, prompt=8)], 2, Pricer(profile()))
+    assert [t["finish_s"] for t in base] == pytest.approx([3.8, 2.2])
+
+
+def test_a_request_joining_mid_round_waits_for_the_round():
+    # A arrives at 0, B at 0.5, during A's first round (0.15 -> 1.85): B is admitted when it ends
+    a, b = request([(2, 2), (2, 0)]), request([(2, 1)], arrival=0.5)
+    timed = simulate([a, b], 2, Pricer(profile(), "d"))
+    # A: prefill 0.1, draft prefill 0.05, round over A alone 1.7 -> 1.85; B: prefill 0.1 -> 1.95, draft 0.05 -> 2.0;
+    # a round over both (A's second, B's first): 2.1 -> 4.1
+    assert timed[0]["first_token_s"] == pytest.approx(0.1)
+    assert (timed[1]["admitted_s"], timed[1]["first_token_s"]) == pytest.approx((1.85, 1.95))
+    assert [t["finish_s"] for t in timed] == pytest.approx([4.1, 4.1])
+    # with one slot, B waits for A to finish: A's two rounds alone 0.15 + 1.7 + 1.7 = 3.55
+    one = simulate([a, b], 1, Pricer(profile(), "d"))
+    assert one[1]["admitted_s"] == pytest.approx(3.55)
+
+
+def test_a_cost_outside_the_profile_is_missing_not_guessed():
+    with pytest.raises(MissingCost, match="3 rows"):
+        simulate([request([(2, 1)])] * 3, 3, Pricer(profile(), "d"))
+    with pytest.raises(MissingCost, match="prefill"):
+        simulate([request([(2, 1)])], 1, Pricer(profile(prefills=[]), "d"))
+
+
+def test_the_profile_interpolates_between_measured_rows_widths_and_caches():
+    p = profile(steps=[(TARGET, 1, 1, 1.0), (TARGET, 4, 1, 2.5), (TARGET, 1, 5, 1.4)])
+    assert p.step_s(TARGET, 2, 1) == pytest.approx(1.5)  # a third of the way from 1 to 4 rows
+    assert p.step_s(TARGET, 1, 3) == pytest.approx(1.2)  # halfway from width 1 to 5
+    assert p.step_s(TARGET, 1, 6) is None and p.step_s(TARGET, 5, 1) is None
+    two_caches = Profile(steps=[{"model": TARGET, "rows": 1, "width": 1, "kv": kv, "s": s}
+                                for kv, s in ((100, 1.0), (300, 1.4))])
+    assert two_caches.step_s(TARGET, 1, 1, kv=200) == pytest.approx(1.2)
+    assert two_caches.step_s(TARGET, 1, 1, kv=400) == pytest.approx(1.6)  # a longer cache, linearly
+    # a prefill is a line in rows x tokens: through (10, 0.1) and (20, 0.2)
+    assert profile().prefill_s(TARGET, 3, 10) == pytest.approx(0.3)
+
+
+def test_at_batch_one_and_constant_gamma_it_is_leviathans_decode_speedup():
+    # no prefill cost, a cache-independent step: the decode alone. T = 1, v(2 drafts) = 1.2, c = 0.3
+    p = profile(steps=[(TARGET, 1, 1, 1.0), (TARGET, 1, 3, 1.2), (draft_model("d"), 1, 1, 0.3)],
+                prefills=[(TARGET, 1, 10, 0.0), (draft_model("d"), 1, 10, 0.0)])
+    accepted = [2, 0, 1, 2, 2, 0, 1, 1, 2, 0]
+    spec = simulate([request([(2, x) for x in accepted])], 1, Pricer(p, "d"))[0]
+    tokens = sum(x + 1 for x in accepted)
+    base = simulate([request(new_tokens=1 + tokens)], 1, Pricer(p))[0]
+    alpha = solve_alpha([{"drafted": 2, "accepted": x, "emitted": x + 1} for x in accepted])
+    assert base["finish_s"] / spec["finish_s"] == pytest.approx(predicted_speedup(alpha, 2, 0.3, 1.2))
+
+
+def test_the_profile_file_is_versioned(tmp_path):
+    path = tmp_path / "p.json"
+    profile().save(path)
+    assert Profile.load(path).step_s(TARGET, 2, 3) == 1.5
+    data = json.loads(path.read_text())
+    data["version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="version 99"):
+        Profile.load(path)
+    path.write_text("{}")
+    with pytest.raises(ProfileError, match="not a cost profile"):
+        Profile.load(path)
+
+
+def sample(method, index, rounds=None, new_tokens=None, **extra):
+    row = {"method": method, "batch_size": 2, "draft": "d" if method == "speculative" else None,
+           "gamma": 2 if method == "speculative" else None, "schedule": "constant" if method == "speculative" else None,
+           "sample_id": index, "repeat": 0, "batch_index": 0, "prompt_tokens": 10, "latency_s": 9.0, "prefill_s": 0.1}
+    if rounds is not None:
+        row["rounds"] = [{"drafted": d, "accepted": a, "emitted": a + 1} for d, a in rounds]
+        new_tokens = 1 + sum(a + 1 for _, a in rounds)
+    return dict(row, new_tokens=new_tokens, **extra)
+
+
+def test_predict_a_run_folder_with_a_profile(tmp_path):
+    # the static batch of the first test (prompts both 10 wide): measured latencies 4.0 and 3.8 s
+    samples = [sample("speculative", 0, [(2, 2), (2, 0)], latency_s=4.0), sample("speculative", 1, [(2, 1)], latency_s=2.0),
+               sample("baseline", 0, new_tokens=5, latency_s=3.8), sample("baseline", 1, new_tokens=3, latency_s=2.2)]
+    rows = predict_run(samples, profile())
+    assert len(rows) == 1
+    assert rows[0]["predicted"]["speedup"] == pytest.approx(3.8 / 4.1)
+    assert rows[0]["measured"]["speedup"] == pytest.approx(3.8 / 4.0)
+    assert rows[0]["measured_over_predicted"] == pytest.approx(4.1 / 4.0)
+    # the command: the table and prediction.json (strict JSON); a profile that is not one: exit 2, one line
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    profile().save(tmp_path / "p.json")
+    done = subprocess.run([sys.executable, "-m", "eval.predict", str(tmp_path), "--costs", str(tmp_path / "p.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "| 0.95 | 0.93 | 1.02 |" in done.stdout
+    assert json.loads((tmp_path / "prediction.json").read_text())["points"][0]["predicted"]["speedup"] == \
+        pytest.approx(3.8 / 4.1)
+    (tmp_path / "bad.json").write_text("[]")
+    bad = subprocess.run([sys.executable, "-m", "eval.predict", str(tmp_path), "--costs", str(tmp_path / "bad.json")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not a cost profile" in bad.stderr
