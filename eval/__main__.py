@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from eval.costs import write_run_costs
 from eval.summary import summarize
 from eval.report import write_report
 from utils.io import read_jsonl
@@ -20,6 +21,7 @@ def rebuild(folder: Path) -> dict:
     report = config.get("report") or {}
     write_report(folder, summary, config.get("name", folder.name), report.get("summary_file_name"),
                  with_plots=report.get("plots", True))  # the run's own choice: report.plots: false writes none
+    write_run_costs(folder, progress, config)
     return summary
 
 

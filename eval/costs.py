@@ -178,3 +178,41 @@ def _between(known: dict[int, float], x: int) -> float | None:
     if below is None or above is None:
         return None
     return known[below] + (known[above] - known[below]) * (x - below) / (above - below)
+
+
+def run_costs(progress: dict, env: dict, config: dict | None) -> Profile:
+    """A run's profile: the points its probes measured (progress.json's costs: each batch size's, every process's),
+    with its machine (env.json) and its models, dtype and compile mode (config.yaml)."""
+    from eval.records import OLD_COST_KEYS, CostProbe, per_process
+
+    steps, prefills = [], []
+    for size, entry in sorted((progress.get("costs") or {}).items(), key=lambda kv: int(kv[0])):
+        for row in per_process(entry, OLD_COST_KEYS).values():
+            probe = CostProbe.from_json(row)
+            if probe is not None:
+                more_steps, more_prefills = from_probe(probe, int(size))
+                steps += more_steps
+                prefills += more_prefills
+    config = config or {}
+    target = config.get("target") or {}
+    drafts = config.get("draft") or []
+    meta = {k: env.get(k) for k in ("device", "device_name", "torch", "transformers", "cpu_count", "git_commit")}
+    meta.update(source="the run's probes", engine="ours", dtype=target.get("dtype"),
+                quantization=target.get("quantization"), compile=(config.get("engine") or {}).get("compile"),
+                target=target.get("model"),
+                drafts=[d.get("label") or d.get("model") for d in (drafts if isinstance(drafts, list) else [drafts])])
+    return Profile(meta=meta, steps=steps, prefills=prefills)
+
+
+def read_env(folder: Path) -> dict:
+    try:
+        return json.loads((Path(folder) / "env.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def write_run_costs(folder: Path, progress: dict, config: dict | None) -> None:
+    """costs.json in a report folder: the run's profile, where its probes measured any step."""
+    profile = run_costs(progress, read_env(folder), config)
+    if profile.steps:
+        profile.save(Path(folder) / "costs.json")

@@ -19,88 +19,20 @@ from collections import defaultdict
 from pathlib import Path
 
 from decode.methods import REGISTRY
-from eval.costs import Profile, ProfileError, from_probe
-from eval.records import CostProbe, Point, per_process, OLD_COST_KEYS
-from eval.replay import MissingCost, Pricer, simulate
+from eval.costs import Profile, ProfileError, read_env, run_costs
+from eval.records import Point
+from eval.replay import MissingCost, Pricer, replay_load, replay_static
 from eval.serving import load_figures, speedup_clusters, with_slots
 from eval.stats import percentile, ratio, ratio_of_totals
-from eval.totals import paired_clusters, units
+from eval.totals import paired_clusters
 from utils.io import read_jsonl, write_json
 
 
 def run_profile(folder: Path, progress: dict) -> Profile:
-    """The run's own profile: costs.json where the run wrote one, else its probes in progress.json (each batch
-    size's probes, every process's)."""
+    """The run's own profile: costs.json where the run wrote one, else its probes in progress.json."""
     if (folder / "costs.json").exists():
         return Profile.load(folder / "costs.json")
-    return profile_of_probes(progress, _env(folder))
-
-
-def profile_of_probes(progress: dict, env: dict) -> Profile:
-    steps, prefills = [], []
-    for size, entry in sorted((progress.get("costs") or {}).items(), key=lambda kv: int(kv[0])):
-        for row in per_process(entry, OLD_COST_KEYS).values():
-            probe = CostProbe.from_json(row)
-            if probe is not None:
-                more_steps, more_prefills = from_probe(probe, int(size))
-                steps += more_steps
-                prefills += more_prefills
-    meta = {k: env.get(k) for k in ("device", "device_name", "torch", "transformers", "cpu_count", "git_commit")}
-    return Profile(meta=dict(meta, source="the run's probes"), steps=steps, prefills=prefills)
-
-
-def _env(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "env.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-# ---- a point's schedule as requests ---------------------------------------------------------------------------
-
-def _rounds(s: dict):
-    rounds = s.get("rounds")
-    if isinstance(rounds, str):  # written as a JSON string in the records
-        rounds = json.loads(rounds)
-    return rounds
-
-
-def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
-    return {"arrival_s": arrival, "prompt_tokens": int(s["prompt_tokens"]), "new_tokens": int(s["new_tokens"]),
-            "rounds": (_rounds(s) or []) if speculative else None}
-
-
-def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_size: int | None = None) -> list[dict]:
-    """Each batch of the point (or, with batch_size, its rows regrouped so, in order) replayed as a static batch:
-    the records with latency_s, prefill_s, draft_prefill_s as the replay times them."""
-    out = []
-    for unit, batch in sorted(units(samples).items()):
-        batch = sorted(batch, key=lambda s: s["sample_id"])
-        groups = [batch] if batch_size is None else [batch[i:i + batch_size] for i in range(0, len(batch), batch_size)]
-        for k, group in enumerate(groups):
-            timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer)
-            for s, t in zip(group, timed):
-                index = s["batch_index"] if batch_size is None else (unit, k)
-                out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
-                                draft_prefill_s=0.0))
-    return out
-
-
-def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurrency: int | None = None) -> list[dict]:
-    """Each repeat of a load point replayed: its requests at their arrivals, at most `concurrency` (default: the
-    point's) in flight; the records with admitted_s, first_token_s, finish_s as the replay times them."""
-    out = []
-    by_repeat = defaultdict(list)
-    for s in samples:
-        by_repeat[s.get("repeat", 0)].append(s)
-    for repeat, rows in sorted(by_repeat.items()):
-        rows = sorted(rows, key=lambda s: s.get("request") or 0)
-        cap = concurrency or rows[0].get("concurrency") or len(rows)
-        timed = simulate([as_request(s, s["arrival_s"], speculative) for s in rows], cap, pricer)
-        for s, t in zip(rows, timed):
-            out.append(dict(s, concurrency=cap, admitted_s=t["admitted_s"], first_token_s=t["first_token_s"],
-                            finish_s=t["finish_s"]))
-    return out
+    return run_costs(progress, read_env(folder), None)
 
 
 # ---- measured and predicted ------------------------------------------------------------------------------------

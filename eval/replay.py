@@ -18,6 +18,9 @@ steps, and the shrinking batch's cheaper steps.
 """
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+
 from eval.stats import ratio
 from eval.totals import units
 
@@ -193,4 +196,51 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dic
         for i in [i for i in active if finished(i)]:
             out[i]["finish_s"] = now
         active = [i for i in active if not finished(i)]
+    return out
+
+
+# ---- a point's schedule as requests ---------------------------------------------------------------------------
+
+def _rounds(s: dict):
+    rounds = s.get("rounds")
+    if isinstance(rounds, str):  # written as a JSON string in the records
+        rounds = json.loads(rounds)
+    return rounds
+
+
+def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
+    return {"arrival_s": arrival, "prompt_tokens": int(s["prompt_tokens"]), "new_tokens": int(s["new_tokens"]),
+            "rounds": (_rounds(s) or []) if speculative else None}
+
+
+def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_size: int | None = None) -> list[dict]:
+    """Each batch of the point (or, with batch_size, its rows regrouped so, in order) replayed as a static batch:
+    the records with latency_s, prefill_s, draft_prefill_s as the replay times them."""
+    out = []
+    for unit, batch in sorted(units(samples).items()):
+        batch = sorted(batch, key=lambda s: s["sample_id"])
+        groups = [batch] if batch_size is None else [batch[i:i + batch_size] for i in range(0, len(batch), batch_size)]
+        for k, group in enumerate(groups):
+            timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer)
+            for s, t in zip(group, timed):
+                index = s["batch_index"] if batch_size is None else (unit, k)
+                out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
+                                draft_prefill_s=0.0))
+    return out
+
+
+def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurrency: int | None = None) -> list[dict]:
+    """Each repeat of a load point replayed: its requests at their arrivals, at most `concurrency` (default: the
+    point's) in flight; the records with admitted_s, first_token_s, finish_s as the replay times them."""
+    out = []
+    by_repeat = defaultdict(list)
+    for s in samples:
+        by_repeat[s.get("repeat", 0)].append(s)
+    for repeat, rows in sorted(by_repeat.items()):
+        rows = sorted(rows, key=lambda s: s.get("request") or 0)
+        cap = concurrency or rows[0].get("concurrency") or len(rows)
+        timed = simulate([as_request(s, s["arrival_s"], speculative) for s in rows], cap, pricer)
+        for s, t in zip(rows, timed):
+            out.append(dict(s, concurrency=cap, admitted_s=t["admitted_s"], first_token_s=t["first_token_s"],
+                            finish_s=t["finish_s"]))
     return out

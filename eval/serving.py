@@ -15,11 +15,13 @@ import statistics
 from collections import defaultdict
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
+from eval.costs import run_costs
 from eval.figures import constant_draft_length, exact_match
 from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
+from eval.replay import MissingCost, Pricer, replay_load
 from eval.sources import acceptance_by_source
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals, strict
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -307,16 +309,44 @@ def costs_at(probes: dict[int, CostProbe], draft: str | None, gamma: int, rows: 
             "probed": [low, high] if high != low else [low]}
 
 
+def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
+    """The figures the replay predicts of a load point's schedule, computed as the measured ones are."""
+    mine, theirs = with_slots(samples), with_slots(baseline)
+    tput, _, _ = speedup_clusters(mine, theirs)
+    figures = load_figures(mine, None)
+    tpot_mean = (figures["tpot_s"] or {}).get("mean")
+    return {"speedup": ratio_of_totals(tput) if tput else None, "tok_s": figures["output_tok_s"],
+            "ttft_p50_s": (figures["ttft_s"] or {}).get("p50"), "e2e_p50_s": (figures["e2e_s"] or {}).get("p50"),
+            "tpot_mean_ms": None if tpot_mean is None else tpot_mean * 1000,
+            "baseline_tpot_mean_ms": ((load_figures(theirs, None)["tpot_s"] or {}).get("mean") or 0) * 1000 or None}
+
+
+def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], profile) -> tuple[dict | None, str | None]:
+    """The load point's schedule replayed with the run's cost profile (eval/replay.py): its requests' arrivals,
+    lengths and rounds, at its concurrency; the baseline's the same way. (figures, None) or (None, why not)."""
+    if profile is None:
+        return None, "no cost profile"
+    draft = point.draft if REGISTRY[point.method].needs_draft else None
+    try:
+        return replayed_figures(replay_load(samples, Pricer(profile, draft), True),
+                                replay_load(baseline, Pricer(profile), False)), None
+    except MissingCost as error:
+        return None, f"the run's cost profile lacks {error}"
+
+
 def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | None,
-                    probes: dict[int, CostProbe], slo: dict | None) -> dict:
-    """Every figure of one serving point against the baseline of its load point (None: none ran)."""
+                    probes: dict[int, CostProbe], slo: dict | None, profile=None) -> dict:
+    """Every figure of one serving point against the baseline of its load point (None: none ran). The prediction:
+    the replay of its schedule with the run's cost profile (replay_prediction) where the profile prices it, else
+    Leviathan's closed form at its occupancy (prediction_model says which)."""
     spec = REGISTRY[point.method]
     metrics = load_figures(samples, slo)
     if spec.has_rounds:
         metrics.update(acceptance_figures(samples, point))
     metrics.update(dict.fromkeys(["speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95",
                                   "output_tok_s_ratio", "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows",
-                                  "cost_batch_sizes", "predicted_speedup"]))
+                                  "cost_batch_sizes", "predicted_speedup", "predicted_speedup_leviathan",
+                                  "prediction_model", "replay", "replay_missing"]))
     metrics["requests_paired"] = 0
     if baseline:
         tput, per_token, paired = speedup_clusters(samples, baseline)
@@ -342,6 +372,13 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
             metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
                            cost_batch_sizes=at["probed"],
                            predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
+            metrics["predicted_speedup_leviathan"] = metrics["predicted_speedup"]
+            metrics["prediction_model"] = "leviathan"
+    if spec.has_rounds and spec.engine == "ours" and baseline and point.synthetic_acceptance is None:
+        metrics["replay"], metrics["replay_missing"] = replay_prediction(point, samples, baseline, profile)
+        if metrics["replay"] is not None and metrics["replay"]["speedup"] is not None:
+            metrics["predicted_speedup"] = metrics["replay"]["speedup"]
+            metrics["prediction_model"] = "replay"
     if point.synthetic_acceptance is not None:  # accepted at a set alpha: its output is not the target's
         metrics.update(exact_match=None, mismatches=None)
         metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
@@ -357,6 +394,13 @@ def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) ->
     """Why a serving point with rounds has no predicted speedup (None when it has one or drafted nothing)."""
     if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_pooled") is None:
         return None
+    if metrics.get("replay_missing"):
+        return f"the replay of its schedule: {metrics['replay_missing']}; Leviathan's closed form: " + (
+            leviathan_gap(point, metrics, probes) or "none")
+    return leviathan_gap(point, metrics, probes)
+
+
+def leviathan_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) -> str | None:
     if REGISTRY[point.method].engine != "ours":
         return ENGINE_TEXTS[REGISTRY[point.method].engine].no_prediction_load
     if tree_of(point) is not None:
@@ -527,7 +571,9 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
                  if REGISTRY[p.method].is_reference}
     planned = progress.get("planned") or {}
     batch_sizes = sorted(int(b) for b in (progress.get("costs") or {}))
+    profile = run_costs(progress, {}, None)
     runs, notes, gaps, flagged, capped, synthetic = [], [], defaultdict(list), {}, {}, []
+    closed_form = defaultdict(list)  # why the replay could not price a point -> the points Leviathan's priced
     for point in sorted(set(by_point) | set(failures), key=order):  # a load point's methods together, loads rising
         samples, failed = by_point.get(point, []), failures.get(point, [])
         error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failed)) or None
@@ -549,7 +595,7 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         probes = {b: costs_of(progress, Point(method=point.method, batch_size=b), samples) for b in batch_sizes} \
             if engine == "ours" else {}
         probes = {b: p for b, p in probes.items() if p is not None}
-        metrics = serving_metrics(point, samples, baseline, probes, slo)
+        metrics = serving_metrics(point, samples, baseline, probes, slo, profile)
         paired_repeats = len(set(by_repeat(samples)) & set(by_repeat(baseline or [])))
         repeats = {"done": done, "planned": expected, "paired": paired_repeats,
                    "cross_process": cross_process_pairs(samples, baseline or [])}
@@ -580,6 +626,12 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         gap = prediction_gap(point, metrics, probes) if REGISTRY[point.method].has_rounds else None
         if gap:
             gaps[gap].append(point.label)
+        elif metrics.get("prediction_model") == "leviathan" and metrics.get("replay_missing"):
+            closed_form[metrics["replay_missing"]].append(point.label)
+    for reason, labels in closed_form.items():
+        notes.append(f"predicted speedup under load for {'; '.join(labels)}: Leviathan's closed form at the load's "
+                     f"occupancy, not the replay of its schedule ({reason}: it leaves out the joining requests' "
+                     "prefills and the spread of rows; python -m eval.predict FOLDER --costs PROFILE.json replays it)")
     for label, (requests, most) in capped.items():
         notes.append(f"{label}: its concurrency exceeds the load point's {requests} requests: at most {requests} could "
                      f"be in flight (the most measured: {most}), and its costs were probed at {requests} rows; a "

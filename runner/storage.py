@@ -1,5 +1,6 @@
 """The report folder: config.yaml, env.json, samples.jsonl (raw records, grown by whole batches),
-progress.json, and the summary files rebuilt from them. Only this module writes the folder."""
+progress.json, and the summary files rebuilt from them (costs.json: the probes' cost profile, eval/costs.py). Only
+this module writes the folder."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import yaml
 from eval.summary import engines_of, summarize
 from eval.flags import old_readings
 from eval.records import OLD_COST_KEYS, OLD_DRIFT_KEYS, batch_key, per_process
+from eval.costs import write_run_costs
 from eval.report import write_report
 from utils import UserError
 from utils.io import append_jsonl, read_jsonl, write_atomic, write_json
@@ -140,4 +142,5 @@ class ReportFolder:
     def write_summary(self, plots: bool = False) -> dict:
         summary = self.summary()
         write_report(self.path, summary, self.title, self.summary_copy, with_plots=plots and self.plots)
+        write_run_costs(self.path, asdict(self.progress), self.raw_config)
         return summary
