@@ -210,6 +210,9 @@ class CostProbe:
     draft_busy_s: dict[str, float] = field(default_factory=dict)  # draft label -> the same for its 1-token forward
     per_worker: dict = field(default_factory=dict, repr=False)  # worker -> its CostProbe (not written: each is)
     context_tokens: int | None = None  # the cache (prompt batch width + decoding_context) the steps were timed at
+    # the prefills timed after the steps (runner/probes.py prefill_points): eval/costs.py prefill points,
+    # {model, rows, tokens, s, reps_s}; none in folders written before them
+    prefills: list[dict] = field(default_factory=list)
 
     def c_for(self, draft: str | None) -> float | None:
         return None if draft is None else self.c_by_draft.get(draft)
@@ -264,7 +267,7 @@ class CostProbe:
                 "draft_reps_s": self.draft_reps_s, "draft_prefill": self.draft_prefill, "workers": self.workers,
                 "target_weight_bytes": self.target_weight_bytes, "draft_weight_bytes": self.draft_weight_bytes,
                 "target_busy_s": self.target_busy_s, "draft_busy_s": self.draft_busy_s,
-                "context_tokens": self.context_tokens}
+                "context_tokens": self.context_tokens, "prefills": self.prefills}
 
     @classmethod
     def from_json(cls, row: dict | None) -> "CostProbe | None":
@@ -288,7 +291,8 @@ class CostProbe:
                    draft_prefill=dict(row.get("draft_prefill") or {}), workers=list(row.get("workers") or []),
                    target_weight_bytes=row.get("target_weight_bytes"),
                    draft_weight_bytes=dict(row.get("draft_weight_bytes") or {}), target_busy_s=row.get("target_busy_s"),
-                   draft_busy_s=dict(row.get("draft_busy_s") or {}), context_tokens=row.get("context_tokens"))
+                   draft_busy_s=dict(row.get("draft_busy_s") or {}), context_tokens=row.get("context_tokens"),
+                   prefills=[dict(p) for p in row.get("prefills") or []])
 
     @classmethod
     def across_workers(cls, probes: dict[str, "CostProbe"]) -> "CostProbe | None":
@@ -307,6 +311,7 @@ class CostProbe:
                    v={g: _median([p.v.get(g) for p in listed]) for g in gammas},
                    target_forward_s=_median([p.target_forward_s for p in listed]),
                    draft_prefill=next((p.draft_prefill for p in listed if p.draft_prefill), {}),
+                   prefills=next((p.prefills for p in listed if p.prefills), []),
                    target_weight_bytes=_median([p.target_weight_bytes for p in listed]),
                    draft_weight_bytes=_medians([p.draft_weight_bytes for p in listed]),
                    target_busy_s=_median([p.target_busy_s for p in listed]),

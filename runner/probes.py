@@ -15,7 +15,7 @@ import torch
 
 from decode.drafters.base import Proposal
 from decode.drafters.draft_model import DraftModelDrafter
-from decode.generate import baseline_step, round_layout
+from decode.generate import Clock, baseline_step, prefill, round_layout
 from decode.kv import KVState
 from decode.settings import Sampling
 from decode.static_kv import new_state
@@ -249,7 +249,8 @@ def _timed_tree_forward(state: KVState, model, tokens: torch.Tensor, clock) -> f
 
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
                   draft_prefill: bool = False, busy_reps: int = 3, tree_widths=frozenset(),
-                  sampling: Sampling | None = None, context: int = 0, target_vocab_size: int | None = None) -> CostProbe:
+                  sampling: Sampling | None = None, context: int = 0, target_vocab_size: int | None = None,
+                  prefills: bool = True) -> CostProbe:
     """c = t(draft step) / t(baseline step) per draft; v_k = t(verification of k + 1 tokens) / t(baseline step) for
     each draft length k = width - 1: each step timed as the run executes it, with its own choice of tokens and host
     read (_timed_target_step, _timed_draft_step, _timed_verification: the functions decode/generate.py and the draft
@@ -264,8 +265,11 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     prefill cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
     through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
     host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
-    `busy_reps`, after the timed repetitions: the profiler slows the host).
+    `busy_reps`, after the timed repetitions: the profiler slows the host). After the steps' repetitions, the
+    prefills of the batch and of its first row by each model (prefill_points: the cost profile's prefill points;
+    prefills False: none, where the caller has them already). clock None: a clock on the ids' device.
     """
+    clock = clock if clock is not None else Clock(ids.device)
     sampling = sampling or Sampling(False)
     vocab = target_vocab_size or target.get_output_embeddings().out_features
     at_ids, at_mask = decoding_context(ids, mask, context)
@@ -301,6 +305,11 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     if ids.device.type == "cuda":
         busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
                 for name, model in models.items()}
+    # the steps' caches go before the prefills make theirs (engine.compile: a prefill takes their static buffers
+    # rather than a second set, which the model's pool would keep for the whole run)
+    states.clear()
+    drafters.clear()
+    prefilled = prefill_points(target, drafts, ids, mask, clock) if prefills else []
     return CostProbe(
         c_by_draft={label: median[(f"draft:{label}", 1)] / target_one for label in drafts},
         v={w - 1: median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
@@ -314,7 +323,35 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         target_busy_s=busy.get("target"),
         draft_busy_s={label: busy[f"draft:{label}"] for label in drafts if busy.get(f"draft:{label}") is not None},
         context_tokens=at_ids.shape[1],
+        prefills=prefilled,
     )
+
+
+def prefill_points(target, drafts: dict, ids, mask, clock, reps: int = 2, first_row: bool = True) -> list[dict]:
+    """The prefills of the probe batch's prompts (ids, mask [B, P]) and of its first row alone (first_row; its own
+    width: the leading columns that are padding in that row dropped; not twice where that is the batch's shape), by
+    the target and by each draft, as a request group's admission runs them (the target: decode/generate.py prefill,
+    its next-token logits and their finiteness check included; a draft: its prompt's cache, _prefilled), each the
+    median of `reps` timed repetitions: eval/costs.py prefill points, which the replay prices an admission with."""
+    from eval.costs import TARGET, draft_model, prefill_point
+
+    shapes = [(ids, mask)]
+    if first_row:
+        first = int(mask[0].nonzero()[0]) if bool(mask[0].any()) else 0  # the first row's leading padding
+        if (1, ids.shape[1] - first) != tuple(ids.shape):
+            shapes.append((ids[:1, first:], mask[:1, first:]))
+    models = [(TARGET, target, prefill)]
+    models += [(draft_model(label), model, _prefilled) for label, model in drafts.items()]
+    points = []
+    for name, model, run in models:
+        for shape_ids, shape_mask in shapes:
+            times = []
+            for _ in range(reps):
+                start = clock.now()
+                run(model, shape_ids, shape_mask)
+                times.append(clock.now() - start)
+            points.append(prefill_point(name, shape_ids.shape[0], shape_ids.shape[1], times))
+    return points
 
 
 def draft_prefill_cost(model, ids, mask, clock, target_one: float, reps: int = 3) -> dict:

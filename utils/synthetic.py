@@ -4,15 +4,15 @@
     model: synthetic:qwen3-4b?layers=2        # a draft: the target's first 2 layers, its embeddings, norm and head
     model: synthetic:llama-1b?layers=2&noise=0.1   # ... with every weight perturbed by 10% of its std
 
-The shapes (SHAPES) are the published config.json numbers of Qwen3 0.6B-8B, gemma-3 270m/1b/4b (the text model;
-sliding-window layers, q/k norms), Llama-3.2-1B and Llama-3.1-8B, plus three small Llamas and test-size Qwen3 and
-gemma-3 (the families' features, tiny). A draft cut from the target shares its embeddings and head; fewer layers or
-more noise lowers its agreement. On a deep model of random weights the layers' outputs swamp the embedding in the
-residual stream, so a draft of a few layers agrees with the target little more than chance (a measured
-qwen3-0.6b?layers=2 accepted none of its drafts): such a pair measures the cost of drafting and verifying, not
-realistic acceptance. The run measures alpha either way. Both use one byte-level tokenizer padded to the model's
-vocabulary, so any dataset's text tokenizes to a realistic length. Random weights make degenerate text; this pair
-measures speed, not quality.
+The shapes (SHAPES) are the published config.json numbers of Qwen3 0.6B-8B, Qwen2.5-Coder 0.5B and 1.5B (the offline
+pair's shapes; q/k/v biases), gemma-3 270m/1b/4b (the text model; sliding-window layers, q/k norms), Llama-3.2-1B and
+Llama-3.1-8B, plus three small Llamas and test-size Qwen3 and gemma-3 (the families' features, tiny). A draft cut
+from the target shares its embeddings and head; fewer layers or more noise lowers its agreement. On a deep model of
+random weights the layers' outputs swamp the embedding in the residual stream, so a draft of a few layers agrees with
+the target little more than chance (a measured qwen3-0.6b?layers=2 accepted none of its drafts): such a pair measures
+the cost of drafting and verifying, not realistic acceptance. The run measures alpha either way. Both use one
+byte-level tokenizer padded to the model's vocabulary, so any dataset's text tokenizes to a realistic length. Random
+weights make degenerate text; this pair measures speed, not quality.
 
 The model is built where it runs, in the run's dtype: its parameters start on the meta device and each is drawn on
 the target device from a generator seeded by (seed, parameter name), so no full copy is ever made on the host and
@@ -37,13 +37,16 @@ class Shape(NamedTuple):
     vocab: int
     head_dim: int | None = None  # None: hidden // heads
     tied: bool = False  # the head is the input embedding
-    family: str = "llama"  # llama (LlamaForCausalLM), qwen3 (Qwen3ForCausalLM), gemma3 (Gemma3ForCausalLM)
+    # llama (LlamaForCausalLM), qwen2 (Qwen2ForCausalLM: biases on q, k, v), qwen3 (Qwen3ForCausalLM), gemma3
+    # (Gemma3ForCausalLM)
+    family: str = "llama"
     extra: dict | None = None
 
 
 # Llama 3.x rope: rope_theta 500000 with the "llama3" frequency scaling
 LLAMA3_ROPE = dict(rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=131072)
 QWEN3 = dict(rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, use_sliding_window=False)
+QWEN2 = dict(rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=32768, use_sliding_window=False)
 # gemma-3: local (sliding-window) layers rope at 10k, global ones at 1M; 5 local layers, then 1 global
 GEMMA3 = dict(rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256,
               sliding_window_pattern=6)
@@ -62,6 +65,9 @@ SHAPES = {
     "llama-3.1-8b": Shape(4096, 14336, 32, 32, 8, 128256, 128, False, "llama", dict(
         LLAMA3_ROPE, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                        original_max_position_embeddings=8192))),
+    # the offline pair's (utils/offline_models.py: their GGUF conversions untie the head; the compute is the same)
+    "qwen2.5-coder-0.5b": Shape(896, 4864, 24, 14, 2, 151936, 64, True, "qwen2", QWEN2),
+    "qwen2.5-coder-1.5b": Shape(1536, 8960, 28, 12, 2, 151936, 128, True, "qwen2", QWEN2),
     "qwen3-0.6b": Shape(1024, 3072, 28, 16, 8, 151936, 128, True, "qwen3", QWEN3),
     "qwen3-1.7b": Shape(2048, 6144, 28, 16, 8, 151936, 128, True, "qwen3", QWEN3),
     "qwen3-4b": Shape(2560, 9728, 36, 32, 8, 151936, 128, True, "qwen3", QWEN3),
@@ -128,6 +134,9 @@ def build_config(spec: str, attn_implementation: str = "sdpa"):
     if shape.family == "qwen3":
         kwargs["max_window_layers"] = depth
         return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**kwargs)
+    if shape.family == "qwen2":
+        kwargs["max_window_layers"] = depth
+        return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**kwargs)
     return transformers.LlamaForCausalLM, transformers.LlamaConfig(**kwargs)
 
 

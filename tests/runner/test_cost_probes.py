@@ -39,6 +39,10 @@ def test_cost_probes_fit_the_draft_prefill_and_the_cost_model_reads_it(monkeypat
     line = costs.draft_prefill["d"]
     assert line["width"] == 12 and line["per_token"] == pytest.approx(0.01) and line["fixed"] == pytest.approx(0.5)
     assert costs.c_by_draft == {"d": pytest.approx(0.3)} and costs.v == {2: pytest.approx(1.0), 4: pytest.approx(1.0)}
+    # the prefill points: the batch [2, 12] and its first row alone (7 tokens, its padding dropped), per model
+    assert {(p["model"], p["rows"], p["tokens"]): p["s"] for p in costs.prefills} == {
+        ("target", 2, 12): 0.0, ("target", 1, 7): 0.0,
+        ("draft:d", 2, 12): pytest.approx(0.62), ("draft:d", 1, 7): pytest.approx(0.57)}
     context = RunContext(target=target, tokenizer=None, drafts={"d": draft}, target_vocab_size=VOCAB, pad_id=0,
                          clock=clock, costs=costs)
     schedule = schedule_for(context, Point(method="speculative", draft="d", gamma=4, schedule="cost_model",
@@ -85,8 +89,11 @@ def test_widths_only_trees_verify_are_timed_through_the_tree_mask(monkeypatch):
     ids, mask = ragged_batch([4, 6], seed=3)
     costs = probes.measure_costs(tiny_model("llama", seed=1), {}, ids, mask, [3, 5, 10], _Clock(), reps=1,
                                  tree_widths={10})
-    timed = set(calls[1:])  # after the prefill
+    timed = set(calls[1:-4])  # after the prefill, before the prefill points (the batch's and its first row's, twice)
     assert timed == {("chain", 1), ("chain", 3), ("chain", 5), ("tree", 10)}
+    assert calls[-4:] == [("chain", 6)] * 2 + [("chain", 4)] * 2
+    assert [(p["model"], p["rows"], p["tokens"], len(p["reps_s"])) for p in costs.prefills] == \
+        [("target", 2, 6, 2), ("target", 1, 4, 2)]
     assert set(costs.v) == {2, 4, 9}
 
 
@@ -149,8 +156,9 @@ def test_the_probed_costs_predict_what_the_run_measures(monkeypatch):
     assert [r["drafted"] for r in spec.rounds] == [gamma] * 4 and base.new_tokens == spec.new_tokens == 13
     assert costs.target_forward_s == pytest.approx(1.5)
     assert costs.c_by_draft == {"d": pytest.approx(0.2)} and costs.v == {gamma: pytest.approx(0.8)}
-    # each step (not the prefills of 14 tokens) appends after the prompt's 9 tokens and 5 more
-    assert costs.context_tokens == 14 and {position for width, position in positions if width < 14} == {14}
+    # each step (not the prefills of 14 tokens, nor the prefill points' of the prompt's 9) appends after the prompt's
+    # 9 tokens and 5 more
+    assert costs.context_tokens == 14 and {position for width, position in positions if width < 9} == {14}
     measured = ((spec.new_tokens - 1) / (spec.latency_s - spec.prefill_s - spec.draft_prefill_s)) / \
         ((base.new_tokens - 1) / (base.latency_s - base.prefill_s))
     assert measured == pytest.approx(2.5)

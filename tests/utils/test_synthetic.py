@@ -35,6 +35,9 @@ PUBLISHED = {
     "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, 151936, True, 1000000, None),  # Qwen/Qwen3-1.7B
     "qwen3-4b": (2560, 9728, 36, 32, 8, 128, 151936, True, 1000000, None),  # Qwen/Qwen3-4B
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False, 1000000, None),  # Qwen/Qwen3-8B
+    # the offline pair's shapes: Qwen/Qwen2.5-Coder-0.5B-Instruct, Qwen/Qwen2.5-Coder-1.5B-Instruct
+    "qwen2.5-coder-0.5b": (896, 4864, 24, 14, 2, 64, 151936, True, 1000000, None),
+    "qwen2.5-coder-1.5b": (1536, 8960, 28, 12, 2, 128, 151936, True, 1000000, None),
     "gemma-3-270m": (640, 2048, 18, 4, 1, 256, 262144, True, (1000000, 10000), 512),  # google/gemma-3-270m
     "gemma-3-1b": (1152, 6912, 26, 4, 1, 256, 262144, True, (1000000, 10000), 512),  # google/gemma-3-1b-it
     "gemma-3-4b": (2560, 10240, 34, 8, 4, 256, 262208, True, (1000000, 10000), 1024),  # google/gemma-3-4b-it
@@ -44,7 +47,9 @@ PUBLISHED = {
 # non-embedding parameters as the model cards state them (Qwen3: "0.44B" ...; gemma-3-270m: "100M transformer
 # parameters"), to the figures' last digit
 NON_EMBEDDING = {"qwen3-0.6b": (0.44e9, 0.005e9), "qwen3-1.7b": (1.4e9, 0.05e9), "qwen3-4b": (3.6e9, 0.05e9),
-                 "qwen3-8b": (6.95e9, 0.005e9), "gemma-3-270m": (100e6, 0.5e6)}
+                 "qwen3-8b": (6.95e9, 0.005e9), "gemma-3-270m": (100e6, 0.5e6),
+                 # Qwen2.5-Coder: "Number of Parameters (Non-Embedding): 0.36B" / "1.31B"
+                 "qwen2.5-coder-0.5b": (0.36e9, 0.005e9), "qwen2.5-coder-1.5b": (1.31e9, 0.005e9)}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -60,7 +65,9 @@ def test_published_shapes(name):
     attention = model.model.layers[0].self_attn
     assert attention.q_proj.weight.shape == (heads * head_dim, hidden)
     assert attention.k_proj.weight.shape == (kv_heads * head_dim, hidden)
-    assert hasattr(attention, "q_norm") == (not name.startswith("llama"))  # Qwen3 and gemma-3 norm q and k per head
+    assert hasattr(attention, "q_norm") == name.startswith(("qwen3", "gemma"))  # they norm q and k per head
+    qkv_biases = name.startswith("qwen2")  # Qwen2 (Qwen2.5-Coder) has biases on q, k, v, not on o
+    assert [getattr(attention, f"{x}_proj").bias is not None for x in "qkvo"] == [qkv_biases] * 3 + [False]
     if name.startswith("gemma"):
         assert config.model_type == "gemma3_text" and config.sliding_window == window
         assert config.layer_types == [("full_attention" if i % 6 == 5 else "sliding_attention") for i in range(layers)]
@@ -69,8 +76,10 @@ def test_published_shapes(name):
         assert rope["full_attention"].get("factor", 1.0) == (8.0 if name == "gemma-3-4b" else 1.0)  # 4b: linear x8
     else:
         assert config.rope_parameters["rope_theta"] == theta
-        assert config.model_type == ("qwen3" if name.startswith("qwen3") else "llama")
+        assert config.model_type == {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama"}[name[:5]]
         assert sliding_window_of(config) is None
+    if name.startswith("qwen2"):
+        assert (config.rms_norm_eps, config.max_position_embeddings) == (1e-6, 32768)
     if name.startswith("llama-3"):
         assert config.rope_parameters["rope_type"] == "llama3"
         assert config.rope_parameters["factor"] == (32.0 if name == "llama-3.2-1b" else 8.0)
@@ -113,7 +122,7 @@ def test_built_in_the_dtype_with_a_large_vocabulary():
 
 
 @pytest.mark.parametrize("spec", ["synthetic:qwen3-0.6b?layers=1", "synthetic:gemma-3-1b?layers=1",
-                                  "synthetic:gemma-3-4b?layers=1"])
+                                  "synthetic:gemma-3-4b?layers=1", "synthetic:qwen2.5-coder-1.5b?layers=1"])
 def test_real_shapes_pass_the_load_time_checks(spec):
     """A one-layer cut of the real shape with a small vocabulary (the checks do not depend on it): tree masks
     accepted, ragged batches decode as alone."""
