@@ -49,17 +49,29 @@ class Profile:
     def step_s(self, model: str, rows: int, width: int, kv: float | None = None) -> float | None:
         """Seconds of one step of `model` over `rows` rows of `width` tokens at a cache of `kv` tokens; None outside
         the measured rows or widths."""
-        table: dict[int, dict[int, list[tuple[float, float]]]] = {}
-        for p in self.steps:
-            if p["model"] == model:
-                table.setdefault(int(p["rows"]), {}).setdefault(int(p["width"]), []).append((float(p["kv"]), p["s"]))
+        table = self._tables().get(model, {})
 
         def at_rows(r: int) -> float | None:
-            by_width = {w: _along(sorted(kvs), kv) for w, kvs in table[r].items()}
+            by_width = {w: _along(kvs, kv) for w, kvs in table[r].items()}
             return _between(by_width, width)
 
         known = {r: at_rows(r) for r in table}
         return _between({r: s for r, s in known.items() if s is not None}, rows)
+
+    def _tables(self) -> dict:
+        """model -> rows -> width -> its (kv, seconds) points, sorted; built once (a profile is not changed after it
+        is made)."""
+        if getattr(self, "_table", None) is None or self._table[0] != len(self.steps):
+            table: dict = {}
+            for p in self.steps:
+                table.setdefault(p["model"], {}).setdefault(int(p["rows"]), {}).setdefault(
+                    int(p["width"]), []).append((float(p["kv"]), p["s"]))
+            for by_rows in table.values():
+                for by_width in by_rows.values():
+                    for kvs in by_width.values():
+                        kvs.sort()
+            self._table = (len(self.steps), table)
+        return self._table[1]
 
     def prefill_s(self, model: str, rows: int, tokens: int) -> float | None:
         """Seconds of a prefill of `rows` prompts `tokens` wide: the line through the model's prefill points in
@@ -195,12 +207,11 @@ def run_costs(progress: dict, env: dict, config: dict | None) -> Profile:
                 prefills += more_prefills
     config = config or {}
     target = config.get("target") or {}
-    drafts = config.get("draft") or []
     meta = {k: env.get(k) for k in ("device", "device_name", "torch", "transformers", "cpu_count", "git_commit")}
     meta.update(source="the run's probes", engine="ours", dtype=target.get("dtype"),
                 quantization=target.get("quantization"), compile=(config.get("engine") or {}).get("compile"),
-                target=target.get("model"),
-                drafts=[d.get("label") or d.get("model") for d in (drafts if isinstance(drafts, list) else [drafts])])
+                target_model=target.get("model"),
+                draft_labels=sorted({p["model"].removeprefix("draft:") for p in steps if p["model"] != TARGET}))
     return Profile(meta=meta, steps=steps, prefills=prefills)
 
 

@@ -7,7 +7,7 @@ from decode.methods import ENGINE_TEXTS, REGISTRY
 from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
-from eval.replay import replay_speedup
+from eval.replay import PART_OFF, static_prediction
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -171,48 +171,100 @@ def run_step_costs(samples: list[dict], baseline: list[dict] | None) -> tuple[fl
 
 
 def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: list[dict],
-                 baseline: list[dict] | None = None) -> dict:
+                 baseline: list[dict] | None = None, profile=None) -> dict:
     """c, v and the predicted speedup: for a chain where Leviathan's model applies (a constant draft length, measured
     costs); for a tree (Sequoia's model, eval/trees.py) from its rounds, with v at each round's node count. Beside c,
     what says whether it measures the models or the host: the weight bytes ratio, the GPU's busy shares. Beside a
     chain's c and v with a draft model of our engine, c_run and v_run from the records (run_step_costs): where the
-    decode efficiency is off 1, whether the probes' costs or the tokens per round are."""
+    decode efficiency is off 1, whether the probes' costs or the tokens per round are.
+
+    predicted_speedup and efficiency are Leviathan's closed form, as METRICS.md defines them. Beside them, for every
+    method of our engine with rounds, the replay of the point's own schedule with the run's cost profile
+    (replay_figures): predicted_speedup_replay with its interval, replay_efficiency, and prediction_off where the
+    measured speedup falls outside the replay's interval."""
     out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "draft_cost_ratio_c_run",
                          "verify_cost_ratio_v_run", "weight_bytes_ratio", "draft_busy_share", "target_busy_share", "predicted_speedup",
                          "predicted_speedup_v1", "efficiency", "decode_efficiency", "predicted_speedup_replay",
-                         "replay_efficiency"])
+                         "predicted_speedup_replay_ci95", "predicted_decode_speedup_replay", "replay_efficiency",
+                         "replay_decode_efficiency", "replay", "replay_missing", "prediction_off"])
     tree = tree_of(point)
     spec = REGISTRY[point.method]
     if spec.has_rounds and spec.engine == "ours" and tree is None and point.draft is not None and point.gamma:
         out["draft_cost_ratio_c_run"], out["verify_cost_ratio_v_run"] = run_step_costs(samples, baseline)
+    if spec.has_rounds and spec.engine == "ours" and baseline and point.synthetic_acceptance is None:
+        out["replay"], out["replay_missing"] = replay_figures(point, samples, baseline, profile)
     if not spec.has_rounds or costs is None or (point.gamma is None and tree is None):
-        return out
+        return with_replay(out, metrics)
     c, v = costs.c_for(point.draft), costs.v_for(tree_nodes(tree, point.gamma))  # a chain's nodes: gamma
     out["draft_cost_ratio_c"], out["verify_cost_ratio_v"] = c, v
     if point.draft is not None:
         out["weight_bytes_ratio"] = costs.bytes_ratio_for(point.draft)
         out["draft_busy_share"] = costs.busy_share_for(point.draft)
         out["target_busy_share"] = costs.busy_share_for(None)
-    if tree is None and point.draft is not None and baseline and point.synthetic_acceptance is None:
-        # the batch's own schedule replayed with the probed costs (eval/replay.py): its slowest row included
-        out["predicted_speedup_replay"] = replay_speedup(samples, baseline, c, costs.v_at_nodes)
-        out["replay_efficiency"] = ratio(metrics.get("decode_speedup"), out["predicted_speedup_replay"])
     if tree is not None:
         out["verify_cost_by_nodes"] = {str(n): x for n, x in sorted(costs.v.items())}
         c_tree = tree_draft_cost(point, costs)
         if c_tree is None or metrics.get("acceptance_rate") is None:
-            return out
+            return with_replay(out, metrics)
         rounds = [r for s in samples for r in s.get("rounds") or []]
         out["predicted_speedup"], out["predicted_speedup_v1"] = tree_prediction(rounds, c_tree, costs.v_at_nodes)
     else:
         alpha = metrics.get("alpha")
         if c is None or v is None or alpha is None or not metrics.get("constant_draft_length"):
-            return out
+            return with_replay(out, metrics)
         out["predicted_speedup"] = predicted_speedup(alpha, point.gamma, c, v)
         out["predicted_speedup_v1"] = predicted_speedup(alpha, point.gamma, c, 1.0)
     out["efficiency"] = ratio(metrics.get("speedup"), out["predicted_speedup"])
     out["decode_efficiency"] = ratio(metrics.get("decode_speedup"), out["predicted_speedup"])
+    return with_replay(out, metrics)
+
+
+def replay_figures(point: Point, samples: list[dict], baseline: list[dict], profile) -> tuple[dict | None, str | None]:
+    """The point's batches and the baseline's replayed with the run's cost profile (eval/replay.py
+    static_prediction); (figures, None) or (None, what the profile lacks)."""
+    if profile is None or not profile.steps:
+        return None, "no cost profile (no probe ran)"
+    draft = point.draft if REGISTRY[point.method].needs_draft else None
+    figures, missing = static_prediction(samples, baseline, profile, draft)
+    if figures is not None and all(s.get("prefill_s") is not None for s in samples):
+        figures["prefill_measured_s"] = sum(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0) for s in samples)
+    return figures, None if missing is None else f"the run's cost profile lacks {missing}"
+
+
+def with_replay(out: dict, metrics: dict) -> dict:
+    """The replay's prediction beside the closed form's, where it ran: predicted_speedup_replay and its interval, the
+    decode speedup's, replay_efficiency and replay_decode_efficiency, and prediction_off."""
+    replay = out.get("replay")
+    if replay is None or replay.get("speedup") is None:
+        return out
+    out.update(predicted_speedup_replay=replay["speedup"], predicted_speedup_replay_ci95=replay["speedup_ci95"],
+               predicted_decode_speedup_replay=replay["decode_speedup"],
+               replay_efficiency=ratio(metrics.get("speedup"), replay["speedup"]),
+               replay_decode_efficiency=ratio(metrics.get("decode_speedup"), replay["decode_speedup"]))
+    out["prediction_off"] = static_prediction_off(metrics, out)
     return out
+
+
+def static_prediction_off(metrics: dict, out: dict) -> str | None:
+    """Where the measured speedup falls outside the replay's interval (without one: more than 5% from it): which
+    part the replay priced otherwise than the batches ran it: the draft's steps (c_run against the probed c), the
+    verifications (v_run against v), the prefills (the records' against the replay's)."""
+    measured, predicted = metrics.get("speedup"), out["predicted_speedup_replay"]
+    interval = out.get("predicted_speedup_replay_ci95")
+    if measured is None:
+        return None
+    if (interval[0] <= measured <= interval[1]) if interval else abs(measured / predicted - 1) <= 0.05:
+        return None
+    parts = [f"{name} ran {got / want:.2f}x the probes'" for name, got, want in (
+        ("the draft's steps (c_run / c)", out.get("draft_cost_ratio_c_run"), out.get("draft_cost_ratio_c")),
+        ("the verifications (v_run / v)", out.get("verify_cost_ratio_v_run"), out.get("verify_cost_ratio_v")))
+        if got is not None and want and abs(got / want - 1) > PART_OFF]
+    prefill, replayed = out["replay"].get("prefill_measured_s"), out["replay"].get("prefill_s")
+    if prefill is not None and replayed and abs(prefill / replayed - 1) > PART_OFF:
+        parts.append(f"the prefills took {prefill / replayed:.2f}x the replay's")
+    shown = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else f"{predicted:.3f} +-5%"
+    return (f"measured {measured:.3f} outside the predicted {shown}: "
+            + ("; ".join(parts) or "no single part is off by more than 10%: the sum of small ones"))
 
 
 def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str | None:
@@ -260,7 +312,8 @@ def per_request_times(samples: list[dict], keys: tuple[str, str]) -> tuple[list[
     return [e[latency] for e in extra], [e[ttft] for e in extra]
 
 
-def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, costs: CostProbe | None) -> dict:
+def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, costs: CostProbe | None,
+                profile=None) -> dict:
     """Every figure of one run (a point, overall or one group) against its baseline's samples (None: none ran)."""
     spec = REGISTRY[point.method]
     latencies = [s["latency_s"] for s in samples]
@@ -311,7 +364,7 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
         metrics.update(exact_match=None, mismatches=None)
         metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
     metrics.update(gsm8k_figures(samples))
-    metrics.update(cost_figures(point, metrics, costs, samples, baseline))
+    metrics.update(cost_figures(point, metrics, costs, samples, baseline, profile))
     if point.synthetic_acceptance is not None:
         metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
         metrics["efficiency_ci95"] = efficiency_interval(metrics)

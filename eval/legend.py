@@ -121,15 +121,20 @@ LEGEND = {
                          "v(n) = 1",
     "efficiency": "measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
                   "decode_efficiency: decode speedup / predicted speedup",
-    "predicted_speedup_replay": "a draft model's chain in static batches: the decode speedup the batches' own schedule "
-                                "predicts (eval/replay.py): each batch's rounds replayed in lockstep until its slowest "
-                                "row ends, round k costing G_k c + v(G_k) target steps (G_k the most any running row "
-                                "drafted; v(0) = 1), the baseline's batch its longest row's steps; (decode tokens / "
-                                "steps) over (the baseline's tokens / steps), c and v the probes' at the batch size. "
-                                "Equal to Leviathan's at batch 1 and a constant gamma; above, it prices the batch's "
-                                "wait for its slowest row, which Leviathan's average row does not. No prefill, no host "
-                                "work between steps, and every round at the full batch's cost (the probes run at its "
-                                "size only). replay_efficiency: decode speedup / predicted_speedup_replay",
+    "predicted_speedup_replay": "the replay of the point's own schedule (eval/replay.py, docs/predict.md): its batches, "
+                                "or under a load its requests at their arrivals, as the engine's loop runs them (admit, "
+                                "round, evict), each request with its measured prompt length, new tokens and rounds, "
+                                "each step priced by the run's cost profile (costs.json: the probes' steps by rows and "
+                                "width, and the prefills), beside the baseline replayed the same way; the speedup of "
+                                "the replayed schedules, computed as the measured one is. Every method of our engine "
+                                "with rounds (draft model, prompt lookup, suffix, schedules, trees, hybrid). A static "
+                                "batch's tail, once rows leave, is priced at the smallest probed rows above it where "
+                                "fewer were not probed (replay.rows_priced_above). _ci95: over resampled prompt batches "
+                                "(requests under a load), the acceptance's spread over prompts, not the probes'. "
+                                "predicted_decode_speedup_replay: after the prefills. replay: the replayed figures "
+                                "(under a load also TTFT P50, TPOT and E2E P50); replay_missing: what the profile "
+                                "lacks where it cannot run. replay_efficiency: speedup / it; replay_decode_efficiency: "
+                                "decode speedup / the decode one",
     "exact_match": "greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
                    "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
                    "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "
@@ -185,12 +190,17 @@ LEGEND = {
              f"mismatch within reach of the drift is explained in the notes instead; "
              f"int8_batch: an 8-bit target at batch > 1 is not exact by construction (LLM.int8 picks its outlier "
              f"columns over all rows of a batch, so a row's logits depend on its neighbours): greedy mismatches there "
-             f"are expected (it replaces possible_bug), unless the point measured every sample equal",
+             f"are expected (it replaces possible_bug), unless the point measured every sample equal; "
+             f"prediction_off: the measured speedup falls outside the replay's predicted interval (without one, more "
+             f"than 5% from it); the message names the parts of the schedule measured more than 10% from the replay's "
+             f"(the rounds, the prefills, the baseline's steps)",
     "group": "dataset.group_by's value; null: the overall run. At batch size 1 a group's figures are exact; at batch "
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
              "that group in the batch",
     **({"engines": " ".join(t.legend for t in ENGINE_TEXTS.values())} if ENGINE_TEXTS else {}),
     "best": "per comparison (batch size or load point, and temperature): each method's point with the highest "
-            "measured speedup among status ok points (flagged ones included and marked), and for a constant draft "
-            "length with measured costs the gamma that the measured alpha, c and v predict best among the gammas swept",
+            "measured speedup among status ok points (flagged ones included and marked), and the gamma predicted "
+            "best among the gammas swept: by the replay of each gamma's own schedule where every gamma has one "
+            "(alpha_used null), else, for a constant draft length with measured costs, by Leviathan's model from "
+            "the best point's alpha, c and v",
 }

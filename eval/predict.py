@@ -21,9 +21,9 @@ from pathlib import Path
 from decode.methods import REGISTRY
 from eval.costs import Profile, ProfileError, read_env, run_costs
 from eval.records import Point
-from eval.replay import MissingCost, Pricer, replay_load, replay_static
-from eval.serving import load_figures, speedup_clusters, with_slots
-from eval.stats import percentile, ratio, ratio_of_totals
+from eval.replay import MissingCost, Pricer, replay_load, static_prediction
+from eval.serving import replayed_figures
+from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
 from utils.io import read_jsonl, write_json
 
@@ -37,21 +37,10 @@ def run_profile(folder: Path, progress: dict) -> Profile:
 
 # ---- measured and predicted ------------------------------------------------------------------------------------
 
-def static_figures(samples: list[dict], baseline: list[dict]) -> dict:
+def static_measured(samples: list[dict], baseline: list[dict]) -> dict:
     clusters = paired_clusters(samples, baseline)
-    totals = [sum(c[i] for c in clusters) for i in range(4)]
     return {"speedup": ratio_of_totals(clusters) if clusters else None,
-            "tok_s": ratio(totals[0], totals[1]) if clusters else None}
-
-
-def load_summary(samples: list[dict], baseline: list[dict]) -> dict:
-    mine, theirs = with_slots(samples), with_slots(baseline)
-    tput, _, _ = speedup_clusters(mine, theirs)
-    figures = load_figures(mine, None)
-    tpot_mean = (figures["tpot_s"] or {}).get("mean")
-    return {"speedup": ratio_of_totals(tput) if tput else None, "tok_s": figures["output_tok_s"],
-            "ttft_p50_s": (figures["ttft_s"] or {}).get("p50"), "e2e_p50_s": (figures["e2e_s"] or {}).get("p50"),
-            "tpot_mean_ms": None if tpot_mean is None else tpot_mean * 1000}
+            "tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)) if clusters else None}
 
 
 def draft_label(point: Point, profile: Profile) -> str | None:
@@ -75,7 +64,6 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
             by_point[Point.of(s)].append(s)
     references = {p.comparison: rows for p, rows in by_point.items()
                   if REGISTRY[p.method].is_reference and REGISTRY[p.method].engine == "ours"}
-    base_pricer = Pricer(profile)
     out = []
     for point, rows in by_point.items():
         spec = REGISTRY[point.method]
@@ -84,29 +72,30 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
         baseline = references.get(point.comparison)
         if baseline is None:
             continue
-        pricer = Pricer(profile, draft_label(point, profile))
         loads = [None] if not point.serving else [None] + [c for c in concurrency or []
                                                           if c != rows[0].get("concurrency")]
         sizes = [None] if point.serving else [None] + [b for b in batch_sizes or [] if b != point.batch_size]
         for what_if in (loads if point.serving else sizes):
             row = {"label": point.label, "method": point.method, "gamma": point.gamma,
                    "serving": point.serving, "measured": None, "predicted": None}
-            try:
-                if point.serving:
-                    row["concurrency"] = what_if or rows[0].get("concurrency")
-                    row["rate"] = rows[0].get("request_rate")
-                    if what_if is None:
-                        row["measured"] = load_summary(rows, baseline)
-                    row["predicted"] = load_summary(replay_load(rows, pricer, True, what_if),
-                                                    replay_load(baseline, base_pricer, False, what_if))
-                else:
-                    row["batch_size"] = what_if or point.batch_size
-                    if what_if is None:
-                        row["measured"] = static_figures(rows, baseline)
-                    row["predicted"] = static_figures(replay_static(rows, pricer, True, what_if),
-                                                      replay_static(baseline, base_pricer, False, what_if))
-            except MissingCost as error:
-                row["missing"] = f"the profile lacks {error}"
+            draft = draft_label(point, profile)
+            if point.serving:
+                row["concurrency"] = what_if or rows[0].get("concurrency")
+                row["rate"] = rows[0].get("request_rate")
+                if what_if is None:
+                    row["measured"] = replayed_figures(rows, baseline)
+                try:
+                    row["predicted"] = replayed_figures(replay_load(rows, Pricer(profile, draft), True, what_if),
+                                                        replay_load(baseline, Pricer(profile), False, what_if))
+                except MissingCost as error:
+                    row["missing"] = f"the profile lacks {error}"
+            else:
+                row["batch_size"] = what_if or point.batch_size
+                if what_if is None:
+                    row["measured"] = static_measured(rows, baseline)
+                row["predicted"], missing = static_prediction(rows, baseline, profile, draft, what_if)
+                if missing:
+                    row["missing"] = f"the profile lacks {missing}"
             if row["measured"] and row["predicted"]:
                 row["measured_over_predicted"] = ratio(row["measured"]["speedup"], row["predicted"]["speedup"])
             out.append(row)
@@ -129,6 +118,10 @@ def table(rows: list[dict], profile: Profile) -> str:
         lines.append(f"| {r['label']} | {load} | {_fmt(m.get('speedup'))} | "
                      f"{_fmt(p.get('speedup')) if p else r.get('missing', '-')} | {_fmt(r.get('measured_over_predicted'))} | "
                      f"{_fmt(p.get('tok_s'))} | {_fmt(p.get('ttft_p50_s'))} | {_fmt(p.get('tpot_mean_ms'), '{:.0f}')} |")
+    above = sorted({n for r in rows for n in ((r["predicted"] or {}).get("rows_priced_above") or [])})
+    if above:
+        lines += ["", f"a static batch's tail at {', '.join(map(str, above))} rows was priced at the smallest profiled "
+                      "rows above it (the profile has no step at so few rows)"]
     within = [r["measured_over_predicted"] for r in rows if r.get("measured_over_predicted") is not None]
     if within:
         inside = sum(0.95 <= x <= 1.05 for x in within)
@@ -149,8 +142,14 @@ def _ints(text: str | None, what: str) -> list[int] | None:
     return values
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, as every bad input
+        print(f"error: {message}; see python -m eval.predict --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.predict", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m eval.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--costs", type=Path, help="a cost profile (python -m runner.profile); default: the run's")
     parser.add_argument("--concurrency", help="concurrencies to predict besides those measured (load points)")
@@ -165,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         concurrency, sizes = _ints(args.concurrency, "concurrency"), _ints(args.batch_size, "batch-size")
         progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
         profile = Profile.load(args.costs) if args.costs else run_profile(folder, progress)
+    except json.JSONDecodeError as error:
+        print(f"error: {folder / 'progress.json'} is not JSON ({error}); give --costs PROFILE.json", file=sys.stderr)
+        return 2
     except ProfileError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -175,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, profile)
     print(text)
     out = args.out or folder / "prediction.json"
-    write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes", "profile_meta": profile.meta,
-                     "points": rows})
+    try:
+        write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes", "profile_meta": profile.meta,
+                         "points": rows})
+    except OSError as error:
+        print(f"error: cannot write {out} ({error.strerror or error}); give a writable --out FILE", file=sys.stderr)
+        return 2
     print(f"\nwritten: {out}")
     return 0
 

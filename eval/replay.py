@@ -1,78 +1,26 @@
-"""The prediction by replay of a static batch's schedule (#33): the decode a batch ran, round by round, priced with the
-costs probed in the run, instead of Leviathan's closed form for an average row.
+"""The prediction by replay of a point's schedule (#33): the decode a point ran, request by request and round by
+round, priced with a cost profile (eval/costs.py: the run's probes, or a profile of another device) instead of
+Leviathan's closed form for an average row at a fixed batch size.
 
-A static batch decodes in lockstep until its slowest row ends: round k runs over the rows still running, its draft
-model drafts G_k = the most any of them drafted (the rest are padded), and its target verifies G_k + 1 tokens per row;
-a round in which no row drafts is one plain target step. In units of the target's 1-token step T at the batch's
-probed size, round k costs G_k c + v(G_k) (v(0) = 1), and the baseline's batch N_max - 1 steps, N_max its longest
-row's new tokens. The predicted decode speedup is then
+The replay is the engine's one loop (decode/generate.py _Loop) with simulated time: a static batch is every request
+arriving at 0 with a cap of its rows; a load point its requests at their arrivals with its concurrency cap. Each
+request brings what the point measured of it: its prompt's length, its new tokens and its rounds (drafted,
+accepted, emitted; a tree's nodes); the profile brings what each step costs at the rows in flight, the width it
+verifies and the cache it reads, and the prefills of those joining. The figures of the replayed schedule are
+computed by the same functions as the measured ones, so measured and predicted compare one to one.
 
-    (sum of the point's decode tokens / sum of its rounds' costs) / (sum of the baseline's decode tokens / its steps)
-
-over the batches both ran (decode tokens: each row's new tokens after the prefill's). Rows that have finished leave
-the batch in the engine; the probes run at the batch's size only, so every round is priced at that size: the tails of
-both sides alike. At batch 1 with a constant gamma this is Leviathan's E(alpha) / (gamma c + v) with the alpha solved
-from the same rounds (tests/eval/test_replay.py); above it, the gap to Leviathan's is the cost of the batch waiting for
-its slowest row. What the replay leaves out: the prefills (the decode speedup is its measure), the host's work between
-steps, and the shrinking batch's cheaper steps.
+At batch 1 with a constant gamma and no prefill it is Leviathan's E(alpha) / (gamma c + v) with the alpha solved from
+the same rounds (tests/eval/test_schedule_replay.py); above it, it prices what the closed form leaves out: the batch
+waiting for its slowest row, the rows that leave, the joining requests' prefills that the running rows wait for.
+What it leaves out: the loop's host bookkeeping between steps (each profiled step includes its own host read).
 """
 from __future__ import annotations
 
 import json
 from collections import defaultdict
 
-from eval.stats import ratio
-from eval.totals import units
-
-
-def round_cost(active: list[dict], c: float, v_of) -> float | None:
-    """One round over the rows still running (their round records), in target steps: the widest draft prices both
-    the draft's forwards and the verification. None where v is unknown at that width."""
-    drafted = max(r["drafted"] for r in active)
-    if drafted == 0:
-        return 1.0
-    v = v_of(drafted)
-    return None if v is None else drafted * c + v
-
-
-def speculative_steps(rows: list[list[dict]], c: float, v_of) -> float | None:
-    """A static batch's decode in target steps: its rows' rounds (row i's rounds, in order) replayed in lockstep."""
-    total = 0.0
-    for k in range(max((len(r) for r in rows), default=0)):
-        cost = round_cost([r[k] for r in rows if len(r) > k], c, v_of)
-        if cost is None:
-            return None
-        total += cost
-    return total
-
-
-def baseline_steps(new_tokens: list[int]) -> int:
-    """The baseline's static batch: one step per token after the prefill's, until its longest row ends."""
-    return max((n - 1 for n in new_tokens), default=0)
-
-
-def decode_tokens(batch: list[dict]) -> int:
-    return sum(max(s["new_tokens"] - 1, 0) for s in batch)
-
-
-def replay_speedup(samples: list[dict], baseline: list[dict], c: float | None, v_of) -> float | None:
-    """The predicted decode speedup of a static point from its own batches' rounds and the baseline's rows (paired by
-    batch: repeat and batch index), c and v_of(G) (v of a G-draft chain) at the batch's size. None without c, a
-    paired batch, or v at a width a round verified."""
-    if c is None:
-        return None
-    mine, theirs = units(samples), units(baseline)
-    paired = sorted(set(mine) & set(theirs))
-    spec_tokens = spec_steps = base_tokens = base_steps = 0.0
-    for unit in paired:
-        steps = speculative_steps([s.get("rounds") or [] for s in mine[unit]], c, v_of)
-        if steps is None:
-            return None
-        spec_tokens += decode_tokens(mine[unit])
-        spec_steps += steps
-        base_tokens += decode_tokens(theirs[unit])
-        base_steps += baseline_steps([s["new_tokens"] for s in theirs[unit]])
-    return ratio(ratio(spec_tokens, spec_steps), ratio(base_tokens, base_steps))
+from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals
+from eval.totals import paired_clusters, units
 
 
 # ---- the schedule replayed in seconds, with a cost profile (eval/costs.py) ----------------------------------------
@@ -94,15 +42,35 @@ class MissingCost(LookupError):
 
 class Pricer:
     """A schedule's costs from a profile: the target's steps and prefills, and the draft model's when the method
-    drafts with one (draft: its label in the profile)."""
+    drafts with one (draft: its label in the profile). clamp_rows: a step at fewer rows than any profiled takes the
+    smallest profiled rows' cost (a static batch's tail, when its rows leave, where the run probed its full size
+    only): the rows so priced are kept in `clamped`, and the prediction says so."""
 
-    def __init__(self, profile, draft: str | None = None):
+    def __init__(self, profile, draft: str | None = None, clamp_rows: bool = False):
         from eval.costs import TARGET, draft_model
-        self.profile, self.target = profile, TARGET
+        self.profile, self.target, self.clamp_rows = profile, TARGET, clamp_rows
         self.draft = None if draft is None else draft_model(draft)
+        self.clamped: set[int] = set()
+        self._memo: dict[tuple, float | None] = {}
+
+    def _step(self, model: str, rows: int, width: int, kv: float) -> float | None:
+        key = (model, rows, width, kv)
+        if key not in self._memo:
+            self._memo[key] = self._priced(model, rows, width, kv)
+        return self._memo[key]
+
+    def _priced(self, model: str, rows: int, width: int, kv: float) -> float | None:
+        s = self.profile.step_s(model, rows, width, kv)
+        if s is None and self.clamp_rows:
+            above = [r for r in self.profile.rows_measured(model) if r > rows]
+            if above:
+                s = self.profile.step_s(model, above[0], width, kv)
+                if s is not None:
+                    self.clamped.add(rows)
+        return s
 
     def step(self, rows: int, width: int, kv: float) -> float:
-        s = self.profile.step_s(self.target, rows, width, kv)
+        s = self._step(self.target, rows, width, kv)
         if s is None:
             raise MissingCost(f"the target's step at {rows} rows x {width} tokens (profiled: rows "
                               f"{self.profile.rows_measured(self.target)}, widths "
@@ -110,7 +78,7 @@ class Pricer:
         return s
 
     def draft_step(self, rows: int, kv: float) -> float:
-        s = self.profile.step_s(self.draft, rows, 1, kv)
+        s = self._step(self.draft, rows, 1, kv)
         if s is None:
             raise MissingCost(f"the draft model's step at {rows} rows (profiled: rows "
                               f"{self.profile.rows_measured(self.draft)})")
@@ -174,7 +142,10 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dic
                 for i in set(group) - set(going):
                     out[i]["finish_s"] = now
                 if going and drafts:
-                    now += pricer.prefill(len(going), width, draft=True)
+                    draft_prefill = pricer.prefill(len(going), width, draft=True)
+                    now += draft_prefill
+                    for i in going:
+                        out[i]["draft_prefill_s"] = draft_prefill
                 active += going
         if not active:
             continue
@@ -209,6 +180,8 @@ def _rounds(s: dict):
 
 
 def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
+    if s.get("prompt_tokens") is None:
+        raise MissingCost("the records' prompt lengths (prompt_tokens)")
     return {"arrival_s": arrival, "prompt_tokens": int(s["prompt_tokens"]), "new_tokens": int(s["new_tokens"]),
             "rounds": (_rounds(s) or []) if speculative else None}
 
@@ -225,7 +198,7 @@ def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_
             for s, t in zip(group, timed):
                 index = s["batch_index"] if batch_size is None else (unit, k)
                 out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
-                                draft_prefill_s=0.0))
+                                draft_prefill_s=t.get("draft_prefill_s", 0.0)))
     return out
 
 
@@ -243,4 +216,60 @@ def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurre
         for s, t in zip(rows, timed):
             out.append(dict(s, concurrency=cap, admitted_s=t["admitted_s"], first_token_s=t["first_token_s"],
                             finish_s=t["finish_s"]))
+    return out
+
+
+# ---- the predictions a report prints ------------------------------------------------------------------------------
+
+PART_OFF = 0.10  # a part of the schedule whose measured time is this far (relative) from the replay's is named
+PREDICTION_RESAMPLES = 400  # a load point's bootstrap replays its schedule once per resample
+
+
+def static_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,
+                      batch_size: int | None = None, clamp_rows: bool = True) -> tuple[dict | None, str | None]:
+    """A static point's batches and the baseline's replayed with the profile (a batch's tail priced at the
+    smallest profiled rows above it where fewer were not profiled: Pricer clamp_rows): the predicted speedup and
+    decode speedup as the measured ones are computed (paired batches, ratio of totals) and their 95% intervals over
+    the prompt batches (eval/stats.py bootstrap_ci: the acceptance's spread over prompts). (figures, None) or
+    (None, what the profile lacks). batch_size: the rows regrouped into batches of that size (a what-if)."""
+    pricer, base = Pricer(profile, draft, clamp_rows=clamp_rows), Pricer(profile, clamp_rows=clamp_rows)
+    try:
+        mine = replay_static(samples, pricer, True, batch_size)
+        theirs = replay_static(baseline, base, False, batch_size)
+    except MissingCost as error:
+        return None, str(error)
+    clusters, decode = paired_clusters(mine, theirs), paired_clusters(mine, theirs, decode=True)
+    if not clusters:
+        return None, "no batch both ran"
+    return {"speedup": ratio_of_totals(clusters), "speedup_ci95": bootstrap_ci(clusters),
+            "decode_speedup": ratio_of_totals(decode) if decode else None,
+            "decode_speedup_ci95": bootstrap_ci(decode) if decode else None,
+            "tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
+            "prefill_s": sum(s["prefill_s"] + s["draft_prefill_s"] for s in mine),
+            "rows_priced_above": sorted(pricer.clamped | base.clamped)}, None
+
+
+def load_resamples(samples: list[dict], baseline: list[dict], resamples: int = PREDICTION_RESAMPLES,
+                   seed: int = 0) -> list[tuple[list[dict], list[dict]]]:
+    """Paired resamples of a load point's requests for the prediction's interval: each repeat's positions keep
+    their arrivals, and take the prompt, lengths and rounds of requests drawn with replacement (the same draw for the
+    point and the baseline); fewer than MIN_PROMPTS requests paired: none."""
+    import numpy as np
+
+    mine = {(s.get("repeat", 0), s.get("request") or 0): s for s in samples}
+    theirs = {(s.get("repeat", 0), s.get("request") or 0): s for s in baseline}
+    keys = sorted(set(mine) & set(theirs))
+    if len(keys) < MIN_PROMPTS:
+        return []
+    rng = np.random.default_rng(seed)
+    out = []
+    lengths = ("prompt_tokens", "new_tokens", "rounds", "sample_id")
+    for _ in range(resamples):
+        drawn = rng.integers(0, len(keys), len(keys))
+        a, b = [], []
+        for key, pick in zip(keys, drawn):
+            source = keys[pick]
+            a.append(dict(mine[key], **{k: mine[source].get(k) for k in lengths}))
+            b.append(dict(theirs[key], **{k: theirs[source].get(k) for k in lengths}))
+        out.append((a, b))
     return out

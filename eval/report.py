@@ -23,7 +23,7 @@ COLUMNS = [  # (header, metric path, format); between status and tok/s come the 
     ("c", "draft_cost_ratio_c", "{:.3f}"), ("bytes", "weight_bytes_ratio", "{:.3f}"),
     ("v", "verify_cost_ratio_v", "{:.3f}"),
     ("pred", "predicted_speedup", "{:.3f}"), ("eff", "efficiency", "{:.3f}"), ("dec eff", "decode_efficiency", "{:.3f}"),
-    ("pred replay", "predicted_speedup_replay", "{:.3f}"), ("replay eff", "replay_efficiency", "{:.3f}"),
+    ("replay [95% CI]", "predicted_speedup_replay", "{:.3f}"), ("replay eff", "replay_efficiency", "{:.3f}"),
     ("lat p50 s", "latency_s.p50", "{:.3f}"), ("lat p90 s", "latency_s.p90", "{:.3f}"),
     ("TTFT s", "ttft_s.mean", "{:.3f}"), ("prefill %", "prefill_share", "{:.0%}"), ("TPOT ms", "tpot_s.mean", "{:.1f}"),
     ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
@@ -72,6 +72,9 @@ def cell(run: dict, path: str, fmt: str) -> str:
             text += f" (n={run['batches']['prompts']})"
         if path == "speedup" and run.get("flags"):
             text += " !"  # the notes say why
+    if path == "predicted_speedup_replay" and _value(run, "predicted_speedup_replay_ci95"):
+        interval = _value(run, "predicted_speedup_replay_ci95")
+        text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
     return text
 
 
@@ -122,7 +125,10 @@ def markdown(summary: dict, title: str = "") -> str:
             text = f"- {comparison}, {method}: {best['label']} at {best['speedup']:.2f}x" + (
                 f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + (
                 f" (flagged: {', '.join(best.get('flags') or [])})" if best["flagged"] else " (unflagged)")
-            if "predicted_best_gamma" in best:
+            if "predicted_best_gamma" in best and best.get("alpha_used") is None:
+                text += (f"; the replay of each gamma's schedule predicts gamma {best['predicted_best_gamma']} "
+                         f"best ({best['predicted_best_speedup']:.2f}x)")
+            elif "predicted_best_gamma" in best:
                 text += (f"; the measured alpha {best['alpha_used']:.3f}, c and v predict gamma {best['predicted_best_gamma']} "
                          f"best ({best['predicted_best_speedup']:.2f}x)")
             lines.append(text)
@@ -311,6 +317,21 @@ def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
     return [lows, highs] if any_interval else None
 
 
+def _predicted_band(axes, runs: list[dict], color) -> None:
+    """The replay's predicted speedup along gamma (dashed, in the line's colour) and its 95% band where the points have one:
+    measured against predicted at a glance."""
+    predicted = [(r["gamma"], r["metrics"]["predicted_speedup_replay"], r["metrics"].get("predicted_speedup_replay_ci95"))
+                 for r in runs if r["metrics"].get("predicted_speedup_replay") is not None]
+    if not predicted:
+        return
+    xs = [x for x, _, _ in predicted]
+    axes.plot(xs, [y for _, y, _ in predicted], linestyle="--", linewidth=1.0, color=color, alpha=0.8)
+    banded = [(x, ci) for x, _, ci in predicted if ci]
+    if len(banded) == len(predicted) and len(banded) > 1:
+        axes.fill_between(xs, [ci[0] for _, ci in banded], [ci[1] for _, ci in banded], color=color, alpha=0.15,
+                          linewidth=0)
+
+
 def _line_key(run: dict) -> str:
     """A plot's line across gamma: the run's label without its gamma."""
     return label_of(Point.of(run).without("gamma"))
@@ -346,7 +367,8 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
     fixed = [r for r in measured if r.get("gamma") is None and not REGISTRY[r["method"]].is_reference
              and r["metrics"].get("speedup") is not None]
     written = []
-    for metric, label in [("speedup", f"speedup vs {reference_name(summary)} (95% CI)"), ("acceptance_rate", "acceptance rate"),
+    speedup_label = f"speedup vs {reference_name(summary)} (95% CI; dashed: the replay's prediction, band: its 95% CI)"
+    for metric, label in [("speedup", speedup_label), ("acceptance_rate", "acceptance rate"),
                           ("block_efficiency", "block efficiency (tokens / target forward)")]:
         figure, axes = plt.subplots(figsize=(6, 4))
         lines: dict[str, list[dict]] = {}
@@ -368,6 +390,7 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
                 for x, y, r in zip(xs, ys, runs):
                     if r.get("flags"):
                         axes.annotate("!", (x, y), textcoords="offset points", xytext=(4, 4), color=color)
+                _predicted_band(axes, runs, color)
             drawn += 1
         if metric == "speedup":
             axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
@@ -456,7 +479,7 @@ def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | N
         plots(summary, out_dir)
 
 
-TERMINAL = ["point", "status", "tok/s", "speedup [95% CI]", "accept", "tau", "pred", "eff", "lat p50 s", "exact", "acc"]
+TERMINAL = ["point", "status", "tok/s", "speedup [95% CI]", "accept", "tau", "pred", "replay [95% CI]", "lat p50 s", "exact", "acc"]
 
 
 def print_table(summary: dict, console) -> None:
@@ -490,11 +513,13 @@ SERVING_COLUMNS = [  # (header, metric paths, format): several paths share a cel
     ("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}"),
     ("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}"), ("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}"),
     ("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}"), ("pred", ("predicted_speedup",), "{:.2f}"),
+    ("replay [95% CI]", ("predicted_speedup_replay",), "{:.2f}"),
+    ("TTFT P50 s replay", ("replay.ttft_p50_s",), "{:.3f}"), ("TPOT ms replay", ("replay.tpot_mean_ms",), "{:.1f}"),
     ("exact", ("exact_match",), "{:.3f}"),
 ]
 MS_PATHS = ("tpot_s", "itl_s")  # shown in milliseconds
 SERVING_TERMINAL = ["point", "synthetic", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "tok/s", "speedup tput [95% CI]",
-                    "speedup TPOT [95% CI]", "pred"]
+                    "speedup TPOT [95% CI]", "pred", "replay [95% CI]"]
 
 
 def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
@@ -520,6 +545,9 @@ def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
             text += f" (n={run['metrics']['requests_paired']})"
         if run.get("flags"):
             text += " !"
+    if paths == ("predicted_speedup_replay",) and _value(run, "predicted_speedup_replay_ci95"):
+        interval = _value(run, "predicted_speedup_replay_ci95")
+        text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
     return text
 
 
@@ -586,7 +614,7 @@ def serving_lines(summary: dict) -> list[str]:
             lines.append(f"| {md_cell(c['line'])} | {axis} ({held_text}) | {curve} | "
                          f"{crossing_text(c['measured'], axis)} | "
                          f"{'no load' if highest is None else load_text(highest, axis)} | "
-                         f"{crossing_text(c['predicted'], axis) if any(p is not None for p in c['predicted_speedup']) else '-'} | "
+                         f"{crossing_text(c['predicted'], axis) + (' (replay)' if c.get('predicted_by') == 'replay' else ' (Leviathan)') if any(p is not None for p in c['predicted_speedup']) else '-'} | "
                          f"{crossing_text(c['tpot'], axis)} |")
     return lines
 
@@ -596,7 +624,8 @@ SERVING_CSV = ["requests", "output_tokens", "span_s"] + [f"{name}.{q}" for name 
     "output_tok_s", "requests_per_s", "goodput_req_s", "slo_met", "mean_in_flight", "acceptance_pooled",
     "acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request", "alpha",
     "busy_in_flight", "max_in_flight", "queue_s.mean", "queue_s.p50", "queue_s.p90", "queue_s.p99", "alpha_rounds", "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
-    "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "predicted_speedup", "exact_match"]
+    "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "predicted_speedup", "predicted_speedup_replay",
+    "predicted_speedup_replay_ci95", "replay.ttft_p50_s", "replay.tpot_mean_ms", "replay.e2e_p50_s", "exact_match"]
 
 
 def serving_csv(summary: dict) -> str:

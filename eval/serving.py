@@ -21,9 +21,9 @@ from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
-from eval.replay import MissingCost, Pricer, replay_load
+from eval.replay import PART_OFF, MissingCost, Pricer, load_resamples, replay_load
 from eval.sources import acceptance_by_source
-from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, ratio, ratio_of_totals, strict
+from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, percentile, ratio, ratio_of_totals, strict
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
 from eval.totals import cross_process_pairs
 from eval.trees import acceptance_by_depth_rank, tree_of
@@ -323,30 +323,69 @@ def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
 
 def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], profile) -> tuple[dict | None, str | None]:
     """The load point's schedule replayed with the run's cost profile (eval/replay.py): its requests' arrivals,
-    lengths and rounds, at its concurrency; the baseline's the same way. (figures, None) or (None, why not)."""
+    lengths and rounds, at its concurrency; the baseline's the same way. The speedup's 95% interval: the replay of
+    paired resamples of the requests (eval/replay.py load_resamples), their 2.5th and 97.5th percentiles.
+    (figures, None) or (None, why not)."""
     if profile is None:
         return None, "no cost profile"
     draft = point.draft if REGISTRY[point.method].needs_draft else None
+
+    def replayed(mine, theirs) -> dict:
+        return replayed_figures(replay_load(mine, Pricer(profile, draft), True),
+                                replay_load(theirs, Pricer(profile), False))
+
     try:
-        return replayed_figures(replay_load(samples, Pricer(profile, draft), True),
-                                replay_load(baseline, Pricer(profile), False)), None
+        figures = replayed(samples, baseline)
+        speedups = [replayed(a, b)["speedup"] for a, b in load_resamples(samples, baseline)]
     except MissingCost as error:
         return None, f"the run's cost profile lacks {error}"
+    speedups = [x for x in speedups if x is not None]
+    figures["speedup_ci95"] = [percentile(speedups, 0.025), percentile(speedups, 0.975)] if speedups else None
+    return figures, None
+
+
+def prediction_off(metrics: dict, baseline_tpot_s: float | None) -> str | None:
+    """Where the measured speedup falls outside the predicted interval (or, without one, more than 5% from the
+    prediction): which part of the schedule the replay priced otherwise than it ran, from the figures of both (the
+    method's TPOT: its rounds, draft and verification; its TTFT: the prefills; the baseline's TPOT: its steps). None
+    where the measurement is inside."""
+    measured, predicted = metrics.get("speedup_tput"), metrics.get("predicted_speedup_replay")
+    if measured is None or predicted is None:
+        return None
+    interval = metrics.get("predicted_speedup_replay_ci95")
+    if (interval[0] <= measured <= interval[1]) if interval else abs(measured / predicted - 1) <= 0.05:
+        return None
+    replay = metrics["replay"]
+
+    def ms(value):
+        return None if value is None else value / 1000
+
+    parts = [f"{name} measured {got / want:.2f}x the replay's"
+             for name, got, want in (("its rounds (draft and verification: TPOT)",
+                                      (metrics.get("tpot_s") or {}).get("mean"), ms(replay.get("tpot_mean_ms"))),
+                                     ("the prefills (TTFT)", (metrics.get("ttft_s") or {}).get("p50"),
+                                      replay.get("ttft_p50_s")),
+                                     ("the baseline's steps (its TPOT)", baseline_tpot_s,
+                                      ms(replay.get("baseline_tpot_mean_ms"))))
+             if got is not None and want and abs(got / want - 1) > PART_OFF]
+    where = "; ".join(parts) or "no single part is off by more than 10%: the sum of small ones"
+    shown = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else f"{predicted:.3f} +-5%"
+    return f"measured {measured:.3f} outside the predicted {shown}: {where}"
 
 
 def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | None,
                     probes: dict[int, CostProbe], slo: dict | None, profile=None) -> dict:
-    """Every figure of one serving point against the baseline of its load point (None: none ran). The prediction:
-    the replay of its schedule with the run's cost profile (replay_prediction) where the profile prices it, else
-    Leviathan's closed form at its occupancy (prediction_model says which)."""
+    """Every figure of one serving point against the baseline of its load point (None: none ran). Two predictions:
+    Leviathan's closed form at its occupancy (predicted_speedup) and the replay of its schedule with the run's cost
+    profile (predicted_speedup_replay, replay_prediction), which the crossover takes where every point has it."""
     spec = REGISTRY[point.method]
     metrics = load_figures(samples, slo)
     if spec.has_rounds:
         metrics.update(acceptance_figures(samples, point))
     metrics.update(dict.fromkeys(["speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95",
                                   "output_tok_s_ratio", "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows",
-                                  "cost_batch_sizes", "predicted_speedup", "predicted_speedup_leviathan",
-                                  "prediction_model", "replay", "replay_missing"]))
+                                  "cost_batch_sizes", "predicted_speedup", "predicted_speedup_replay",
+                                  "predicted_speedup_replay_ci95", "replay", "replay_missing", "prediction_off"]))
     metrics["requests_paired"] = 0
     if baseline:
         tput, per_token, paired = speedup_clusters(samples, baseline)
@@ -372,13 +411,13 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
             metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
                            cost_batch_sizes=at["probed"],
                            predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
-            metrics["predicted_speedup_leviathan"] = metrics["predicted_speedup"]
-            metrics["prediction_model"] = "leviathan"
     if spec.has_rounds and spec.engine == "ours" and baseline and point.synthetic_acceptance is None:
         metrics["replay"], metrics["replay_missing"] = replay_prediction(point, samples, baseline, profile)
         if metrics["replay"] is not None and metrics["replay"]["speedup"] is not None:
-            metrics["predicted_speedup"] = metrics["replay"]["speedup"]
-            metrics["prediction_model"] = "replay"
+            metrics["predicted_speedup_replay"] = metrics["replay"]["speedup"]
+            metrics["predicted_speedup_replay_ci95"] = metrics["replay"]["speedup_ci95"]
+            metrics["prediction_off"] = prediction_off(
+                metrics, (load_figures(baseline, None)["tpot_s"] or {}).get("mean"))
     if point.synthetic_acceptance is not None:  # accepted at a set alpha: its output is not the target's
         metrics.update(exact_match=None, mismatches=None)
         metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
@@ -394,9 +433,6 @@ def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) ->
     """Why a serving point with rounds has no predicted speedup (None when it has one or drafted nothing)."""
     if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_pooled") is None:
         return None
-    if metrics.get("replay_missing"):
-        return f"the replay of its schedule: {metrics['replay_missing']}; Leviathan's closed form: " + (
-            leviathan_gap(point, metrics, probes) or "none")
     return leviathan_gap(point, metrics, probes)
 
 
@@ -501,7 +537,8 @@ def crossing(loads: list[float], values: list[float | None], intervals: list | N
 
 def crossovers(runs: list[dict]) -> list[dict]:
     """Per method line (its axes but load) and per sweep along one load axis (the other axis held): the measured
-    throughput speedup's crossing and the predicted one's, TPOT's too. A sweep needs two loads or more."""
+    throughput speedup's crossing and the predicted one's (the replay's where it priced every load of the line, with
+    its intervals; else Leviathan's at each occupancy: predicted_by), TPOT's too. A sweep needs two loads or more."""
     measured = [r for r in runs if r["status"] in ("ok", "partial") and not REGISTRY[r["method"]].is_reference
                 and r["metrics"].get("speedup_tput") is not None
                 and r.get("synthetic_acceptance") is None]  # a synthetic line's speedup is at a set alpha
@@ -519,13 +556,19 @@ def crossovers(runs: list[dict]) -> list[dict]:
                 continue
             loads = [load_value(r, axis) for r in rows]
             m = [r["metrics"] for r in rows]
+            # the replay where it priced every load of the line, else Leviathan's closed form at each occupancy
+            replayed = [x.get("predicted_speedup_replay") for x in m]
+            by_replay = all(x is not None for x in replayed)
+            predicted = replayed if by_replay else [x.get("predicted_speedup") for x in m]
+            predicted_ci = [x.get("predicted_speedup_replay_ci95") for x in m] if by_replay else None
             out.append({"line": line_label(rows[0]), "axis": axis, other: key[-1], "temperature": rows[0]["temperature"],
                         "loads": [None if x == math.inf else x for x in loads], "labels": [r["label"] for r in rows],
                         "speedup_tput": [x["speedup_tput"] for x in m],
                         "speedup_tput_ci95": [x.get("speedup_tput_ci95") for x in m],
-                        "predicted_speedup": [x.get("predicted_speedup") for x in m],
+                        "predicted_speedup": predicted, "predicted_speedup_ci95": predicted_ci,
+                        "predicted_by": "replay" if by_replay else "leviathan",
                         "measured": crossing(loads, [x["speedup_tput"] for x in m], [x.get("speedup_tput_ci95") for x in m]),
-                        "predicted": crossing(loads, [x.get("predicted_speedup") for x in m]),
+                        "predicted": crossing(loads, predicted, predicted_ci),
                         "tpot": crossing(loads, [x.get("speedup_tpot") for x in m], [x.get("speedup_tpot_ci95") for x in m])})
     return [strict(c) for c in out]  # math.inf (all at once) written as null: summary.json is strict JSON
 
@@ -573,7 +616,7 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
     batch_sizes = sorted(int(b) for b in (progress.get("costs") or {}))
     profile = run_costs(progress, {}, None)
     runs, notes, gaps, flagged, capped, synthetic = [], [], defaultdict(list), {}, {}, []
-    closed_form = defaultdict(list)  # why the replay could not price a point -> the points Leviathan's priced
+    unreplayed = defaultdict(list)  # why the replay could not price a point -> those points
     for point in sorted(set(by_point) | set(failures), key=order):  # a load point's methods together, loads rising
         samples, failed = by_point.get(point, []), failures.get(point, [])
         error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failed)) or None
@@ -605,6 +648,8 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
                               flags_of(point, as_fixed, {"prompts": metrics["requests_paired"],
                                                          "paired": paired_repeats,
                                                          "cross_process": repeats["cross_process"]}, machine))
+        if metrics.get("prediction_off"):
+            flags.append({"code": "prediction_off", "message": metrics["prediction_off"]})
         runs.append({**run, "status": status, **({"error": error} if error else {}), "repeats": repeats,
                      "flags": flags, "metrics": metrics})
         for flag in flags:
@@ -626,12 +671,11 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         gap = prediction_gap(point, metrics, probes) if REGISTRY[point.method].has_rounds else None
         if gap:
             gaps[gap].append(point.label)
-        elif metrics.get("prediction_model") == "leviathan" and metrics.get("replay_missing"):
-            closed_form[metrics["replay_missing"]].append(point.label)
-    for reason, labels in closed_form.items():
-        notes.append(f"predicted speedup under load for {'; '.join(labels)}: Leviathan's closed form at the load's "
-                     f"occupancy, not the replay of its schedule ({reason}: it leaves out the joining requests' "
-                     "prefills and the spread of rows; python -m eval.predict FOLDER --costs PROFILE.json replays it)")
+        if metrics.get("replay_missing"):
+            unreplayed[metrics["replay_missing"]].append(point.label)
+    for reason, labels in unreplayed.items():
+        notes.append(f"no replayed prediction under load for {'; '.join(labels)}: {reason} (python -m eval.predict "
+                     "FOLDER --costs PROFILE.json replays it with a profile of the device)")
     for label, (requests, most) in capped.items():
         notes.append(f"{label}: its concurrency exceeds the load point's {requests} requests: at most {requests} could "
                      f"be in flight (the most measured: {most}), and its costs were probed at {requests} rows; a "

@@ -14,6 +14,7 @@ from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, ru
 from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
 from eval.axes import comparison_axes, point_axes, sort_key
+from eval.costs import run_costs
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
 from eval.serving import SERVING_LEGEND, serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
@@ -96,13 +97,16 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
     for group in groups:
         mine = [s for s in samples if group is None or s.get("group") == group]
         theirs = None if baseline is None else [s for s in baseline if group is None or s.get("group") == group]
-        metrics = run_metrics(point, mine, theirs, costs)
+        metrics = run_metrics(point, mine, theirs, costs, machine.get("profile"))
         paired = set(units(mine)) & set(units(theirs or []))
         batches = {"done": len(units(mine)), "paired": len(paired), "planned": expected if group is None else None,
                    "prompts": len({index for _, index in paired}),
                    "cross_process": cross_process_pairs(mine, theirs or [])}
+        flags = flags_of(point, metrics, batches, machine)
+        if metrics.get("prediction_off"):
+            flags.append({"code": "prediction_off", "message": metrics["prediction_off"]})
         run = {**_axes(point), "group": group, "label": point.label, "status": status, "batches": batches,
-               "flags": flags_of(point, metrics, batches, machine), "metrics": metrics}
+               "flags": flags, "metrics": metrics}
         if error:
             run["error"] = error
         runs.append(run)
@@ -138,6 +142,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     gaps: dict[str, list[str]] = defaultdict(list)  # why a prediction is null -> labels
     flagged: dict[tuple, list[str]] = {}  # (code, message) -> labels of the overall runs: one note for all of them
     costs_by_label: dict[str, CostProbe | None] = {}
+    profile = run_costs(progress, {}, None)  # the run's probes as a cost profile: what the replay prices with
     few: dict[tuple, list[str]] = {}  # (group, prompt batches) -> labels of its runs with too few for an interval
     runs = []
     for point in sorted(set(by_point) | set(failures), key=point_order):
@@ -149,7 +154,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         missing = missing_costs(progress, point, by_point.get(point, []), costs)
         if missing:
             notes.append(missing)
-        machine = {"costs": costs, "probe_drift": probe_drift(progress, point.batch_size, engine),
+        machine = {"costs": costs, "profile": profile, "probe_drift": probe_drift(progress, point.batch_size, engine),
                    "baseline_drift": baseline_repeat_drift(baseline) if baseline else None,
                    "numerics": numerics if engine == "ours" else {},
                    "ci_target": progress.get("ci_target") or CI_WIDE}
@@ -290,7 +295,8 @@ def comparison_name(run: dict) -> str:
 def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -> dict:
     """Per comparison (eval/axes.py: batch size, load point, temperature): each method's best measured point (status ok only; flagged ones
     are kept and marked), and, where Leviathan's model applies (a constant draft length, a draft model, c and v
-    measured), the gamma the measured alpha, c and v predict best among the gammas swept. Synthetic-acceptance points
+    measured), the gamma predicted best among the gammas swept: by the replay of each gamma's own schedule where
+    every gamma of the line has one, else by Leviathan's model from one point's alpha, c and v. Synthetic-acceptance points
     take no part: their alpha is set, not the pair's."""
     eligible = [r for r in runs if r["status"] == "ok" and r["group"] is None and not REGISTRY[r["method"]].is_reference
                 and r["metrics"].get("speedup") is not None
@@ -317,8 +323,15 @@ def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -
             line = Point.of(source).without("gamma")  # the source's line across gamma
             swept = {r["gamma"] for r in runs if r["group"] is None and r["gamma"] is not None
                      and Point.of(r).without("gamma") == line}
+            replayed = {r["gamma"]: r["metrics"]["predicted_speedup"] for r in modelled
+                        if r["metrics"].get("prediction_model") == "replay" and Point.of(r).without("gamma") == line}
+            if replayed and set(replayed) == swept:  # each gamma's own schedule replayed: no alpha carried over
+                g_best = max(replayed, key=replayed.get)
+                chosen.update(predicted_best_gamma=g_best, predicted_best_speedup=replayed[g_best], alpha_used=None,
+                              predicted_from="the replay of each gamma's own schedule")
+                continue
             candidates = {g: predicted_speedup(alpha, g, c, costs.v_for(g)) for g in sorted(swept)
-                          if costs.v_for(g) is not None}
+                          if costs.v_for(g) is not None and alpha is not None and c is not None}
             candidates = {g: value for g, value in candidates.items() if value is not None}
             if candidates:
                 g_best = max(candidates, key=candidates.get)

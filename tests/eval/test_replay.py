@@ -1,65 +1,72 @@
-"""The replay of a static batch's schedule (eval/replay.py) against schedules worked out by hand, and Leviathan's
-closed form as its batch-1 special case."""
+"""The replay in the report (eval/figures.py, eval/summary.py): a static point's batches replayed with the run's probes
+as a cost profile, worked out by hand, beside Leviathan's closed form; prediction_off where the measurement falls
+outside it."""
 import pytest
 
-from eval.leviathan import predicted_speedup, solve_alpha
-from eval.replay import replay_speedup, speculative_steps
 from eval.summary import summarize
-from sample_records import costs, record, run
-
-V = {0: 1.0, 1: 1.1, 2: 1.2}.get  # v of a chain of G drafts
+from sample_records import record, run
 
 
 def rounds(*accepted, drafted=2):
     return [{"drafted": drafted, "accepted": a, "emitted": a + 1} for a in accepted]
 
 
-def test_two_rows_in_lockstep_by_hand():
-    # row 0: 2 rounds (gamma 2), row 1: 3 rounds; c = 0.3: each round 2 * 0.3 + 1.2 = 1.8 steps, the third over row 1
-    # alone: 3 rounds = 5.4 steps
-    assert speculative_steps([rounds(2, 1), rounds(0, 2, 2)], 0.3, V) == pytest.approx(5.4)
-    # a round where only a row that drafts 1 is left: 0.3 + 1.1; where no row drafts: one plain step
-    assert speculative_steps([rounds(2) + rounds(0, drafted=1), rounds(1)], 0.3, V) == pytest.approx(1.8 + 1.4)
-    assert speculative_steps([rounds(0, drafted=0)], 0.3, V) == pytest.approx(1.0)
-    assert speculative_steps([rounds(2, drafted=3)], 0.3, V) is None  # v unknown at 3 drafts: no price
+def probe_at_two_rows() -> dict:
+    """progress.json's costs at batch size 2: the target's 1-token step 1.0 s, its 3-token verification 1.5 s, the
+    draft's step 0.3 s; prefills 0.02 s a token for the target, 0.01 for the draft (2 rows x 5 and 1 x 5 tokens)."""
+    return {"2": {"p1": {
+        "c_by_draft": {"d": 0.3}, "v": {"2": 1.5}, "target_forward_s": 1.0,
+        "target_reps_s": {"1": [1.0, 1.0, 1.0], "3": [1.5, 1.5, 1.5]}, "draft_reps_s": {"d": [0.3, 0.3, 0.3]},
+        "context_tokens": 10,
+        "prefills": [{"model": "target", "rows": 2, "tokens": 5, "s": 0.2}, {"model": "target", "rows": 1, "tokens": 5, "s": 0.1},
+                     {"model": "draft:d", "rows": 2, "tokens": 5, "s": 0.1}, {"model": "draft:d", "rows": 1, "tokens": 5, "s": 0.05}]}}}
 
 
-def test_a_static_batch_waits_for_its_slow_row():
-    # batch of 2, 10 new tokens each: the fast row takes 3 rounds (3 + 3 + 3 tokens after its first), the slow one 9
-    # (1 token a round). Baseline: 9 steps for 18 decode tokens. Method: 9 rounds of 1.8 steps = 16.2 for 18 tokens.
-    # Replay: (18 / 16.2) / (18 / 9) = 0.556; Leviathan's average row (alpha from the pooled rounds) says more
-    fast, slow = rounds(2, 2, 2), rounds(*[0] * 9)
-    samples = [record("speculative", 0, 0, batch_size=2, tokens=10, rounds=fast),
-               record("speculative", 1, 0, batch_size=2, tokens=10, rounds=slow)]
-    baseline = [record("baseline", 0, 0, batch_size=2, tokens=10), record("baseline", 1, 0, batch_size=2, tokens=10)]
-    assert replay_speedup(samples, baseline, 0.3, V) == pytest.approx((18 / 16.2) / 2.0)
-    alpha = solve_alpha(fast + slow)
-    assert predicted_speedup(alpha, 2, 0.3, 1.2) > 0.7  # the average row: 18 tokens in 12 rounds, 1.5 / 1.8 = 0.83
-
-
-def test_at_batch_one_and_constant_gamma_the_replay_is_leviathans():
-    # per prompt one row: accepted 2, 0, 1 and 2, 2 (gamma 2): Leviathan's E(alpha) / (2c + v) with alpha solved
-    # from the same rounds equals the replay's tokens per step ratio
-    rows = [rounds(2, 0, 1), rounds(2, 2)]
-    samples = [record("speculative", i, i, tokens=1 + sum(r["emitted"] for r in rs), rounds=rs)
-               for i, rs in enumerate(rows)]
-    baseline = [record("baseline", i, i, tokens=s["new_tokens"]) for i, s in enumerate(samples)]
-    alpha = solve_alpha([r for rs in rows for r in rs])
-    assert replay_speedup(samples, baseline, 0.3, V) == pytest.approx(predicted_speedup(alpha, 2, 0.3, 1.2))
-
-
-def test_summary_carries_the_replay_beside_leviathans():
-    # batch 2, two batches; costs c 0.3, v(2) 1.2 at batch size 2
+def batches(spec_latency: float, base_latency: float) -> list[dict]:
+    # two batches of 2 rows: A accepts 2 then 0 (5 tokens), B accepts 1 (3 tokens); prompts 5 tokens
     samples = []
     for unit in range(2):
-        for row, rs in enumerate((rounds(2, 2, 2), rounds(0, 0, 0, 0, 0, 0))):
-            sample_id = 2 * unit + row
-            tokens = 1 + sum(r["emitted"] for r in rs)
-            samples.append(record("speculative", sample_id, unit, batch_size=2, tokens=tokens, rounds=rs))
-            samples.append(record("baseline", sample_id, unit, batch_size=2, tokens=tokens))
-    probe = costs(c=0.3, v={"2": 1.2})
-    summary = summarize(samples, {"costs": {"2": probe["1"]}})
+        for row, rs in enumerate((rounds(2, 0), rounds(1))):
+            sample_id, tokens = 2 * unit + row, 1 + sum(r["emitted"] for r in rs)
+            samples.append(record("speculative", sample_id, unit, batch_size=2, tokens=tokens, rounds=rs,
+                                  latency=spec_latency if row == 0 else 2.0))
+            samples.append(record("baseline", sample_id, unit, batch_size=2, tokens=tokens,
+                                  latency=base_latency if row == 0 else 2.0))
+    return samples
+
+
+def test_a_static_point_is_predicted_by_replaying_its_batches():
+    summary = summarize(batches(4.6, 4.2), {"costs": probe_at_two_rows()})
     m = run(summary, "speculative", batch_size=2)["metrics"]
-    # per batch: rows of 10 and 7 tokens; baseline 9 steps for 15 decode tokens; method 6 rounds of 1.8 steps
-    assert m["predicted_speedup_replay"] == pytest.approx((15 / 10.8) / (15 / 9))
-    assert m["replay_efficiency"] == pytest.approx(m["decode_speedup"] / m["predicted_speedup_replay"])
+    # a batch: prefill of 2 rows 0.2, the draft's 0.1; round 1 over both 2 x 0.3 + 1.5 = 2.1 (B done at 2.4); round 2
+    # over A alone, priced at the probed 2 rows (no 1-row probe): 2.1 -> 4.5. The baseline: prefill 0.2, 2 steps of
+    # 1.0 (B done), 2 more for A at 2 rows' price: 4.2. 8 tokens each: 4.2 / 4.5
+    assert m["predicted_speedup_replay"] == pytest.approx(4.2 / 4.5)
+    assert m["replay"]["rows_priced_above"] == [1]
+    # after the prefills: 6 tokens in 4.5 - 0.3 against 6 in 4.2 - 0.2
+    assert m["predicted_decode_speedup_replay"] == pytest.approx(4.0 / 4.2)
+    assert m["replay_efficiency"] == pytest.approx((4.2 / 4.6) / (4.2 / 4.5))
+    # Leviathan's average row beside it (METRICS.md's predicted speedup): alpha from the pooled rounds, c 0.3, v 1.5;
+    # 3 rounds accepting 2, 0, 1 of 2: alpha solves alpha (1 - alpha^2) / (1 - alpha) x 3 = 3, alpha = 0.618
+    alpha = (5 ** 0.5 - 1) / 2
+    assert m["predicted_speedup"] == pytest.approx((1 - alpha ** 3) / ((1 - alpha) * (2 * 0.3 + 1.5)))
+    assert m["efficiency"] == pytest.approx(m["speedup"] / m["predicted_speedup"])
+    assert m["predicted_speedup_replay_ci95"] is None  # 2 prompt batches: no interval
+    assert m["prediction_off"] is None  # measured 0.913 within 5% of 0.933
+    assert "prediction_off" not in {f["code"] for f in run(summary, "speculative", batch_size=2)["flags"]}
+
+
+def test_a_measurement_far_from_the_replay_is_flagged_with_the_part_that_is_off():
+    summary = summarize(batches(6.0, 4.2), {"costs": probe_at_two_rows()})
+    r = run(summary, "speculative", batch_size=2)
+    assert r["metrics"]["speedup"] == pytest.approx(0.7)
+    flag = next(f for f in r["flags"] if f["code"] == "prediction_off")
+    assert "measured 0.700 outside the predicted 0.933 +-5%" in flag["message"]
+
+
+def test_without_prefills_in_the_probes_there_is_no_replay_and_it_says_why():
+    probe = probe_at_two_rows()
+    del probe["2"]["p1"]["prefills"]
+    m = run(summarize(batches(4.6, 4.2), {"costs": probe}), "speculative", batch_size=2)["metrics"]
+    assert m["predicted_speedup_replay"] is None and m["predicted_speedup"] is not None
+    assert "prefill" in m["replay_missing"]

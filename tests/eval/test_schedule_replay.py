@@ -124,6 +124,10 @@ def test_predict_a_run_folder_with_a_profile(tmp_path):
     assert rows[0]["predicted"]["speedup"] == pytest.approx(3.8 / 4.1)
     assert rows[0]["measured"]["speedup"] == pytest.approx(3.8 / 4.0)
     assert rows[0]["measured_over_predicted"] == pytest.approx(4.1 / 4.0)
+    # what if the rows ran one at a time: A alone 0.1 + 0.05 + 1.7 + 1.7, B 0.1 + 0.05 + 1.7 (5.4 s for 8 tokens);
+    # the baseline 0.1 + 4 x 0.8 and 0.1 + 2 x 0.8 (5.0 s): no measurement beside it
+    alone = [r for r in predict_run(samples, profile(), batch_sizes=[1]) if r["batch_size"] == 1]
+    assert alone[0]["measured"] is None and alone[0]["predicted"]["speedup"] == pytest.approx(5.0 / 5.4)
     # the command: the table and prediction.json (strict JSON); a profile that is not one: exit 2, one line
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     profile().save(tmp_path / "p.json")
@@ -137,3 +141,39 @@ def test_predict_a_run_folder_with_a_profile(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "eval.predict", str(tmp_path), "--costs", str(tmp_path / "bad.json")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not a cost profile" in bad.stderr
+
+
+def probe(rows: int, steps: dict, draft: float, prefills: list) -> dict:
+    """progress.json's probe entry at one batch size (seconds): target widths -> s, the draft's step, prefills."""
+    return {"p1": {"c_by_draft": {"d": draft / steps[1]}, "v": {str(w - 1): s / steps[1] for w, s in steps.items() if w > 1},
+                   "target_forward_s": steps[1], "target_reps_s": {str(w): [s] for w, s in steps.items()},
+                   "draft_reps_s": {"d": [draft]}, "context_tokens": 100, "prefills": prefills}}
+
+
+def test_a_load_point_in_the_report_is_predicted_by_its_replayed_schedule():
+    from eval.summary import summarize
+    from test_serving_figures import request as served
+
+    # the profile of the first tests, as the probes of two load points (1 and 2 rows) write it
+    costs = {"1": probe(1, {1: 0.8, 3: 1.2}, 0.25, [{"model": "target", "rows": 1, "tokens": 10, "s": 0.1},
+                                                   {"model": "draft:d", "rows": 1, "tokens": 10, "s": 0.05}]),
+             "2": probe(2, {1: 1.0, 3: 1.5}, 0.3, [{"model": "target", "rows": 2, "tokens": 10, "s": 0.2},
+                                                  {"model": "draft:d", "rows": 2, "tokens": 10, "s": 0.1}])}
+    a, b = [{"drafted": 2, "accepted": 2, "emitted": 3}, {"drafted": 2, "accepted": 0, "emitted": 1}], \
+        [{"drafted": 2, "accepted": 1, "emitted": 2}]
+    rows = [served("speculative", 0, concurrency=2, first=0.1, finish=4.0, tokens=5, rounds=a, requests=2, prompt_tokens=10),
+            served("speculative", 1, concurrency=2, first=2.0, finish=4.0, tokens=3, arrival=0.5, rounds=b, requests=2,
+                   prompt_tokens=10),
+            served("baseline", 0, concurrency=2, first=0.1, finish=3.8, tokens=5, requests=2, prompt_tokens=10),
+            served("baseline", 1, concurrency=2, first=1.0, finish=3.0, tokens=3, arrival=0.5, requests=2,
+                   prompt_tokens=10)]
+    summary = summarize(rows, {"costs": costs}, {"load": {"concurrency": [2]}})
+    m = next(r for r in summary["serving"]["runs"] if r["method"] == "speculative")["metrics"]
+    # the method (the join test): A's E2E 4.1, B's 4.1 - 0.5 = 3.6. The baseline: A prefilled 0.1, one step alone
+    # 0.8 -> 0.9; B joins (prefill 0.1 -> 1.0); two steps over both, 1.0 each -> 3.0 (B done); A's last alone -> 3.8:
+    # E2E 3.8 and 2.5. Throughput speedup (8 / 7.7) / (8 / 6.3)
+    assert m["predicted_speedup_replay"] == pytest.approx(6.3 / 7.7)
+    assert m["replay"]["ttft_p50_s"] == pytest.approx((0.1 + 1.45) / 2)  # A 0.1; B 1.95 - 0.5
+    assert m["predicted_speedup_replay_ci95"] is None  # 2 requests: no interval
+    # measured (8 / 7.5) / (8 / 6.3) = 0.84: within 5% of 0.818, not flagged
+    assert m["speedup_tput"] == pytest.approx(6.3 / 7.5) and m["prediction_off"] is None
