@@ -21,6 +21,7 @@ benchmark) and by every run of our engine (costs.json in the report folder: the 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,8 +121,15 @@ class Profile:
             prefills = [{"model": str(p["model"]), "rows": int(p["rows"]), "tokens": int(p["tokens"]),
                          "s": float(p["s"]), "reps_s": list(p.get("reps_s") or [])}
                         for p in data.get("prefills") or []]
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ProfileError(f"{where}: a point is malformed ({error!r}); profile the device again") from error
+        bad = [p for p in steps + prefills if not (math.isfinite(p["s"]) and p["s"] >= 0 and p["rows"] >= 1
+                                                   and p.get("kv", 0) >= 0 and p.get("width", 1) >= 1)]
+        if bad:
+            raise ProfileError(f"{where}: a point has a time that is not a finite number of seconds >= 0, or rows, "
+                               f"width or cache out of range ({bad[0]}); profile the device again")
+        if not isinstance(data.get("meta") or {}, dict):
+            raise ProfileError(f"{where}: its meta is not an object; profile the device again")
         return cls(meta=dict(data.get("meta") or {}), steps=steps, prefills=prefills)
 
     @classmethod

@@ -7,7 +7,7 @@ from decode.methods import ENGINE_TEXTS, REGISTRY
 from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
-from eval.replay import PART_OFF, static_prediction
+from eval.replay import PART_OFF, prediction_off_reason, static_prediction
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -191,7 +191,8 @@ def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: 
     spec = REGISTRY[point.method]
     if spec.has_rounds and spec.engine == "ours" and tree is None and point.draft is not None and point.gamma:
         out["draft_cost_ratio_c_run"], out["verify_cost_ratio_v_run"] = run_step_costs(samples, baseline)
-    if spec.has_rounds and spec.engine == "ours" and baseline and point.synthetic_acceptance is None:
+    if spec.has_rounds and spec.engine == "ours" and baseline and point.synthetic_acceptance is None \
+            and profile is not None:
         out["replay"], out["replay_missing"] = replay_figures(point, samples, baseline, profile)
     if not spec.has_rounds or costs is None or (point.gamma is None and tree is None):
         return with_replay(out, metrics)
@@ -246,14 +247,11 @@ def with_replay(out: dict, metrics: dict) -> dict:
 
 
 def static_prediction_off(metrics: dict, out: dict) -> str | None:
-    """Where the measured speedup falls outside the replay's interval (without one: more than 5% from it): which
-    part the replay priced otherwise than the batches ran it: the draft's steps (c_run against the probed c), the
-    verifications (v_run against v), the prefills (the records' against the replay's)."""
-    measured, predicted = metrics.get("speedup"), out["predicted_speedup_replay"]
-    interval = out.get("predicted_speedup_replay_ci95")
-    if measured is None:
-        return None
-    if (interval[0] <= measured <= interval[1]) if interval else abs(measured / predicted - 1) <= 0.05:
+    """prediction_off (eval/replay.py prediction_off_reason), and which part the replay priced otherwise than the
+    batches ran it: the draft's steps (c_run against the probed c), the verifications (v_run against v), the
+    prefills (the records' against the replay's)."""
+    verdict = prediction_off_reason(metrics.get("speedup"), metrics.get("speedup_ci95"), out["predicted_speedup_replay"])
+    if verdict is None:
         return None
     parts = [f"{name} ran {got / want:.2f}x the probes'" for name, got, want in (
         ("the draft's steps (c_run / c)", out.get("draft_cost_ratio_c_run"), out.get("draft_cost_ratio_c")),
@@ -262,9 +260,7 @@ def static_prediction_off(metrics: dict, out: dict) -> str | None:
     prefill, replayed = out["replay"].get("prefill_measured_s"), out["replay"].get("prefill_s")
     if prefill is not None and replayed and abs(prefill / replayed - 1) > PART_OFF:
         parts.append(f"the prefills took {prefill / replayed:.2f}x the replay's")
-    shown = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else f"{predicted:.3f} +-5%"
-    return (f"measured {measured:.3f} outside the predicted {shown}: "
-            + ("; ".join(parts) or "no single part is off by more than 10%: the sum of small ones"))
+    return f"{verdict}: " + ("; ".join(parts) or "no single part is off by more than 10%: the sum of small ones")
 
 
 def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str | None:

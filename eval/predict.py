@@ -79,6 +79,8 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
             row = {"label": point.label, "method": point.method, "gamma": point.gamma,
                    "serving": point.serving, "measured": None, "predicted": None}
             draft = draft_label(point, profile)
+            if draft is not None and draft != point.draft:
+                row["draft_priced_as"] = draft
             if point.serving:
                 row["concurrency"] = what_if or rows[0].get("concurrency")
                 row["rate"] = rows[0].get("request_rate")
@@ -100,6 +102,15 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
                 row["measured_over_predicted"] = ratio(row["measured"]["speedup"], row["predicted"]["speedup"])
             out.append(row)
     return sorted(out, key=lambda r: (r["serving"], r.get("concurrency") or 0, r.get("batch_size") or 0, r["label"]))
+
+
+def read_config(folder: Path) -> dict:
+    import yaml
+
+    try:
+        return yaml.safe_load((folder / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
 
 
 def _fmt(x, f="{:.2f}") -> str:
@@ -174,7 +185,18 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     rows = predict_run(read_jsonl(folder / "samples.jsonl"), profile, concurrency, sizes)
+    if not rows:
+        print(f"error: {folder} has no speculative point of our engine with its baseline to replay (another engine's "
+              "points, or no baseline, or no records)", file=sys.stderr)
+        return 2
     text = table(rows, profile)
+    substituted = sorted({r["draft_priced_as"] for r in rows if r.get("draft_priced_as")})
+    if substituted:
+        text += f"\n\nthe draft model priced as the profile's {', '.join(substituted)} (the profile's only draft)"
+    run_target = (read_config(folder).get("target") or {}).get("model")
+    if profile.meta.get("target_model") and run_target and profile.meta["target_model"] != run_target:
+        text += (f"\nthe profile is of {profile.meta['target_model']}, the run of {run_target}: the prediction holds as "
+                 "far as their steps cost the same (the same shapes: docs/predict.md)")
     print(text)
     out = args.out or folder / "prediction.json"
     try:

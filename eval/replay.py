@@ -17,6 +17,7 @@ What it leaves out: the loop's host bookkeeping between steps (each profiled ste
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals
@@ -70,7 +71,7 @@ class Pricer:
         return s
 
     def step(self, rows: int, width: int, kv: float) -> float:
-        s = self._step(self.target, rows, width, kv)
+        s = _finite(self._step(self.target, rows, width, kv))
         if s is None:
             raise MissingCost(f"the target's step at {rows} rows x {width} tokens (profiled: rows "
                               f"{self.profile.rows_measured(self.target)}, widths "
@@ -78,7 +79,7 @@ class Pricer:
         return s
 
     def draft_step(self, rows: int, kv: float) -> float:
-        s = self._step(self.draft, rows, 1, kv)
+        s = _finite(self._step(self.draft, rows, 1, kv))
         if s is None:
             raise MissingCost(f"the draft model's step at {rows} rows (profiled: rows "
                               f"{self.profile.rows_measured(self.draft)})")
@@ -86,21 +87,27 @@ class Pricer:
 
     def prefill(self, rows: int, tokens: int, draft: bool = False) -> float:
         model = self.draft if draft else self.target
-        s = self.profile.prefill_s(model, rows, tokens)
+        s = _finite(self.profile.prefill_s(model, rows, tokens))
         if s is None:
             raise MissingCost(f"the {'draft model' if draft else 'target'}'s prefill (no prefill profiled)")
         return s
 
 
+def _finite(s: float | None) -> float | None:
+    return s if s is None or (math.isfinite(s) and s >= 0) else None
+
+
 def round_shape(rounds: list[dict]) -> tuple[int, int]:
     """A round over rows (their round records): (the target's verification width, the draft model's forwards). A
-    chain verifies its widest draft + 1 and drafts it one forward a token; a tree verifies the batch's widest tree's
-    nodes + 1 (batch_nodes) with the forwards its drafter recorded (draft_forwards); a drafter of several sources
+    chain verifies its widest draft + 1 and drafts it one forward a token; a tree verifies the widest of the rows'
+    trees + 1 (each row's own nodes; older records: the measured batch's, batch_nodes) with the forwards its drafter
+    recorded (draft_forwards); a drafter of several sources
     (hybrid) runs the draft model for its own nodes only (sources["draft"]); a round nobody drafted is a 1-token
     step."""
     trees = [r for r in rounds if "batch_nodes" in r]
-    if trees:
-        return max(r["batch_nodes"] for r in trees) + 1, max(r.get("draft_forwards", 0) for r in trees)
+    if trees:  # the rows' own trees (parents: one per node) where recorded: the widest of those replayed together
+        nodes = max(len(r["parents"]) if "parents" in r else r["batch_nodes"] for r in trees)
+        return nodes + 1, max(r.get("draft_forwards", 0) for r in trees)
     widest = max((r["drafted"] for r in rounds), default=0)
     if any("sources" in r for r in rounds):  # a drafter of several sources: the draft model's nodes only
         return widest + 1, max((r.get("sources") or {}).get("draft", [0])[0] for r in rounds)
@@ -112,6 +119,9 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dic
     for the baseline) at most `concurrency` in flight: each request's admitted_s, first_token_s, finish_s (seconds
     from the start). Raises MissingCost where the profile lacks a cost the schedule needs."""
     n = len(requests)
+    if pricer.draft is None and any(r.get("draft_forwards") for r in requests if r.get("rounds") is not None):
+        raise MissingCost("the drafter's forwards: it runs a model the profile has no steps for (early exit's first "
+                          "layers)")
     out = [dict(r) for r in requests]
     done = [0] * n  # tokens so far
     taken = [0] * n  # rounds replayed
@@ -180,25 +190,34 @@ def _rounds(s: dict):
 
 
 def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
+    """A record as the replay's request; MissingCost where the record cannot say what its decode did (no prompt
+    length; a speculative row whose rounds emit fewer tokens than it has after its first)."""
     if s.get("prompt_tokens") is None:
         raise MissingCost("the records' prompt lengths (prompt_tokens)")
+    rounds = (_rounds(s) or []) if speculative else None
+    if rounds is not None and sum(r["emitted"] for r in rounds) < int(s["new_tokens"]) - 1:
+        raise MissingCost("the records' rounds (a row's rounds emit fewer tokens than it has)")
     return {"arrival_s": arrival, "prompt_tokens": int(s["prompt_tokens"]), "new_tokens": int(s["new_tokens"]),
-            "rounds": (_rounds(s) or []) if speculative else None}
+            "rounds": rounds, "draft_forwards": int(s.get("draft_forwards") or 0)}
 
 
 def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_size: int | None = None) -> list[dict]:
-    """Each batch of the point (or, with batch_size, its rows regrouped so, in order) replayed as a static batch:
-    the records with latency_s, prefill_s, draft_prefill_s as the replay times them."""
+    """Each batch of the point replayed as a static batch (with batch_size: each repeat's rows regrouped into batches
+    of that size in sample order, a what-if): the records with latency_s, prefill_s, draft_prefill_s as the replay
+    times them."""
+    if batch_size is None:
+        groups = [(unit, sorted(batch, key=lambda s: s["sample_id"])) for unit, batch in sorted(units(samples).items())]
+    else:
+        groups = []
+        for repeat in sorted({s.get("repeat", 0) for s in samples}):
+            rows = sorted((s for s in samples if s.get("repeat", 0) == repeat), key=lambda s: s["sample_id"])
+            groups += [((repeat, k), rows[i:i + batch_size]) for k, i in enumerate(range(0, len(rows), batch_size))]
     out = []
-    for unit, batch in sorted(units(samples).items()):
-        batch = sorted(batch, key=lambda s: s["sample_id"])
-        groups = [batch] if batch_size is None else [batch[i:i + batch_size] for i in range(0, len(batch), batch_size)]
-        for k, group in enumerate(groups):
-            timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer)
-            for s, t in zip(group, timed):
-                index = s["batch_index"] if batch_size is None else (unit, k)
-                out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
-                                draft_prefill_s=t.get("draft_prefill_s", 0.0)))
+    for (_, index), group in groups:
+        timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer)
+        for s, t in zip(group, timed):
+            out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
+                            draft_prefill_s=t.get("draft_prefill_s", 0.0)))
     return out
 
 
@@ -222,7 +241,8 @@ def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurre
 # ---- the predictions a report prints ------------------------------------------------------------------------------
 
 PART_OFF = 0.10  # a part of the schedule whose measured time is this far (relative) from the replay's is named
-PREDICTION_RESAMPLES = 400  # a load point's bootstrap replays its schedule once per resample
+OFF_BY = 0.05  # a measured speedup this far (relative) from the replay's, outside its own interval: prediction_off
+PREDICTION_RESAMPLES = 200  # a load point's bootstrap replays its schedule once per resample
 
 
 def static_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,
@@ -232,6 +252,7 @@ def static_prediction(samples: list[dict], baseline: list[dict], profile, draft:
     decode speedup as the measured ones are computed (paired batches, ratio of totals) and their 95% intervals over
     the prompt batches (eval/stats.py bootstrap_ci: the acceptance's spread over prompts). (figures, None) or
     (None, what the profile lacks). batch_size: the rows regrouped into batches of that size (a what-if)."""
+    clamp_rows = clamp_rows and batch_size is None  # a what-if's rows are priced where profiled, or not at all
     pricer, base = Pricer(profile, draft, clamp_rows=clamp_rows), Pricer(profile, clamp_rows=clamp_rows)
     try:
         mine = replay_static(samples, pricer, True, batch_size)
@@ -251,25 +272,45 @@ def static_prediction(samples: list[dict], baseline: list[dict], profile, draft:
 
 def load_resamples(samples: list[dict], baseline: list[dict], resamples: int = PREDICTION_RESAMPLES,
                    seed: int = 0) -> list[tuple[list[dict], list[dict]]]:
-    """Paired resamples of a load point's requests for the prediction's interval: each repeat's positions keep
-    their arrivals, and take the prompt, lengths and rounds of requests drawn with replacement (the same draw for the
-    point and the baseline); fewer than MIN_PROMPTS requests paired: none."""
+    """Paired resamples of a load point's requests for the prediction's interval: one draw of requests with
+    replacement per resample, applied to every repeat (a request carries all its repeats, as the measured interval's
+    clusters do); each position keeps its arrival and takes the drawn request's prompt, lengths and rounds, on both
+    sides alike. Requests not served on both sides keep their own. Fewer than MIN_PROMPTS paired requests: none."""
     import numpy as np
 
-    mine = {(s.get("repeat", 0), s.get("request") or 0): s for s in samples}
-    theirs = {(s.get("repeat", 0), s.get("request") or 0): s for s in baseline}
-    keys = sorted(set(mine) & set(theirs))
-    if len(keys) < MIN_PROMPTS:
+    def keyed(rows):
+        return {(s.get("repeat", 0), s.get("request") if s.get("request") is not None else i): s
+                for i, s in enumerate(rows)}
+
+    mine, theirs = keyed(samples), keyed(baseline)
+    requests = sorted({r for _, r in mine} & {r for _, r in theirs})
+    if len(requests) < MIN_PROMPTS:
         return []
     rng = np.random.default_rng(seed)
+    lengths = ("prompt_tokens", "new_tokens", "rounds", "sample_id", "draft_forwards")
+
+    def redrawn(side: dict, drawn: dict) -> list[dict]:
+        out = []
+        for (repeat, request), s in side.items():
+            source = side.get((repeat, drawn.get(request, request)))
+            out.append(s if source is None else dict(s, **{k: source.get(k) for k in lengths}))
+        return out
+
     out = []
-    lengths = ("prompt_tokens", "new_tokens", "rounds", "sample_id")
     for _ in range(resamples):
-        drawn = rng.integers(0, len(keys), len(keys))
-        a, b = [], []
-        for key, pick in zip(keys, drawn):
-            source = keys[pick]
-            a.append(dict(mine[key], **{k: mine[source].get(k) for k in lengths}))
-            b.append(dict(theirs[key], **{k: theirs[source].get(k) for k in lengths}))
-        out.append((a, b))
+        drawn = dict(zip(requests, (requests[i] for i in rng.integers(0, len(requests), len(requests)))))
+        out.append((redrawn(mine, drawn), redrawn(theirs, drawn)))
     return out
+
+
+def prediction_off_reason(measured: float | None, measured_ci, predicted: float | None) -> str | None:
+    """Whether a measured speedup disagrees with its replayed prediction: measured / predicted outside
+    [0.95, 1.05] and the prediction outside the measured 95% interval (where there is one): the rule the validation
+    holds the replay to (docs/predict.md). The comparison as text, or None."""
+    if measured is None or not predicted:
+        return None
+    off = abs(measured / predicted - 1) > OFF_BY
+    if not off or (measured_ci and measured_ci[0] <= predicted <= measured_ci[1]):
+        return None
+    shown = f" [{measured_ci[0]:.3f}, {measured_ci[1]:.3f}]" if measured_ci else ""
+    return f"measured {measured:.3f}{shown} against the replay's {predicted:.3f} (measured / predicted {measured / predicted:.3f})"

@@ -21,9 +21,9 @@ from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
-from eval.replay import PART_OFF, MissingCost, Pricer, load_resamples, replay_load
+from eval.replay import PART_OFF, MissingCost, Pricer, load_resamples, prediction_off_reason, replay_load
 from eval.sources import acceptance_by_source
-from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, percentile, ratio, ratio_of_totals, strict
+from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_tail, percentile, ratio, ratio_of_totals, strict
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
 from eval.totals import cross_process_pairs
 from eval.trees import acceptance_by_depth_rank, tree_of
@@ -324,7 +324,7 @@ def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
 def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], profile) -> tuple[dict | None, str | None]:
     """The load point's schedule replayed with the run's cost profile (eval/replay.py): its requests' arrivals,
     lengths and rounds, at its concurrency; the baseline's the same way. The speedup's 95% interval: the replay of
-    paired resamples of the requests (eval/replay.py load_resamples), their 2.5th and 97.5th percentiles.
+    paired resamples of the requests (eval/replay.py load_resamples), the expanded percentile interval as the measured one's.
     (figures, None) or (None, why not)."""
     if profile is None:
         return None, "no cost profile"
@@ -340,20 +340,18 @@ def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], p
     except MissingCost as error:
         return None, f"the run's cost profile lacks {error}"
     speedups = [x for x in speedups if x is not None]
-    figures["speedup_ci95"] = [percentile(speedups, 0.025), percentile(speedups, 0.975)] if speedups else None
+    tail = expanded_tail(len({s.get("request") for s in samples})) if speedups else None
+    figures["speedup_ci95"] = [percentile(speedups, tail), percentile(speedups, 1 - tail)] if speedups else None
     return figures, None
 
 
 def prediction_off(metrics: dict, baseline_tpot_s: float | None) -> str | None:
-    """Where the measured speedup falls outside the predicted interval (or, without one, more than 5% from the
-    prediction): which part of the schedule the replay priced otherwise than it ran, from the figures of both (the
-    method's TPOT: its rounds, draft and verification; its TTFT: the prefills; the baseline's TPOT: its steps). None
-    where the measurement is inside."""
-    measured, predicted = metrics.get("speedup_tput"), metrics.get("predicted_speedup_replay")
-    if measured is None or predicted is None:
-        return None
-    interval = metrics.get("predicted_speedup_replay_ci95")
-    if (interval[0] <= measured <= interval[1]) if interval else abs(measured / predicted - 1) <= 0.05:
+    """prediction_off (eval/replay.py prediction_off_reason), and which part of the schedule the replay priced
+    otherwise than it ran, from the figures of both (the method's TPOT: its rounds, draft and verification; its TTFT:
+    the prefills; the baseline's TPOT: its steps)."""
+    verdict = prediction_off_reason(metrics.get("speedup_tput"), metrics.get("speedup_tput_ci95"),
+                                    metrics.get("predicted_speedup_replay"))
+    if verdict is None:
         return None
     replay = metrics["replay"]
 
@@ -368,9 +366,7 @@ def prediction_off(metrics: dict, baseline_tpot_s: float | None) -> str | None:
                                      ("the baseline's steps (its TPOT)", baseline_tpot_s,
                                       ms(replay.get("baseline_tpot_mean_ms"))))
              if got is not None and want and abs(got / want - 1) > PART_OFF]
-    where = "; ".join(parts) or "no single part is off by more than 10%: the sum of small ones"
-    shown = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else f"{predicted:.3f} +-5%"
-    return f"measured {measured:.3f} outside the predicted {shown}: {where}"
+    return f"{verdict}: " + ("; ".join(parts) or "no single part is off by more than 10%: the sum of small ones")
 
 
 def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | None,

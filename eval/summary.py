@@ -97,7 +97,9 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
     for group in groups:
         mine = [s for s in samples if group is None or s.get("group") == group]
         theirs = None if baseline is None else [s for s in baseline if group is None or s.get("group") == group]
-        metrics = run_metrics(point, mine, theirs, costs, machine.get("profile"))
+        # a group's rows shared their batches with other groups' rows: its own replay would be a schedule that never
+        # ran, so the replay is the overall run's only
+        metrics = run_metrics(point, mine, theirs, costs, machine.get("profile") if group is None else None)
         paired = set(units(mine)) & set(units(theirs or []))
         batches = {"done": len(units(mine)), "paired": len(paired), "planned": expected if group is None else None,
                    "prompts": len({index for _, index in paired}),
@@ -311,6 +313,19 @@ def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -
                                     "flags": list(dict.fromkeys(f["code"] for f in run["flags"]))}
     for comparison, entry in best.items():
         for method, chosen in entry.items():
+            best_run = next(r for r in eligible if r["label"] == chosen["label"])
+            line = Point.of(best_run).without("gamma")  # the best point's line across gamma
+            swept = {r["gamma"] for r in runs if r["group"] is None and r["gamma"] is not None
+                     and Point.of(r).without("gamma") == line}
+            replayed = {r["gamma"]: r["metrics"]["predicted_speedup_replay"] for r in eligible
+                        if comparison_name(r) == comparison and r.get("gamma") is not None
+                        and r["metrics"].get("predicted_speedup_replay") is not None
+                        and Point.of(r).without("gamma") == line}
+            if replayed and set(replayed) == swept and len(swept) > 1:  # each gamma's own schedule replayed
+                g_best = max(replayed, key=replayed.get)
+                chosen.update(predicted_best_gamma=g_best, predicted_best_speedup=replayed[g_best], alpha_used=None,
+                              predicted_from="the replay of each gamma's own schedule")
+                continue
             modelled = [r for r in eligible if r["method"] == method and comparison_name(r) == comparison
                         and r["metrics"].get("predicted_speedup") is not None and r.get("tree") is None]
             if not modelled:
@@ -323,15 +338,8 @@ def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -
             line = Point.of(source).without("gamma")  # the source's line across gamma
             swept = {r["gamma"] for r in runs if r["group"] is None and r["gamma"] is not None
                      and Point.of(r).without("gamma") == line}
-            replayed = {r["gamma"]: r["metrics"]["predicted_speedup"] for r in modelled
-                        if r["metrics"].get("prediction_model") == "replay" and Point.of(r).without("gamma") == line}
-            if replayed and set(replayed) == swept:  # each gamma's own schedule replayed: no alpha carried over
-                g_best = max(replayed, key=replayed.get)
-                chosen.update(predicted_best_gamma=g_best, predicted_best_speedup=replayed[g_best], alpha_used=None,
-                              predicted_from="the replay of each gamma's own schedule")
-                continue
             candidates = {g: predicted_speedup(alpha, g, c, costs.v_for(g)) for g in sorted(swept)
-                          if costs.v_for(g) is not None and alpha is not None and c is not None}
+                          if costs.v_for(g) is not None}
             candidates = {g: value for g, value in candidates.items() if value is not None}
             if candidates:
                 g_best = max(candidates, key=candidates.get)

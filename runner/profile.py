@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_PROMPT_TOKENS = 128
 DEFAULT_REPS = 5
+RAGGED_PADDING = 8  # leading padding tokens of every row but the first in a profiled batch
 
 
 class Parser(argparse.ArgumentParser):
@@ -215,6 +216,9 @@ def run(config, args, command: str, console):
         for batch in rows:
             ids = pool[:batch, :prompt].contiguous()
             mask = torch.ones_like(ids)
+            # a real batch is ragged (left padding, or a joined cache's): every row after the first starts with
+            # padding, so the steps take the padded attention path the run's steps take, not the unpadded fast one
+            mask[1:, :RAGGED_PADDING] = 0
             for model in loading.compiled_models(config, target, drafts).values():  # graphs compiled before timing
                 model.precompile(ids, mask)
             prefilled = False  # the batch's prefills, once per rows (they do not depend on the cache)
@@ -249,7 +253,8 @@ def run(config, args, command: str, console):
             "models": _model_ids(config, drafts), "target_model": config.target.model,
             "draft_labels": list(drafts), "config": str(args.config), "config_name": config.name,
             "seed": config.seed, "sampling": dataclasses.asdict(sampling),
-            "prompt_tokens": prompt, "rows": rows, "kv": kvs, "widths": widths, "tree_widths": sorted(tree_widths),
+            "prompt_tokens": prompt, "ragged_padding": RAGGED_PADDING, "rows": rows, "kv": kvs, "widths": widths,
+            "tree_widths": sorted(tree_widths),
             "reps": args.reps, "prefill_reps": 2, "command": command}
     if rows_note:
         meta["notes"] = [rows_note]

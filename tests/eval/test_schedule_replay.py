@@ -177,3 +177,20 @@ def test_a_load_point_in_the_report_is_predicted_by_its_replayed_schedule():
     assert m["predicted_speedup_replay_ci95"] is None  # 2 requests: no interval
     # measured (8 / 7.5) / (8 / 6.3) = 0.84: within 5% of 0.818, not flagged
     assert m["speedup_tput"] == pytest.approx(6.3 / 7.5) and m["prediction_off"] is None
+
+
+def test_what_the_records_or_the_profile_cannot_say_is_missing_not_guessed(tmp_path):
+    # a speculative row whose rounds emit fewer tokens than it has; a drafter that ran forwards of a model the profile
+    # has no steps for (early exit's layers): no prediction rather than a fast one
+    from eval.replay import as_request
+    with pytest.raises(MissingCost, match="rounds"):
+        as_request({"prompt_tokens": 10, "new_tokens": 50, "rounds": []})
+    with pytest.raises(MissingCost, match="early exit"):
+        simulate([dict(request([(2, 1)]), draft_forwards=4)], 1, Pricer(profile()))
+    # a profile with a time that is no number of seconds is refused whole, in one line
+    path = tmp_path / "p.json"
+    broken = profile().to_json()
+    broken["steps"][0]["s"] = float("nan")
+    path.write_text(json.dumps(broken))
+    with pytest.raises(ProfileError, match="finite"):
+        Profile.load(path)
