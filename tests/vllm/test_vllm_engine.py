@@ -42,8 +42,11 @@ def _config(root: Path, pairing: str, methods: list[str], **extra) -> Path:
 
 def _launch(args, mark: str, **kwargs) -> subprocess.Popen:
     env = dict(os.environ, HF_HUB_OFFLINE="1", SPECULATE_TEST_MARK=mark)
+    # SIGINT at its default in the child (ignored in the parent, as in a shell's background job, the child would
+    # inherit it ignored and a test's Ctrl-C would do nothing)
     return subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, **kwargs)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
 
 
 def _marked(mark: str) -> list[int]:
