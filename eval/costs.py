@@ -26,6 +26,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eval.stats import between
+
 FORMAT = "speculate-cost-profile"
 VERSION = 1
 TARGET = "target"
@@ -54,10 +56,10 @@ class Profile:
 
         def at_rows(r: int) -> float | None:
             by_width = {w: _along(kvs, kv) for w, kvs in table[r].items()}
-            return _between(by_width, width)
+            return between(by_width, width)
 
         known = {r: at_rows(r) for r in table}
-        return _between({r: s for r, s in known.items() if s is not None}, rows)
+        return between({r: s for r, s in known.items() if s is not None}, rows)
 
     def _tables(self) -> dict:
         """model -> rows -> width -> its (kv, seconds) points, sorted; built once (a profile is not changed after it
@@ -188,16 +190,6 @@ def _along(kvs: list[tuple[float, float]], kv: float | None) -> float:
         return at[lo]
     return max(at[lo] + (at[hi] - at[lo]) * (kv - lo) / (hi - lo), 0.0)
 
-
-def _between(known: dict[int, float], x: int) -> float | None:
-    """Linear between the nearest measured keys below and above x; None outside them."""
-    if x in known:
-        return known[x]
-    below = max((k for k in known if k < x), default=None)
-    above = min((k for k in known if k > x), default=None)
-    if below is None or above is None:
-        return None
-    return known[below] + (known[above] - known[below]) * (x - below) / (above - below)
 
 
 def run_costs(progress: dict, env: dict, config: dict | None) -> Profile:

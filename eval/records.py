@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from eval.axes import AXES, Axis, comparison_axes, label_of
+from eval.stats import between
 
 # The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
 EARLIER_PROCESS = "earlier"
@@ -224,15 +225,7 @@ class CostProbe:
         """v of a tree of `nodes` nodes besides its root: its verification is a (nodes+1)-token target forward, v keyed
         `nodes` where measured, else linear between the nearest measured node counts below and above (0 nodes: the
         1-token forward itself, 1.0 by definition); None above the largest measured."""
-        known = {0: 1.0, **{int(n): x for n, x in self.v.items() if x is not None}}
-        if nodes in known:
-            return known[nodes]
-        below = max((n for n in known if n < nodes), default=None)
-        above = min((n for n in known if n > nodes), default=None)
-        if below is None or above is None:
-            return None
-        share = (nodes - below) / (above - below)
-        return known[below] + share * (known[above] - known[below])
+        return between({0: 1.0, **{int(n): x for n, x in self.v.items() if x is not None}}, nodes)
 
     def bytes_ratio_for(self, draft: str | None) -> float | None:
         """The draft's weight bytes / the target's: what c would be if both forwards only read their weights."""
