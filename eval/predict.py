@@ -25,6 +25,7 @@ from eval.replay import MissingCost, Pricer, replay_load, static_prediction
 from eval.serving import replayed_figures
 from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
+from utils import positive_ints
 from utils.io import read_jsonl, write_json
 
 
@@ -141,18 +142,6 @@ def table(rows: list[dict], profile: Profile) -> str:
     return "\n".join(lines)
 
 
-def _ints(text: str | None, what: str) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise SystemExit(f"error: --{what} takes positive integers separated by commas, e.g. 1,2,4 (got {text!r})")
-    return values
-
-
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2, as every bad input
         print(f"error: {message}; see python -m eval.predict --help", file=sys.stderr)
@@ -163,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m eval.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--costs", type=Path, help="a cost profile (python -m runner.profile); default: the run's")
-    parser.add_argument("--concurrency", help="concurrencies to predict besides those measured (load points)")
-    parser.add_argument("--batch-size", help="batch sizes to predict besides those measured (static points)")
+    parser.add_argument("--concurrency", type=positive_ints,
+                        help="concurrencies to predict besides those measured (load points), e.g. 1,2,8")
+    parser.add_argument("--batch-size", type=positive_ints,
+                        help="batch sizes to predict besides those measured (static points), e.g. 1,4")
     parser.add_argument("--out", type=Path, help="where to write the prediction (default RUN_DIR/prediction.json)")
     args = parser.parse_args(argv)
     folder = args.run_dir
@@ -172,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {folder} has no samples.jsonl: give a report folder of a run", file=sys.stderr)
         return 2
     try:
-        concurrency, sizes = _ints(args.concurrency, "concurrency"), _ints(args.batch_size, "batch-size")
+        concurrency, sizes = args.concurrency, args.batch_size
         progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
         profile = Profile.load(args.costs) if args.costs else run_profile(folder, progress)
     except json.JSONDecodeError as error:
@@ -180,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ProfileError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    except SystemExit as error:
-        print(error, file=sys.stderr)
         return 2
     rows = predict_run(read_jsonl(folder / "samples.jsonl"), profile, concurrency, sizes)
     if not rows:

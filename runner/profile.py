@@ -26,6 +26,8 @@ import time
 import warnings
 from pathlib import Path
 
+from utils import positive_ints
+
 ROOT = Path(__file__).resolve().parents[1]
 # runner/experiment.py's exit codes (not imported: a bad argument is refused before anything heavy loads)
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -38,20 +40,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2, like every other bad input (launch.py's Parser)
         print(f"error: {message}; see python -m runner.profile --help", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-
-
-def positive_ints(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4], each a positive integer, each once, in order."""
-    values = []
-    for part in text.split(","):
-        try:
-            value = int(part.strip())
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a positive integer (e.g. 1,2,4)")
-        values.append(value)
-    return sorted(set(values))
 
 
 def positive_int(text: str) -> int:

@@ -10,3 +10,20 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """Bad input in the config, naming the key."""
+
+
+def positive_ints(text: str) -> list[int]:
+    """A command line's '1,2,4' -> [1, 2, 4], each a positive integer, each once, in order; an argparse type
+    (ArgumentTypeError names the part that is not one)."""
+    import argparse
+
+    values = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a positive integer (e.g. 1,2,4)")
+        values.append(value)
+    return sorted(set(values))
