@@ -603,6 +603,7 @@ def check_memory(ctx):
 CHECKS = [
     ("fp32", "greedy exact, fp32 eager", check_fp32),
     ("bf16", "greedy exact, bf16 eager (guard)", check_bf16),
+    ("timing-sync", "timing sync", check_timing_sync),
     ("compiled-fp32", "compiled vs eager, fp32 strict (TF32 off)", check_compiled_fp32),
     ("cuda-graphs", "CUDA graphs: none recorded after warmup", check_cuda_graphs),
     ("compiled-bf16", "compiled vs eager, bf16 (guard)", check_compiled_bf16),
@@ -612,7 +613,6 @@ CHECKS = [
     ("release", "memory back after release_models", check_release),
     ("launch", "launch.py, compiled, synthetic + real acceptance", check_launch),
     ("flash-attn", "flash_attention_2 vs sdpa", check_flash_attention),
-    ("timing-sync", "timing sync", check_timing_sync),
     ("memory", "memory per device", check_memory),
 ]
 

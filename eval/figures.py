@@ -191,8 +191,7 @@ def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: 
     spec = REGISTRY[point.method]
     if spec.has_rounds and spec.engine == "ours" and tree is None and point.draft is not None and point.gamma:
         out["draft_cost_ratio_c_run"], out["verify_cost_ratio_v_run"] = run_step_costs(samples, baseline)
-    if spec.has_rounds and spec.engine == "ours" and baseline and point.synthetic_acceptance is None \
-            and profile is not None:
+    if spec.has_rounds and spec.engine == "ours" and baseline and profile is not None:
         out["replay"], out["replay_missing"] = replay_figures(point, samples, baseline, profile)
     if not spec.has_rounds or costs is None or (point.gamma is None and tree is None):
         return with_replay(out, metrics)

@@ -68,7 +68,7 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
     out = []
     for point, rows in by_point.items():
         spec = REGISTRY[point.method]
-        if not spec.has_rounds or spec.engine != "ours" or point.synthetic_acceptance is not None:
+        if not spec.has_rounds or spec.engine != "ours":
             continue
         baseline = references.get(point.comparison)
         if baseline is None:

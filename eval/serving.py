@@ -407,7 +407,7 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
             metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
                            cost_batch_sizes=at["probed"],
                            predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
-    if spec.has_rounds and spec.engine == "ours" and baseline and point.synthetic_acceptance is None:
+    if spec.has_rounds and spec.engine == "ours" and baseline:  # synthetic points too: their rounds are real
         metrics["replay"], metrics["replay_missing"] = replay_prediction(point, samples, baseline, profile)
         if metrics["replay"] is not None and metrics["replay"]["speedup"] is not None:
             metrics["predicted_speedup_replay"] = metrics["replay"]["speedup"]

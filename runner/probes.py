@@ -147,8 +147,10 @@ def _busy_forward_s(state: KVState, model, tokens: torch.Tensor, clock, forwards
     repetitions').
 
     CUPTI is torn down when the profiler stops (TEARDOWN_CUPTI=1, unless set otherwise: torch sets 0 where CUDA graphs
-    and CUDA < 12.6 crash on a teardown): kineto otherwise leaves its callbacks subscribed, and every later kernel
-    launch of the run pays for them (benchmarks/gpu_check.py times a forward before and after this probe)."""
+    and CUDA < 12.6 crash on a teardown). Later kernel launches still pay: on an H100 (torch 2.11, CUDA 13.0) an
+    eager 1-token forward of a 1B shape took x1.14 after one session without it and x1.17 with it set before torch
+    loaded, x1.04 and x1.40 in two runs of benchmarks/gpu_check.py's cupti row; measure_costs runs this probe before
+    its timed steps for that reason."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -265,7 +267,9 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     prefill cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
     through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
     host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
-    `busy_reps`, after the timed repetitions: the profiler slows the host). After the steps' repetitions, the
+    `busy_reps`, before the timed repetitions: a profiler session leaves later kernel launches slower, by x1.04 to
+    x1.40 in an eager forward on an H100 (benchmarks/gpu_check.py's cupti row), so every step this process times comes
+    after one, the probes' and the batches' alike; 0: none). After the steps' repetitions, the
     prefills of the batch and of its first row by each model (prefill_points: the cost profile's prefill points;
     prefills False: none, where the caller has them already). clock None: a clock on the ids' device.
     """
@@ -287,6 +291,10 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     probes = ([("target", 1)] + [(f"draft:{label}", 1) for label in drafts]
               + [("target", w) for w in sorted(set(widths)) if w > 1] + [("target", 1)])
     times: dict[tuple, list[float]] = {probe: [] for probe in probes}
+    busy = {}
+    if ids.device.type == "cuda" and busy_reps:  # first: what the profiler leaves behind slows every later step alike
+        busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
+                for name, model in models.items()}
     for rep in range(reps + 1):
         for name, width in probes:
             if name != "target":
@@ -301,10 +309,6 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
                 times[(name, width)].append(elapsed)
     median = {key: statistics.median(values) for key, values in times.items()}
     target_one = median[("target", 1)]
-    busy = {}
-    if ids.device.type == "cuda":
-        busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
-                for name, model in models.items()}
     # the steps' caches go before the prefills make theirs (engine.compile: a prefill takes their static buffers
     # rather than a second set, which the model's pool would keep for the whole run)
     states.clear()

@@ -72,3 +72,13 @@ def test_without_prefills_in_the_probes_there_is_no_replay_and_it_says_why():
     m = run(summarize(batches(4.6, 4.2), {"costs": probe}), "speculative", batch_size=2)["metrics"]
     assert m["predicted_speedup_replay"] is None and m["predicted_speedup"] is not None
     assert "prefill" in m["replay_missing"]
+
+
+def test_a_synthetic_acceptance_point_is_replayed_as_a_real_one():
+    """Its rounds are recorded as the engine ran them (only who decided the acceptance differs): the same replay,
+    4.2 / 4.5, on a GPU's random-weight shapes the only prediction there is."""
+    samples = [dict(s, synthetic_acceptance=0.8) if s["method"] == "speculative" else s
+               for s in batches(4.6, 4.2)]
+    m = run(summarize(samples, {"costs": probe_at_two_rows()}), "speculative", batch_size=2)["metrics"]
+    assert m["predicted_speedup_replay"] == pytest.approx(4.2 / 4.5)
+    assert m["exact_match"] is None

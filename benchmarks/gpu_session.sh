@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# A lent GPU's few minutes in one command (docs/gpu.md): the CUDA checks, a cost profile of the mission's shapes, and
+# static and serving runs of the same shapes held against that profile's replay.
+#   benchmarks/gpu_session.sh OUT_DIR            # on the GPU machine, from the repository root, wheels installed
+# Steps, each under its own time limit and all within GPU_SESSION_TOTAL_S (default 520), each logged to
+# OUT_DIR/session.log whatever the others did:
+#   profile  python -m runner.profile: eager steps and prefills at rows 1-4, two caches -> profile.json
+#   static   launch.py, batch 1 and 4, speculative gamma 4 at a set acceptance          -> static.tgz
+#   predict  python -m eval.predict on it with the standalone profile                   -> predict-static.json
+#   load     launch.py under load, concurrency 1 and 4                                   -> load.tgz, predict-load.json
+#   check    benchmarks/gpu_check.py, its budget what is left (rows in order)           -> gpu-check.json
+# Eager, not compiled: a compile of the 4B shape per width would spend the lease. Environment (for a dry run on a
+# CPU): GPU_SESSION_DEVICE, _TARGET, _DRAFT, _DTYPE, _TOTAL_S, _CHECKS (the check's rows), _SCALE (a divisor of the
+# requests and tokens), _SKIP (steps to skip, comma-separated).
+set -u
+OUT="${1:?usage: $0 OUT_DIR}"
+mkdir -p "$OUT"
+DEVICE="${GPU_SESSION_DEVICE:-cuda:0}"
+TARGET="${GPU_SESSION_TARGET:-synthetic:qwen3-4b}"
+DRAFT="${GPU_SESSION_DRAFT:-synthetic:qwen3-0.6b}"
+DTYPE="${GPU_SESSION_DTYPE:-bfloat16}"
+DEADLINE=$(($(date +%s) + ${GPU_SESSION_TOTAL_S:-520}))
+SCALE="${GPU_SESSION_SCALE:-1}"
+SKIP=",${GPU_SESSION_SKIP:-},"
+LOG="$OUT/session.log"
+WORK="$(mktemp -d)"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PY="${PYTHON:-python3}"
+
+step() {  # step NAME LIMIT_S COMMAND...: its output appended to the log, its exit code and seconds after it
+    local name=$1 limit=$2 start rc left
+    shift 2
+    if [[ "$SKIP" == *",$name,"* ]]; then echo "== $name: skipped" >>"$LOG"; return; fi
+    left=$((DEADLINE - $(date +%s)))
+    if ((left < 20)); then echo "== $name: skipped, ${left} s left" >>"$LOG"; return; fi
+    ((limit > left)) && limit=$left
+    echo "== $name (limit ${limit}s): $*" >>"$LOG"
+    start=$(date +%s)
+    timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
+    rc=$?
+    echo "== $name: rc $rc, $(($(date +%s) - start)) s" >>"$LOG"
+    tail -n 3 "$LOG"
+}
+
+MODELS=(--set "device=$DEVICE" --set "target.model=$TARGET" --set "target.dtype=$DTYPE" --set "draft.model=$DRAFT"
+        --set "draft.dtype=$DTYPE" --set engine.compile=false --set warmup=1 --set repeats=1)
+TOKENS=$((64 / SCALE))
+{ date -u; nvidia-smi -L 2>&1; $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda",
+torch.version.cuda, "transformers", transformers.__version__, "gpu", torch.cuda.is_available() and
+torch.cuda.get_device_name(0))'; } >>"$LOG" 2>&1
+
+# the profile covers the runs below: rows 1-4, caches from the shortest GSM8K prompt (bytes: the synthetic
+# tokenizer) to the longest prompt and its generation
+step profile 120 $PY -m runner.profile --config configs/gpu-synthetic.yaml "${MODELS[@]}" --rows 1,2,3,4 \
+    --kv 64,768 --prompt-tokens 64 --reps 5 --out "$OUT/profile.json"
+step static 150 $PY launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]}" --set name=gpu-static \
+    --set dataset.num_samples=$((8 / SCALE < 2 ? 2 : 8 / SCALE)) --set "batch_size=[1,4]" \
+    --set "speculative.gamma=[4]" --set "speculative.synthetic_acceptance=[0.8]" \
+    --set "generation.max_new_tokens=$TOKENS" --output-dir "$WORK/static"
+step predict-static 45 $PY -m eval.predict "$WORK/static" --costs "$OUT/profile.json" --out "$OUT/predict-static.json"
+[ -d "$WORK/static" ] && tar czf "$OUT/static.tgz" -C "$WORK" static
+step load 150 $PY launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]}" --set name=gpu-load \
+    --set dataset.num_samples=$((16 / SCALE)) --set "batch_size=[1]" --set "speculative.gamma=[4]" \
+    --set "speculative.synthetic_acceptance=[0.8]" --set "generation.max_new_tokens=$TOKENS" \
+    --set "load={concurrency: [1, 4], requests: $((16 / SCALE))}" --output-dir "$WORK/load"
+step predict-load 45 $PY -m eval.predict "$WORK/load" --costs "$OUT/profile.json" --out "$OUT/predict-load.json"
+[ -d "$WORK/load" ] && tar czf "$OUT/load.tgz" -C "$WORK" load
+
+left=$((DEADLINE - $(date +%s) - 40))  # the check's rows start within its budget; the last may run ~40 s more
+step check $((left + 40)) $PY benchmarks/gpu_check.py --device "$DEVICE" --json "$OUT/gpu-check.json" --budget-s "$left" \
+    ${GPU_SESSION_CHECKS:+--only "$GPU_SESSION_CHECKS"}
+date -u >>"$LOG"
