@@ -93,6 +93,17 @@ class Profile:
         slope = max(slope, 0.0)
         return max(mean_s + slope * (rows * tokens - mean_x), 0.0)
 
+    def resampled(self, rng) -> "Profile":
+        """One draw of the profile's own timing noise: each point's median over its repetitions, recomputed on the
+        repetitions drawn with replacement (rng: a random.Random); a point with fewer than two repetitions keeps its
+        time. The replay's interval prices each of its resamples with one (eval/replay.py)."""
+        def redrawn(point: dict) -> dict:
+            reps = point.get("reps_s") or []
+            return dict(point, s=statistics.median(rng.choices(reps, k=len(reps)))) if len(reps) > 1 else point
+
+        return Profile(meta=self.meta, steps=[redrawn(p) for p in self.steps],
+                       prefills=[redrawn(p) for p in self.prefills])
+
     def rows_measured(self, model: str = TARGET) -> list[int]:
         return sorted({int(p["rows"]) for p in self.steps if p["model"] == model})
 

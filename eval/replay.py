@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections import defaultdict
 
-from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals
+from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_tail, percentile, ratio, ratio_of_totals
 from eval.totals import paired_clusters, units
 
 
@@ -245,26 +246,66 @@ OFF_BY = 0.05  # a measured speedup this far (relative) from the replay's, outsi
 PREDICTION_RESAMPLES = 200  # a load point's bootstrap replays its schedule once per resample
 
 
+def profile_resamples(profile, resamples: int = PREDICTION_RESAMPLES, seed: int = 0) -> list:
+    """The profile's timing noise for a prediction's interval: one resampled profile (Profile.resampled) per
+    resample, seeded (a rebuild gives the same interval)."""
+    rng = random.Random(seed)
+    return [profile.resampled(rng) for _ in range(resamples)]
+
+
+def _static_replays(samples, baseline, profile, draft, batch_size, clamp_rows):
+    """(the method's replayed records, the baseline's, the method's Pricer, the baseline's)."""
+    pricer, base = Pricer(profile, draft, clamp_rows=clamp_rows), Pricer(profile, clamp_rows=clamp_rows)
+    return (replay_static(samples, pricer, True, batch_size), replay_static(baseline, base, False, batch_size),
+            pricer, base)
+
+
+def joint_interval(replays: list[tuple[list, list]], decode: bool = False,
+                   seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """95% interval of a replayed speedup over both of its sources of doubt: per resample, the batches replayed with
+    one resampled profile (the probes' timing spread), then those prompt batches drawn with replacement (the
+    acceptance's spread over prompts), the ratio of totals; the expanded percentile interval (eval/stats.py), None
+    with fewer than MIN_PROMPTS batches."""
+    rng, values, n = random.Random(seed), [], None
+    for mine, theirs in replays:
+        clusters = paired_clusters(mine, theirs, decode=decode)
+        n = len(clusters)
+        if n < MIN_PROMPTS:
+            return None
+        value = ratio_of_totals(rng.choices(clusters, k=n))
+        if value is not None:
+            values.append(value)
+    if not values:
+        return None
+    tail = expanded_tail(n)
+    return [percentile(values, tail), percentile(values, 1 - tail)]
+
+
 def static_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,
                       batch_size: int | None = None, clamp_rows: bool = True) -> tuple[dict | None, str | None]:
     """A static point's batches and the baseline's replayed with the profile (a batch's tail priced at the
     smallest profiled rows above it where fewer were not profiled: Pricer clamp_rows): the predicted speedup and
-    decode speedup as the measured ones are computed (paired batches, ratio of totals) and their 95% intervals over
-    the prompt batches (eval/stats.py bootstrap_ci: the acceptance's spread over prompts). (figures, None) or
+    decode speedup as the measured ones are computed (paired batches, ratio of totals) and their 95% intervals
+    (joint_interval: the probes' timing spread and the acceptance's spread over prompts). (figures, None) or
     (None, what the profile lacks). batch_size: the rows regrouped into batches of that size (a what-if)."""
     clamp_rows = clamp_rows and batch_size is None  # a what-if's rows are priced where profiled, or not at all
-    pricer, base = Pricer(profile, draft, clamp_rows=clamp_rows), Pricer(profile, clamp_rows=clamp_rows)
     try:
-        mine = replay_static(samples, pricer, True, batch_size)
-        theirs = replay_static(baseline, base, False, batch_size)
+        mine, theirs, pricer, base = _static_replays(samples, baseline, profile, draft, batch_size, clamp_rows)
     except MissingCost as error:
         return None, str(error)
     clusters, decode = paired_clusters(mine, theirs), paired_clusters(mine, theirs, decode=True)
     if not clusters:
         return None, "no batch both ran"
-    return {"speedup": ratio_of_totals(clusters), "speedup_ci95": bootstrap_ci(clusters),
+    replays = []
+    if len(clusters) >= MIN_PROMPTS:
+        try:
+            replays = [_static_replays(samples, baseline, p, draft, batch_size, clamp_rows)[:2]
+                       for p in profile_resamples(profile)]
+        except MissingCost:  # a resample prices what the profile does: cannot happen, but no interval if it does
+            replays = []
+    return {"speedup": ratio_of_totals(clusters), "speedup_ci95": joint_interval(replays) if replays else None,
             "decode_speedup": ratio_of_totals(decode) if decode else None,
-            "decode_speedup_ci95": bootstrap_ci(decode) if decode else None,
+            "decode_speedup_ci95": joint_interval(replays, decode=True) if decode and replays else None,
             "tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
             "prefill_s": sum(s["prefill_s"] + s["draft_prefill_s"] for s in mine),
             "rows_priced_above": sorted(pricer.clamped | base.clamped)}, None

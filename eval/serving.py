@@ -21,7 +21,8 @@ from eval.flags import CI_WIDE, flags_of
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
-from eval.replay import PART_OFF, MissingCost, Pricer, load_resamples, prediction_off_reason, replay_load
+from eval.replay import (PART_OFF, MissingCost, Pricer, load_resamples, prediction_off_reason, profile_resamples,
+                          replay_load)
 from eval.sources import acceptance_by_source
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_tail, percentile, ratio, ratio_of_totals, strict
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -324,19 +325,23 @@ def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
 def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], profile) -> tuple[dict | None, str | None]:
     """The load point's schedule replayed with the run's cost profile (eval/replay.py): its requests' arrivals,
     lengths and rounds, at its concurrency; the baseline's the same way. The speedup's 95% interval: the replay of
-    paired resamples of the requests (eval/replay.py load_resamples), the expanded percentile interval as the measured one's.
+    paired resamples of the requests (eval/replay.py load_resamples), each priced by a resample of the profile's
+    repetitions (profile_resamples: the probes' timing spread), the expanded percentile interval as the measured
+    one's.
     (figures, None) or (None, why not)."""
     if profile is None:
         return None, "no cost profile"
     draft = point.draft if REGISTRY[point.method].needs_draft else None
 
-    def replayed(mine, theirs) -> dict:
-        return replayed_figures(replay_load(mine, Pricer(profile, draft), True),
-                                replay_load(theirs, Pricer(profile), False))
+    def replayed(mine, theirs, costs=profile) -> dict:
+        return replayed_figures(replay_load(mine, Pricer(costs, draft), True),
+                                replay_load(theirs, Pricer(costs), False))
 
     try:
         figures = replayed(samples, baseline)
-        speedups = [replayed(a, b)["speedup"] for a, b in load_resamples(samples, baseline)]
+        draws = load_resamples(samples, baseline)
+        speedups = [replayed(a, b, costs)["speedup"]
+                    for (a, b), costs in zip(draws, profile_resamples(profile, len(draws)))]
     except MissingCost as error:
         return None, f"the run's cost profile lacks {error}"
     speedups = [x for x in speedups if x is not None]

@@ -82,3 +82,28 @@ def test_a_synthetic_acceptance_point_is_replayed_as_a_real_one():
     m = run(summarize(samples, {"costs": probe_at_two_rows()}), "speculative", batch_size=2)["metrics"]
     assert m["predicted_speedup_replay"] == pytest.approx(4.2 / 4.5)
     assert m["exact_match"] is None
+
+
+def eight_alike_batches() -> list[dict]:
+    """8 prompt batches as batches() makes them, every one alike: the acceptance varies nothing over prompts."""
+    samples = []
+    for unit in range(8):
+        for s in batches(4.6, 4.2)[:4]:
+            samples.append(dict(s, batch_index=unit, sample_id=2 * unit + s["sample_id"]))
+    return samples
+
+
+def test_the_replay_interval_holds_the_probes_timing_spread():
+    """Batches alike: the prediction's interval is the probes' timing spread alone. With every repetition equal it
+    is the point 4.2 / 4.5; with the target's step timed 0.9, 1.0, 1.1 s, its verification 1.4, 1.5, 1.6 and the
+    draft's 0.25, 0.3, 0.35, it widens around it, inside the extremes worked out by hand: the method at its slowest
+    (0.3 + 2 x (2 x 0.35 + 1.6) = 4.9 s a batch) against the baseline at its fastest (0.2 + 4 x 0.9 = 3.8), 0.776,
+    and the reverse (4.1 against 4.6), 1.122."""
+    still = run(summarize(eight_alike_batches(), {"costs": probe_at_two_rows()}), "speculative", batch_size=2)
+    assert still["metrics"]["predicted_speedup_replay_ci95"] == pytest.approx([4.2 / 4.5, 4.2 / 4.5])
+    probe = probe_at_two_rows()
+    probe["2"]["p1"].update(target_reps_s={"1": [0.9, 1.0, 1.1], "3": [1.4, 1.5, 1.6]},
+                            draft_reps_s={"d": [0.25, 0.3, 0.35]})
+    low, high = run(summarize(eight_alike_batches(), {"costs": probe}), "speculative",
+                    batch_size=2)["metrics"]["predicted_speedup_replay_ci95"]
+    assert 3.8 / 4.9 <= low < 4.2 / 4.5 - 0.02 and 4.2 / 4.5 + 0.02 < high <= 4.6 / 4.1
