@@ -149,7 +149,7 @@ def possible_bug(metrics: dict, drift: float | None) -> dict | None:
             f"sample(s) that rounding cannot explain (of {len(mismatches)} that differ); {probe}; {why}"}
 
 
-def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
+def cost_flags(point: Point, metrics: dict, costs: CostProbe, compiled: bool = False) -> list[dict]:
     """cost_unstable: one probe's repetitions (each worker's), or the workers' c or v, disagree; cost_implausible;
     host_bound."""
     flags = []
@@ -163,7 +163,7 @@ def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
                               f"repetitions spread over {value:.0%} of their median (max - min), the same forward each "
                               "time: the machine was not steady while c and v were measured, so they and the prediction "
                               "are uncertain"})
-                return flags + implausible(metrics) + host_bound(metrics)
+                return flags + implausible(metrics) + host_bound(metrics, compiled)
     if len(costs.per_worker) > 1:
         for name, values in (("c", [p.c_for(point.draft) for p in costs.per_worker.values()]),
                              ("v", [p.v_for(nodes) for p in costs.per_worker.values()])):
@@ -175,7 +175,7 @@ def cost_flags(point: Point, metrics: dict, costs: CostProbe) -> list[dict]:
                               f"apart by {value:.0%} of their median ({shown}): the prediction uses their median, "
                               "which describes none of them well"})
                 break
-    return flags + implausible(metrics) + host_bound(metrics)
+    return flags + implausible(metrics) + host_bound(metrics, compiled)
 
 
 def implausible(metrics: dict) -> list[dict]:
@@ -189,8 +189,9 @@ def implausible(metrics: dict) -> list[dict]:
              "inflates every speedup"}]
 
 
-def host_bound(metrics: dict) -> list[dict]:
-    """host_bound by the rule above (HOST_BOUND_*): the draft's forward waits on the host more than it computes."""
+def host_bound(metrics: dict, compiled: bool = False) -> list[dict]:
+    """host_bound by the rule above (HOST_BOUND_*): the draft's forward waits on the host more than it computes.
+    compiled (engine.compile): the wait is the engine's own host work around its graphs, not eager dispatch."""
     c, bytes_ratio = metrics.get("draft_cost_ratio_c"), metrics.get("weight_bytes_ratio")
     busy, target_busy = metrics.get("draft_busy_share"), metrics.get("target_busy_share")
     if busy is not None:
@@ -206,10 +207,15 @@ def host_bound(metrics: dict) -> list[dict]:
                "bytes: most of the draft's forward is the host dispatching kernels one by one")
     else:
         return []
+    others = "".join(f" or {t.title} (the {t.methods} methods)" for t in ENGINE_TEXTS.values())
+    if compiled:  # CUDA graphs launch a forward at once: what waits is the engine's Python around them
+        return [{"code": "host_bound", "message": why + ", though compiled (engine.compile): the host work around each "
+                 "step's graphs (inputs, the token's choice, its read back) costs as much as the models' kernels, so "
+                 "the speedups measure this engine's per-step overhead as well as the models; for the models alone, "
+                 "an engine with less of it" + others.replace(" or ", ": ", 1)}]
     return [{"code": "host_bound", "message": why + ". The speedups then measure Python and kernel-launch overhead "
              "(how many dispatches speculation saves), not the memory-bound decoding that speculative decoding "
-             "exploits; for figures of the models, run the compiled engine (engine.compile: true)"
-             + "".join(f" or {t.title} (the {t.methods} methods)" for t in ENGINE_TEXTS.values())}]
+             "exploits; for figures of the models, run the compiled engine (engine.compile: true)" + others}]
 
 
 def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[dict]:
@@ -249,7 +255,9 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
                       "between repeats: the machine changed speed during the run"})
     costs = machine.get("costs")
     if spec.has_rounds and costs is not None and (point.gamma is not None or tree_of(point)):
-        flags += cost_flags(point, metrics, costs)
+        profile = machine.get("profile")
+        compiled = bool(profile is not None and getattr(profile, "meta", {}).get("compile"))
+        flags += cost_flags(point, metrics, costs, compiled)
     int8 = int8_batch(point, metrics, machine.get("numerics") or {})
     bug = None if int8 else possible_bug(metrics, numerics_drift(machine.get("numerics") or {}))
     flags += [flag for flag in (int8, bug) if flag]

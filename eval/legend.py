@@ -182,7 +182,8 @@ LEGEND = {
              f"Python and kernel-launch overhead, not the memory-bound decoding that speculation exploits: the "
              f"compiled engine (engine.compile: true)"
              + "".join(f" or {t.title} (the {t.methods} methods)" for t in ENGINE_TEXTS.values()) +
-             f" measure the models; "
+             f" measure the models (compiled and still below it: the engine's host work around its graphs, seen "
+             f"at 43% on an H100 for a 1B pair's draft); "
              f"possible_bug: a greedy output differs from the baseline's "
              f"where rounding cannot flip a token: at its first differing token the baseline's top-1 logit led its "
              f"top-2 by more than {FLIP_REACH:g} x the drift, the target's numerics probe's max |logit diff| (over "
