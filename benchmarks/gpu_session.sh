@@ -24,6 +24,8 @@ SCALE="${GPU_SESSION_SCALE:-1}"
 SKIP=",${GPU_SESSION_SKIP:-},"
 LOG="$OUT/session.log"
 WORK="$(mktemp -d)"
+FAILED=""
+trap 'rm -rf "$WORK"' EXIT
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY="${PYTHON:-python3}"
 
@@ -38,6 +40,7 @@ step() {  # step NAME LIMIT_S COMMAND...: its output appended to the log, its ex
     start=$(date +%s)
     timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
     rc=$?
+    ((rc == 0)) || FAILED="$FAILED $name"
     echo "== $name: rc $rc, $(($(date +%s) - start)) s" >>"$LOG"
     tail -n 3 "$LOG"
 }
@@ -45,28 +48,33 @@ step() {  # step NAME LIMIT_S COMMAND...: its output appended to the log, its ex
 MODELS=(--set "device=$DEVICE" --set "target.model=$TARGET" --set "target.dtype=$DTYPE" --set "draft.model=$DRAFT"
         --set "draft.dtype=$DTYPE" --set engine.compile=false --set warmup=1 --set repeats=1)
 TOKENS=$((64 / SCALE))
-{ date -u; nvidia-smi -L 2>&1; $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda",
+{ date -u; nvidia-smi -L 2>&1; "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "cuda",
 torch.version.cuda, "transformers", transformers.__version__, "gpu", torch.cuda.is_available() and
 torch.cuda.get_device_name(0))'; } >>"$LOG" 2>&1
 
 # the profile covers the runs below: rows 1-4, caches from the shortest GSM8K prompt (bytes: the synthetic
 # tokenizer) to the longest prompt and its generation
-step profile 120 $PY -m runner.profile --config configs/gpu-synthetic.yaml "${MODELS[@]}" --rows 1,2,3,4 \
+step profile 120 "$PY" -m runner.profile --config configs/gpu-synthetic.yaml "${MODELS[@]}" --rows 1,2,3,4 \
     --kv 64,768 --prompt-tokens 64 --reps 5 --out "$OUT/profile.json"
-step static 150 $PY launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]}" --set name=gpu-static \
+step static 150 "$PY" launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]}" --set name=gpu-static \
     --set dataset.num_samples=$((8 / SCALE < 2 ? 2 : 8 / SCALE)) --set "batch_size=[1,4]" \
     --set "speculative.gamma=[4]" --set "speculative.synthetic_acceptance=[0.8]" \
     --set "generation.max_new_tokens=$TOKENS" --output-dir "$WORK/static"
-step predict-static 45 $PY -m eval.predict "$WORK/static" --costs "$OUT/profile.json" --out "$OUT/predict-static.json"
+step predict-static 45 "$PY" -m eval.predict "$WORK/static" --costs "$OUT/profile.json" --out "$OUT/predict-static.json"
 [ -d "$WORK/static" ] && tar czf "$OUT/static.tgz" -C "$WORK" static
-step load 150 $PY launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]}" --set name=gpu-load \
+step load 150 "$PY" launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]}" --set name=gpu-load \
     --set dataset.num_samples=$((16 / SCALE)) --set "batch_size=[1]" --set "speculative.gamma=[4]" \
     --set "speculative.synthetic_acceptance=[0.8]" --set "generation.max_new_tokens=$TOKENS" \
     --set "load={concurrency: [1, 4], requests: $((16 / SCALE))}" --output-dir "$WORK/load"
-step predict-load 45 $PY -m eval.predict "$WORK/load" --costs "$OUT/profile.json" --out "$OUT/predict-load.json"
+step predict-load 45 "$PY" -m eval.predict "$WORK/load" --costs "$OUT/profile.json" --out "$OUT/predict-load.json"
 [ -d "$WORK/load" ] && tar czf "$OUT/load.tgz" -C "$WORK" load
 
 left=$((DEADLINE - $(date +%s) - 40))  # the check's rows start within its budget; the last may run ~40 s more
-step check $((left + 40)) $PY benchmarks/gpu_check.py --device "$DEVICE" --json "$OUT/gpu-check.json" --budget-s "$left" \
-    ${GPU_SESSION_CHECKS:+--only "$GPU_SESSION_CHECKS"}
+if ((left > 0)); then
+    step check $((left + 40)) "$PY" benchmarks/gpu_check.py --device "$DEVICE" --json "$OUT/gpu-check.json" \
+        --budget-s "$left" ${GPU_SESSION_CHECKS:+--only "$GPU_SESSION_CHECKS"}
+else
+    echo "== check: skipped, no time left" >>"$LOG"
+fi
 date -u >>"$LOG"
+if [ -n "$FAILED" ]; then echo "failed:$FAILED (session.log says why)" | tee -a "$LOG"; exit 1; fi

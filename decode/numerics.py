@@ -128,9 +128,11 @@ def ragged_batch_problem(model) -> str | None:
     drift = numerics_probe(model, ids, torch.ones_like(ids))
     rounding = max(drift["verify_vs_stepwise_max_logit_diff"], unpadded)
     scale = float(_alone(model, ids[:, :-1], ids[:, -1:]).std())
-    if bias > max(BIAS_OVER_DRIFT * drift["verify_vs_stepwise_max_logit_diff"], BIAS_OVER_ROW * unpadded,
-                  BIAS_OVER_SCALE * scale):
+    bound = max(BIAS_OVER_DRIFT * drift["verify_vs_stepwise_max_logit_diff"], BIAS_OVER_ROW * unpadded,
+                BIAS_OVER_SCALE * scale)
+    if bias > bound:
         arch = type(model).__name__
         return (f"{arch} builds its position bias from cache slots, not positions: a row in a ragged batch "
-                f"gets other logits than alone (max diff {bias:.3g}, rounding {rounding:.2g}); use batch_size 1")
+                f"gets other logits than alone (max diff {bias:.3g}, above the {bound:.2g} that rounding of "
+                f"{rounding:.2g} could explain); use batch_size 1")
     return None

@@ -96,13 +96,32 @@ class Profile:
     def resampled(self, rng) -> "Profile":
         """One draw of the profile's own timing noise: each point's median over its repetitions, recomputed on the
         repetitions drawn with replacement (rng: a random.Random); a point with fewer than two repetitions keeps its
-        time. The replay's interval prices each of its resamples with one (eval/replay.py)."""
-        def redrawn(point: dict) -> dict:
-            reps = point.get("reps_s") or []
-            return dict(point, s=statistics.median(rng.choices(reps, k=len(reps)))) if len(reps) > 1 else point
+        time. The replay's interval prices each of its resamples with one (eval/replay.py).
 
-        return Profile(meta=self.meta, steps=[redrawn(p) for p in self.steps],
-                       prefills=[redrawn(p) for p in self.prefills])
+        The steps of one probe (the same rows and cache) were timed interleaved, repetition r of each one after
+        another (runner/probes.py measure_costs; the 1-token target step first and last, its 2r and 2r + 1), so a
+        drift of the machine moves them together and cancels in their ratios: they are drawn together, the same
+        repetitions for every step of the probe. Prefills, timed apart, are drawn alone."""
+        def median_of(reps: list, drawn: list[int] | None) -> float:
+            if drawn is None or len(reps) not in (len(drawn), 2 * len(drawn)):
+                return statistics.median(rng.choices(reps, k=len(reps)))
+            pairs = len(reps) // len(drawn)
+            return statistics.median(reps[pairs * j + k] for j in drawn for k in range(pairs))
+
+        probes: dict[tuple, list[int]] = {}
+        for i, p in enumerate(self.steps):
+            probes.setdefault((p["rows"], p["kv"]), []).append(i)
+        steps = list(self.steps)
+        for members in probes.values():
+            counts = [len(self.steps[i].get("reps_s") or []) for i in members]
+            n = min((c for c in counts if c > 1), default=0)  # the probe's repetitions (its 1-token step has 2n)
+            drawn = [rng.randrange(n) for _ in range(n)] if n else None
+            for i, count in zip(members, counts):
+                if count > 1:
+                    steps[i] = dict(self.steps[i], s=median_of(self.steps[i]["reps_s"], drawn))
+        prefills = [dict(p, s=median_of(p["reps_s"], None)) if len(p.get("reps_s") or []) > 1 else p
+                    for p in self.prefills]
+        return Profile(meta=self.meta, steps=steps, prefills=prefills)
 
     def rows_measured(self, model: str = TARGET) -> list[int]:
         return sorted({int(p["rows"]) for p in self.steps if p["model"] == model})

@@ -260,21 +260,25 @@ def _static_replays(samples, baseline, profile, draft, batch_size, clamp_rows):
             pricer, base)
 
 
+CLUSTER_DRAWS = 20  # draws of the prompt batches per replay: 200 x 20 = 4000 values, as the measured interval's
+
+
 def joint_interval(replays: list[tuple[list, list]], decode: bool = False,
                    seed: int = BOOTSTRAP_SEED) -> list[float] | None:
     """95% interval of a replayed speedup over both of its sources of doubt: per resample, the batches replayed with
-    one resampled profile (the probes' timing spread), then those prompt batches drawn with replacement (the
-    acceptance's spread over prompts), the ratio of totals; the expanded percentile interval (eval/stats.py), None
-    with fewer than MIN_PROMPTS batches."""
+    one resampled profile (the probes' timing spread), then those prompt batches drawn with replacement
+    (CLUSTER_DRAWS times: the acceptance's spread over prompts), the ratio of totals; the expanded percentile interval
+    (eval/stats.py, its n the prompt batches), None with fewer than MIN_PROMPTS batches."""
     rng, values, n = random.Random(seed), [], None
     for mine, theirs in replays:
         clusters = paired_clusters(mine, theirs, decode=decode)
         n = len(clusters)
         if n < MIN_PROMPTS:
             return None
-        value = ratio_of_totals(rng.choices(clusters, k=n))
-        if value is not None:
-            values.append(value)
+        for _ in range(CLUSTER_DRAWS):
+            value = ratio_of_totals(rng.choices(clusters, k=n))
+            if value is not None:
+                values.append(value)
     if not values:
         return None
     tail = expanded_tail(n)

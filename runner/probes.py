@@ -267,9 +267,9 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     prefill cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
     through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
     host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
-    `busy_reps`, before the timed repetitions: a profiler session leaves later kernel launches slower, by x1.04 to
-    x1.40 in an eager forward on an H100 (benchmarks/gpu_check.py's cupti row), so every step this process times comes
-    after one, the probes' and the batches' alike; 0: none). After the steps' repetitions, the
+    `busy_reps`, after the untimed pass and before the timed repetitions: a profiler session leaves later kernel
+    launches slower, by x1.04 to x1.40 in an eager forward on an H100 (benchmarks/gpu_check.py's cupti row), so every
+    step this process times comes after one, the probes' and the batches' alike; 0: none). After the steps' repetitions, the
     prefills of the batch and of its first row by each model (prefill_points: the cost profile's prefill points;
     prefills False: none, where the caller has them already). clock None: a clock on the ids' device.
     """
@@ -292,10 +292,12 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
               + [("target", w) for w in sorted(set(widths)) if w > 1] + [("target", 1)])
     times: dict[tuple, list[float]] = {probe: [] for probe in probes}
     busy = {}
-    if ids.device.type == "cuda" and busy_reps:  # first: what the profiler leaves behind slows every later step alike
-        busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
-                for name, model in models.items()}
     for rep in range(reps + 1):
+        if rep == 1 and ids.device.type == "cuda" and busy_reps:
+            # after the untimed pass (a compiled step's graphs compiled), before the timed ones: what the profiler
+            # leaves behind slows every later step alike
+            busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
+                    for name, model in models.items()}
         for name, width in probes:
             if name != "target":
                 elapsed = _timed_draft_step(drafters[name.removeprefix("draft:")], token, clock)

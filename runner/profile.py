@@ -216,8 +216,7 @@ def run(config, args, command: str, console):
                 try:
                     probe = measure_costs(target.model, models, ids, mask, widths, clock, reps=args.reps,
                                           tree_widths=tree_widths, sampling=sampling, context=kv - prompt,
-                                          target_vocab_size=target.vocab_size, prefills=not prefilled,
-                                          busy_reps=0)  # no profiler: its leftovers slow later launches
+                                          target_vocab_size=target.vocab_size, prefills=not prefilled)  # busy probe as a run's
                 except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory at many rows: the others go on
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
