@@ -162,6 +162,9 @@ class SampleRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     emits: list[list[float]] | None = None
+    # a conversation (dataset.turns): its first turn's sample_id, and this prompt's turn in it (1, 2, ...)
+    conversation: int | None = None
+    turn: int | None = None
     extra: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str):  # an axis: its point's value

@@ -22,7 +22,7 @@ from runner.plan import Unit, batches_of, comparisons, left_pad, order_of, point
 from runner.probes import (PROCESS, RUNTIME_ERRORS, comparison_costs, drift_probe, one_line, probe_numerics,
                            probe_widths)
 from runner.loading import eos_set
-from utils.data import load_prompts
+from utils.data import expand_conversations, load_prompts
 
 
 @dataclass
@@ -73,7 +73,8 @@ def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, 
     prefill = record.prefill_s
     fields = dict(
         point=point, sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
-        batch_rows=batch_rows, group=prompt.group, prompt_tokens=len(prompt.token_ids), preset=preset,
+        batch_rows=batch_rows, group=prompt.group, conversation=prompt.conversation, turn=prompt.turn,
+        prompt_tokens=len(prompt.token_ids), preset=preset,
         reference=prompt.reference, output_ids=record.output_ids,
         output_text=tokenizer.decode(record.output_ids, skip_special_tokens=True), new_tokens=record.new_tokens,
         stop_reason=record.stop_reason, latency_s=record.latency_s,
@@ -124,6 +125,7 @@ class Session:
         self.eos = eos_ids(self.tokenizer, self.target.model)
         self.pad_id = self.tokenizer.pad_token_id
         loading.refuse_ragged_batches_if_wrong(config, self.target, self.drafts)
+        self.prompt_set = expand_conversations(self.prompt_set, config.dataset, self.tokenizer, self._answer)
         points = self._points()
         compile_note = loading.compile_models(config, self.target, self.drafts, points,
                                               max(len(p.token_ids) for p in self.prompt_set.prompts)) \
@@ -135,6 +137,16 @@ class Session:
                                   drafts={label: d.model for label, d in self.drafts.items()},
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
                                   options=config.speculative.model_dump())
+
+    def _answer(self, token_ids: list[int]) -> str:
+        """The target's greedy answer to a prompt, at batch 1, eager (a conversation's earlier turn: utils/data.py
+        expand_conversations), at most generation.max_new_tokens."""
+        from decode import generate_baseline
+
+        ids = torch.tensor([token_ids], device=self.device)
+        with torch.inference_mode():
+            row = generate_baseline(self.target.model, ids, torch.ones_like(ids), self.generation(None))[0]
+        return self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
 
     def roles(self) -> list[tuple]:
         """(role, draft label or None, LoadedModel) of every model loaded (runner/loading.py roles)."""
@@ -203,6 +215,11 @@ class Session:
             self.tokenizer = load_tokenizer(self.config.target, "target")
         self.target, self.drafts = None, {}
         self.prompt_set = load_prompts(self.config.dataset, self.tokenizer)
+        if self.prompt_set.conversations:
+            from utils import UserError
+
+            raise UserError("dataset.turns: a conversation's later turns carry the target's answers, which our "
+                            "engine's baseline generates; add baseline to methods, or set dataset.turns: 1")
         self.eos = eos_set(self.tokenizer, generation_eos(self.config.target))
         self.pad_id = self.tokenizer.pad_token_id
         self.notes = loading.prompt_notes(self.prompt_set)

@@ -63,7 +63,7 @@ class DatasetConfig(Strict):
     preset: Literal["gsm8k", "humaneval", "mt_bench", "none"] = Field(
         "none", description="gsm8k (the question; the answer after #### kept for accuracy), humaneval (the code "
                             "prompt), mt_bench (the first turn): the prompt field, the reference and an instruction")
-    prompt_field: str | None = Field(None, description="the field holding the prompt (a list: its first element); "
+    prompt_field: str | None = Field(None, description="the field holding the prompt (a list: its first turn; all its turns with turns); "
                                                        "default: the preset's, else the one field among prompt, "
                                                        "question, instruction, input, text, turns (none or several "
                                                        "is refused)")
@@ -76,7 +76,20 @@ class DatasetConfig(Strict):
                                                                   "(prompt_overflow); both are counted in the report")
     prompt_overflow: Literal["truncate", "skip"] = Field(
         "truncate", description="a prompt over max_prompt_tokens: truncate keeps its last tokens, skip drops it")
-    group_by: str | None = Field(None, description="a field (e.g. category): figures per group as well as overall")
+    group_by: str | None = Field(None, description="a field (e.g. category): figures per group as well as overall; "
+                                                   "'turn' (with turns): per turn of a conversation")
+    turns: int | Literal["all"] = Field(1, description="a row whose prompt is a list of turns (MT-Bench's turns, or a "
+                                                       "messages list: its user messages) runs as a conversation of "
+                                                       "its first N turns (all: every turn); turn k's prompt is the "
+                                                       "chat template over the earlier turns and the target's greedy "
+                                                       "answers to them, generated once before timing (docs/models-and-data.md#conversations)")
+
+    @field_validator("turns")
+    @classmethod
+    def _turns(cls, value):
+        if value != "all" and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"turns must be a whole number >= 1 or 'all', got {value!r}")
+        return value
     enable_thinking: bool | None = Field(None, description="passed to the chat template (Qwen3 thinks unless false); "
                                                              "null: the template's default")
 

@@ -36,6 +36,17 @@ class Prompt:
     reference: str | None = None
     truncated: bool = False
     group: str | None = None  # dataset.group_by's value
+    conversation: int | None = None  # a conversation's row (dataset.turns): the sample_id of its first turn
+    turn: int | None = None  # 1, 2, ... within it
+
+
+@dataclass
+class Conversation:
+    """A row run as a conversation (dataset.turns): its user turns, asked one after another."""
+    sample_id: int  # its first turn's prompt
+    turns: list[str]
+    group: str | None = None
+    answers: list[str] = field(default_factory=list)  # the target's greedy answers to turns 1 .. n - 1
 
 
 @dataclass
@@ -49,6 +60,7 @@ class PromptSet:
     field_name: str = ""  # the column the prompts came from
     guessed_field: bool = False  # no prompt_field and no preset: guessed from common names
     notes: list[str] = field(default_factory=list)  # for the report's notes: what ran differs from what was asked
+    conversations: list[Conversation] = field(default_factory=list)  # rows of several turns (dataset.turns)
 
 
 def resolve_path(path: str) -> tuple[str, str | None]:
@@ -149,15 +161,96 @@ def prompt_field(cfg: DatasetConfig, fields: list[str]) -> tuple[str, bool]:
                     f"{', '.join(fields)}")
 
 
+def turns_of(value) -> list[str]:
+    """A prompt field's user turns: a text is one; a list of texts (MT-Bench's turns) each; a messages list
+    ({role, content} objects) its user messages' contents (its assistant messages are not used: a conversation's
+    answers are the target's own). Empty or whitespace-only turns are dropped."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        value = [value]
+    texts = [v.get("content") if isinstance(v, dict) and v.get("role", "user") == "user" else
+             (None if isinstance(v, dict) else v) for v in value]
+    return [str(t) for t in texts if t is not None and str(t).strip()]
+
+
 def prompt_of(row: dict, cfg: DatasetConfig, field_name: str) -> str | None:
     """The prompt's text, or None where the row has none: a missing (null) field, an empty list, or text that is empty
-    or whitespace only (such a row is skipped, and counted as skipped_empty)."""
-    value = row[field_name]
-    if isinstance(value, list):  # MT-Bench: the first user turn
-        value = value[0] if value else None
-    if value is None or not str(value).strip():
-        return None
-    return INSTRUCTIONS.get(cfg.preset, "") + str(value)
+    or whitespace only (such a row is skipped, and counted as skipped_empty). A list: its first user turn."""
+    turns = turns_of(row[field_name])
+    return INSTRUCTIONS.get(cfg.preset, "") + turns[0] if turns else None
+
+
+def conversation_text(tokenizer, cfg: DatasetConfig, turns: list[str], answers: list[str]) -> str:
+    """The prompt of turn len(answers) + 1: the chat template over the earlier turns with their answers, and the
+    turn itself (the preset's instruction before the first turn only); without a template, the texts one after
+    another, separated by blank lines."""
+    asked = [INSTRUCTIONS.get(cfg.preset, "") + turns[0]] + turns[1:len(answers) + 1]
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if cfg.chat_template is False or (cfg.chat_template == "auto" and not has_template):
+        return "\n\n".join(part for pair in zip(asked, answers + [None]) for part in pair if part is not None)
+    if not has_template:
+        raise DataError("dataset.chat_template: true but the target's tokenizer has no chat template; set it to auto or false")
+    messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    for question, answer in zip(asked, answers + [None]):
+        messages.append({"role": "user", "content": question})
+        if answer is not None:
+            messages.append({"role": "assistant", "content": answer})
+    extra = {} if cfg.enable_thinking is None else {"enable_thinking": cfg.enable_thinking}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+
+
+def tokenized(tokenizer, text: str, cfg: DatasetConfig) -> tuple[list[int], bool] | None:
+    """(token ids, truncated) of a prompt's text after max_prompt_tokens (its last tokens kept), or None where
+    prompt_overflow: skip drops it."""
+    ids = tokenizer(text, add_special_tokens=not _has_bos_in_template(tokenizer, text))["input_ids"]
+    if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
+        if cfg.prompt_overflow == "skip":
+            return None
+        return ids[-cfg.max_prompt_tokens:], True  # keep the end, where the question is asked
+    return ids, False
+
+
+def turn_group(cfg: DatasetConfig, row_group: str | None, turn: int) -> str | None:
+    return f"turn {turn}" if cfg.group_by == "turn" and cfg.turns != 1 else row_group
+
+
+def expand_conversations(prompt_set: PromptSet, cfg: DatasetConfig, tokenizer, answer) -> PromptSet:
+    """Every conversation's later turns as prompts, after the first turns: turn k's prompt carries the answers to
+    turns 1 .. k - 1, each `answer(token_ids) -> text` of the prompt before it (the target's greedy output, once per
+    conversation, so every method sees the same conversation). Their sample_ids follow the rows' (row + k - 1 times
+    the rows' span). A turn whose prompt is dropped (prompt_overflow: skip) ends its conversation, counted as
+    skipped_too_long."""
+    if not prompt_set.conversations:
+        return prompt_set
+    span = max(p.sample_id for p in prompt_set.prompts) + 1
+    by_id = {p.sample_id: p for p in prompt_set.prompts}
+    last = {c.sample_id: by_id[c.sample_id] for c in prompt_set.conversations}
+    most = max(len(c.turns) for c in prompt_set.conversations)
+    for turn in range(2, most + 1):
+        for c in prompt_set.conversations:
+            if len(c.turns) < turn or c.sample_id not in last:
+                continue
+            c.answers.append(answer(last[c.sample_id].token_ids))
+            text = conversation_text(tokenizer, cfg, c.turns, c.answers)
+            made = tokenized(tokenizer, text, cfg)
+            if made is None:
+                prompt_set.skipped_too_long += 1
+                del last[c.sample_id]
+                continue
+            ids, truncated = made
+            prompt_set.truncated += truncated
+            prompt = Prompt(c.sample_id + (turn - 1) * span, text, ids, None, truncated,
+                            turn_group(cfg, c.group, turn), c.sample_id, turn)
+            prompt_set.prompts.append(prompt)
+            last[c.sample_id] = prompt
+    counts = sorted({len(c.turns) for c in prompt_set.conversations})
+    prompt_set.notes.append(
+        f"dataset: {len(prompt_set.conversations)} conversations of {'/'.join(map(str, counts))} turns "
+        f"(dataset.turns: {cfg.turns}): turn k's prompt holds the earlier turns and the target's greedy answers to "
+        f"them (at most generation.max_new_tokens each), generated once before timing with the baseline's step, the "
+        f"same for every method and temperature")
+    return prompt_set
 
 
 def reference_of(row: dict, cfg: DatasetConfig) -> str | None:
@@ -182,7 +275,7 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
     rows, source = load_rows(cfg)
     fields = list(rows.column_names)
     field_name, guessed = prompt_field(cfg, fields)
-    if cfg.group_by is not None and cfg.group_by not in fields:
+    if cfg.group_by is not None and cfg.group_by not in fields and not (cfg.group_by == "turn" and cfg.turns != 1):
         raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}")
     available = len(rows)
     if cfg.num_samples is not None:
@@ -194,19 +287,23 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
             result.skipped_empty += 1
             continue
         text = apply_chat_template(tokenizer, prompt, cfg)
-        ids = tokenizer(text, add_special_tokens=not _has_bos_in_template(tokenizer, text))["input_ids"]
-        truncated = False
-        if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
-            if cfg.prompt_overflow == "skip":
-                result.skipped_too_long += 1
-                continue
-            ids, truncated = ids[-cfg.max_prompt_tokens:], True  # keep the end, where the question is asked
-            result.truncated += 1
+        made = tokenized(tokenizer, text, cfg)
+        if made is None:
+            result.skipped_too_long += 1
+            continue
+        ids, truncated = made
+        result.truncated += truncated
         if not ids:  # text the tokenizer makes nothing of is as empty as no text
             result.skipped_empty += 1
             continue
-        group = None if cfg.group_by is None else str(row[cfg.group_by])
-        result.prompts.append(Prompt(index, text, ids, reference_of(row, cfg), truncated, group))
+        group = None if cfg.group_by is None or cfg.group_by not in fields else str(row[cfg.group_by])
+        turns = turns_of(row[field_name])
+        turns = turns if cfg.turns == "all" else turns[:cfg.turns]
+        if len(turns) > 1:
+            result.conversations.append(Conversation(index, turns, group))
+        talk = cfg.turns != 1  # every row is a conversation, of one turn or more
+        result.prompts.append(Prompt(index, text, ids, reference_of(row, cfg), truncated, turn_group(cfg, group, 1),
+                                     index if talk else None, 1 if talk else None))
     if not result.prompts:
         reasons, fixes = [], []
         if result.skipped_empty:

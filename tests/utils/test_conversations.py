@@ -1,0 +1,108 @@
+"""Conversations (dataset.turns): a row of several turns runs turn by turn, turn k's prompt holding the earlier turns
+and the target's own greedy answers to them; every method sees the same conversation."""
+import json
+
+import pytest
+import yaml
+
+from helpers import base_config, run_launch, save_tiny_pair, word_tokenizer
+from utils.config import DatasetConfig
+from utils.data import expand_conversations, load_prompts, turns_of
+from utils.io import read_jsonl
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def tokenizer(template=True):
+    tok = word_tokenizer()
+    if template:
+        tok.chat_template = TEMPLATE
+    return tok
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROWS = [{"turns": ["w3 w4", "w5 w6", "w7"], "category": "a"},
+        {"turns": ["w8 w9 w10"], "category": "b"},  # one turn: a conversation of one
+        {"messages": None, "turns": ["w11", "w12"], "category": "a"}]
+
+
+def test_turns_of_texts_and_messages():
+    assert turns_of("w3") == ["w3"]
+    assert turns_of(["w3", " ", "w4"]) == ["w3", "w4"]
+    assert turns_of([{"role": "system", "content": "be brief"}, {"role": "user", "content": "w3"},
+                     {"role": "assistant", "content": "w9"}, {"role": "user", "content": "w4"}]) == ["w3", "w4"]
+
+
+def test_each_turn_holds_the_earlier_turns_and_their_answers(tmp_path):
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "c.jsonl", ROWS)), prompt_field="turns", turns="all",
+                        group_by="turn")
+    prompts = load_prompts(cfg, tokenizer())
+    assert [p.turn for p in prompts.prompts] == [1, 1, 1] and [len(c.turns) for c in prompts.conversations] == [3, 2]
+    asked = []
+
+    def answer(token_ids):  # the "target": says which prompt it answered, by its length
+        asked.append(len(token_ids))
+        return f"w{40 + len(asked)}"
+
+    expand_conversations(prompts, cfg, tokenizer(), answer)
+    by_id = {p.sample_id: p for p in prompts.prompts}
+    # rows 0, 1, 2; turn 2 of row 0 is 0 + 3, of row 2 is 2 + 3; turn 3 of row 0 is 0 + 6
+    assert sorted(by_id) == [0, 1, 2, 3, 5, 6]
+    assert by_id[3].text == "<user> w3 w4 <assistant> w41 <user> w5 w6 <assistant>"
+    assert by_id[5].text == "<user> w11 <assistant> w42 <user> w12 <assistant>"
+    # turn 3 answers from turn 2's prompt, and carries both answers
+    assert by_id[6].text == "<user> w3 w4 <assistant> w41 <user> w5 w6 <assistant> w43 <user> w7 <assistant>"
+    assert asked[2] == len(by_id[3].token_ids)
+    assert [(by_id[i].conversation, by_id[i].turn, by_id[i].group) for i in (0, 1, 3, 5, 6)] == [
+        (0, 1, "turn 1"), (1, 1, "turn 1"), (0, 2, "turn 2"), (2, 2, "turn 2"), (0, 3, "turn 3")]
+    assert any("3 conversations" not in n and "conversations of 2/3 turns" in n for n in prompts.notes)
+
+
+def test_without_a_template_the_turns_follow_each_other(tmp_path):
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "c.jsonl", ROWS[:1])), prompt_field="turns", turns=2,
+                        chat_template=False)
+    prompts = expand_conversations(load_prompts(cfg, tokenizer(False)), cfg, tokenizer(False), lambda ids: "w44")
+    assert [p.text for p in prompts.prompts] == ["w3 w4", "w3 w4\n\nw44\n\nw5 w6"]  # turns: 2 of its 3
+
+
+def test_turns_1_is_the_first_turn_as_before(tmp_path):
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "c.jsonl", ROWS)), prompt_field="turns", chat_template=False)
+    prompts = load_prompts(cfg, tokenizer(False))
+    assert [p.text for p in prompts.prompts] == ["w3 w4", "w8 w9 w10", "w11"]
+    assert not prompts.conversations and all(p.turn is None for p in prompts.prompts)
+
+
+def test_bad_turns_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="turns must be"):
+        DatasetConfig(path="x.jsonl", turns=0)
+
+
+def test_every_method_answers_turn_2_as_the_baseline_does(tmp_path):
+    target, draft = save_tiny_pair(tmp_path)
+    data = write_rows(tmp_path / "talk.jsonl", [{"turns": [f"w{3 + i} w{20 + i} w{3 + i}", f"w{50 + i} w{3 + i}"]}
+                                                 for i in range(4)])
+    config = base_config(target, draft, data, methods=["baseline", "speculative", "prompt_lookup"],
+                         batch_size=[1, 2], speculative={"gamma": [2]})
+    config["dataset"].update(prompt_field="turns", turns=2, group_by="turn")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_launch(["--config", path, "--output-dir", tmp_path / "out"])
+    assert result.returncode == 0, result.stderr
+    samples = read_jsonl(tmp_path / "out" / "samples.jsonl")
+    assert {s["turn"] for s in samples} == {1, 2}
+    base = {(s["batch_size"], s["sample_id"]): s for s in samples if s["method"] == "baseline"}
+    for s in samples:  # greedy, fp32: every method's every turn is the baseline's
+        assert s["output_ids"] == base[(s["batch_size"], s["sample_id"])]["output_ids"]
+    tok = word_tokenizer()
+    for s in (s for s in samples if s["method"] == "baseline" and s["batch_size"] == 1 and s["turn"] == 2):
+        first = base[(1, s["conversation"])]
+        row = s["conversation"]
+        text = f"w{3 + row} w{20 + row} w{3 + row}\n\n{first['output_text']}\n\nw{50 + row} w{3 + row}"
+        assert s["prompt_tokens"] == len(tok(text)["input_ids"])  # the baseline's own turn-1 answer inside
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert {r["group"] for r in summary["runs"]} == {None, "turn 1", "turn 2"}
