@@ -158,6 +158,14 @@ class RayExecutor:
     def _describe(self, infos: list[dict]) -> None:
         """What the experiment records of the workers (Experiment.describe): the first one's prompts, models and
         numerics, every worker's machine for env.json, and notes."""
+        if infos[0]["prompt_set"].conversations:  # each worker wrote its own answers to the earlier turns
+            from utils.data import prompts_digest
+
+            digests = {info["worker"]: prompts_digest(info["prompt_set"]) for info in infos}
+            if len(set(digests.values())) > 1:
+                raise UserError("dataset.turns: the workers' conversations differ (their targets answered the earlier "
+                                f"turns otherwise: {', '.join(f'{w} {d}' for w, d in digests.items())}); run "
+                                "conversations on workers of one kind of device, or in one process")
         self.loaded = SimpleNamespace(**{k: infos[0][k] for k in ("prompt_set", "notes", "numerics")})
         self.environments = [(info["env"], info["process"]) for info in infos]
         self.workers_info = {info["worker"]: {k: info[k] for k in ("hostname", "device", "device_name", "numerics")}

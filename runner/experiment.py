@@ -22,7 +22,7 @@ from runner.session import UnitResult
 from runner.storage import ReportFolder
 from utils import UserError
 from utils.config import Config
-from utils.data import resolve_path
+from utils.data import prompts_digest, resolve_path
 from utils.memory import PeakSampler
 from utils.models import check_model_config, resolve_device
 
@@ -171,7 +171,13 @@ class Experiment:
     def describe_load(self, session) -> None:
         """What the loaded session tells the report: prompts, models, numerics."""
         prompts = session.prompt_set
-        self.progress.prompts = {"source": prompts.source, "count": len(prompts.prompts), "truncated": prompts.truncated,
+        digest = prompts_digest(prompts) if prompts.conversations else None
+        earlier = (self.progress.prompts or {}).get("digest")
+        if digest and earlier and digest != earlier:
+            raise UserError("--resume: the conversations' later turns came out otherwise than in the run being "
+                            "resumed (the target's answers to the earlier turns differ: another device, dtype or "
+                            "attention kernel); their records cannot be paired: start a new run")
+        self.progress.prompts = {"digest": digest, "source": prompts.source, "count": len(prompts.prompts), "truncated": prompts.truncated,
                                  "skipped_too_long": prompts.skipped_too_long, "skipped_empty": prompts.skipped_empty,
                                  "prompt_field": prompts.field_name,
                                  "mean_tokens": sum(len(p.token_ids) for p in prompts.prompts) / len(prompts.prompts)}

@@ -143,10 +143,14 @@ class Session:
         expand_conversations), at most generation.max_new_tokens."""
         from decode import generate_baseline
 
+        cache = self.__dict__.setdefault("_answers", {})  # a reload (after another engine ran) asks again: the same
+        if tuple(token_ids) in cache:
+            return cache[tuple(token_ids)]
         ids = torch.tensor([token_ids], device=self.device)
         with torch.inference_mode():
             row = generate_baseline(self.target.model, ids, torch.ones_like(ids), self.generation(None))[0]
-        return self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
+        cache[tuple(token_ids)] = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
+        return cache[tuple(token_ids)]
 
     def roles(self) -> list[tuple]:
         """(role, draft label or None, LoadedModel) of every model loaded (runner/loading.py roles)."""

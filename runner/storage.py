@@ -68,7 +68,7 @@ class ReportFolder:
         progress = self.path / "progress.json"
         if progress.is_file():
             saved_progress = json.loads(progress.read_text())
-            for key in ("costs", "drift", "numerics", "workers", "processes"):
+            for key in ("costs", "drift", "numerics", "workers", "processes", "prompts"):
                 setattr(self.progress, key, saved_progress.get(key) or {})
             self.progress.engine_info = engines_of(saved_progress)
             # a folder from before probes were kept per process: its entries become the earlier process's

@@ -1,8 +1,10 @@
 """Prompts from a hub dataset or a local file, with presets for GSM8K, HumanEval and MT-Bench."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,6 +213,15 @@ def tokenized(tokenizer, text: str, cfg: DatasetConfig) -> tuple[list[int], bool
     return ids, False
 
 
+def prompts_digest(prompt_set: PromptSet) -> str:
+    """A fingerprint of the prompts as they run (sample ids and token ids): a conversation's later turns hold the
+    target's answers, which another process, device or kernel could write otherwise."""
+    digest = hashlib.sha256()
+    for p in sorted(prompt_set.prompts, key=lambda p: p.sample_id):
+        digest.update(f"{p.sample_id}:{','.join(map(str, p.token_ids))};".encode())
+    return digest.hexdigest()[:16]
+
+
 def turn_group(cfg: DatasetConfig, row_group: str | None, turn: int) -> str | None:
     return f"turn {turn}" if cfg.group_by == "turn" and cfg.turns != 1 else row_group
 
@@ -244,7 +255,11 @@ def expand_conversations(prompt_set: PromptSet, cfg: DatasetConfig, tokenizer, a
                             turn_group(cfg, c.group, turn), c.sample_id, turn)
             prompt_set.prompts.append(prompt)
             last[c.sample_id] = prompt
-    counts = sorted({len(c.turns) for c in prompt_set.conversations})
+    reached = defaultdict(int)  # conversation -> its last turn that became a prompt
+    for p in prompt_set.prompts:
+        if p.conversation is not None:
+            reached[p.conversation] = max(reached[p.conversation], p.turn)
+    counts = sorted({reached[c.sample_id] for c in prompt_set.conversations})
     prompt_set.notes.append(
         f"dataset: {len(prompt_set.conversations)} conversations of {'/'.join(map(str, counts))} turns "
         f"(dataset.turns: {cfg.turns}): turn k's prompt holds the earlier turns and the target's greedy answers to "
@@ -276,7 +291,9 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
     fields = list(rows.column_names)
     field_name, guessed = prompt_field(cfg, fields)
     if cfg.group_by is not None and cfg.group_by not in fields and not (cfg.group_by == "turn" and cfg.turns != 1):
-        raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}")
+        also = "; per turn of a conversation needs dataset.turns: 2 or all" if cfg.group_by == "turn" else ""
+        raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}"
+                        + also)
     available = len(rows)
     if cfg.num_samples is not None:
         rows = rows.select(range(min(cfg.num_samples, available)))

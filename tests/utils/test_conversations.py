@@ -106,3 +106,18 @@ def test_every_method_answers_turn_2_as_the_baseline_does(tmp_path):
         assert s["prompt_tokens"] == len(tok(text)["input_ids"])  # the baseline's own turn-1 answer inside
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert {r["group"] for r in summary["runs"]} == {None, "turn 1", "turn 2"}
+
+
+def test_the_prompts_fingerprint_tells_other_answers_apart(tmp_path):
+    """A resumed run or a Ray worker rebuilds the later turns from its own answers: the fingerprint kept in
+    progress.json (prompts.digest) tells when they came out otherwise, and the run is refused then."""
+    from utils.data import prompts_digest
+
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "c.jsonl", ROWS)), prompt_field="turns", turns=2,
+                        chat_template=False)
+
+    def built(answer_text):
+        return prompts_digest(expand_conversations(load_prompts(cfg, tokenizer(False)), cfg, tokenizer(False),
+                                                   lambda ids: answer_text))
+
+    assert built("w44") == built("w44") != built("w45")
