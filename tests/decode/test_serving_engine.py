@@ -163,7 +163,10 @@ def test_queue_waits_count_in_ttft(method):
                                     generation, 3, load=load)
     with torch.inference_mode():
         queued = serve(Load([0.0, 0.0, 0.0], 1))
-        late = serve(Load([0.0, 0.0, 0.2], 2))
+        # the third arrives well after the first two can finish together: 3 x what two took one after the other on
+        # this machine just now (a fixed 0.2 s failed on a loaded 2-core machine)
+        arrival = 3 * queued[1].finish_s
+        late = serve(Load([0.0, 0.0, arrival], 2))
     check_times(queued, generation)
     check_times(late, generation)
     # one row at a time: request k is admitted once request k - 1 has finished, and its TTFT holds the wait
@@ -173,9 +176,9 @@ def test_queue_waits_count_in_ttft(method):
     assert all(r.new_tokens == 10 for r in queued)
     if method == "speculative":  # a round's accepted drafts and the target's token come in one emission
         assert any(n > 1 for r in queued for _, n in r.emits)
-    # the third arrives at 0.2 s, after the first two finished: the loop waits for it, not admitting it earlier
-    assert max(r.finish_s for r in late[:2]) < 0.2 <= late[2].admitted_s
-    assert late[2].prefill_s == pytest.approx(late[2].first_token_s - 0.2)
+    # the third arrives after the first two finished: the loop waits for it, not admitting it earlier
+    assert max(r.finish_s for r in late[:2]) < arrival <= late[2].admitted_s
+    assert late[2].prefill_s == pytest.approx(late[2].first_token_s - arrival)
     assert late[0].admitted_s == late[1].admitted_s  # both at once: one prefill for the two
 
 
