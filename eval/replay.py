@@ -21,7 +21,7 @@ import math
 import random
 from collections import defaultdict
 
-from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_tail, percentile, ratio, ratio_of_totals
+from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
 from eval.totals import paired_clusters, units
 
 
@@ -279,10 +279,7 @@ def joint_interval(replays: list[tuple[list, list]], decode: bool = False,
             value = ratio_of_totals(rng.choices(clusters, k=n))
             if value is not None:
                 values.append(value)
-    if not values:
-        return None
-    tail = expanded_tail(n)
-    return [percentile(values, tail), percentile(values, 1 - tail)]
+    return expanded_interval(values, n)
 
 
 def static_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,

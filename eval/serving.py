@@ -24,7 +24,7 @@ from eval.records import Comparison, CostProbe, Point
 from eval.replay import (PART_OFF, MissingCost, Pricer, load_resamples, prediction_off_reason, profile_resamples,
                           replay_load)
 from eval.sources import acceptance_by_source
-from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_tail, percentile, ratio, ratio_of_totals, strict
+from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, ratio, ratio_of_totals, strict
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
 from eval.totals import cross_process_pairs
 from eval.trees import acceptance_by_depth_rank, tree_of
@@ -345,8 +345,7 @@ def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], p
     except MissingCost as error:
         return None, f"the run's cost profile lacks {error}"
     speedups = [x for x in speedups if x is not None]
-    tail = expanded_tail(len({s.get("request") for s in samples})) if speedups else None
-    figures["speedup_ci95"] = [percentile(speedups, tail), percentile(speedups, 1 - tail)] if speedups else None
+    figures["speedup_ci95"] = expanded_interval(speedups, len({s.get("request") for s in samples}))
     return figures, None
 
 

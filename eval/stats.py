@@ -93,6 +93,14 @@ def ratio_of_totals(clusters: list[tuple]) -> float | None:
     return ratio(ratio(tokens, wall), ratio(base_tokens, base_wall))
 
 
+def expanded_interval(values: list[float], n: int) -> list[float] | None:
+    """The expanded percentile interval (expanded_tail) of bootstrap values over n clusters; None without values."""
+    if not values:
+        return None
+    tail = expanded_tail(n)
+    return [percentile(values, tail), percentile(values, 1 - tail)]
+
+
 def bootstrap_ci(clusters: list[tuple], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
                  ) -> list[float] | None:
     """95% CI of the ratio of totals, resampling prompt clusters with replacement; None with fewer than MIN_PROMPTS.
@@ -106,10 +114,7 @@ def bootstrap_ci(clusters: list[tuple], resamples: int = BOOTSTRAP_RESAMPLES, se
         return None
     rng = random.Random(seed)
     values = [v for v in (ratio_of_totals(rng.choices(clusters, k=n)) for _ in range(resamples)) if v is not None]
-    if not values:
-        return None
-    tail = expanded_tail(n)
-    return [percentile(values, tail), percentile(values, 1 - tail)]
+    return expanded_interval(values, n)
 
 
 def between(known: dict, x) -> float | None:

@@ -9,7 +9,7 @@ import random
 from collections import Counter
 
 from eval.leviathan import predicted_speedup
-from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS, expanded_tail, percentile
+from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval
 
 BISECTION_STEPS = 50  # 2^-50: far below any alpha a run can resolve
 
@@ -71,10 +71,7 @@ def alpha_ci(samples: list[dict], resamples: int = BOOTSTRAP_RESAMPLES, seed: in
         value = alpha_of_counts(drafted, accepted)
         if value is not None:
             values.append(value)
-    if not values:
-        return None
-    tail = expanded_tail(n)
-    return [percentile(values, tail), percentile(values, 1 - tail)]
+    return expanded_interval(values, n)
 
 
 def synthetic_figures(set_alpha: float, samples: list[dict], metrics: dict) -> dict:

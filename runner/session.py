@@ -73,7 +73,8 @@ def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, 
     prefill = record.prefill_s
     fields = dict(
         point=point, sample_id=prompt.sample_id, repeat=unit.repeat, batch_index=unit.batch_index,
-        batch_rows=batch_rows, group=prompt.group, conversation=prompt.conversation, turn=prompt.turn,
+        batch_rows=batch_rows, group=prompt.group, conversation=getattr(prompt, "conversation", None),
+        turn=getattr(prompt, "turn", None),
         prompt_tokens=len(prompt.token_ids), preset=preset,
         reference=prompt.reference, output_ids=record.output_ids,
         output_text=tokenizer.decode(record.output_ids, skip_special_tokens=True), new_tokens=record.new_tokens,
