@@ -256,7 +256,7 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
     costs = machine.get("costs")
     if spec.has_rounds and costs is not None and (point.gamma is not None or tree_of(point)):
         profile = machine.get("profile")
-        compiled = bool(profile is not None and getattr(profile, "meta", {}).get("compile"))
+        compiled = bool(profile is not None and profile.meta.get("compile"))
         flags += cost_flags(point, metrics, costs, compiled)
     int8 = int8_batch(point, metrics, machine.get("numerics") or {})
     bug = None if int8 else possible_bug(metrics, numerics_drift(machine.get("numerics") or {}))

@@ -297,13 +297,9 @@ def static_prediction(samples: list[dict], baseline: list[dict], profile, draft:
     clusters, decode = paired_clusters(mine, theirs), paired_clusters(mine, theirs, decode=True)
     if not clusters:
         return None, "no batch both ran"
-    replays = []
-    if len(clusters) >= MIN_PROMPTS:
-        try:
-            replays = [_static_replays(samples, baseline, p, draft, batch_size, clamp_rows)[:2]
-                       for p in profile_resamples(profile)]
-        except MissingCost:  # a resample prices what the profile does: cannot happen, but no interval if it does
-            replays = []
+    # a resampled profile prices the same steps as the profile: no MissingCost here
+    replays = [_static_replays(samples, baseline, p, draft, batch_size, clamp_rows)[:2]
+               for p in profile_resamples(profile)] if len(clusters) >= MIN_PROMPTS else []
     return {"speedup": ratio_of_totals(clusters), "speedup_ci95": joint_interval(replays) if replays else None,
             "decode_speedup": ratio_of_totals(decode) if decode else None,
             "decode_speedup_ci95": joint_interval(replays, decode=True) if decode and replays else None,

@@ -177,8 +177,8 @@ class Experiment:
             raise UserError("--resume: the conversations' later turns came out otherwise than in the run being "
                             "resumed (the target's answers to the earlier turns differ: another device, dtype or "
                             "attention kernel); their records cannot be paired: start a new run")
-        self.progress.prompts = {"digest": digest, "source": prompts.source, "count": len(prompts.prompts), "truncated": prompts.truncated,
-                                 "skipped_too_long": prompts.skipped_too_long, "skipped_empty": prompts.skipped_empty,
+        self.progress.prompts = {"digest": digest, "source": prompts.source, "count": len(prompts.prompts),
+                                 "truncated": prompts.truncated, "skipped_too_long": prompts.skipped_too_long, "skipped_empty": prompts.skipped_empty,
                                  "prompt_field": prompts.field_name,
                                  "mean_tokens": sum(len(p.token_ids) for p in prompts.prompts) / len(prompts.prompts)}
         self.progress.notes = list(session.notes)

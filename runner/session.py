@@ -108,6 +108,7 @@ class Session:
         self.prepared: dict[Comparison, Prepared] = {}
         self._batches: dict[int, list[list]] = {}  # batch size -> the prompts in batches (batches())
         self.notes: list[str] = []
+        self._answers: dict[tuple, str] = {}  # prompt token ids -> the target's greedy answer (conversations)
 
     # -- loading ----------------------------------------------------------------------------------
     def load(self) -> None:
@@ -144,7 +145,7 @@ class Session:
         expand_conversations), at most generation.max_new_tokens."""
         from decode import generate_baseline
 
-        cache = self.__dict__.setdefault("_answers", {})  # a reload (after another engine ran) asks again: the same
+        cache = self._answers  # a reload (after another engine ran) asks again: the same answers
         if tuple(token_ids) in cache:
             return cache[tuple(token_ids)]
         ids = torch.tensor([token_ids], device=self.device)

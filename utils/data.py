@@ -188,6 +188,12 @@ def conversation_text(tokenizer, cfg: DatasetConfig, turns: list[str], answers: 
     turn itself (the preset's instruction before the first turn only); without a template, the texts one after
     another, separated by blank lines."""
     asked = [INSTRUCTIONS.get(cfg.preset, "") + turns[0]] + turns[1:len(answers) + 1]
+    return chat_text(tokenizer, cfg, asked, answers)
+
+
+def chat_text(tokenizer, cfg: DatasetConfig, asked: list[str], answers: list[str]) -> str:
+    """The user turns `asked`, each but the last followed by its answer, through the target's chat template (the
+    config's system prompt first); without a template, the texts one after another, blank lines between."""
     has_template = getattr(tokenizer, "chat_template", None) is not None
     if cfg.chat_template is False or (cfg.chat_template == "auto" and not has_template):
         return "\n\n".join(part for pair in zip(asked, answers + [None]) for part in pair if part is not None)
@@ -275,15 +281,7 @@ def reference_of(row: dict, cfg: DatasetConfig) -> str | None:
 
 
 def apply_chat_template(tokenizer, text: str, cfg: DatasetConfig) -> str:
-    has_template = getattr(tokenizer, "chat_template", None) is not None
-    if cfg.chat_template is False or (cfg.chat_template == "auto" and not has_template):
-        return text
-    if not has_template:
-        raise DataError("dataset.chat_template: true but the target's tokenizer has no chat template; set it to auto or false")
-    messages = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []) + \
-        [{"role": "user", "content": text}]
-    extra = {} if cfg.enable_thinking is None else {"enable_thinking": cfg.enable_thinking}
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+    return chat_text(tokenizer, cfg, [text], [])
 
 
 def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
