@@ -16,7 +16,7 @@ import torch
 
 from decode.drafters.base import Drafter, Proposal
 from decode.kv import COMPILED_JOIN, KVState, host_to_device, joined
-from decode.serving import Load
+from decode.serving import Load, Queue
 from decode.static_kv import compiled_of, new_state
 from decode.sampling import (accept_greedy, accept_sampled, accept_synthetic, accept_tree_greedy, accept_tree_sampled,
                              logits_to_probs, sample)
@@ -152,7 +152,7 @@ def _keep_gaps(records: list[RowRecord], gaps: list[tuple[list[int], torch.Tenso
 def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                          generation: Generation, gamma: int, generator: torch.Generator | None = None,
                          clock: Clock | None = None, synthetic_acceptance: float | None = None,
-                         load: Load | None = None) -> list[RowRecord]:
+                         load: Load | None = None, on_finish=None) -> list[RowRecord]:
     """Speculative decoding: per round the drafter proposes up to gamma tokens per row, the target
     scores them all in one forward, and each row keeps its own accepted prefix plus one target token.
 
@@ -174,10 +174,11 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     target's own token there: it measures the cost at that alpha, and its output is not the target's.
 
     With a load, the rows are requests served with continuous batching; without, a static batch: the same loop
-    (`_Loop`) with every row arriving at once, each round `_speculative_round`.
+    (`_Loop`) with every row arriving at once, each round `_speculative_round`. on_finish(request, record), where given,
+    is called (inside the timed loop, as a server would) as each request has its last token.
     """
     return _Loop(target, drafter, prompt_ids, prompt_mask, generation, gamma, generator, clock, load,
-                 synthetic_acceptance).run()
+                 synthetic_acceptance, on_finish).run()
 
 
 def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, active: list[int],
@@ -415,7 +416,8 @@ class _Loop:
     start; without a load, a static batch: every row arrives at 0 and all N are in flight (nobody joins later). Each
     pass runs three steps:
 
-    - admit: the requests that have arrived join, in order, while fewer than load.concurrency rows are in flight.
+    - admit: the requests that have arrived join, in arrival order (decode/serving.py Queue: a conversation's next turn
+      arrives load.think_s after its previous turn's last token), while fewer than load.concurrency rows are in flight.
       Those admitted at one moment are prefilled together in one target forward (over their own width under a load:
       the leading columns that are padding for all of them dropped) and take their first token; their cache joins the
       running batch's (decode/kv.py KVState.join) and the drafter gets their rows (a static batch: Drafter.start,
@@ -435,8 +437,9 @@ class _Loop:
 
     def __init__(self, target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  generation: Generation, gamma: int, generator: torch.Generator | None, clock: Clock | None,
-                 load: Load | None, synthetic_acceptance: float | None = None):
+                 load: Load | None, synthetic_acceptance: float | None = None, on_finish=None):
         requests = prompt_ids.shape[0]
+        self.on_finish = on_finish
         self.served = load is not None
         if self.served:
             load.check(requests)
@@ -448,27 +451,28 @@ class _Loop:
         self.clock = clock or Clock(prompt_ids.device)
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
         self.greedy_gaps = drafter is None and not generation.sampling.do_sample
-        self.records = [RowRecord(arrival_s=float(a), emits=[]) if self.served else RowRecord()
-                        for a in self.load.arrivals]
+        self.queue = Queue(self.load)  # the requests not yet admitted; a conversation's next turn arrives after its last
+        # served, each record's arrival (a follower's once the request it follows has finished: Queue.finished)
+        self.records = [RowRecord(arrival_s=a, emits=[]) if self.served else RowRecord() for a in self.queue.arrival]
         # the running batch: the target's cache, each row's last token [B] (device) and host copy, its records
         self.state, self.token, self.active, self.last_host = None, None, [], []
         self.gaps = []  # greedy baseline: (rows, their top2_gap) per forward
-        self.waiting = 0  # the next request to admit (requests arrive in index order)
 
     def run(self) -> list[RowRecord]:
         if self.served:
             mask_host = self.prompt_mask.cpu().numpy() != 0  # one read, before the clock starts
             self.first_real = np.where(mask_host.any(axis=1), mask_host.argmax(axis=1), mask_host.shape[1])
-        requests, clock = len(self.records), self.clock
+        clock = self.clock
         self.start = clock.now()
         self.last_read = 0.0  # seconds from the start at the latest clock read: a baseline step's time runs from it
-        while self.waiting < requests or self.active:
-            if self.waiting < requests:
+        queue = self.queue
+        while queue.left or self.active:
+            if queue.left:
                 # a static batch: all arrive at 0, admitted at once, no clock read before the prefill
                 now = clock.now() - self.start if self.served else 0.0
-                group = self._arrived(now)
+                group = queue.admit(now, self.load.concurrency - len(self.active))
                 if not group and not self.active:  # nobody in flight: wait for the next arrival
-                    time.sleep(max(0.0, self.load.arrivals[self.waiting] - now))
+                    time.sleep(max(0.0, queue.next_arrival() - now))
                     continue
                 if group:
                     self._admit(group, now)
@@ -479,14 +483,16 @@ class _Loop:
         _keep_gaps(self.records, self.gaps)
         return self.records
 
-    def _arrived(self, now: float) -> list[int]:
-        """The requests that have arrived by `now`, in order, while slots are free."""
-        group, load = [], self.load
-        while self.waiting < len(self.records) and len(self.active) + len(group) < load.concurrency \
-                and load.arrivals[self.waiting] <= now:
-            group.append(self.waiting)
-            self.waiting += 1
-        return group
+    def _finished(self, rows: list[int]) -> None:
+        """These requests had their last token: on_finish is told, and the turns that follow them arrive (records'
+        arrival_s)."""
+        if self.on_finish is not None:
+            for row in rows:
+                self.on_finish(row, self.records[row])
+        if self.served:
+            for row in rows:
+                for follower in self.queue.finished(row, self.records[row].finish_s):
+                    self.records[follower].arrival_s = self.queue.arrival[follower]
 
     def _admit(self, group: list[int], now: float) -> None:
         """The group's prefill and first token (a host read: it may already be EOS), the drafter's rows, and its cache
@@ -512,6 +518,7 @@ class _Loop:
             if self.served:
                 record.admitted_s, record.first_token_s = now, prefilled
         running, _ = _append(records, group, [[t] for t in first_host], self.generation, prefilled)
+        self._finished([row for i, row in enumerate(group) if i not in running])
         if not running:
             return
         if len(running) < len(group):  # rows done at their first token never join
@@ -566,6 +573,8 @@ class _Loop:
 
     def _evict(self, running: list[int]) -> None:
         """Finished rows leave the target's cache and the drafter."""
+        kept = set(running)
+        self._finished([row for i, row in enumerate(self.active) if i not in kept])
         if not running:
             self.state, self.token, self.active, self.last_host = None, None, [], []
         elif len(running) < len(self.active):

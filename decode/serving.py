@@ -1,28 +1,79 @@
 """Serving: requests that arrive and leave, with continuous batching (config load:, docs/load.md).
 
 `Load` says when each request of a batch of prompts arrives and how many may be in flight; the engine's loops
-(decode/generate.py) admit a waiting request into a free row as soon as one is free and it has arrived.
+(decode/generate.py) admit a waiting request into a free row as soon as one is free and it has arrived, in the order
+`Queue` keeps (the schedule's replay, eval/replay.py, admits by the same Queue). A conversation's later turn is a
+request that follows its previous turn: it arrives when that one's last token came, plus a think time (closed loop
+per conversation).
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Load:
-    """Request i (row i of the prompts) arrives at arrivals[i] seconds after the start (non-decreasing); at most
-    `concurrency` requests are in flight, the rest wait in arrival order."""
+    """Request i (row i of the prompts) arrives at arrivals[i] seconds after the start; at most `concurrency`
+    requests are in flight, the rest wait in arrival order. follows[i] = j (< i): request i is the next turn of
+    request j's conversation and arrives think_s seconds after request j's last token (its arrivals[i] is not used);
+    None (or no follows): on the schedule. The arrivals of requests that follow none are non-decreasing."""
     arrivals: list[float]
     concurrency: int
+    follows: list[int | None] | None = None
+    think_s: float = 0.0
 
     def check(self, requests: int) -> None:
         """ValueError (one line) unless this load fits `requests` prompts: one arrival each, finite, >= 0 and
-        non-decreasing, and a concurrency of at least 1."""
+        non-decreasing over the requests that follow none, each follows an earlier request, a finite think time
+        >= 0, and a concurrency of at least 1."""
         if len(self.arrivals) != requests:
             raise ValueError(f"the load has {len(self.arrivals)} arrival times for {requests} requests")
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
             raise ValueError(f"the load's concurrency must be an integer >= 1, got {self.concurrency!r}")
-        if any(not math.isfinite(a) or a < 0 for a in self.arrivals) or \
-                any(b < a for a, b in zip(self.arrivals, self.arrivals[1:])):
+        follows = self.follows or [None] * requests
+        if len(follows) != requests or any(j is not None and not 0 <= j < i for i, j in enumerate(follows)):
+            raise ValueError("the load's follows must name, per request, None or an earlier request")
+        scheduled = [a for a, j in zip(self.arrivals, follows) if j is None]
+        if any(not math.isfinite(a) or a < 0 for a in scheduled) or any(b < a for a, b in zip(scheduled, scheduled[1:])):
             raise ValueError("the load's arrival times must be finite, >= 0 and non-decreasing")
+        if not math.isfinite(self.think_s) or self.think_s < 0:
+            raise ValueError(f"the load's think time must be finite and >= 0, got {self.think_s!r}")
+
+
+class Queue:
+    """The requests of a Load not yet admitted, in the order a server admits them: by arrival, then by index. A
+    request that follows another has no arrival until that one finishes (`finished`): then think_s after it."""
+
+    def __init__(self, load: Load):
+        follows = load.follows or [None] * len(load.arrivals)
+        self.think_s = load.think_s
+        self.arrival: list[float | None] = [a if j is None else None for a, j in zip(load.arrivals, follows)]
+        self.followers: dict[int, list[int]] = {}
+        for i, j in enumerate(follows):
+            if j is not None:
+                self.followers.setdefault(j, []).append(i)
+        self.heap = [(a, i) for i, a in enumerate(self.arrival) if a is not None]
+        heapq.heapify(self.heap)
+        self.left = len(self.arrival)  # requests not yet admitted
+
+    def finished(self, request: int, at: float) -> list[int]:
+        """Request `request` had its last token at `at`: its followers arrive think_s later. Returns them."""
+        followers = self.followers.pop(request, [])
+        for i in followers:
+            self.arrival[i] = at + self.think_s
+            heapq.heappush(self.heap, (self.arrival[i], i))
+        return followers
+
+    def next_arrival(self) -> float | None:
+        """The earliest known arrival still waiting (None: every waiting request follows one in flight)."""
+        return self.heap[0][0] if self.heap else None
+
+    def admit(self, now: float, free: int) -> list[int]:
+        """Up to `free` requests that have arrived by `now`, in admission order."""
+        group = []
+        while self.heap and len(group) < free and self.heap[0][0] <= now:
+            group.append(heapq.heappop(self.heap)[1])
+        self.left -= len(group)
+        return group

@@ -165,6 +165,10 @@ class SampleRecord:
     # a conversation (dataset.turns): its first turn's sample_id, and this prompt's turn in it (1, 2, ...)
     conversation: int | None = None
     turn: int | None = None
+    # served, a conversation's later turn: the request whose next turn it is; it arrived think_s after that one's
+    # last token (closed loop per conversation, decode/serving.py Load), so its arrival_s is when that happened
+    follows: int | None = None
+    think_s: float | None = None
     extra: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str):  # an axis: its point's value

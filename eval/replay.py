@@ -21,6 +21,7 @@ import math
 import random
 from collections import defaultdict
 
+from decode.serving import Load, Queue
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
 from eval.totals import paired_clusters, units
 
@@ -115,10 +116,12 @@ def round_shape(rounds: list[dict]) -> tuple[int, int]:
     return widest + 1, widest
 
 
-def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dict]:
+def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0) -> list[dict]:
     """The loop over requests (each: arrival_s, prompt_tokens, new_tokens, and rounds for a speculative point, None
-    for the baseline) at most `concurrency` in flight: each request's admitted_s, first_token_s, finish_s (seconds
-    from the start). Raises MissingCost where the profile lacks a cost the schedule needs."""
+    for the baseline; "follows": the index of the request whose next turn it is, if any) at most `concurrency` in
+    flight, admitted in the engine's order (decode/serving.py Queue; a follower arrives think_s after the request it
+    follows finished): each request's admitted_s, first_token_s, finish_s (seconds from the start), and a follower's
+    arrival_s. Raises MissingCost where the profile lacks a cost the schedule needs."""
     n = len(requests)
     if pricer.draft is None and any(r.get("draft_forwards") for r in requests if r.get("rounds") is not None):
         raise MissingCost("the drafter's forwards: it runs a model the profile has no steps for (early exit's first "
@@ -126,21 +129,26 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dic
     out = [dict(r) for r in requests]
     done = [0] * n  # tokens so far
     taken = [0] * n  # rounds replayed
-    now, waiting, active = 0.0, 0, []
+    now, active = 0.0, []
     drafts = pricer.draft is not None
+    follows = [r.get("follows") for r in requests]
+    queue = Queue(Load([r["arrival_s"] for r in requests], concurrency, follows, think_s))
 
     def finished(i: int) -> bool:
         rounds = requests[i].get("rounds")
         return done[i] >= requests[i]["new_tokens"] if rounds is None else taken[i] >= len(rounds)
 
-    while waiting < n or active:
-        if waiting < n:
-            group = []
-            while waiting < n and len(active) + len(group) < concurrency and requests[waiting]["arrival_s"] <= now:
-                group.append(waiting)
-                waiting += 1
+    def end(rows: list[int]) -> None:
+        for i in rows:
+            out[i]["finish_s"] = now
+            for j in queue.finished(i, now):
+                out[j]["arrival_s"] = queue.arrival[j]
+
+    while queue.left or active:
+        if queue.left:
+            group = queue.admit(now, concurrency - len(active))
             if not group and not active:
-                now = max(now, requests[waiting]["arrival_s"])
+                now = max(now, queue.next_arrival())
                 continue
             if group:
                 width = max(requests[i]["prompt_tokens"] for i in group)
@@ -150,8 +158,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dic
                     out[i]["admitted_s"], out[i]["first_token_s"] = admitted, now
                     done[i] = min(1, requests[i]["new_tokens"])
                 going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
-                for i in set(group) - set(going):
-                    out[i]["finish_s"] = now
+                end([i for i in group if i not in going])
                 if going and drafts:
                     draft_prefill = pricer.prefill(len(going), width, draft=True)
                     now += draft_prefill
@@ -175,8 +182,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer) -> list[dic
             for i, r in zip(active, this):
                 done[i] += r["emitted"]
                 taken[i] += 1
-        for i in [i for i in active if finished(i)]:
-            out[i]["finish_s"] = now
+        end([i for i in active if finished(i)])
         active = [i for i in active if not finished(i)]
     return out
 
@@ -232,10 +238,13 @@ def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurre
     for repeat, rows in sorted(by_repeat.items()):
         rows = sorted(rows, key=lambda s: s.get("request") or 0)
         cap = concurrency or rows[0].get("concurrency") or len(rows)
-        timed = simulate([as_request(s, s["arrival_s"], speculative) for s in rows], cap, pricer)
+        position = {s.get("request"): k for k, s in enumerate(rows)}
+        requests = [dict(as_request(s, s["arrival_s"], speculative), follows=position.get(s.get("follows")))
+                    if s.get("follows") is not None else as_request(s, s["arrival_s"], speculative) for s in rows]
+        timed = simulate(requests, cap, pricer, rows[0].get("think_s") or 0.0)
         for s, t in zip(rows, timed):
-            out.append(dict(s, concurrency=cap, admitted_s=t["admitted_s"], first_token_s=t["first_token_s"],
-                            finish_s=t["finish_s"]))
+            out.append(dict(s, concurrency=cap, arrival_s=t["arrival_s"], admitted_s=t["admitted_s"],
+                            first_token_s=t["first_token_s"], finish_s=t["finish_s"]))
     return out
 
 

@@ -39,7 +39,7 @@ SERVING_LEGEND = {
                "serving.crossovers the crossovers. Times per request from the load point's start: arrival, admission "
                "(its prefill began), first token, finish; its clock starts at its slot: when it got one of the C "
                "concurrency slots (vLLM bench serve's --max-concurrency semaphore), max(arrival, the earliest release "
-               "of a slot by a finishing request, in request order); with no cap binding, its arrival",
+               "of a slot by a finishing request, in arrival order, then request order: a conversation's later turn arrives after its previous answer); with no cap binding, its arrival",
     "ttft_s (load)": "time to first token = first token - slot: the prefill and any wait inside the engine for the "
                      "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
     "queue_s": "the client's wait for a concurrency slot = slot - arrival (0 with no cap binding); not in TTFT, E2E or "
@@ -99,13 +99,14 @@ SERVING_LEGEND = {
 def with_slots(samples: list[dict]) -> list[dict]:
     """The records, each with "slot_s": when its request got a concurrency slot, the moment its clock starts (vLLM's
     bench serve starts a request's clock when it passes its --max-concurrency semaphore). Per repeat, requests take
-    slots in request order (FIFO, as the engines admit them): request i's slot is free at the earliest time one of the
+    slots in arrival order, then request order (FIFO, as the engines admit them: decode/serving.py Queue; a
+    conversation's later turn arrives after its previous turn): request i's slot is free at the earliest time one of the
     C slots is released (a request's finish; all free at 0), and it starts at max(its arrival, that time). Without a
     cap binding (no concurrency given: C = the requests), slot_s = arrival_s. Derived from the raw times, so older
     records rebuild the same. serving_section gives every served record its slot once; the figures read it."""
     out = []
     for rows in by_repeat(samples).values():
-        rows = sorted(rows, key=lambda s: s.get("request") or 0)
+        rows = sorted(rows, key=lambda s: (s["arrival_s"], s.get("request") or 0))
         cap = rows[0].get("concurrency") or len(rows)
         free = [0.0] * min(cap, len(rows))  # a heap: when each slot is next free
         for s in rows:

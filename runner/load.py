@@ -2,11 +2,15 @@
 
 Every method of a load point, on either engine, serves the same requests on the same arrival schedule: request i
 is prompt i of the dataset (cycling when there are more requests than prompts) and arrives at arrivals[i] seconds
-after the load point starts.
+after the load point starts. A conversation's later turn (dataset.turns) follows the request of its previous turn:
+it arrives load.think_s after that one's last token (closed loop per conversation), and the schedule (at
+request_rate) is drawn for the requests that follow none: the conversations' starts.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from decode.serving import Load
 
 
 def requests_of(prompts: list, count: int | None) -> list:
@@ -59,3 +63,35 @@ def schedule_of(config, unit, num_prompts: int) -> list[float]:
     load = config.load
     return arrival_times(request_count(config, num_prompts), unit.request_rate, load.arrival, load.burstiness,
                          seed=schedule_seed(config, unit))
+
+
+def follows_of(requests: list) -> list[int | None]:
+    """Per request, the request whose next turn it is: the latest earlier request of the same conversation at the
+    turn before (prompts with conversation and turn, utils/data.py); None for a first turn or a lone prompt."""
+    last: dict[tuple, int] = {}  # (conversation, turn) -> its latest request so far
+    follows = []
+    for i, prompt in enumerate(requests):
+        conversation, turn = getattr(prompt, "conversation", None), getattr(prompt, "turn", None)
+        follows.append(last.get((conversation, turn - 1)) if conversation is not None and turn else None)
+        if conversation is not None and turn:
+            last[(conversation, turn)] = i
+    return follows
+
+
+def load_of(config, unit, requests: list) -> Load:
+    """A serving unit's Load over its requests: the schedule (schedule_of) for those that follow none, in order; a
+    later turn arrives load.think_s after the request it follows finished."""
+    follows = follows_of(requests)
+    starts = arrival_times(sum(j is None for j in follows), unit.request_rate, config.load.arrival,
+                           config.load.burstiness, seed=schedule_seed(config, unit))[::-1]
+    arrivals = [starts.pop() if j is None else 0.0 for j in follows]
+    chained = any(j is not None for j in follows)
+    return Load(arrivals, unit.concurrency, follows if chained else None, config.load.think_s if chained else 0.0)
+
+
+def request_fields(load: Load | None, index: int) -> dict:
+    """A served request's record fields: its index and, a later turn, the request it follows and the think time."""
+    if load is None:
+        return {}
+    follows = load.follows[index] if load.follows else None
+    return {"request": index, **({"follows": follows, "think_s": load.think_s} if follows is not None else {})}

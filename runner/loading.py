@@ -178,6 +178,7 @@ def model_notes(config, target, drafts, prompt_set) -> list[str]:
     if any(not REGISTRY[m].per_row_timing and REGISTRY[m].engine == "ours" for m in config.methods):
         notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
                      "no TTFT or forward counts")
+    notes += [f"{m}: {REGISTRY[m].memory}" for m in config.methods if REGISTRY[m].memory]
     return notes
 
 

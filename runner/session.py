@@ -17,7 +17,7 @@ from decode.serving import Load
 from eval.records import Comparison, CostProbe, Point, SampleRecord
 from runner import loading
 from runner.attention import settle_attention
-from runner.load import request_count, requests_of, schedule_of
+from runner.load import load_of, request_count, request_fields, requests_of
 from runner.plan import Unit, batches_of, comparisons, left_pad, order_of, points_of, skipped_reason
 from runner.probes import (PROCESS, RUNTIME_ERRORS, comparison_costs, drift_probe, one_line, probe_numerics,
                            probe_widths)
@@ -259,7 +259,7 @@ class Session:
         """A serving unit's requests' arrival times and concurrency (decode/serving.py Load); None: a fixed batch."""
         if not unit.serving:
             return None
-        return Load(schedule_of(self.config, unit, len(self.prompt_set.prompts)), unit.concurrency)
+        return load_of(self.config, unit, self.prompts_of(unit))
 
     def batch_tensors(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return left_pad([p.token_ids for p in batch], self.pad_id, self.device)
@@ -406,7 +406,7 @@ class Session:
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         per_round = REGISTRY[point.method].has_rounds
         rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, len(batch),
-                          peak, self.worker, request=index if unit.serving else None)
+                          peak, self.worker, **request_fields(self.context.load, index))
                 for index, (prompt, record) in enumerate(zip(batch, records))]
         # a served load point's span: from its start to its last token (eval's span); a batch's: its longest row
         wall = max(r.finish_s for r in records) if unit.serving else max(r.latency_s for r in records)

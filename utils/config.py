@@ -294,6 +294,10 @@ class LoadConfig(Strict):
                                                                           "vLLM's bench serve")
     requests: int | None = Field(None, ge=1, description="requests per load point; default: the dataset's prompts "
                                                          "(more cycle through them)")
+    think_s: float = Field(0.0, ge=0, allow_inf_nan=False,
+                           description="conversations (dataset.turns): a turn arrives this many seconds after its "
+                                       "previous turn's last token (closed loop per conversation); request_rate then "
+                                       "paces the conversations' first turns")
     slo: SloConfig = Field(SloConfig(), description="for goodput: the requests per second that meet every limit given")
 
     @field_validator("concurrency", mode="before")
@@ -481,6 +485,9 @@ class Config(Strict):
             takers = ", ".join(name for name, spec in REGISTRY.items() if spec.serves)
             raise ValueError(f"load: {fixed[0]} runs fixed batches only (transformers' generate has no continuous "
                              f"batching); drop it from methods, or drop load. Under load: {takers}")
+        if self.load.think_s and self.dataset.turns == 1:
+            raise ValueError(f"load.think_s: {self.load.think_s} paces a conversation's turns, and dataset.turns is 1 (no "
+                             "conversations); set dataset.turns: 2 (or all), or leave think_s out")
         if self.engine.compile:
             raise ValueError("load: engine.compile keeps static caches of a fixed batch, and a serving run adds rows as "
                              "requests arrive; set engine.compile: false")

@@ -10,9 +10,11 @@ node's tokens (its occurrences). Two of them answer a row:
 - the row's own trie: its prompt (padding dropped) and every token it commits, extended token by token;
 - the earlier outputs (`SuffixCache`): the output tokens of finished requests, at most `max_tokens` tokens of them,
   the oldest dropped first (their counts taken out again). Kept per process and per sweep point (RunContext.memory):
-  shared by every row of every later batch of the point, never by the rows of the batch that is running (a row's
-  output joins when its batch ends), never filled by the untimed warmup, and a prompt that runs again (a repeat)
-  first has its own earlier output taken out, so that no request drafts from its own answer.
+  shared by every row of every later batch of the point, never by the rows of the static batch that is running (a
+  row's output joins when its batch ends; served under a load, a request's joins as it finishes, and every request
+  in flight or admitted later reads it: decode/methods/suffix.py generate_remembering), never filled by the untimed
+  warmup, and a prompt that runs again (a repeat) first has its own earlier output taken out, so that no request
+  drafts from its own answer.
 
 Speculation (`SuffixTrie.speculate`): for each match length m = 1 .. max_depth, the node of the tail's last m tokens;
 from it the draft grows greedily by the child with the largest count, each token's estimated probability the product
@@ -233,8 +235,8 @@ class SuffixSource:
 
 class SuffixDrafter(Drafter):
     """Suffix decoding's drafts (point masses: probs None), a chain of at most gamma or, with `budget`, a tree of at
-    most `budget` nodes. Rows learn nothing from each other while their batch runs; `cache` (SuffixCache or None) is
-    what earlier batches left. `forwards` stays 0: no model."""
+    most `budget` nodes. Rows of a static batch learn nothing from each other while it runs; `cache` (SuffixCache or
+    None) is what earlier batches (served: earlier requests) left. `forwards` stays 0: no model."""
 
     def __init__(self, cache: SuffixCache | None, max_depth: int = 8, min_prob: float = 0.1,
                  budget: int | None = None, depth: int = 24):

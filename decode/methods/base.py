@@ -59,6 +59,7 @@ class MethodSpec:
     engine_package: str | None = None  # a package another engine needs for it (checked in its environment before
     #   the run)
     engine_text: EngineText | None = None  # on another engine's reference method: what the report says of it
+    memory: str = ""  # what it learns across requests and shares between them (the report's notes say it)
     draft_sources: tuple[str, ...] = ()  # a drafter of several sources (hybrid): the sources it may draft from, each
     #   listed in the report's acceptance per source (a source never chosen: zero rows, not left out)
 

@@ -1,6 +1,7 @@
 """Hybrid drafting: per row and round, prompt lookup, suffix decoding, the draft model, or a tree of a free source and
 the draft model, whichever promises the most accepted tokens per unit of measured cost (decode/drafters/hybrid.py)."""
 from decode.methods.base import MethodSpec
+from decode.methods.suffix import MEMORY
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
@@ -26,4 +27,4 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 SPEC = MethodSpec("hybrid", "per row and round, prompt lookup, suffix decoding, the draft model, or a tree of a free "
                   "source and the draft, whichever promises the most accepted tokens per unit of measured cost "
                   "(our engine)", axes=("draft", "gamma"), run=run, has_rounds=True,
-                  draft_sources=("lookup", "suffix", "draft"))  # decode/drafters/hybrid.py SOURCES (a test keeps them equal)
+                  draft_sources=("lookup", "suffix", "draft"), memory="its suffix source: " + MEMORY)  # decode/drafters/hybrid.py SOURCES (a test keeps them equal)

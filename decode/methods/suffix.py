@@ -21,18 +21,40 @@ def options(ctx) -> tuple[int, float]:
 
 
 def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator):
-    """The batch through the engine; its outputs then join the point's cache of earlier outputs (not the warmup's:
-    it runs the first batch's prompts, and its outputs would be their answers). Served under a load, the requests'
-    outputs join when the whole load point ends, as a batch's do: while it runs, requests draft from their own text
-    and from what earlier batches of the point left."""
-    from decode.drafters.suffix import remember_outputs
+    """The batch through the engine; its outputs join the point's cache of earlier outputs (not the warmup's: it runs
+    the first batch's prompts, and its outputs would be their answers): a static batch's when it ends (its rows never
+    draft from each other), a served request's as it finishes, inside the timed loop, as a server's global tree
+    grows (SuffixDecoding): every request admitted after draws on it, a conversation's later turns and the other
+    conversations alike."""
+    from collections import Counter
+
+    from decode.drafters.suffix import prompt_key, remember_outputs, unpadded
     from decode.generate import generate_speculative
 
+    on_finish = None
+    if ctx.load is not None and not ctx.warming_up and cache is not None:
+        keys = [prompt_key(p) for p in unpadded(prompt_ids, prompt_mask)]  # host reads before the loop's clock
+        unfinished = Counter(keys)  # requests of each prompt still to finish (requests cycle through the prompts)
+
+        def on_finish(request, record):
+            # a prompt's output joins once no request of the same prompt is left: none drafts from its own answer
+            unfinished[keys[request]] -= 1
+            if not unfinished[keys[request]]:
+                cache.remember(keys[request], list(record.output_ids))
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                   ctx.clock, load=ctx.load)
-    if not ctx.warming_up:
+                                   ctx.clock, load=ctx.load, on_finish=on_finish)
+    if ctx.load is None and not ctx.warming_up:
         remember_outputs(cache, prompt_ids, prompt_mask, records)
     return records
+
+
+MEMORY = ("its cache of earlier outputs (a suffix trie of at most speculative.suffix_cache_tokens tokens, the oldest "
+          "dropped first) belongs to the point and is shared by all its requests: a static batch's outputs join it when "
+          "the batch ends, a served request's when it finishes (the last request of its prompt, where requests cycle "
+          "through the prompts), so every request admitted after it, of the same "
+          "conversation or another, drafts from it; a request never drafts from its own earlier output (a prompt that "
+          "runs again, in a repeat or a cycle of requests, takes its own out first), and the untimed warmup adds "
+          "nothing. A conversation's earlier turns and answers are also in its prompt: the row's own trie reads them")
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
@@ -50,4 +72,4 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 SPEC = MethodSpec("suffix", "suffix decoding: the most frequent continuation of the text's tail in a suffix trie of the "
                   "prompt, the output so far and earlier requests' outputs proposes up to gamma tokens (a tree: its "
                   "most probable continuations); no draft model (our engine)", axes=("gamma", "tree"), run=run,
-                  has_rounds=True)
+                  has_rounds=True, memory=MEMORY)

@@ -167,3 +167,47 @@ def test_hybrid_draft_cache_catches_up_on_rounds_it_skipped():
     skipped = sum("draft" not in rd.get("sources", {}) for r in records for rd in r.rounds)
     assert draft_alone and skipped, "both kinds of round must occur for the test to bite"
     assert all(accepted == drafted for drafted, accepted in draft_alone)
+
+
+def test_served_suffix_drafts_from_a_request_that_finished_before_it_was_admitted():
+    """Request 1's prompt is request 0's prompt plus the first 3 tokens of its answer, so greedy, its answer goes on
+    as request 0's did. Served one at a time, request 0's output joins the point's cache as it finishes and request 1
+    drafts its continuation from it; in one static batch (rows never draft from each other) it cannot. Requests that
+    cycle through one prompt: its output joins only when the last of them has finished, so none drafts from its own
+    prompt's answer (the second drafts exactly as the first did)."""
+    from types import SimpleNamespace
+
+    from decode.methods.suffix import run
+    from decode.serving import Load
+    from runner.plan import left_pad
+
+    target = tiny_model("llama", seed=2, layers=2)
+    generation = Generation(max_new_tokens=16)
+    first = [5, 17, 9, 33, 12, 40]
+    with torch.inference_mode():
+        answer = generate_baseline(target, torch.tensor([first]), torch.ones(1, len(first), dtype=torch.long),
+                                   generation)[0].output_ids
+
+    def served(prompts, load):
+        ids, mask = left_pad(prompts, 0, "cpu")
+        ctx = SimpleNamespace(target=target, clock=None, load=load, warming_up=False, memory={},
+                              options={"suffix_max_depth": 4})
+        point = SimpleNamespace(gamma=4, key=("suffix",), tree=None)
+        with torch.inference_mode():
+            records = run(ctx, point, ids, mask, generation, None)
+        return records, ctx.memory[("suffix_cache", point.key)]
+
+    def accepted(record):
+        return sum(r["accepted"] for r in record.rounds)
+
+    prompts = [first, first + answer[:3]]
+    one_by_one, cache = served(prompts, Load([0.0, 0.0], 1))
+    together, _ = served(prompts, None)
+    assert one_by_one[1].output_ids[:len(answer) - 3] == answer[3:]
+    # request 0's rest (12 tokens after request 1's first) drafted from the cache and accepted, until it runs out
+    assert accepted(one_by_one[1]) >= 8 and accepted(together[1]) <= accepted(one_by_one[1]) - 6
+    assert all(r["accepted"] == r["drafted"] for r in one_by_one[1].rounds[:2])
+    assert sorted(len(k) for k in cache.outputs) == [len(first), len(first) + 3]
+    again, cache = served([first, first], Load([0.0, 0.0], 1))
+    assert [r.rounds for r in again] == [again[0].rounds, again[0].rounds]
+    assert cache.outputs == {tuple(first): answer}

@@ -182,6 +182,38 @@ def test_queue_waits_count_in_ttft(method):
     assert late[0].admitted_s == late[1].admitted_s  # both at once: one prefill for the two
 
 
+@pytest.mark.parametrize("method", ["baseline", "speculative"])
+def test_a_conversations_next_turn_arrives_after_its_previous_answer(method):
+    """Request 1 follows request 0 (a conversation's turn 2): it arrives think_s after request 0's last token, and
+    request 2, on the schedule at 0, takes the one slot before it (arrival order, not index order)."""
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([5, 9, 3], seed=0)
+    generation = Generation(max_new_tokens=6)
+    think = 0.05
+    load = Load([0.0, 0.0, 0.0], 1, follows=[None, 0, None], think_s=think)
+    with torch.inference_mode():
+        if method == "baseline":
+            served = generate_baseline(target, ids, mask, generation, load=load)
+        else:
+            served = generate_speculative(target, DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, GREEDY), ids,
+                                          mask, generation, 3, load=load)
+        alone = [generate_baseline(target, ids[i:i + 1], mask[i:i + 1], generation)[0].output_ids for i in range(3)]
+    check_times(served, generation)
+    assert [r.output_ids for r in served] == alone
+    first, follower, other = served
+    assert follower.arrival_s == pytest.approx(first.finish_s + think)
+    assert first.finish_s <= other.admitted_s < follower.arrival_s  # request 2 went first: it had arrived
+    assert follower.admitted_s >= other.finish_s  # one slot: the follower waited for request 2
+
+
+def test_a_load_refuses_a_request_that_follows_a_later_one():
+    with pytest.raises(ValueError, match="follows"):
+        Load([0.0, 0.0], 1, follows=[1, None]).check(2)
+    with pytest.raises(ValueError, match="think"):
+        Load([0.0, 0.0], 1, follows=[None, 0], think_s=-1.0).check(2)
+    Load([0.0, 5.0, 1.0], 1, follows=[None, None, 0]).check(3)  # a follower's own arrival is not used
+
+
 def test_fixed_batch_records_have_no_serving_fields_and_compiled_mode_refuses_a_load():
     target = tiny_model("llama", seed=1, layers=2)
     ids, mask = _repetitive([5, 9], seed=0)

@@ -59,6 +59,20 @@ def test_a_request_joining_mid_round_waits_for_the_round():
     assert one[1]["admitted_s"] == pytest.approx(3.55)
 
 
+def test_a_conversations_next_turn_is_replayed_after_its_previous_answer():
+    # A (arrives 0) and C (arrives 0.2) on the schedule; B follows A, 0.5 s after A's last token; one slot
+    a, b, c = request([(2, 2)]), dict(request([(2, 1)]), follows=0), request([(2, 0)], arrival=0.2)
+    timed = simulate([a, b, c], 1, Pricer(profile(), "d"), think_s=0.5)
+    # A: prefill 0.1, draft prefill 0.05, one round alone 2 x 0.25 + 1.2 = 1.7 -> 1.85; B arrives 2.35, C (waiting
+    # since 0.2) goes first: 1.85 -> prefill 1.95, draft 2.0, round 3.7; B: 3.7 -> 3.8, 3.85, round 5.55
+    assert timed[1]["arrival_s"] == pytest.approx(2.35)
+    assert [t["admitted_s"] for t in timed] == pytest.approx([0.0, 3.7, 1.85])
+    assert [t["finish_s"] for t in timed] == pytest.approx([1.85, 5.55, 3.7])
+    # two slots: C joins at A's round's end (1.85), B arrives at 2.35 during C's round (2.0 -> 3.7, alone: 1.7)
+    two = simulate([a, b, c], 2, Pricer(profile(), "d"), think_s=0.5)
+    assert two[1]["arrival_s"] == pytest.approx(2.35) and two[1]["admitted_s"] == pytest.approx(3.7)
+
+
 def test_a_cost_outside_the_profile_is_missing_not_guessed():
     with pytest.raises(MissingCost, match="3 rows"):
         simulate([request([(2, 1)])] * 3, 3, Pricer(profile(), "d"))

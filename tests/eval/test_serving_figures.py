@@ -475,3 +475,15 @@ def test_the_span_runs_from_the_load_points_start_and_alpha_rounds_count_draftin
     m = serving_run(summarize(rows, {}), "speculative")["metrics"]
     assert m["span_s"] == pytest.approx(2.0) and m["output_tok_s"] == pytest.approx(2.0)
     assert m["alpha_rounds"] == 1  # the round that drafted nothing carries nothing of alpha
+
+
+def test_slots_go_in_arrival_order_when_a_conversations_turn_arrives_after_later_requests():
+    """One slot. Request 1 is request 0's next turn: it arrives at 1.5 (0.5 s after request 0's last token), after
+    request 2 (0.2), which the engine admitted first at 1.0; request 1 gets the slot when request 2 leaves at 2.0."""
+    from eval.serving import with_slots
+
+    rows = [dict(request=0, repeat=0, concurrency=1, arrival_s=0.0, finish_s=1.0),
+            dict(request=1, repeat=0, concurrency=1, arrival_s=1.5, finish_s=3.0, follows=0, think_s=0.5),
+            dict(request=2, repeat=0, concurrency=1, arrival_s=0.2, finish_s=2.0)]
+    slots = {s["request"]: s["slot_s"] for s in with_slots(rows)}
+    assert slots == {0: 0.0, 2: 1.0, 1: 2.0}

@@ -48,3 +48,31 @@ def test_a_concurrency_sweep_sees_one_trace_per_rate_seed_and_repeat():
     assert schedule_of(config, Unit(units[0].comparison, 1, 0), 6) != traces[0]  # another repeat: another trace
     other = validate({**VALID, "seed": 6, "load": {"concurrency": [1], "request_rate": [2.0], "requests": 9}})
     assert schedule_of(other, Unit(comparisons(other, 9)[0], 0, 0), 6) != traces[0]  # another seed: another
+
+
+def test_a_conversations_later_turns_follow_their_previous_turn_and_the_schedule_paces_first_turns():
+    from types import SimpleNamespace as P
+
+    from runner.load import follows_of, load_of, requests_of
+
+    # two conversations (rows 0 and 1) of two turns, as utils/data.py orders them: first turns, then second turns;
+    # 6 requests cycle through them, a lone prompt has no conversation
+    prompts = [P(conversation=0, turn=1), P(conversation=1, turn=1), P(conversation=0, turn=2),
+               P(conversation=1, turn=2)]
+    requests = requests_of(prompts, 6)
+    assert follows_of(requests) == [None, None, 0, 1, None, None]
+    assert follows_of([P(conversation=None, turn=None)] * 2) == [None, None]
+    config = validate({**VALID, "dataset": {**VALID["dataset"], "turns": 2},
+                       "load": {"concurrency": [2], "request_rate": [2.0], "arrival": "constant", "think_s": 1.5}})
+    load = load_of(config, Unit(comparisons(config, 6)[0], 0, 0), requests)
+    assert load.follows == [None, None, 0, 1, None, None] and load.think_s == 1.5
+    # the schedule is drawn for the 4 requests that follow none, at 2 per second, in order
+    assert [a for a, j in zip(load.arrivals, load.follows) if j is None] == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    load.check(6)
+    lone = validate({**VALID, "load": {"concurrency": [2], "request_rate": [2.0], "requests": 6}})
+    plain = load_of(lone, Unit(comparisons(lone, 6)[0], 0, 0), [P(conversation=None, turn=None)] * 6)
+    assert plain.follows is None and plain.arrivals == schedule_of(lone, Unit(comparisons(lone, 6)[0], 0, 0), 6)
+    from utils import ConfigError
+
+    with pytest.raises(ConfigError, match="think_s: 1.0 paces a conversation's turns"):
+        validate({**VALID, "load": {"concurrency": [2], "think_s": 1.0}})

@@ -101,7 +101,8 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     point, = [p for p in points_of(config, Comparison(batch_size=1)) if p.method == "speculative"]
     assert Point.of(old) == point and batch_key(old) == point.key + (1, 3)
     assert SampleRecord.from_json(old).to_json() == {**old, "tree": None, "synthetic_acceptance": None, "top2_gaps": None,
-                                                   "extra": {}, "conversation": None, "turn": None,
+                                                   "extra": {}, "conversation": None, "turn": None, "follows": None,
+                                                   "think_s": None,
                                                    **dict.fromkeys(SERVING_FIELDS)}
 
     raw = config.model_dump(mode="json")

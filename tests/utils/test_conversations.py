@@ -121,3 +121,31 @@ def test_the_prompts_fingerprint_tells_other_answers_apart(tmp_path):
                                                    lambda ids: answer_text))
 
     assert built("w44") == built("w44") != built("w45")
+
+
+def test_under_load_a_turn_arrives_after_its_previous_answer_plus_the_think_time(tmp_path):
+    target, draft = save_tiny_pair(tmp_path)
+    data = write_rows(tmp_path / "talk.jsonl", [{"turns": [f"w{3 + i} w{20 + i} w{3 + i}", f"w{50 + i} w{3 + i}"]}
+                                                 for i in range(3)])
+    config = base_config(target, draft, data, methods=["baseline", "prompt_lookup"], speculative={"gamma": [2]})
+    config["dataset"].update(prompt_field="turns", turns=2, group_by="turn")
+    config.pop("batch_size", None)
+    config["load"] = {"concurrency": [2], "think_s": 0.02}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_launch(["--config", path, "--output-dir", tmp_path / "out"])
+    assert result.returncode == 0, result.stderr
+    samples = read_jsonl(tmp_path / "out" / "samples.jsonl")
+    for method in ("baseline", "prompt_lookup"):
+        rows = {s["request"]: s for s in samples if s["method"] == method}
+        assert sorted(rows) == list(range(6))  # 3 first turns, then their 3 second turns
+        for s in rows.values():
+            if s["turn"] == 2:
+                before = rows[s["follows"]]
+                assert (before["conversation"], before["turn"]) == (s["conversation"], 1)
+                assert s["arrival_s"] == pytest.approx(before["finish_s"] + 0.02) and s["think_s"] == 0.02
+                assert s["admitted_s"] >= s["arrival_s"]
+            else:
+                assert s["follows"] is None and s["arrival_s"] == 0.0
+    base = {s["request"]: s["output_ids"] for s in samples if s["method"] == "baseline"}
+    assert all(s["output_ids"] == base[s["request"]] for s in samples)

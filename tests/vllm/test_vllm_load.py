@@ -79,12 +79,17 @@ def served(tmp_path_factory):
         job = executor._job(executor.session.prompt_set.prompts[:4], None, MAX_NEW, 0,
                             SimpleNamespace(arrivals=[0.0, 0.0, 0.0, 1.5], concurrency=2))
         hand = executor.generate(engine, job)
+        # one slot; request 1 is request 0's next turn, 0.3 s after its last token: request 2 (at 0) goes before it
+        job = executor._job(executor.session.prompt_set.prompts[:3], None, MAX_NEW, 0,
+                            SimpleNamespace(arrivals=[0.0, 0.0, 0.0], concurrency=1, follows=[None, 0, None],
+                                            think_s=0.3))
+        turns = executor.generate(engine, job)
         results = list(executor.run(units, set()))
     finally:
         executor.close()
     rows = [r for _, result in results for r in result.rows]
     failures = [f for _, result in results for f in result.failures]
-    return SimpleNamespace(config=config, executor=executor, rows=rows, failures=failures, hand=hand,
+    return SimpleNamespace(config=config, executor=executor, rows=rows, failures=failures, hand=hand, turns=turns,
                            probes=[result for _, result in results if result.drift_probe_s is not None], target=target,
                            starts=(root / "vllm-worker.log").read_text().count("worker for "))
 
@@ -169,3 +174,11 @@ def test_vllm_generate_under_load_equals_our_baseline(served):
     for concurrency in CONCURRENCY:
         for index, row in enumerate(_requests(served, "vllm_generate", concurrency)):
             assert row["output_ids"] == ours[index % len(PROMPTS)], f"request {index} at concurrency {concurrency}"
+
+
+def test_a_conversations_next_turn_arrives_after_its_previous_answer(served):
+    assert served.turns["ok"], served.turns
+    first, follower, other = served.turns["rows"]
+    assert follower["arrival_s"] == pytest.approx(first["finish_s"] + 0.3)
+    assert first["finish_s"] <= other["admitted_s"] < follower["arrival_s"] <= follower["admitted_s"]
+    assert follower["admitted_s"] >= other["finish_s"]

@@ -34,6 +34,7 @@ from types import SimpleNamespace
 from decode.methods import REGISTRY
 from eval.axes import AXES, POINT, label_of
 from eval.records import Comparison, Point
+from runner.load import request_fields
 from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
 from runner.session import UnitResult, failure, record_of
@@ -529,6 +530,8 @@ class VllmExecutor:
                "stop_token_ids": list(self.session.eos)}
         if load is not None:
             job.update(op="serve", arrivals=list(load.arrivals), concurrency=load.concurrency)
+            if getattr(load, "follows", None):  # conversations: a later turn arrives think_s after its previous turn's last token
+                job.update(follows=list(load.follows), think_s=load.think_s)
         return job
 
     def fixed_batch(self, unit: Unit) -> list:
@@ -588,8 +591,9 @@ class VllmExecutor:
         a load point served in part (an error, a dead engine) has none."""
         batch = self.session.prompts_of(unit)
         seed = (self.config.seed * 1_000_003 + unit.batch_index * 101 + unit.repeat) % 2**63
+        load = self.session.load_of(unit)
         answer = self.generate(engine, self._job(batch, unit.temperature, self.config.generation.max_new_tokens, seed,
-                                                 self.session.load_of(unit)))
+                                                 load))
         if not answer.get("ok"):
             return f"vLLM: {answer.get('error')}"
         rows = answer.get("rows") or []
@@ -598,7 +602,7 @@ class VllmExecutor:
             return (f"vLLM answered {len(rows)} rows for a batch of {len(batch)}" if len(rows) != len(batch) else
                     f"vLLM ended a row with finish_reason {odd[0]!r} (not a stop or the length)")
         try:
-            return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset)
+            return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset, load)
         except (KeyError, TypeError, ValueError) as error:
             return f"vLLM's answer could not be read ({type(error).__name__}: {error})"
 
@@ -736,7 +740,7 @@ class VllmExecutor:
                      int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
 
 
-def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str) -> list[dict]:
+def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str, load=None) -> list[dict]:
     """A vLLM batch's answer as records: wall time of the generate call for every row (vLLM schedules the batch as
     one), vLLM's own TTFT and latency per request in extra, and rounds from its per-request speculative counters.
     A served request's (a serving unit's): its arrival, admission, first token, finish and emits, latency_s =
@@ -766,7 +770,7 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
             rounds=rounds_of(row.get("spec"), row["new_tokens"], row.get("steps")) if spec.has_rounds else None,
             **timing)
         rows.append(record_of(point, unit, prompt, measured, tokenizer, preset, spec.has_rounds, len(batch),
-                              extra=extra, request=index if unit.serving else None))
+                              extra=extra, **request_fields(load if unit.serving else None, index)))
     return rows
 
 

@@ -18,10 +18,13 @@ Jobs and results:
             "latency_s", "decode_s", "spec", and the serve job's times below}], "counters": {"num_drafts",
             "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos"} for this call, or null without speculation}
   {"op": "serve", ... a generate job's keys, and "arrivals": [seconds from the start, one per prompt, non-decreasing],
-   "concurrency": C}: the prompts as requests that arrive and leave. Request i is added to the engine once arrivals[i]
-        has passed and fewer than C requests are in flight (a closed loop: the next starts when one finishes; they
-        start in order); the engine is stepped while any is in flight, and the worker sleeps until the next arrival
-        while none is. C must not exceed the engine's max_num_seqs (vLLM would queue the rest itself).
+   "concurrency": C, optionally "follows": [null or an earlier request's index, one per prompt] and "think_s"}: the
+        prompts as requests that arrive and leave. Request i is added to the engine once arrivals[i] has passed and
+        fewer than C requests are in flight (a closed loop: the next starts when one finishes; they start in arrival
+        order, then index order); a request that follows request j (a conversation's next turn) arrives think_s after
+        j's last token instead (its arrivals[i] is not used; its row's arrival_s says when). The engine is stepped while
+        any is in flight, and the worker sleeps until the next arrival while none is. C must not exceed the engine's
+        max_num_seqs (vLLM would queue the rest itself).
         -> a generate job's answer, each row with, in seconds from the start: "arrival_s", "admitted_s" (added to the
             engine), "first_token_s", "finish_s" (the end of the engine steps that gave its first and last tokens)
             and "emits": [[time_s, tokens], ...], one per step at which its output grew
@@ -36,6 +39,7 @@ A job that fails answers {"ok": false, "error": "<Type>: <one line>"} and the wo
 """
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import signal
@@ -181,7 +185,15 @@ class Worker:
         if not isinstance(arrivals, list) or len(arrivals) != len(prompts) or not all(
                 isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a < float("inf") for a in arrivals):
             raise ValueError("arrivals must list one time >= 0 (seconds from the start) per prompt")
-        if any(b < a for a, b in zip(arrivals, arrivals[1:])):
+        follows = job.get("follows") or [None] * len(prompts)
+        if len(follows) != len(prompts) or any(j is not None and (isinstance(j, bool) or not isinstance(j, int) or
+                                                                  not 0 <= j < i) for i, j in enumerate(follows)):
+            raise ValueError("follows must list, per prompt, null or an earlier request's index")
+        think = job.get("think_s") or 0.0
+        if isinstance(think, bool) or not isinstance(think, (int, float)) or not 0 <= think < float("inf"):
+            raise ValueError(f"think_s must be a number of seconds >= 0, got {think!r}")
+        scheduled = [a for a, j in zip(arrivals, follows) if j is None]
+        if any(b < a for a, b in zip(scheduled, scheduled[1:])):
             raise ValueError("arrivals must be non-decreasing (request i arrives no earlier than request i - 1)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
@@ -189,7 +201,7 @@ class Worker:
         if most is not None and concurrency > most:
             raise ValueError(f"concurrency {concurrency} exceeds the engine's max_num_seqs ({most}): vLLM would queue "
                              "the rest itself; start the engine with max_num_seqs >= the concurrency")
-        return self.run(prompts, self._sampling(job), [float(a) for a in arrivals], concurrency)
+        return self.run(prompts, self._sampling(job), [float(a) for a in arrivals], concurrency, follows, float(think))
 
     def max_num_seqs(self) -> int | None:
         config = getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None)
@@ -223,9 +235,10 @@ class Worker:
         params.output_kind = RequestOutputKind.DELTA
         return params
 
-    def run(self, prompts: list[list[int]], params, arrivals: list[float], concurrency: int) -> dict:
+    def run(self, prompts: list[list[int]], params, arrivals: list[float], concurrency: int,
+            follows: list | None = None, think_s: float = 0.0) -> dict:
         """Request i added once arrivals[i] (seconds from the start) has passed and fewer than `concurrency` are in
-        flight, in order; the engine stepped while any is in flight, a sleep until the next arrival while none is.
+        flight, in arrival order (a request that follows request j: think_s after j's last token); the engine stepped while any is in flight, a sleep until the next arrival while none is.
 
         LLM.generate would return final outputs only: the requests go to the engine here and it is stepped until
         they finish, with delta outputs, so that the tokens each step gave each request, and when, are known (a step
@@ -238,21 +251,31 @@ class Worker:
             "arrival_s": arrivals[i], "admitted_s": None, "first_token_s": None, "finish_s": None, "emits": []}}
             for i, rid in enumerate(order)}
         before = spec_counters(self.llm.get_metrics()) if self.speculative else None
-        waiting, flying = list(range(len(order))), set()
-        waiting.reverse()  # popped from the end: request 0 first
+        follows = follows or [None] * len(order)
+        followers = {}  # request -> the requests that follow it
+        for i, j in enumerate(follows):
+            if j is not None:
+                followers.setdefault(order[j], []).append(i)
+                got[order[i]]["times"]["arrival_s"] = None  # known once request j finishes
+        waiting = [(arrivals[i], i) for i in range(len(order)) if follows[i] is None]  # a heap: (arrival, index)
+        heapq.heapify(waiting)
+        left, flying = len(order), set()
         began = time.perf_counter()
         clock = lambda: time.perf_counter() - began  # noqa: E731
         try:
-            while waiting or flying:
+            while left or flying:
                 now = clock()
-                while waiting and len(flying) < concurrency and arrivals[waiting[-1]] <= now:
-                    index = waiting.pop()
+                while waiting and len(flying) < concurrency and waiting[0][0] <= now:
+                    index = heapq.heappop(waiting)[1]
+                    left -= 1
                     rid = order[index]
                     engine.add_request(rid, {"prompt_token_ids": prompts[index]}, params.clone())
                     got[rid]["times"]["admitted_s"] = clock()
                     flying.add(rid)
                 if not flying:
-                    time.sleep(max(0.0, arrivals[waiting[-1]] - now))
+                    if not waiting:
+                        raise RuntimeError("a request follows one that never finished")
+                    time.sleep(max(0.0, waiting[0][0] - now))
                     continue
                 if not engine.has_unfinished_requests():
                     raise RuntimeError(f"the engine has no unfinished request, but {len(flying)} did not finish")
@@ -274,6 +297,9 @@ class Worker:
                         entry["final"] = output
                         times["finish_s"] = now
                         flying.discard(output.request_id)
+                        for i in followers.pop(output.request_id, []):  # the conversation's next turn arrives
+                            got[order[i]]["times"]["arrival_s"] = now + think_s
+                            heapq.heappush(waiting, (now + think_s, i))
         except BaseException:
             try:
                 engine.abort_request([rid for rid in order if got[rid]["final"] is None and
