@@ -197,7 +197,8 @@ LEGEND = {
              f"prediction_off: the measured speedup falls outside the replay's predicted interval (without one, more "
              f"than 5% from it); the message names the parts of the schedule measured more than 10% from the replay's "
              f"(the rounds, the prefills, the baseline's steps)",
-    "group": "dataset.group_by's value; null: the overall run. At batch size 1 a group's figures are exact; at batch "
+    "group": "dataset.group_by's value, or a conversation's turn ('turn 1', 'turn 2', ...: runs of conversations "
+             "give figures per turn besides group_by's; group_field says which); null: the overall run. At batch size 1 a group's figures are exact; at batch "
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
              "that group in the batch",
     **({"engines": " ".join(t.legend for t in ENGINE_TEXTS.values())} if ENGINE_TEXTS else {}),

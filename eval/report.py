@@ -110,7 +110,8 @@ def markdown(summary: dict, title: str = "") -> str:
     if failed:
         lines += ["", "Not measured:"] + [f"- {r['label']}: {r['status']}: {r['error']}" for r in failed]
     for group in summary.get("groups") or []:
-        lines += ["", f"## {summary.get('group_by') or 'group'}: {group}", ""]
+        field = (summary.get("group_fields") or {}).get(group) or summary.get("group_by") or "group"
+        lines += ["", f"## {group}" if field == "turn" else f"## {field}: {group}", ""]
         lines += _table([r for r in summary["runs"] if r.get("group") == group])
     if any(r.get("flags") for r in summary["runs"]):
         lines += ["", "! = flagged: the notes say why (legend: flags)."]
@@ -460,7 +461,9 @@ def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
     axes.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=30, ha="right", fontsize=8)
     axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     axes.set_ylabel(f"speedup vs {reference_name(summary)} (95% CI)")
-    axes.set_title(f"speedup per {summary.get('group_by') or 'group'}", fontsize=9)
+    fields = list(dict.fromkeys((summary.get("group_fields") or {}).get(g) or summary.get("group_by") or "group"
+                                for g in groups))
+    axes.set_title(f"speedup per {' and per '.join(fields)}", fontsize=9)
     if labels:
         axes.legend(fontsize=6)
     return _save(figure, out_dir, "speedup_by_group.png", plt)
@@ -575,6 +578,27 @@ def serving_synthetic_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
+def serving_group_lines(runs: list[dict]) -> list[str]:
+    """A load point's figures per group of its requests (legend: by_group), where it has groups."""
+    rows = [(r, g) for r in runs for g in (r.get("metrics") or {}).get("by_group") or []]
+    if not rows:
+        return []
+
+    def few(g):  # a speculative point's ratio with no interval: how many requests it rests on
+        return f" (n={g['requests_paired']})" if g["speedup_tpot"] is not None and not g["speedup_tpot_ci95"] and \
+            "acceptance_pooled" in g else ""
+    lines = ["", "Per group of its requests (legend: by_group):", "",
+             "| point | group | requests | TTFT P50 s | TPOT P50 ms | E2E P50 s | accept pooled | MAT pooled | "
+             "speedup TPOT [95% CI] |", "|---|---|---|---|---|---|---|---|---|"]
+    for run, g in rows:
+        tpot_ms = None if g["tpot_s_p50"] is None else 1000 * g["tpot_s_p50"]
+        lines.append(f"| {md_cell(run['label'])} | {md_cell(g['group'])} | {g['requests']} | "
+                     f"{_fmt(g['ttft_s_p50'], '{:.3f}')} | {_fmt(tpot_ms, '{:.1f}')} | {_fmt(g['e2e_s_p50'], '{:.3f}')} | "
+                     f"{_fmt(g.get('acceptance_pooled'), '{:.3f}')} | {_fmt(g.get('mean_accepted_tokens_pooled'))} | "
+                     f"{_with_ci(g['speedup_tpot'], g['speedup_tpot_ci95'])}{few(g)} |")
+    return lines
+
+
 def serving_lines(summary: dict) -> list[str]:
     """A table per load point (its methods), then the crossovers, measured beside predicted."""
     serving = summary.get("serving")
@@ -597,6 +621,7 @@ def serving_lines(summary: dict) -> list[str]:
                   for r in runs]
         failed = [r for r in runs if r["status"] in ("failed", "skipped")]
         lines += [f"- {r['label']}: {r['status']}: {r.get('error')}" for r in failed]
+        lines += serving_group_lines(runs)
     lines += serving_synthetic_lines(serving["runs"])
     lines += source_lines([r for r in serving["runs"] if r["status"] in ("ok", "partial")])
     crossovers = serving.get("crossovers") or []

@@ -18,6 +18,7 @@ from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
 from eval.costs import run_costs
 from eval.figures import constant_draft_length, exact_match
 from eval.flags import CI_WIDE, flags_of
+from eval.groups import groups_of, in_group
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
@@ -42,6 +43,10 @@ SERVING_LEGEND = {
                "of a slot by a finishing request, in arrival order, then request order: a conversation's later turn arrives after its previous answer); with no cap binding, its arrival",
     "ttft_s (load)": "time to first token = first token - slot: the prefill and any wait inside the engine for the "
                      "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
+    "by_group": "per group of a load point's requests (dataset.group_by's values, and a conversation's turns: 'turn 1', "
+                "'turn 2', ...): its requests' TTFT, TPOT and E2E P50, pooled acceptance and MAT, and the TPOT speedup "
+                "against the same requests of the baseline, with its 95% paired bootstrap interval over those requests "
+                "(null below 8); no throughput, since every group's requests share the load point's span",
     "queue_s": "the client's wait for a concurrency slot = slot - arrival (0 with no cap binding); not in TTFT, E2E or "
                "the SLO, as in vLLM's bench serve",
     "max_in_flight": "the most requests in flight (admitted, not finished) at once; where the concurrency exceeds the "
@@ -374,6 +379,29 @@ def prediction_off(metrics: dict, baseline_tpot_s: float | None) -> str | None:
     return f"{verdict}: " + ("; ".join(parts) or "no single part is off by more than 10%: the sum of small ones")
 
 
+def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None, group_by: str | None) -> list[dict]:
+    """Per group of the requests (eval/groups.py: group_by's values, a conversation's turns): its requests' TTFT, TPOT
+    and E2E P50, pooled acceptance and MAT, and the TPOT speedup against the same requests of the baseline with its
+    interval over those requests. No throughput: the groups' requests share one span. Both sides with their slots."""
+    out = []
+    for group, field in groups_of(samples, group_by):
+        mine = [s for s in samples if in_group(s, group, field)]
+        theirs = [s for s in baseline or [] if in_group(s, group, field)]
+        figures = load_figures(mine, None)
+        row = {"group": group, "group_field": field, "requests": len(mine),
+               **{f"{name}_p50": (figures[name] or {}).get("p50") for name in ("ttft_s", "tpot_s", "e2e_s")}}
+        if REGISTRY[point.method].has_rounds:
+            accepted = acceptance_figures(mine, point)
+            row.update(acceptance_pooled=accepted["acceptance_pooled"],
+                       mean_accepted_tokens_pooled=accepted["mean_accepted_tokens_pooled"])
+        _, per_token, paired = speedup_clusters(mine, theirs) if theirs else ([], [], 0)
+        row.update(requests_paired=paired, speedup_tpot=ratio_of_totals(per_token) if per_token else None,
+                   speedup_tpot_ci95=bootstrap_ci(per_token) if per_token and not REGISTRY[point.method].is_reference
+                   else None)
+        out.append(row)
+    return out
+
+
 def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | None,
                     probes: dict[int, CostProbe], slo: dict | None, profile=None) -> dict:
     """Every figure of one serving point against the baseline of its load point (None: none ran). Two predictions:
@@ -640,6 +668,9 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
             if engine == "ours" else {}
         probes = {b: p for b, p in probes.items() if p is not None}
         metrics = serving_metrics(point, samples, baseline, probes, slo, profile)
+        by_group = group_figures(point, samples, baseline, progress.get("group_by"))
+        if by_group:
+            metrics["by_group"] = by_group
         paired_repeats = len(set(by_repeat(samples)) & set(by_repeat(baseline or [])))
         repeats = {"done": done, "planned": expected, "paired": paired_repeats,
                    "cross_process": cross_process_pairs(samples, baseline or [])}

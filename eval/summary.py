@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from decode.methods import ENGINES, REGISTRY, reference_method
+from eval.groups import TURN, group_text, groups_of, in_group, natural
 from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
@@ -83,8 +84,8 @@ def missing_costs(progress: dict, point: Point, samples: list[dict], costs: Cost
 
 def point_runs(point: Point, samples: list[dict], failures: list[dict], expected: int | None,
                baseline: list[dict] | None, costs: CostProbe | None, machine: dict, group_by: str | None) -> list[dict]:
-    """The runs of one point: overall (group None), then one per group when group_by is set. Every group run
-    shares the point's status: a partial point is partial in every group."""
+    """The runs of one point: overall (group None), then one per group (groups_of: group_by's values, and a
+    conversation's turns). Every group run shares the point's status: a partial point is partial in every group."""
     error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failures)) or None
     if not samples:
         status = "failed" if any(f.get("status") == "failed" for f in failures) else "skipped"
@@ -92,11 +93,10 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
                  "batches": {"done": 0, "paired": 0, "planned": expected, "prompts": 0, "cross_process": 0},
                  "flags": [], "metrics": {}}]
     status = "partial" if failures or (expected is not None and len(units(samples)) < expected) else "ok"
-    groups = [None] + (sorted({s["group"] for s in samples if s.get("group") is not None}) if group_by else [])
     runs = []
-    for group in groups:
-        mine = [s for s in samples if group is None or s.get("group") == group]
-        theirs = None if baseline is None else [s for s in baseline if group is None or s.get("group") == group]
+    for group, field in [(None, None)] + groups_of(samples, group_by):
+        mine = [s for s in samples if group is None or in_group(s, group, field)]
+        theirs = None if baseline is None else [s for s in baseline if group is None or in_group(s, group, field)]
         # a group's rows shared their batches with other groups' rows: its own replay would be a schedule that never
         # ran, so the replay is the overall run's only
         metrics = run_metrics(point, mine, theirs, costs, machine.get("profile") if group is None else None)
@@ -109,6 +109,8 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
             flags.append({"code": "prediction_off", "message": metrics["prediction_off"]})
         run = {**_axes(point), "group": group, "label": point.label, "status": status, "batches": batches,
                "flags": flags, "metrics": metrics}
+        if field is not None:
+            run["group_field"] = field
         if error:
             run["error"] = error
         runs.append(run)
@@ -176,16 +178,18 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         for run in per_group:
             for flag in run["flags"]:
                 if flag["code"] == "few_samples":  # one note for every group run it concerns
-                    few.setdefault((run["group"], run["batches"]["prompts"]), []).append(point.label)
+                    few.setdefault((group_text(run["group"], run["group_field"]), run["batches"]["prompts"]),
+                                   []).append(point.label)
                 elif flag["code"] not in said or flag["code"] == "ci_wide":  # a group's own interval
-                    notes.append(f"{point.label} [{group_by}={run['group']}]: flagged {flag['code']}: {flag['message']}")
+                    notes.append(f"{point.label} [{group_text(run['group'], run['group_field'])}]: flagged "
+                                 f"{flag['code']}: {flag['message']}")
     for (code, message), labels in flagged.items():
         notes.append(f"{'; '.join(labels)}: flagged {code}: {message}")
     if few:
         grouped = {r["label"] for r in runs if r["group"] is not None and r["status"] in ("ok", "partial")
                    and not REGISTRY[r["method"]].is_reference}
         everyone = all(set(labels) == grouped for labels in few.values())
-        shown = "; ".join(f"{group_by}={group} ({prompts} prompt batch{'es' if prompts != 1 else ''})"
+        shown = "; ".join(f"{group} ({prompts} prompt batch{'es' if prompts != 1 else ''})"
                           + ("" if everyone else f": {', '.join(labels)}") for (group, prompts), labels in few.items())
         notes.append(f"flagged few_samples, no interval, fewer than {MIN_PROMPTS} prompt batches behind the ratio"
                      + (f" (every point: {', '.join(next(iter(few.values())))})" if everyone else "")
@@ -206,8 +210,11 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     if missing:
         notes.append(f"planned but not measured (the run stopped first): {'; '.join(missing)}")
     engines = engine_comparison(by_point, baselines, runs)
+    fields = {r["group"]: r["group_field"] for r in runs if r["group"] is not None}
     summary = {"runs": runs, "best": best_points(runs, costs_by_label), "legend": LEGEND, "notes": notes,
-               "groups": sorted({r["group"] for r in runs if r["group"] is not None})}
+               "groups": sorted({r["group"] for r in runs if r["group"] is not None},
+                                key=lambda g: (fields[g] == TURN, natural(g))),
+               "group_fields": fields}
     if engines:
         summary["engines"] = engines
     if serving:

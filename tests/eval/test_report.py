@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eval.groups import natural
 from eval.summary import summarize
 from eval.report import COLUMNS, cell, csv_text, markdown, write_report
 from sample_records import SPEC_LABEL, costs, paired_run, record, run
@@ -163,3 +164,24 @@ def test_a_point_without_an_interval_draws_no_error_bar():
     assert lows[0] == pytest.approx(0.25) and highs[0] == pytest.approx(0.25)
     assert math.isnan(lows[1]) and math.isnan(highs[1])
     assert _errors(runs[1:], "speedup") is None
+
+
+def test_conversations_get_figures_per_category_and_per_turn():
+    """Two conversations of category a (turns 1, 2) and one of b (turn 1 only): runs for a, b, turn 1 and turn 2.
+    Turn 1: 3 prompts, baseline 2 s and speculative 1 s each -> speedup 2.0; turn 2 (conversation 0's and 1's):
+    baseline 2 s, speculative 0.5 s -> 4.0; category a: 4 prompts, 8 s against 3 s -> 2.667."""
+    samples = []
+    for i, (conversation, turn, group, spec_latency) in enumerate(
+            [(0, 1, "a", 1.0), (1, 1, "a", 1.0), (2, 1, "b", 1.0), (0, 2, "a", 0.5), (1, 2, "a", 0.5)]):
+        rounds = [{"drafted": 2, "accepted": 2, "emitted": 3}]
+        samples += [record("baseline", i, i, tokens=4, latency=2.0, group=group, conversation=conversation, turn=turn),
+                    record("speculative", i, i, tokens=4, latency=spec_latency, group=group, rounds=rounds,
+                           conversation=conversation, turn=turn)]
+    summary = summarize(samples, {"group_by": "category", "costs": costs(0.3, {"2": 1.2})})
+    assert summary["groups"] == ["a", "b", "turn 1", "turn 2"]
+    assert summary["group_fields"] == {"a": "category", "b": "category", "turn 1": "turn", "turn 2": "turn"}
+    speedup = {g: run(summary, "speculative", g)["metrics"]["speedup"] for g in summary["groups"]}
+    assert speedup == pytest.approx({"a": 8 / 3, "b": 2.0, "turn 1": 2.0, "turn 2": 4.0})
+    text = markdown(summary)
+    assert "## category: a" in text and "## turn 2" in text and "## category: turn" not in text
+    assert sorted(["turn 10", "turn 2", "turn 1"], key=natural) == ["turn 1", "turn 2", "turn 10"]

@@ -149,3 +149,8 @@ def test_under_load_a_turn_arrives_after_its_previous_answer_plus_the_think_time
                 assert s["follows"] is None and s["arrival_s"] == 0.0
     base = {s["request"]: s["output_ids"] for s in samples if s["method"] == "baseline"}
     assert all(s["output_ids"] == base[s["request"]] for s in samples)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    for run in summary["serving"]["runs"]:  # per turn under load: 3 requests each, paired with the baseline's
+        assert [(g["group"], g["requests"], g["requests_paired"]) for g in run["metrics"]["by_group"]] == \
+            [("turn 1", 3, 3), ("turn 2", 3, 3)]
+    assert "| prompt_lookup gamma=2 conc=2 greedy | turn 2 | 3 |" in (tmp_path / "out" / "summary.md").read_text()
