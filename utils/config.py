@@ -60,9 +60,11 @@ class DatasetConfig(Strict):
                                   "up in the current folder, then in the repository), or pkg://package/file")
     name: str | None = Field(None, description="hub config name (main for openai/gsm8k)")
     split: str = Field("test", description="hub split; a local file is read whole")
-    preset: Literal["gsm8k", "humaneval", "mt_bench", "none"] = Field(
+    preset: Literal["gsm8k", "humaneval", "humaneval_edit", "mt_bench", "none"] = Field(
         "none", description="gsm8k (the question; the answer after #### kept for accuracy), humaneval (the code "
-                            "prompt), mt_bench (the first turn): the prompt field, the reference and an instruction")
+                            "prompt), humaneval_edit (a HumanEval task as an edit loop of 3 turns with dataset.turns: "
+                            "write it; fix a failing test, the code quoted; add type hints, the code quoted), mt_bench "
+                            "(the first turn; all with dataset.turns): the prompt field, the reference and an instruction")
     prompt_field: str | None = Field(None, description="the field holding the prompt (a list: its first turn; all its turns with turns); "
                                                        "default: the preset's, else the one field among prompt, "
                                                        "question, instruction, input, text, turns (none or several "

@@ -20,12 +20,31 @@ PRESETS = {
     # preset: (default hub path, config name, prompt field, reference field)
     "gsm8k": ("openai/gsm8k", "main", "question", "answer"),
     "humaneval": ("openai/openai_humaneval", None, "prompt", "canonical_solution"),
+    "humaneval_edit": ("openai/openai_humaneval", None, "prompt", "canonical_solution"),
     "mt_bench": ("HuggingFaceH4/mt_bench_prompts", None, "turns", None),
 }
 INSTRUCTIONS = {
     "gsm8k": "Solve the problem step by step, then give the final answer after '####'.\n\n",
     "humaneval": "Complete the following Python function. Answer with code only.\n\n",
+    "humaneval_edit": "Complete the following Python function. Answer with code only.\n\n",
 }
+# a later turn's text may quote the answer to the turn before it: this marker is replaced by that answer
+PREVIOUS_ANSWER = "<<previous answer>>"
+# humaneval_edit: a HumanEval task as an edit loop, a stand-in for agentic traffic whose context repeats and grows
+EDIT_FIX = ("This test fails on your code:\n\n{test}\n\nHere is your code:\n\n" + PREVIOUS_ANSWER +
+            "\n\nFix the function. Answer with the whole corrected code only.")
+EDIT_HINTS = ("Add type hints to every function of the code below, and a docstring where one is missing. Answer with "
+              "the whole code only.\n\n" + PREVIOUS_ANSWER)
+
+
+def edit_loop_turns(row: dict, prompt: str) -> list[str]:
+    """humaneval_edit's three turns of a HumanEval task: write the function; "this test fails" with the first assert of
+    its tests (whether or not the answer fails it: the point is the quoted, edited code) and the previous answer quoted;
+    then "add type hints" with the fixed code quoted."""
+    tests = [line.strip() for line in str(row.get("test") or "").splitlines() if line.strip().startswith("assert")]
+    test = (tests[0] if tests else "assert the function's own tests pass").replace("candidate(",
+                                                                                    f"{row.get('entry_point') or 'f'}(")
+    return [prompt, EDIT_FIX.format(test=test), EDIT_HINTS]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -176,18 +195,27 @@ def turns_of(value) -> list[str]:
     return [str(t) for t in texts if t is not None and str(t).strip()]
 
 
+def row_turns(row: dict, cfg: DatasetConfig, field_name: str) -> list[str]:
+    """A row's user turns (turns_of its prompt field; humaneval_edit: its edit loop, edit_loop_turns)."""
+    turns = turns_of(row[field_name])
+    if cfg.preset == "humaneval_edit" and turns:
+        return edit_loop_turns(row, turns[0])
+    return turns
+
+
 def prompt_of(row: dict, cfg: DatasetConfig, field_name: str) -> str | None:
     """The prompt's text, or None where the row has none: a missing (null) field, an empty list, or text that is empty
     or whitespace only (such a row is skipped, and counted as skipped_empty). A list: its first user turn."""
-    turns = turns_of(row[field_name])
+    turns = row_turns(row, cfg, field_name)
     return INSTRUCTIONS.get(cfg.preset, "") + turns[0] if turns else None
 
 
 def conversation_text(tokenizer, cfg: DatasetConfig, turns: list[str], answers: list[str]) -> str:
     """The prompt of turn len(answers) + 1: the chat template over the earlier turns with their answers, and the
-    turn itself (the preset's instruction before the first turn only); without a template, the texts one after
-    another, separated by blank lines."""
-    asked = [INSTRUCTIONS.get(cfg.preset, "") + turns[0]] + turns[1:len(answers) + 1]
+    turn itself (the preset's instruction before the first turn only; a turn that holds PREVIOUS_ANSWER quotes the
+    answer to the turn before it there); without a template, the texts one after another, separated by blank lines."""
+    asked = [INSTRUCTIONS.get(cfg.preset, "") + turns[0]] + [
+        text.replace(PREVIOUS_ANSWER, answers[k]) for k, text in enumerate(turns[1:len(answers) + 1])]
     return chat_text(tokenizer, cfg, asked, answers)
 
 
@@ -312,7 +340,7 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
             result.skipped_empty += 1
             continue
         group = None if cfg.group_by is None or cfg.group_by not in fields else str(row[cfg.group_by])
-        turns = turns_of(row[field_name])
+        turns = row_turns(row, cfg, field_name)
         turns = turns if cfg.turns == "all" else turns[:cfg.turns]
         if len(turns) > 1:
             result.conversations.append(Conversation(index, turns, group))

@@ -154,3 +154,19 @@ def test_under_load_a_turn_arrives_after_its_previous_answer_plus_the_think_time
         assert [(g["group"], g["requests"], g["requests_paired"]) for g in run["metrics"]["by_group"]] == \
             [("turn 1", 3, 3), ("turn 2", 3, 3)]
     assert "| prompt_lookup gamma=2 conc=2 greedy | turn 2 | 3 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_humaneval_edit_is_a_loop_of_three_turns_each_quoting_the_code_before(tmp_path):
+    row = {"task_id": "t/0", "prompt": "def add(a, b):\n", "entry_point": "add", "canonical_solution": "    return a + b\n",
+           "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n"}
+    path = write_rows(tmp_path / "h.jsonl", [row])
+    cfg = DatasetConfig(path=str(path), preset="humaneval_edit", turns="all", chat_template=False)
+    answers = iter(["CODE1", "CODE2"])
+    prompts = expand_conversations(load_prompts(cfg, tokenizer(False)), cfg, tokenizer(False), lambda ids: next(answers))
+    first, fix, hints = (p.text for p in sorted(prompts.prompts, key=lambda p: p.turn))
+    assert first == "Complete the following Python function. Answer with code only.\n\ndef add(a, b):\n"
+    assert fix == (first + "\n\nCODE1\n\nThis test fails on your code:\n\nassert add(1, 2) == 3\n\nHere is your code:"
+                   "\n\nCODE1\n\nFix the function. Answer with the whole corrected code only.")
+    assert hints.startswith(fix + "\n\nCODE2\n\nAdd type hints") and hints.endswith("the whole code only.\n\nCODE2")
+    one = load_prompts(DatasetConfig(path=str(path), preset="humaneval_edit", chat_template=False), tokenizer(False))
+    assert [p.text for p in one.prompts] == [first] and not one.conversations  # turns: 1, the task alone
