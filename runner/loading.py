@@ -179,6 +179,9 @@ def model_notes(config, target, drafts, prompt_set) -> list[str]:
         notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
                      "no TTFT or forward counts")
     notes += [f"{m}: {REGISTRY[m].memory}" for m in config.methods if REGISTRY[m].memory]
+    if "hybrid" in config.methods and config.speculative.hybrid_max_draft:
+        notes.append(f"hybrid: a round drafts up to max(gamma, {config.speculative.hybrid_max_draft}) tokens "
+                     "(speculative.hybrid_max_draft), each row's length chosen by expected tokens per cost")
     return notes
 
 

@@ -448,7 +448,7 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
     """c and v of a comparison's speculative points (`points`: those that run), measured on its first batch (ids,
     mask): each verify width they use (a chain's gamma + 1, a tree's nodes + 1; the cost_model schedule any draft
     length up to gamma and the draft's prefill; hybrid any chain up to gamma or a tree of two chains up to 2 gamma
-    nodes, timed as chains), each step timed as the run executes it, at the mean cache of decoding (the prompt +
+    nodes, timed as chains, and past gamma up to speculative.hybrid_max_draft a few widths between), each step timed as the run executes it, at the mean cache of decoding (the prompt +
     max_new_tokens / 2). None: no speculative point. Raises what the probes raise (RUNTIME_ERRORS: the caller notes
     it)."""
     from decode.methods import REGISTRY
@@ -467,8 +467,12 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
         chains |= set(range(2, max(gammas) + 2))
     hybrid = [p.gamma for p in spec_points if p.method == "hybrid"]
     if hybrid:
-        widths |= set(range(2, 2 * max(hybrid) + 2))
-        chains |= set(range(2, 2 * max(hybrid) + 2))
+        hybrid_widths = set(range(2, 2 * max(hybrid) + 2))
+        longest = max(max(hybrid), config.speculative.hybrid_max_draft or 0)
+        if longest > max(hybrid):  # past gamma: a few widths up to a tree of two of the longest drafts
+            hybrid_widths |= {longest + 1, (3 * longest) // 2 + 1, 2 * longest + 1}
+        widths |= hybrid_widths
+        chains |= hybrid_widths
     return measure_costs(target.model, drafts, ids, mask, sorted(widths), clock, draft_prefill=cost_model,
                          tree_widths=widths - chains, sampling=sampling, context=config.generation.max_new_tokens // 2,
                          target_vocab_size=target.vocab_size)

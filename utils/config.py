@@ -185,6 +185,10 @@ class SpeculativeConfig(Strict):
     exit_layer: list[int] | None = Field(None, description="early_exit: the target's first N layers draft, 1 <= N < "
                                                            "the target's layers (checked before the run where the "
                                                            "target's config is on disk, else at load); a list sweeps")
+    hybrid_max_draft: int | None = Field(None, ge=1, le=64,
+                                         description="hybrid: the longest draft a round may take from any source, "
+                                                     "each row's length chosen by expected tokens per cost (past gamma "
+                                                     "where acceptance stays high); null: gamma")
     ngram_max: int = Field(3, ge=1, description="prompt_lookup: longest n-gram matched")
     ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched; hf_prompt_lookup needs 1 "
                                                 "(transformers has no minimum)")
@@ -501,6 +505,11 @@ class Config(Strict):
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""
+        longest = self.speculative.hybrid_max_draft
+        if "hybrid" in self.methods and longest and longest > max(self.speculative.gamma):
+            raise ValueError(f"speculative.hybrid_max_draft: {longest} drafts past gamma, and engine.compile sizes its "
+                             "static caches and graphs for gamma; set engine.compile: false, or leave hybrid_max_draft "
+                             "out")
         for role, model in [("target", self.target)] + [(f"draft[{i}]", d) for i, d in enumerate(self.draft)]:
             if role != "target" and model.kind != "model":
                 continue

@@ -2,9 +2,12 @@
 
 Sources: prompt lookup ("lookup", decode/drafters/prompt_lookup.py) and suffix decoding ("suffix",
 decode/drafters/suffix.py), which cost no forward, and the draft model ("draft", decode/drafters/draft_model.py),
-which costs c target steps a token. Each round, for each row, with b_i each source's own acceptance factors (the
-cost_model schedule's estimator, CostModelSchedule.acceptance: the row's decayed counts shrunk toward the point's
-pool) and S(i) = b_1 ... b_i, the row takes the best of
+which costs c target steps a token. Each round, for each row, with b_i the acceptance factors of each source's
+evidence (the cost_model schedule's estimator, CostModelSchedule.acceptance: the row's decayed counts shrunk toward
+the point's pool; a free source's candidate is judged by the evidence of its strength, `stratum`: lookup by the n-gram
+it matched, suffix by its first token's estimated probability) and S(i) = b_1 ... b_i, the row takes the best of the
+options below, every length k up to the round's cap (speculative.hybrid_max_draft, past gamma, else gamma): a free
+source whose evidence says it will not pay never drafts, and one that keeps being accepted drafts long
 
     a plain step                                   1 / 1
     a free source s, its first k tokens            E_s(k) / v(k)                      E(k) = 1 + S(1) + ... + S(k)
@@ -49,6 +52,21 @@ from decode.tree_layout import TreeLayout
 
 FREE = ("lookup", "suffix")
 SOURCES = (*FREE, "draft")
+# A free candidate's evidence is kept by its strength: a 3-gram match, or a suffix continuation most earlier texts
+# share, is accepted far more often than a 1-gram match or a rare continuation, and one estimate for all of them would
+# let the weak ones draft on the strong ones' record (or keep the strong ones out).
+STRATA = {"lookup": ("n1", "n2", "n3+"), "suffix": ("p<.5", "p<.9", "p>=.9")}
+
+
+def stratum(source: str, strength: float) -> str:
+    """The evidence key of a free source's candidate: lookup by the n-gram it matched (1, 2, 3 or more), suffix by its
+    first token's estimated probability (below 0.5, below 0.9, above)."""
+    if source == "lookup":
+        return f"lookup:{STRATA['lookup'][min(max(int(strength), 1), 3) - 1]}"
+    return f"suffix:{STRATA['suffix'][0 if strength < 0.5 else 1 if strength < 0.9 else 2]}"
+
+
+EVIDENCE = ("draft", *(f"{s}:{k}" for s in FREE for k in STRATA[s]))  # every estimator's key
 
 
 class _Wanted(Schedule):
@@ -119,9 +137,11 @@ def longest_common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class HybridDrafter(Drafter):
-    """See the module. draft: a DraftModelDrafter (a chain; its schedule is replaced by the hybrid's choice); c, v: the
-    measured cost ratios (v keyed by nodes n, as runner/probes.py measures them); pools: per source the point's
-    PointEvidence (RunContext.memory), the rows' prior; cache: the suffix source's earlier outputs (SuffixCache)."""
+    """See the module. draft: a DraftModelDrafter (a chain; its schedule is replaced by the hybrid's choice); gamma:
+    the longest draft of a round from any source (speculative.hybrid_max_draft, else the point's gamma); c, v: the
+    measured cost ratios (v keyed by nodes n, as runner/probes.py measures them); pools: per evidence key (EVIDENCE:
+    the draft model, each free source's strata) the point's PointEvidence (RunContext.memory), the rows' prior;
+    cache: the suffix source's earlier outputs (SuffixCache)."""
     PROBE_EVERY = 8
 
     def __init__(self, draft: DraftModelDrafter, target_vocab_size: int, gamma: int, c: float, v: dict[int, float],
@@ -133,8 +153,9 @@ class HybridDrafter(Drafter):
         self.vocab = target_vocab_size
         self.gamma, self.c = gamma, c
         pools = pools if pools is not None else {}
-        self.estimators = {s: CostModelSchedule(gamma, c if s == "draft" else 0.0, v,
-                                                evidence=pools.setdefault(s, PointEvidence(gamma))) for s in SOURCES}
+        self.estimators = {key: CostModelSchedule(gamma, c if key == "draft" else 0.0, v,
+                                                  evidence=pools.setdefault(key, PointEvidence(gamma)))
+                           for key in EVIDENCE}
         self.cache = cache
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.suffix_max_depth, self.suffix_min_prob = suffix_max_depth, suffix_min_prob
@@ -176,10 +197,11 @@ class HybridDrafter(Drafter):
         self.device = prompt_ids.device
 
     def _plans(self, limits: list[int]) -> list[tuple[str | None, int, int, float]]:
-        priors = {s: e.pool_prior() for s, e in self.estimators.items()}
+        priors = {key: e.pool_prior() for key, e in self.estimators.items()}
         plans = []
         for row, limit in enumerate(limits):
-            rates = {s: e.acceptance(row, priors[s]) for s, e in self.estimators.items()}
+            keys = {"draft": "draft", **self.keys[row]}  # each free candidate's evidence: its stratum's
+            rates = {s: self.estimators[key].acceptance(row, priors[key]) for s, key in keys.items()}
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
             probe = self.since_draft[row] + 1 >= self.PROBE_EVERY and limit > 0
             plans.append(plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge))
@@ -189,13 +211,14 @@ class HybridDrafter(Drafter):
         rows = len(self.lookups)
         limits = [min(max_tokens, limit) for limit in (row_limits if row_limits is not None else [max_tokens] * rows)]
         host = self._last_tokens_host(last_tokens)
-        self.candidates = []
+        self.candidates, self.keys = [], []
         for row, token in enumerate(host):
             self.lookups[row].extend([token])
             self.suffixes[row].extend([token])
-            self.candidates.append({
-                "lookup": self.lookups[row].propose(self.ngram_max, self.ngram_min, limits[row]),
-                "suffix": self.suffixes[row].propose(limits[row])[0]})
+            lookup, matched = self.lookups[row].propose_match(self.ngram_max, self.ngram_min, limits[row])
+            suffix, probs = self.suffixes[row].propose(limits[row])
+            self.candidates.append({"lookup": lookup, "suffix": suffix})
+            self.keys.append({"lookup": stratum("lookup", matched), "suffix": stratum("suffix", probs[0] if probs else 0)})
         plans = self._plans(limits)
         free = [self.candidates[row][plan[0]][:plan[1]] if plan[0] else [] for row, plan in enumerate(plans)]
         k_draft = [plan[2] for plan in plans]
@@ -278,7 +301,8 @@ class HybridDrafter(Drafter):
         drafts = self._observed_drafts or []
         next_tokens = self._observed or []
         rows = len(self.lookups)
-        facts, draft_accepted, evidence = [], [], {s: ([], []) for s in SOURCES}
+        facts, draft_accepted = [], []
+        evidence = {key: ([0] * rows, [0] * rows) for key in EVIDENCE}  # per key, per row: (tested, matched)
         for row in range(rows):
             path = path_host[row] if path_host is not None else list(range(accepted_len_host[row]))
             path_tokens = [drafts[row][node] for node in path]
@@ -293,13 +317,14 @@ class HybridDrafter(Drafter):
             chains["draft"] = [drafts[row][n] for n in draft_nodes]
             for s, chain in chains.items():
                 tested = min(len(chain), len(committed))
-                evidence[s][0].append(tested)
-                evidence[s][1].append(longest_common_prefix(chain[:tested], committed))
+                key = "draft" if s == "draft" else self.keys[row][s]
+                evidence[key][0][row] = tested
+                evidence[key][1][row] = longest_common_prefix(chain[:tested], committed)
             self.lookups[row].extend(path_tokens)
             self.suffixes[row].extend(path_tokens)
             self.since_draft[row] = 0 if draft_nodes else self.since_draft[row] + 1
-        for s, (tested, matched) in evidence.items():
-            self.estimators[s].update(tested, matched)
+        for key, (tested, matched) in evidence.items():
+            self.estimators[key].update(tested, matched)
         if self.draft_ran:
             width = self.draft.last_proposal.shape[1]
             full = [[drafts[row][n] for n in self.branches[row].get("draft", [])] for row in range(rows)]

@@ -44,8 +44,12 @@ class NgramIndex:
     def propose(self, ngram_max: int, ngram_min: int, max_tokens: int) -> list[int]:
         """The continuation (at most max_tokens) of the first occurrence of the longest tail n-gram,
         ngram_min <= n <= ngram_max, that has a continuation; [] when none matches."""
+        return self.propose_match(ngram_max, ngram_min, max_tokens)[0]
+
+    def propose_match(self, ngram_max: int, ngram_min: int, max_tokens: int) -> tuple[list[int], int]:
+        """`propose`'s continuation and the length n of the n-gram it matched (0: none)."""
         if not self.tokens or max_tokens <= 0:
-            return []
+            return [], 0
         occurrences = self.positions[self.tokens[-1]]
         best_length, best_end = 0, -1
         # 1. every earlier occurrence of the last token ends a candidate match; the text's last position is
@@ -60,8 +64,8 @@ class NgramIndex:
                     break
         # 3. the tokens that followed the match (at least one: the match ends before the last position)
         if best_length < ngram_min:
-            return []
-        return self.tokens[best_end + 1: best_end + 1 + max_tokens]
+            return [], 0
+        return self.tokens[best_end + 1: best_end + 1 + max_tokens], best_length
 
 
     def propose_many(self, ngram_max: int, ngram_min: int, max_tokens: int, matches: int) -> list[list[int]]:

@@ -6,8 +6,7 @@ from decode.methods.suffix import MEMORY
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.drafters import DraftModelDrafter
-    from decode.drafters.hybrid import SOURCES, HybridDrafter
-    from decode.drafters.schedules import PointEvidence
+    from decode.drafters.hybrid import HybridDrafter
     from decode.methods.suffix import cache_for, generate_remembering, options
 
     costs = ctx.costs
@@ -15,13 +14,20 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     if c is None or not costs.v:
         raise ValueError("hybrid needs the measured costs c and v, and the cost probes did not run")
     max_depth, min_prob = options(ctx)
-    cache = cache_for(ctx, point, max_depth + point.gamma)
-    pools = ctx.memory.setdefault(("hybrid", point.key), {s: PointEvidence(point.gamma) for s in SOURCES})
+    longest = cap(ctx, point)
+    cache = cache_for(ctx, point, max_depth + longest)
+    pools = ctx.memory.setdefault(("hybrid", point.key), {})  # evidence key -> PointEvidence, made by the drafter
     draft = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator)
-    drafter = HybridDrafter(draft, ctx.target_vocab_size, point.gamma, c, dict(costs.v), pools=pools, cache=cache,
+    drafter = HybridDrafter(draft, ctx.target_vocab_size, longest, c, dict(costs.v), pools=pools, cache=cache,
                             ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1),
                             suffix_max_depth=max_depth, suffix_min_prob=min_prob)
-    return generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator)
+    return generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator,
+                                gamma=longest)
+
+
+def cap(ctx, point) -> int:
+    """The longest draft of a round: speculative.hybrid_max_draft where it is above the point's gamma, else gamma."""
+    return max(point.gamma, ctx.options.get("hybrid_max_draft") or 0)
 
 
 SPEC = MethodSpec("hybrid", "per row and round, prompt lookup, suffix decoding, the draft model, or a tree of a free "

@@ -20,7 +20,7 @@ def options(ctx) -> tuple[int, float]:
     return ctx.options.get("suffix_max_depth") or MAX_DEPTH, MIN_PROB if min_prob is None else min_prob
 
 
-def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator):
+def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator, gamma=None):
     """The batch through the engine; its outputs join the point's cache of earlier outputs (not the warmup's: it runs
     the first batch's prompts, and its outputs would be their answers): a static batch's when it ends (its rows never
     draft from each other), a served request's as it finishes, inside the timed loop, as a server's global tree
@@ -41,8 +41,8 @@ def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, ge
             unfinished[keys[request]] -= 1
             if not unfinished[keys[request]]:
                 cache.remember(keys[request], list(record.output_ids))
-    records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
-                                   ctx.clock, load=ctx.load, on_finish=on_finish)
+    records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, gamma or point.gamma,
+                                   generator, ctx.clock, load=ctx.load, on_finish=on_finish)
     if ctx.load is None and not ctx.warming_up:
         remember_outputs(cache, prompt_ids, prompt_mask, records)
     return records

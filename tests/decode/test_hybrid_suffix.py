@@ -47,9 +47,9 @@ def test_suffix_cache_is_bounded_and_forgets_a_repeated_prompt():
     assert cache.tokens == 0 and cache.trie.root.count == 0 and not cache.trie.root.children
 
 
-def _hybrid(draft, costs, sampling=Sampling(), generator=None, cache=None, merge=True, vocab=VOCAB):
+def _hybrid(draft, costs, sampling=Sampling(), generator=None, cache=None, merge=True, vocab=VOCAB, gamma=4):
     c, v = costs
-    return HybridDrafter(DraftModelDrafter(draft, vocab, sampling, generator), vocab, 4, c, v, cache=cache,
+    return HybridDrafter(DraftModelDrafter(draft, vocab, sampling, generator), vocab, gamma, c, v, cache=cache,
                          merge=merge)
 
 
@@ -211,3 +211,53 @@ def test_served_suffix_drafts_from_a_request_that_finished_before_it_was_admitte
     again, cache = served([first, first], Load([0.0, 0.0], 1))
     assert [r.rounds for r in again] == [again[0].rounds, again[0].rounds]
     assert cache.outputs == {tuple(first): answer}
+
+
+def test_hybrid_gates_each_free_candidate_by_the_evidence_of_its_strength_and_drafts_past_gamma():
+    """Worked by hand. Pooled evidence: lookup's 3-gram matches accepted 95 of 100 at every position, its 1-gram
+    matches 20 of 100, the draft model's tokens 80 of 100 (b_1 = 96/102 = 0.941, then 0.950; 0.206, then 0.200; 0.794,
+    then 0.800); c = 0.4, v(k) = 1 + 0.05 k, a cap of 12 tokens (gamma 4). Row 0's lookup candidate is a 3-gram match
+    of 12 tokens: lookup alone, all 12, E = 1 + 0.941 + 0.941 x 0.950 + ... = 9.651 for v(12) = 1.6, 6.032 tokens per
+    cost, past gamma. Row 1's is a 1-gram match: its
+    record (1.2 / 1.05 = 1.14) loses to the draft's k = 2 (2.44 / 1.9 = 1.28; k = 1: 1.24, k = 3: 1.26) and to the
+    tree of both (2.48 / 1.95 = 1.27): the draft alone, the lookup kept out."""
+    from decode.drafters.hybrid import stratum
+
+    assert [stratum("lookup", n) for n in (1, 2, 3, 5)] == ["lookup:n1", "lookup:n2", "lookup:n3+", "lookup:n3+"]
+    assert [stratum("suffix", p) for p in (0.2, 0.5, 0.95)] == ["suffix:p<.5", "suffix:p<.9", "suffix:p>=.9"]
+    target = tiny_model("llama", seed=1, layers=2)
+    pools = {}
+    hybrid = HybridDrafter(DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, Sampling()), VOCAB, 12, 0.4,
+                           {k: 1 + 0.05 * k for k in range(1, 26)}, pools=pools)
+    for key, accepted in (("lookup:n3+", 95), ("lookup:n1", 20), ("draft", 80)):
+        pools[key].counts.tested = [0.0] + [100.0] * 12
+        pools[key].counts.accepted = [0.0] + [float(accepted)] * 12
+    ids, mask = ragged_batch([5, 5], seed=0)
+    with torch.inference_mode():
+        hybrid.start(ids, mask)
+    hybrid.candidates = [{"lookup": list(range(3, 15)), "suffix": []}, {"lookup": list(range(3, 15)), "suffix": []}]
+    hybrid.keys = [{"lookup": "lookup:n3+", "suffix": "suffix:p<.5"}, {"lookup": "lookup:n1", "suffix": "suffix:p<.5"}]
+    plans = hybrid._plans([12, 12])
+    assert plans[0][:3] == ("lookup", 12, 0) and plans[0][3] == pytest.approx(6.032, abs=0.001)
+    assert plans[1][:3] == (None, 0, 2) and plans[1][3] == pytest.approx(1.28, abs=0.01)
+
+
+def test_hybrid_drafts_past_gamma_where_its_record_holds_and_stays_exact():
+    """The cache holds the answer to the prompt's first part (a finished request's output); the prompt goes on with
+    its first 3 tokens, so greedy, the target's continuation is that answer's rest. The suffix candidate (one earlier
+    continuation: probability 1) keeps being accepted, and with a cap of 12 (gamma 4) hybrid drafts past 4."""
+    target = tiny_model("llama", seed=2, layers=2)
+    generation = Generation(max_new_tokens=40)
+    first = [5, 17, 9, 33, 12, 40]
+    one = torch.ones(1, len(first), dtype=torch.long)
+    with torch.inference_mode():
+        answer = generate_baseline(target, torch.tensor([first]), one, generation)[0].output_ids
+        ids = torch.tensor([first + answer[:3]])
+        mask = torch.ones_like(ids)
+        base = generate_baseline(target, ids, mask, generation)[0].output_ids
+        cache = SuffixCache(depth=8 + 12)
+        cache.remember(tuple(first), answer)
+        records = generate_speculative(target, _hybrid(noisy_copy(target, 0.3), DEAR, cache=cache, gamma=12), ids,
+                                       mask, generation, 12)
+    assert records[0].output_ids == base
+    assert max(rd["drafted"] for rd in records[0].rounds) > 4

@@ -103,3 +103,11 @@ def test_launch_refuses_with_one_line(tiny, tmp_path, speculative, extra, fragme
     file.write_text(yaml.safe_dump(config))
     assert_one_clean_line(run_launch(["--config", file, "--output-dir", tmp_path / "out"]), fragment)
     assert not (tmp_path / "out").exists()
+
+
+def test_hybrid_past_gamma_is_refused_compiled_and_taken_eager():
+    hybrid = {**VALID, "methods": ["baseline", "hybrid"]}
+    assert validate({**hybrid, "speculative": {"gamma": [4], "hybrid_max_draft": 16}}).speculative.hybrid_max_draft == 16
+    with pytest.raises(ConfigError, match="hybrid_max_draft: 16 drafts past gamma, and engine.compile"):
+        validate({**hybrid, "speculative": {"gamma": [4], "hybrid_max_draft": 16}, "engine": {"compile": True}})
+    validate({**hybrid, "speculative": {"gamma": [4], "hybrid_max_draft": 4}, "engine": {"compile": True}})
