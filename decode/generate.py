@@ -413,7 +413,7 @@ def round_layout(proposal: Proposal, synthetic_acceptance: float | None = None) 
 class _Loop:
     """The one decode loop: static batches and continuous batching, the baseline and every drafter. Row i of
     prompt_ids, prompt_mask [N, P] (left padded) is request i, arriving at load.arrivals[i] seconds after the loop's
-    start; without a load, a static batch: every row arrives at 0 and all N are in flight (nobody joins later). Each
+    start (a conversation's later turn: load.think_s after the request it follows ended); without a load, a static batch: every row arrives at 0 and all N are in flight (nobody joins later). Each
     pass runs three steps:
 
     - admit: the requests that have arrived join, in arrival order (decode/serving.py Queue: a conversation's next turn

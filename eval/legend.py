@@ -10,7 +10,8 @@ LEGEND = {
               "it has, and it takes no part in best; failed / skipped: not measured (the error says why)",
     "batches": "a batch is one (repeat, batch_index) of a point; done: measured, paired: also measured by the "
                "baseline (every ratio uses only these), planned: what the sweep planned (every repeat), prompts: the "
-               "distinct prompt batches paired (what an interval rests on), cross_process: paired batches whose "
+               "distinct prompt batches paired (what an interval rests on; a conversation's turns, with their batches, count "
+               "once), cross_process: paired batches whose "
                "baseline another process measured (a resumed run, a restarted worker)",
     "samples": "sequences measured (rows of samples.jsonl)",
     "new_tokens": "N: generated tokens up to and including EOS, no prompt, no padding; counted alike for every method",
@@ -18,7 +19,8 @@ LEGEND = {
                         "throughput_tok_s_repeats: the same per repeat, throughput_tok_s_std their standard deviation",
     "speedup": "throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
                "temperature and run (the ratio of total tokens over total wall, not a mean of ratios)",
-    "speedup_ci95": f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement, each carrying "
+    "speedup_ci95": f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement (the batches "
+                    f"holding one conversation's turns together, dataset.turns: they are not independent), each carrying "
                     f"all its repeats of the point and of the baseline (tokens and wall, measured back to back), "
                     f"recompute the ratio of totals ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}: a rebuild "
                     "gives the same numbers) and take the expanded percentile interval (Hesterberg 2015: the tails cut "

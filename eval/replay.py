@@ -29,7 +29,7 @@ from eval.totals import paired_clusters, units
 # ---- the schedule replayed in seconds, with a cost profile (eval/costs.py) ----------------------------------------
 #
 # The engine's one loop (decode/generate.py _Loop) replayed: admit / round / evict with simulated time instead of the
-# clock. Each pass admits the requests that have arrived, in order, while fewer than C rows are in flight (a static
+# clock. Each pass admits the requests that have arrived, in arrival order (decode/serving.py Queue), while fewer than C rows are in flight (a static
 # batch: all at 0, C = its rows), prefilling those admitted together in one target forward over their widest prompt
 # (then the draft model's prefill of those that go on); with nobody in flight and nobody arrived, time jumps to the
 # next arrival. Then one round over the rows in flight: the baseline's 1-token step, or a speculative round priced
@@ -241,7 +241,8 @@ def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurre
         position = {s.get("request"): k for k, s in enumerate(rows)}
         requests = [dict(as_request(s, s["arrival_s"], speculative), follows=position.get(s.get("follows")))
                     if s.get("follows") is not None else as_request(s, s["arrival_s"], speculative) for s in rows]
-        timed = simulate(requests, cap, pricer, rows[0].get("think_s") or 0.0)
+        think = next((s["think_s"] for s in rows if s.get("think_s") is not None), 0.0)  # a load of conversations
+        timed = simulate(requests, cap, pricer, think)
         for s, t in zip(rows, timed):
             out.append(dict(s, concurrency=cap, arrival_s=t["arrival_s"], admitted_s=t["admitted_s"],
                             first_token_s=t["first_token_s"], finish_s=t["finish_s"]))

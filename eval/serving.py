@@ -5,7 +5,7 @@ crossover where speculation stops paying, measured and predicted.
 A serving point's records are its requests (SampleRecord with concurrency not None), each with its times in seconds
 from the load point's start: arrival_s, admitted_s (its prefill began), first_token_s, finish_s and emits
 [[time_s, tokens], ...]. Request i of a method and request i of the baseline are the same prompt on the same arrival
-schedule: they pair by (repeat, position in the load point, sample_id).
+schedule (a conversation's later turn: the same rule, think_s after its previous turn ended): they pair by (repeat, position in the load point, sample_id).
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ SLO_KEYS = ("ttft_s", "tpot_ms")
 
 SERVING_LEGEND = {
     "serving": "a serving run (config load:): each load point (concurrency C: at most C requests in flight; "
-               "request_rate: arrivals per second, null = all at once) serves the same N requests on the same arrival "
+               "request_rate: arrivals per second, null = all at once; conversations: first turns per second, a later turn "
+               "arriving load.think_s after the turn before it ends) serves the same N requests on the same arrival "
                "schedule for every method; summary.json's serving.runs holds one run per method and load point, "
                "serving.crossovers the crossovers. Times per request from the load point's start: arrival, admission "
                "(its prefill began), first token, finish; its clock starts at its slot: when it got one of the C "
@@ -388,7 +389,7 @@ def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None
         mine = [s for s in samples if in_group(s, group, field)]
         theirs = [s for s in baseline or [] if in_group(s, group, field)]
         figures = load_figures(mine, None)
-        row = {"group": group, "group_field": field, "requests": len(mine),
+        row = {"group": group, "group_field": field, "requests": len({s.get("request") for s in mine}),
                **{f"{name}_p50": (figures[name] or {}).get("p50") for name in ("ttft_s", "tpot_s", "e2e_s")}}
         if REGISTRY[point.method].has_rounds:
             accepted = acceptance_figures(mine, point)

@@ -19,7 +19,7 @@ from eval.costs import run_costs
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
 from eval.serving import SERVING_LEGEND, serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
-from eval.totals import cross_process_pairs, paired_clusters, processes_of, units
+from eval.totals import clusters_of, cross_process_pairs, paired_clusters, processes_of, units
 from eval.trees import tree_of
 
 
@@ -101,8 +101,9 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
         # ran, so the replay is the overall run's only
         metrics = run_metrics(point, mine, theirs, costs, machine.get("profile") if group is None else None)
         paired = set(units(mine)) & set(units(theirs or []))
+        cluster = clusters_of(mine)  # a conversation's turns count once: they are resampled together
         batches = {"done": len(units(mine)), "paired": len(paired), "planned": expected if group is None else None,
-                   "prompts": len({index for _, index in paired}),
+                   "prompts": len({cluster[index] for _, index in paired}),
                    "cross_process": cross_process_pairs(mine, theirs or [])}
         flags = flags_of(point, metrics, batches, machine)
         if metrics.get("prediction_off"):

@@ -54,11 +54,34 @@ def block_efficiency(samples: list[dict]) -> float | None:
     return ratio(sum(s["new_tokens"] for s in samples), sum(s["target_forwards"] for s in samples))
 
 
+def clusters_of(samples: list[dict]) -> dict[int, int]:
+    """batch_index -> the cluster a ratio's bootstrap resamples it with: its own, but batches that hold turns of one
+    conversation (dataset.turns) are one cluster (connected through their conversations), since a conversation's
+    turns are not independent: a later turn quotes the earlier answers."""
+    parent: dict = {}
+
+    def root(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for s in samples:
+        batch = ("batch", s["batch_index"])
+        root(batch)
+        if s.get("conversation") is not None:
+            parent[root(batch)] = root(("conversation", s["conversation"]))
+    names: dict = {}  # numbered by their first batch: without conversations, cluster i is the i-th batch
+    return {b: names.setdefault(root(("batch", b)), len(names)) for b in sorted({s["batch_index"] for s in samples})}
+
+
 def paired_clusters(samples: list[dict], baseline: list[dict], decode: bool = False) -> list[tuple]:
     """Per prompt batch that both sides finished, summed over the repeats both finished, in batch order:
     (point tokens, point wall, baseline tokens, baseline wall). The unit a ratio's bootstrap resamples: a prompt
-    batch carries all its repeats. Empty when decode=True and either side has no prefill time."""
+    batch carries all its repeats, and the batches of one conversation's turns go together (clusters_of). Empty
+    when decode=True and either side has no prefill time."""
     mine, theirs = units(samples), units(baseline)
+    cluster = clusters_of(samples)
     clusters: dict[int, list[float]] = {}
     for key in sorted(set(mine) & set(theirs)):
         a, b = unit_totals(mine[key]), unit_totals(theirs[key])
@@ -68,7 +91,7 @@ def paired_clusters(samples: list[dict], baseline: list[dict], decode: bool = Fa
             values = (a["decode_tokens"], a["decode_wall"], b["decode_tokens"], b["decode_wall"])
         else:
             values = (a["tokens"], a["wall"], b["tokens"], b["wall"])
-        total = clusters.setdefault(key[1], [0, 0.0, 0, 0.0])
+        total = clusters.setdefault(cluster[key[1]], [0, 0.0, 0, 0.0])
         for i, value in enumerate(values):
             total[i] += value
     return [tuple(clusters[index]) for index in sorted(clusters)]

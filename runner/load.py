@@ -2,7 +2,7 @@
 
 Every method of a load point, on either engine, serves the same requests on the same arrival schedule: request i
 is prompt i of the dataset (cycling when there are more requests than prompts) and arrives at arrivals[i] seconds
-after the load point starts. A conversation's later turn (dataset.turns) follows the request of its previous turn:
+after the load point starts, unless it is a conversation's later turn (below). A conversation's later turn (dataset.turns) follows the request of its previous turn:
 it arrives load.think_s after that one's last token (closed loop per conversation), and the schedule (at
 request_rate) is drawn for the requests that follow none: the conversations' starts.
 """
@@ -90,8 +90,10 @@ def load_of(config, unit, requests: list) -> Load:
 
 
 def request_fields(load: Load | None, index: int) -> dict:
-    """A served request's record fields: its index and, a later turn, the request it follows and the think time."""
+    """A served request's record fields: its index and, in a load of conversations, the request it follows (None: a
+    first turn) and the think time (on every request, so that a replay of any of them has it)."""
     if load is None:
         return {}
-    follows = load.follows[index] if load.follows else None
-    return {"request": index, **({"follows": follows, "think_s": load.think_s} if follows is not None else {})}
+    if not load.follows:
+        return {"request": index}
+    return {"request": index, "follows": load.follows[index], "think_s": load.think_s}  # every request of the loop

@@ -410,6 +410,7 @@ def probe_widths(config, points, loaded) -> tuple[int, ...]:
         return (5,)
     trees = [p for p in points if REGISTRY[p.method].has_rounds and p.gamma and getattr(p, "tree", None) is not None]
     widths = {min(gamma, MAX_PROBED_GAMMA) + 1 for gamma in config.speculative.gamma} | verify_widths(trees)
+    widths.add(min(config.longest_draft, MAX_PROBED_GAMMA) + 1)  # hybrid past gamma
     return tuple(sorted(widths))
 
 

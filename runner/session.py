@@ -122,7 +122,7 @@ class Session:
         self.prompt_set = load_prompts(config.dataset, self.tokenizer)  # a load point's rows in flight need its count
         for role, _, loaded in self.roles():  # attn_implementation auto, where it has a choice
             settle_attention(loaded, max(c.batch_size for c in self._comparisons()),
-                             max(config.speculative.gamma) + 1, self.clock)
+                             config.longest_draft + 1, self.clock)
         loading.check_trees(config, self.target, self.drafts)
         self.eos = eos_ids(self.tokenizer, self.target.model)
         self.pad_id = self.tokenizer.pad_token_id
@@ -316,7 +316,7 @@ class Session:
         if not self.config.warmup:
             return
         short = self.generation(temperature, min(self.config.generation.max_new_tokens,
-                                                 2 * max(self.config.speculative.gamma) + 2))
+                                                 2 * self.config.longest_draft + 2))
         self.context.warming_up = True
         try:
             for point in points:

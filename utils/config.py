@@ -291,7 +291,8 @@ class LoadConfig(Strict):
     concurrency: list[int] | None = Field(None, description="closed loop: at most C requests in flight, the next "
                                                             "starts when one finishes; a list sweeps")
     request_rate: list[float | Literal["inf"]] | None = Field(
-        None, description="requests per second (inf: all at once), capped by concurrency where given; a list sweeps")
+        None, description="requests per second (inf: all at once; conversations: first turns per second), capped by "
+                          "concurrency where given; a list sweeps")
     arrival: Literal["poisson", "constant"] = Field("poisson", description="gaps between arrivals at request_rate: "
                                                                           "gamma-distributed (poisson at burstiness 1) "
                                                                           "or equal")
@@ -506,7 +507,7 @@ class Config(Strict):
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""
         longest = self.speculative.hybrid_max_draft
-        if "hybrid" in self.methods and longest and longest > max(self.speculative.gamma):
+        if "hybrid" in self.methods and longest and longest > min(self.speculative.gamma):
             raise ValueError(f"speculative.hybrid_max_draft: {longest} drafts past gamma, and engine.compile sizes its "
                              "static caches and graphs for gamma; set engine.compile: false, or leave hybrid_max_draft "
                              "out")
@@ -526,6 +527,12 @@ class Config(Strict):
             if model.attn_implementation == "flash_attention_2":
                 raise ValueError(f"engine.compile: {role}.attn_implementation flash_attention_2 takes no prebuilt "
                                  "attention mask; use auto or sdpa with engine.compile")
+
+    @property
+    def longest_draft(self) -> int:
+        """The most tokens a round of ours may draft: the largest gamma, or hybrid's speculative.hybrid_max_draft."""
+        cap = self.speculative.hybrid_max_draft if "hybrid" in self.methods else None
+        return max(max(self.speculative.gamma), cap or 0)
 
     @property
     def exit_layers(self) -> list[int]:

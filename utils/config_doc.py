@@ -76,7 +76,7 @@ SECTIONS = {
     "load": "A serving run ([load.md](load.md)): every method serves the same requests on the same arrival trace, "
             "with continuous batching, at each load point (every pair of a concurrency and a request_rate). The trace "
             "is drawn as vLLM's `bench serve` draws it: a gap before each request, the first included, the times "
-            "rescaled so that the last of N requests arrives at N / rate; it is seeded by the run's seed and the "
+            "rescaled so that the last of N requests arrives at N / rate (conversations: N first turns, each later turn arriving load.think_s after the turn before it ends); it is seeded by the run's seed and the "
             "repeat, not by the concurrency, so every concurrency at a rate sees the same trace. TTFT and E2E are "
             "timed from the moment a request may start: its arrival or, under a concurrency cap (a closed loop "
             "too), the moment a slot frees for it, as vLLM times from passing its --max-concurrency semaphore; the "

@@ -41,10 +41,26 @@ def edit_loop_turns(row: dict, prompt: str) -> list[str]:
     """humaneval_edit's three turns of a HumanEval task: write the function; "this test fails" with the first assert of
     its tests (whether or not the answer fails it: the point is the quoted, edited code) and the previous answer quoted;
     then "add type hints" with the fixed code quoted."""
-    tests = [line.strip() for line in str(row.get("test") or "").splitlines() if line.strip().startswith("assert")]
-    test = (tests[0] if tests else "assert the function's own tests pass").replace("candidate(",
-                                                                                    f"{row.get('entry_point') or 'f'}(")
-    return [prompt, EDIT_FIX.format(test=test), EDIT_HINTS]
+    return [prompt, EDIT_FIX.format(test=first_test(str(row.get("test") or ""), row.get("entry_point") or "f")),
+            EDIT_HINTS]
+
+
+def first_test(code: str, entry_point: str) -> str:
+    """The first assert of HumanEval's check() that calls the candidate, whole (a multi-line one too), the candidate
+    named by its entry point; a generic line where the tests cannot be parsed or have none (HumanEval's `assert True`
+    debugging lines are passed over)."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Assert) and any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "candidate"
+                                                for n in ast.walk(node.test)):
+            text = ast.get_source_segment(code, node)
+            return re.sub(r"\bcandidate\(", f"{entry_point}(", text)
+    return f"assert {entry_point}'s own tests pass"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 

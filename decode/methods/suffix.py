@@ -49,7 +49,7 @@ def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, ge
 
 
 MEMORY = ("its cache of earlier outputs (a suffix trie of at most speculative.suffix_cache_tokens tokens, the oldest "
-          "dropped first) belongs to the point and is shared by all its requests: a static batch's outputs join it when "
+          "dropped first) belongs to the point, in each process (a Ray worker, a resumed run: its own), and is shared by all its requests: a static batch's outputs join it when "
           "the batch ends, a served request's when it finishes (the last request of its prompt, where requests cycle "
           "through the prompts), so every request admitted after it, of the same "
           "conversation or another, drafts from it; a request never drafts from its own earlier output (a prompt that "

@@ -185,3 +185,16 @@ def test_conversations_get_figures_per_category_and_per_turn():
     text = markdown(summary)
     assert "## category: a" in text and "## turn 2" in text and "## category: turn" not in text
     assert sorted(["turn 10", "turn 2", "turn 1"], key=natural) == ["turn 1", "turn 2", "turn 10"]
+    # 5 batches, 3 conversations: the interval rests on 3 (a conversation's turns are resampled together)
+    assert run(summary, "speculative")["batches"]["prompts"] == 3
+
+
+def test_the_batches_of_one_conversations_turns_are_one_cluster():
+    from eval.totals import clusters_of
+
+    # batches 0 and 3 hold conversation 7's turns, batch 3 also conversation 8's, whose other turn is in batch 5;
+    # batches 1, 2 and 4 hold prompts of no conversation, or conversation 9 alone
+    rows = [(0, 7), (1, None), (2, 9), (3, 7), (3, 8), (4, None), (5, 8)]
+    assert clusters_of([{"batch_index": b, "conversation": c} for b, c in rows]) == \
+        {0: 0, 1: 1, 2: 2, 3: 0, 4: 3, 5: 0}
+    assert clusters_of([{"batch_index": b} for b in (2, 0, 1)]) == {0: 0, 1: 1, 2: 2}  # without: a batch each

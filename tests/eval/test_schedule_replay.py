@@ -71,6 +71,14 @@ def test_a_conversations_next_turn_is_replayed_after_its_previous_answer():
     # two slots: C joins at A's round's end (1.85), B arrives at 2.35 during C's round (2.0 -> 3.7, alone: 1.7)
     two = simulate([a, b, c], 2, Pricer(profile(), "d"), think_s=0.5)
     assert two[1]["arrival_s"] == pytest.approx(2.35) and two[1]["admitted_s"] == pytest.approx(3.7)
+    # the same from a load point's records (runner/load.py request_fields: every request carries the think time; the
+    # follower's measured arrival, 9.0 here, is the measurement's, not the replay's)
+    from eval.replay import replay_load
+
+    records = [dict(r, request=i, concurrency=1, think_s=0.5, follows=j, arrival_s=arrival, sample_id=i, repeat=0,
+                    draft_forwards=0) for i, (r, j, arrival) in enumerate([(a, None, 0.0), (b, 0, 9.0), (c, None, 0.2)])]
+    replayed = {r["request"]: r for r in replay_load(records, Pricer(profile(), "d"), True)}
+    assert replayed[1]["arrival_s"] == pytest.approx(2.35) and replayed[1]["finish_s"] == pytest.approx(5.55)
 
 
 def test_a_cost_outside_the_profile_is_missing_not_guessed():

@@ -170,3 +170,14 @@ def test_humaneval_edit_is_a_loop_of_three_turns_each_quoting_the_code_before(tm
     assert hints.startswith(fix + "\n\nCODE2\n\nAdd type hints") and hints.endswith("the whole code only.\n\nCODE2")
     one = load_prompts(DatasetConfig(path=str(path), preset="humaneval_edit", chat_template=False), tokenizer(False))
     assert [p.text for p in one.prompts] == [first] and not one.conversations  # turns: 1, the task alone
+
+
+def test_the_edit_loops_failing_test_is_a_whole_assert_on_the_candidate():
+    from utils.data import first_test
+
+    # HumanEval's debugging asserts are passed over; a multi-line assert is quoted whole
+    code = ("def check(candidate):\n    assert True, 'This prints if this assert fails 1'\n"
+            "    assert candidate([\n        1, 2\n    ]) == [2, 1]\n    assert candidate([]) == []\n")
+    assert first_test(code, "rev") == "assert rev([\n        1, 2\n    ]) == [2, 1]"
+    assert first_test("def check(candidate):\n    pass\n", "rev") == "assert rev's own tests pass"
+    assert first_test("not python (", "rev") == "assert rev's own tests pass"
