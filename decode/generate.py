@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal
+from decode.hidden import HiddenTap
 from decode.kv import COMPILED_JOIN, KVState, host_to_device, joined
 from decode.serving import Load, Queue
 from decode.static_kv import compiled_of, new_state
@@ -183,12 +184,15 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
 
 def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, active: list[int],
                        records: list[RowRecord], generation: Generation, gamma: int, generator, clock: Clock,
-                       start: float, synthetic_acceptance: float | None) -> tuple[torch.Tensor, list[int], list]:
+                       start: float, synthetic_acceptance: float | None, tap: HiddenTap | None = None
+                       ) -> tuple[torch.Tensor, list[int], list]:
     """One round over the running rows (token [B]: each row's last committed token; active: their records): propose,
     verify, accept, the round's host read, roll back, the drafter's commit, and each row's tokens into its record
     (its round facts, forwards and seconds: `_RoundRecorder`). The proposal's layout (`round_layout`: a chain or a
     token tree) does verify / accept / read / roll back. Returns the next token [B], the local indices of the rows
-    still running, and the round's host rows (RoundRow). The fixed batch's loop and the serving loop both run it."""
+    still running, and the round's host rows (RoundRow). The fixed batch's loop and the serving loop both run it.
+    tap: the target's hidden states for a drafter that reads them (Drafter.target_layers), handed over after the
+    verification."""
     # gamma clipped per row so that a round never emits past max_new_tokens
     budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
     drafts = max(budget_host) > 0
@@ -207,6 +211,8 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
 
     # 2. verify: one target forward over [last token, d_1 .. d_G] (a tree: over its root and nodes)
     target_logits = layout.verify(state, target, token)
+    if tap is not None:
+        drafter.take_features(tap.pop())
     # 3. accept: each row's accepted drafts (a tree: a path) and the target's next token
     accepted_len, token, path = layout.accept(target_logits, draft_limit, generation.sampling, generator)
     # host sync, once per round: each row's accepted drafts decide which tokens it appends, whether it stopped
@@ -457,8 +463,21 @@ class _Loop:
         # the running batch: the target's cache, each row's last token [B] (device) and host copy, its records
         self.state, self.token, self.active, self.last_host = None, None, [], []
         self.gaps = []  # greedy baseline: (rows, their top2_gap) per forward
+        self.tap = None  # a drafter that reads the target's hidden states: the hooks that keep them (decode/hidden.py)
+        if drafter is not None and drafter.target_layers:
+            if compiled_of(target) is not None:
+                raise ValueError("a draft head reads the target's hidden states, which the compiled mode's graphs do "
+                                 "not hand out; set engine.compile: false")
+            self.tap = HiddenTap(target, drafter.target_layers, prompt_ids.device)
 
     def run(self) -> list[RowRecord]:
+        try:
+            return self._run()
+        finally:
+            if self.tap is not None:
+                self.tap.close()
+
+    def _run(self) -> list[RowRecord]:
         if self.served:
             mask_host = self.prompt_mask.cpu().numpy() != 0  # one read, before the clock starts
             self.first_real = np.where(mask_host.any(axis=1), mask_host.argmax(axis=1), mask_host.shape[1])
@@ -505,6 +524,7 @@ class _Loop:
         else:
             ids, mask = self.prompt_ids, self.prompt_mask
         group_state, logits = prefill(self.target, ids, mask)
+        features = self.tap.pop() if self.tap is not None else None  # [G, P', F]
         first = choose_next(logits, sampling, self.generator)  # [G]
         if self.greedy_gaps:
             self.gaps.append((group, top2_gap(logits)))
@@ -525,13 +545,17 @@ class _Loop:
             group_state.select_rows(running)
             keep = host_to_device(running, device)
             first, ids, mask = first[keep], ids[keep], mask[keep]
+            features = features[keep] if features is not None else None
             if self.served:
                 lead = int(min(self.first_real[group[i]] for i in running)) - int(min(self.first_real[i] for i in group))
                 ids, mask = ids[:, lead:], mask[:, lead:]
+                features = features[:, lead:] if features is not None else None
         joining = [group[i] for i in running]
         drafter = self.drafter
         if drafter is not None:  # the drafter's rows (its model's prefill of them)
             forwards = drafter.forwards
+            if features is not None:
+                drafter.take_features(features)
             if not self.served:
                 drafter.start(ids, mask)
             else:
@@ -567,7 +591,7 @@ class _Loop:
             return running
         self.token, running, host = _speculative_round(self.target, self.drafter, self.state, self.token, active,
                                                        records, self.generation, self.gamma, self.generator,
-                                                       self.clock, self.start, self.synthetic_acceptance)
+                                                       self.clock, self.start, self.synthetic_acceptance, self.tap)
         self.last_host = [row.token for row in host]
         return running
 

@@ -195,12 +195,13 @@ class KVState:
         self.mask, self._host = mask, (mask, host)
 
     def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | np.ndarray | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, **inputs) -> torch.Tensor:
         """Append input_ids [B, S] (input_mask [B, S], 1 = real token) and return fp32 logits.
 
         input_ids are on the engine's device, where the logits come back. input_mask is a numpy array (built
         on the host: no sync) or a tensor on the engine's device (read to the host once: a sync, as at prefill).
-        Returns [B, S, V], or [B, 1, V] with last_only (the LM head runs on the last slot alone).
+        Returns [B, S, V], or [B, 1, V] with last_only (the LM head runs on the last slot alone). `inputs` go to the
+        model as they are (a draft head's hidden states, decode/heads.py).
         """
         if self.mask is None and sliding_window_of(getattr(model, "config", None)) is not None:
             self.hole_free = True
@@ -223,7 +224,7 @@ class KVState:
         position_ids = to_device(position_ids, feed)
         out = model(input_ids=to_device(input_ids, feed), attention_mask=self._attention_mask(model, feed, position_ids),
                     position_ids=position_ids, past_key_values=self.cache, use_cache=True,
-                    logits_to_keep=1 if last_only else 0)
+                    logits_to_keep=1 if last_only else 0, **inputs)
         self.forwards += 1
         self._check_layout()
         return to_device(out.logits, engine).float()

@@ -34,6 +34,9 @@ class Drafter(ABC):
     """
 
     forwards: int = 0  # model forwards spent drafting since `start` (its prefill included), for the records
+    # the target's hidden states it reads (decode/hidden.py numbering: i < L the input of decoder layer i, L the final
+    # norm's output); () reads none. The engine then hands it, by `take_features`, those of every target forward
+    target_layers: tuple[int, ...] = ()
     _observed: list[int] | None = None  # each row's last committed token on the host, from `observe`
     _observed_drafts: list[list[int]] | None = None  # each row's last proposal on the host, from `observe`
 
@@ -43,6 +46,12 @@ class Drafter(ABC):
         the tensors again would wait on every kernel queued since (a host sync); a drafter that needs them on
         the host takes them from here (`_last_tokens_host`, `_drafts_host`)."""
         self._observed, self._observed_drafts = list(last_tokens), drafts
+
+    def take_features(self, features: torch.Tensor) -> None:
+        """The target's hidden states at `target_layers` [B, S, F] of its last forward, handed over right after it:
+        the prompts' (the prefill's columns, before `start` / `add_rows` of those rows) and each round's verification
+        (its columns: the last token, then the drafts or tree nodes, before `commit`). Only for target_layers."""
+        raise NotImplementedError(f"{type(self).__name__} reads no hidden states")
 
     def _last_tokens_host(self, last_tokens: torch.Tensor) -> list[int]:
         """last_tokens [B] on the host: as observed, else read (a host sync)."""

@@ -1,0 +1,215 @@
+"""Drafters that read the target's hidden states (decode/heads.py): an EAGLE-3 head and Medusa heads, chains of up to
+gamma drafts per row, in static batches and under load, greedy or sampled (the drafted token's q is the head's
+softmax, warped as the target's is; a token outside an EAGLE-3 head's draft vocabulary has q = 0).
+
+The engine hands the drafter the target's hidden states of each forward (`take_features`): the prompt's at prefill,
+and each verification's columns [last token, d_1 .. d_G]. A row's accepted prefix (its last token and accepted
+drafts) is what the target really computed, so those columns' states are what the head reads next.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from decode.drafters.base import Drafter, Proposal
+from decode.kv import KVState, host_to_device, joined
+from decode.sampling import logits_to_probs, sample
+from decode.settings import Sampling
+
+
+class _HeadDrafter(Drafter):
+    """What both kinds share: the target's layers they read, the features handed over, each round's lengths, and
+    the choice of a token from logits over the target's vocabulary."""
+
+    def __init__(self, head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None):
+        self.head, self.target_vocab_size = head, target_vocab_size
+        self.sampling, self.generator = sampling, generator
+        self.target_layers = head.target_layers
+        self._incoming: torch.Tensor | None = None
+
+    def take_features(self, features):
+        self._incoming = features
+
+    def _features(self) -> torch.Tensor:
+        features, self._incoming = self._incoming, None
+        if features is None:
+            raise RuntimeError(f"{type(self).__name__}: the engine handed over no hidden states of the target")
+        return features
+
+    def _lengths(self, max_tokens: int, row_limits: list[int] | None, rows: int, cap: int | None = None) -> list[int]:
+        limits = row_limits if row_limits is not None else [max_tokens] * rows
+        return [max(0, min(limit, max_tokens, cap if cap is not None else max_tokens)) for limit in limits]
+
+    def _choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits [B, V_t] -> (token [B], q [B, V_t] under sampling, else None)."""
+        if not self.sampling.do_sample:
+            return logits.argmax(dim=-1), None
+        q = logits_to_probs(logits, self.sampling.temperature, self.sampling.top_k, self.sampling.top_p)
+        return sample(q, self.generator), q
+
+    def _no_drafts(self, last_tokens: torch.Tensor) -> Proposal:
+        self.last_proposal = last_tokens.new_zeros(last_tokens.shape[0], 0)
+        return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
+
+
+class Eagle3Drafter(_HeadDrafter):
+    """An EAGLE-3 head with a KV cache of its own (one layer). The head's cache entry for position i reads the target's
+    hidden state at i and the embedding of token i + 1.
+
+    Between rounds each row holds `pending` target states (those of its positions the head has not read, the last
+    one that of the token before its last committed one) and the tokens after each but the last (that one is the
+    next `propose`'s last token). A round feeds them in one forward (right aligned, masked where a row has fewer),
+    whose last logits draft d_1; each later draft step feeds the head's own pre-norm state with the token drafted.
+    After the verification those draft steps' cache entries go (they read the head's states, not the target's), and
+    the pending states are the verification's columns of the row's last token and its accepted drafts."""
+
+    def __init__(self, head, target_vocab_size, sampling, generator=None):
+        super().__init__(head, target_vocab_size, sampling, generator)
+        self.index = head.draft_to_target  # [V_draft] target ids
+        self.state: KVState | None = None
+
+    @property
+    def forwards(self) -> int:
+        return 0 if self.state is None else self.state.forwards
+
+    def reset(self):
+        self.state = None
+        self.features: list[torch.Tensor] = []  # per row [k, F]
+        self.tokens: list[list[int]] = []  # per row k - 1 ids
+        self.fed, self.speculative_columns, self.last_host = False, 0, None
+        self._observed = self._observed_drafts = None
+
+    def add_rows(self, prompt_ids, prompt_mask):
+        """Read the prompts' states but the last (paired with the next prompt token) in one head forward; the last
+        waits for the token the target's prefill chose."""
+        features = self._features()  # [G, P, F]
+        self.device = prompt_ids.device
+        width = prompt_ids.shape[1]
+        if width > 1:
+            ids, mask, read = prompt_ids[:, 1:], prompt_mask[:, :-1], features[:, :-1]
+        else:  # nothing to read yet: one masked column gives the rows a cache to join
+            ids, mask, read = prompt_ids, torch.zeros_like(prompt_mask), torch.zeros_like(features)
+        state = KVState()
+        state.forward(self.head, ids.clamp(max=self.head.embed_tokens.num_embeddings - 1), mask, last_only=True,
+                      features=read)
+        self.state = joined(self.state, state)
+        self.features += [features[row, -1:] for row in range(features.shape[0])]
+        self.tokens += [[] for _ in range(features.shape[0])]
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [B, V_d] -> [B, V_t], -inf outside the draft vocabulary."""
+        out = logits.new_full((logits.shape[0], self.target_vocab_size), float("-inf"))
+        return out.index_copy_(1, self.index, logits)
+
+    def _catch_up(self, last_tokens: torch.Tensor):
+        """The pending pairs as one forward's inputs: ids [B, K] (the tokens after each state, the last token last),
+        the host mask [B, K] or None, features [B, K, F] (right aligned)."""
+        width = max(len(f) for f in self.features)
+        if width == 1:
+            return last_tokens[:, None], None, torch.stack([f[0] for f in self.features])[:, None]
+        last = self._last_tokens_host(last_tokens)
+        ids = np.zeros((len(last), width), dtype=np.int64)
+        mask = np.zeros((len(last), width), dtype=np.int64)
+        for row, tokens in enumerate(self.tokens):
+            row_ids = tokens + [last[row]]
+            ids[row, width - len(row_ids):] = row_ids
+            mask[row, width - len(row_ids):] = 1
+        features = torch.stack([torch.nn.functional.pad(f, (0, 0, width - len(f), 0)) for f in self.features])
+        return host_to_device(ids, self.device), mask, features
+
+    def propose(self, last_tokens, max_tokens, row_limits=None):
+        lengths = self._lengths(max_tokens, row_limits, len(self.features))
+        num_tokens = max(lengths, default=0)
+        self.last_host = None
+        if num_tokens == 0:  # nothing read: the pending pairs grow by this round's at commit
+            self.fed = False
+            self.last_host = self._last_tokens_host(last_tokens)
+            return self._no_drafts(last_tokens)
+        ids, mask, features = self._catch_up(last_tokens)
+        logits = self.state.forward(self.head, ids, mask, last_only=True, features=features)[:, -1]
+        tokens, probs = [], []
+        for step in range(num_tokens):
+            token, q = self._choose(self._to_target_vocab(logits))
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            if step + 1 < num_tokens:
+                hidden = self.head.last_hidden[:, -1:]
+                logits = self.state.forward(self.head, token[:, None], None, last_only=True, hidden=hidden)[:, -1]
+        self.fed, self.speculative_columns = True, num_tokens - 1
+        self.last_proposal = torch.stack(tokens, dim=1)
+        return Proposal(self.last_proposal, torch.stack(probs, dim=1) if probs else None,
+                        host_to_device(lengths, last_tokens.device))
+
+    def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
+        if path_host is not None:
+            raise ValueError("an EAGLE-3 head drafts chains here, not token trees")
+        features = self._features()  # [B, G + 1, F]: the verification's columns
+        rows = features.shape[0]
+        if not self.fed:  # G = 0: the round's one column joins the pending pairs, after the last token it read
+            for row in range(rows):
+                self.features[row] = torch.cat([self.features[row], features[row, :1]])
+                self.tokens[row] = self.tokens[row] + [self.last_host[row]]
+            return
+        if self.speculative_columns:
+            self.state.keep_prefix_of_last(self.speculative_columns, torch.zeros_like(accepted_len), 0, [0] * rows)
+        drafts = self._drafts_host(self.last_proposal) if any(accepted_len_host) else [[]] * rows
+        self.features = [features[row, : accepted + 1] for row, accepted in enumerate(accepted_len_host)]
+        self.tokens = [list(drafts[row][:accepted]) for row, accepted in enumerate(accepted_len_host)]
+
+    def select_rows(self, rows):
+        kept = rows.tolist()
+        self.state.select_rows(kept)
+        self._keep_observed(kept)
+        self.features = [self.features[r] for r in kept]
+        self.tokens = [self.tokens[r] for r in kept]
+
+
+class MedusaDrafter(_HeadDrafter):
+    """Medusa heads: each row's drafts come from the target's last hidden state at its last accepted position (head k
+    drafts the token k + 2 places after it, i.e. d_k after the last committed token). Stateless between rounds but
+    for that state [B, H]; at most as many drafts as heads."""
+
+    def __init__(self, head, target_vocab_size, sampling, generator=None):
+        super().__init__(head, target_vocab_size, sampling, generator)
+        self.count = 0
+
+    @property
+    def forwards(self) -> int:
+        return self.count
+
+    def reset(self):
+        self.last: torch.Tensor | None = None  # [B, H]
+        self._observed = self._observed_drafts = None
+
+    def add_rows(self, prompt_ids, prompt_mask):
+        features = self._features()[:, -1]  # the prompt's last position (left padded: always real)
+        self.last = features if self.last is None else torch.cat([self.last, features])
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        extra = self.target_vocab_size - logits.shape[-1]
+        return torch.nn.functional.pad(logits, (0, extra), value=float("-inf")) if extra > 0 \
+            else logits[..., : self.target_vocab_size]
+
+    def propose(self, last_tokens, max_tokens, row_limits=None):
+        lengths = self._lengths(max_tokens, row_limits, self.last.shape[0], cap=self.head.num_heads)
+        num_tokens = max(lengths, default=0)
+        if num_tokens == 0:
+            return self._no_drafts(last_tokens)
+        logits = self._to_target_vocab(self.head(self.last, num_tokens).float())  # [B, G, V_t]
+        self.count += 1
+        chosen = [self._choose(logits[:, k]) for k in range(num_tokens)]
+        self.last_proposal = torch.stack([token for token, _ in chosen], dim=1)
+        probs = torch.stack([q for _, q in chosen], dim=1) if self.sampling.do_sample else None
+        return Proposal(self.last_proposal, probs, host_to_device(lengths, last_tokens.device))
+
+    def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
+        if path_host is not None:
+            raise ValueError("Medusa heads draft chains here, not token trees")
+        features = self._features()  # [B, G + 1, H]
+        self.last = features[torch.arange(features.shape[0], device=features.device), accepted_len]
+
+    def select_rows(self, rows):
+        kept = rows.tolist()
+        self._keep_observed(kept)
+        self.last = self.last[host_to_device(kept, self.last.device)]

@@ -1,0 +1,324 @@
+"""Draft heads: small modules that draft from the target's own hidden states, and the folders they come in.
+
+- EAGLE-3 (Li et al. 2025): the target's hidden states at three layers (low, middle, high; the input of each of those
+  decoder layers), concatenated and projected by `fc` to the head's width, meet the embedding of the next token in one
+  decoder layer whose attention reads both ([embedding, hidden], 2 x hidden wide), then a final norm and an LM head
+  over a reduced draft vocabulary (`d2t`: target id = draft id + d2t[draft id]). The head's pre-norm output is its
+  own hidden state, fed back in place of the target's at the next draft step. One layer, with a KV cache of its own.
+- Medusa (Cai et al. 2024): K heads on the target's last hidden state (after its final norm), head k a stack of
+  residual blocks x + SiLU(W x + b) then an LM head, predicting the token k + 2 places ahead (the target's own LM
+  head predicts the next one). No cache: stateless.
+
+Loaded from a folder (config.json and safetensors or a torch .bin) in the layouts users have:
+- EAGLE-3 in the speculators format (`speculators_model_type: eagle3`, `transformer_layer_config`,
+  `draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`; weights
+  `layers.0.*`), the EAGLE repository's (a Llama config with `draft_vocab_size`; weights `midlayer.*`) and SpecForge's
+  (`architectures: [LlamaForCausalLMEagle3]`, the EAGLE layout). A head without `embed_tokens` shares the target's.
+- Medusa in the FasterDecoding layout (`medusa_num_heads`, `medusa_num_layers`; weights
+  `medusa_head.{k}.{j}.linear.weight|bias` for the blocks, `medusa_head.{k}.{layers}.weight` for the LM head).
+
+Both expose what the engine's KVState drives (decode/kv.py): `config` (a Llama config: the attention mask transformers
+builds), `get_input_embeddings()`, and a forward in a causal LM's keywords plus the target's hidden states.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.masking_utils import create_causal_mask
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+KINDS = ("eagle3", "medusa")
+
+
+class HeadFormatError(ValueError):
+    """A folder that is not a head of the kind asked, or one that does not fit the target; one line for the user."""
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's layers when the head does not name them (vLLM's and SpecForge's default): low, middle, high."""
+    return (2, num_layers // 2, num_layers - 3) if num_layers > 4 else (0, num_layers // 2, num_layers - 1)
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer: attention over [norm(embedding), norm(hidden)] (2 x hidden wide), then an MLP, with
+    the hidden state as the residual (normed first where norm_before_residual)."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool):
+        super().__init__()
+        width = config.hidden_size
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(2 * width, old.out_features, bias=old.bias is not None))
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(width, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(width, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(width, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, embeds, hidden, position_embeddings, attention_mask, past_key_values):
+        if self.norm_before_residual:
+            hidden = self.hidden_norm(hidden)
+            residual = hidden
+        else:
+            residual, hidden = hidden, self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)
+        x, _ = self.self_attn(hidden_states=x, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                              past_key_values=past_key_values)
+        x = x + residual
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Eagle3Head(nn.Module):
+    """An EAGLE-3 head for a target of `vocab_size` tokens whose hidden states are `target_hidden_size` wide.
+
+    forward(input_ids [B, S], ..., features=[B, S, len(target_layers) x target_hidden_size]) pairs each column's
+    target hidden state with the next token's embedding (the caller aligns them); hidden=[B, S, hidden_size] instead
+    feeds the head's own state (a draft step after the first). Returns `.logits` over the draft vocabulary; the
+    pre-norm output stays in `last_hidden` for the next step."""
+
+    kind = "eagle3"
+
+    def __init__(self, config: LlamaConfig, target_hidden_size: int, draft_vocab_size: int,
+                 target_layers: tuple[int, ...], norm_before_residual: bool = False):
+        super().__init__()
+        config._attn_implementation = config._attn_implementation or "sdpa"
+        self.config = config
+        self.target_layers = tuple(int(i) for i in target_layers)
+        width = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, width)
+        self.fc = nn.Linear(len(self.target_layers) * target_hidden_size, width, bias=False)
+        self.midlayer = Eagle3Layer(config, norm_before_residual)
+        self.norm = LlamaRMSNorm(width, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(width, draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.last_hidden: torch.Tensor | None = None
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        """[V_draft] each draft id's target id."""
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
+                logits_to_keep=0, features=None, hidden=None):
+        embeds = self.embed_tokens(input_ids)
+        if features is not None:
+            hidden = self.fc(features.to(self.fc.weight.dtype))
+        if hidden is None:
+            raise ValueError("an EAGLE-3 head drafts from the target's hidden states (features) or its own (hidden)")
+        mask = create_causal_mask(config=self.config, inputs_embeds=embeds, attention_mask=attention_mask,
+                                  past_key_values=past_key_values, position_ids=position_ids)
+        out = self.midlayer(embeds, hidden, self.rotary_emb(embeds, position_ids=position_ids), mask, past_key_values)
+        self.last_hidden = out
+        kept = out[:, -logits_to_keep:] if logits_to_keep else out
+        return SimpleNamespace(logits=self.lm_head(self.norm(kept)))
+
+
+class ResBlock(nn.Module):
+    """Medusa's block: x + SiLU(W x + b)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads on the target's last hidden state [B, H] (its final norm's output): head k's logits [B, K, V] are for
+    the token k + 2 places after that state's position."""
+
+    kind = "medusa"
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int, target_layer: int):
+        super().__init__()
+        self.medusa_head = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)],
+                          nn.Linear(hidden_size, vocab_size, bias=False)) for _ in range(num_heads))
+        self.target_layers = (int(target_layer),)
+        self.config = SimpleNamespace(model_type="medusa", hidden_size=hidden_size, vocab_size=vocab_size,
+                                      medusa_num_heads=num_heads, medusa_num_layers=num_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.medusa_head)
+
+    def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        hidden = hidden.to(self.medusa_head[0][-1].weight.dtype)
+        return torch.stack([head(hidden) for head in list(self.medusa_head)[:heads]], dim=1)
+
+
+# -- folders ------------------------------------------------------------------------------------------------------
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        weights = {}
+        for file in files:
+            weights.update(load_file(str(file)))
+        return weights
+    bins = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt"))
+    if bins:
+        weights = {}
+        for file in bins:
+            weights.update(torch.load(str(file), map_location="cpu", weights_only=True))
+        return weights
+    raise HeadFormatError(f"{folder}: no *.safetensors or *.bin weights")
+
+
+def head_kind(config: dict) -> str | None:
+    """The kind of head a config.json describes (eagle3, medusa), or None."""
+    if config.get("speculators_model_type") == "eagle3" or "draft_vocab_size" in config \
+            or any("Eagle3" in a for a in config.get("architectures") or ()):
+        return "eagle3"
+    if "medusa_num_heads" in config:
+        return "medusa"
+    return None
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise HeadFormatError(f"{folder}: no config.json (a head's folder holds its config.json and weights)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise HeadFormatError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+
+
+def load_head(folder: str | Path, kind: str, target, dtype: torch.dtype = torch.float32):
+    """The head in `folder` (kind eagle3 or medusa), checked against the target (a causal LM: its vocabulary, width
+    and depth), its weights in `dtype`, on the target's input device, in eval mode. HeadFormatError: one line."""
+    folder = Path(folder)
+    config = _read_config(folder)
+    found = head_kind(config)
+    if found != kind:
+        raise HeadFormatError(f"{folder}: config.json describes {'a ' + found + ' head' if found else 'no head'} "
+                              f"({'speculators_model_type, draft_vocab_size or an Eagle3 architecture' if kind == 'eagle3' else 'medusa_num_heads'} "
+                              f"expected for kind {kind})")
+    weights = _weights(folder)
+    target_config = target.config.get_text_config(decoder=True) if hasattr(target.config, "get_text_config") \
+        else target.config
+    vocab = target.get_output_embeddings().out_features
+    width, depth = target_config.hidden_size, target_config.num_hidden_layers
+    head = _eagle3(folder, config, weights, vocab, width, depth, target) if kind == "eagle3" \
+        else _medusa(folder, config, weights, vocab, width, depth)
+    device = target.get_input_embeddings().weight.device
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, depth: int, target) -> Eagle3Head:
+    layer_config = dict(config.get("transformer_layer_config") or config)
+    for key in ("speculators_config", "transformer_layer_config", "architectures", "auto_map", "torch_dtype",
+                "dtype", "transformers_version"):
+        layer_config.pop(key, None)
+    llama = LlamaConfig(**{k: v for k, v in layer_config.items() if k not in ("model_type",)})
+    llama.num_hidden_layers = 1
+    draft_vocab = int(config.get("draft_vocab_size") or layer_config.get("draft_vocab_size") or llama.vocab_size)
+    target_hidden = int(config.get("target_hidden_size") or layer_config.get("target_hidden_size") or width)
+    eagle = config.get("eagle_config") or {}
+    layers = config.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids") \
+        or default_aux_layers(depth)
+    if target_hidden != width:
+        raise HeadFormatError(f"{folder}: the head reads hidden states {target_hidden} wide, the target's are {width}")
+    if llama.vocab_size != vocab:
+        llama.vocab_size = vocab  # its embedding is the target's vocabulary: checked on the weight below
+    if any(not 0 <= int(i) < depth for i in layers):
+        raise HeadFormatError(f"{folder}: aux hidden state layers {list(layers)} outside the target's 0..{depth - 1}")
+    head = Eagle3Head(llama, target_hidden, draft_vocab, tuple(layers),
+                      bool(config.get("norm_before_residual", layer_config.get("norm_before_residual", False))))
+    state = {}
+    for name, tensor in weights.items():
+        name = name.removeprefix("model.")
+        name = "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
+        if name == "t2d":
+            continue
+        state[name] = tensor
+    if "embed_tokens.weight" not in state:  # the EAGLE layout shares the target's embedding
+        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to("cpu", torch.float32)
+    if "d2t" not in state:
+        if draft_vocab != vocab:
+            raise HeadFormatError(f"{folder}: a draft vocabulary of {draft_vocab} tokens and no d2t map to the target's")
+        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+    state["d2t"] = state["d2t"].long()
+    _load(head, state, folder)
+    if int(head.draft_to_target.max()) >= vocab or int(head.draft_to_target.min()) < 0:
+        raise HeadFormatError(f"{folder}: d2t maps draft ids past the target's vocabulary of {vocab}")
+    return head
+
+
+def _medusa(folder: Path, config: dict, weights: dict, vocab: int, width: int, depth: int) -> MedusaHeads:
+    heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
+    head = MedusaHeads(width, vocab, heads, layers, depth)
+    state = {name.removeprefix("model."): t for name, t in weights.items() if "medusa_head" in name}
+    _load(head, state, folder)
+    return head
+
+
+def _load(module: nn.Module, state: dict, folder: Path) -> None:
+    expected = {k: v.shape for k, v in module.state_dict().items() if "rotary_emb" not in k}
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise HeadFormatError(f"{folder}: weights missing: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != tuple(shape):
+            raise HeadFormatError(f"{folder}: {name} has shape {tuple(state[name].shape)}, the head needs {tuple(shape)} "
+                                  "(a head for another target?)")
+    module.load_state_dict({k: state[k].float() if state[k].is_floating_point() else state[k] for k in expected},
+                           strict=False)
+
+
+def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators", verifier: str = "") -> Path:
+    """Write an EAGLE-3 head as a folder in one of the layouts load_head reads: speculators, eagle or specforge."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    layer = {k: v for k, v in head.config.to_dict().items() if k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+        "max_position_embeddings", "vocab_size", "rope_theta", "rope_parameters", "hidden_act", "attention_bias",
+        "mlp_bias")}
+    extra = {"draft_vocab_size": head.lm_head.out_features, "target_hidden_size": head.fc.in_features // len(head.target_layers),
+             "eagle_aux_hidden_state_layer_ids": list(head.target_layers),
+             "norm_before_residual": head.midlayer.norm_before_residual}
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items() if "rotary_emb" not in k}
+    t2d = torch.zeros(head.embed_tokens.num_embeddings, dtype=torch.bool)
+    t2d[head.draft_to_target.cpu()] = True
+    if layout == "speculators":
+        config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                  "transformer_layer_config": {"model_type": "llama", **layer}, **extra,
+                  "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": verifier}}}
+        state = {("layers.0." + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k): v
+                 for k, v in state.items()}
+    elif layout in ("eagle", "specforge"):
+        config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer, **extra}
+        state.pop("embed_tokens.weight")  # shared with the target
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    state["t2d"] = t2d
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    save_file({k: v.cpu() for k, v in state.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def save_medusa(heads: MedusaHeads, folder: str | Path) -> Path:
+    """Write Medusa heads as a folder in the FasterDecoding layout."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.config.medusa_num_layers,
+        "hidden_size": heads.config.hidden_size, "vocab_size": heads.config.vocab_size}, indent=1))
+    torch.save({k: v.detach().cpu() for k, v in heads.state_dict().items()}, folder / "medusa_lm_head.pt")
+    return folder

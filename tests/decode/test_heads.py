@@ -1,0 +1,211 @@
+"""Draft heads fed by the target's hidden states (decode/heads.py, decode/drafters/heads.py): the hidden states the
+engine hands over are transformers' own, an EAGLE-3 head drafts in the engine what it drafts from scratch over the
+whole sequence, greedy output is the target's in static batches and under load, sampling keeps the target's
+distribution, and the folders users have load as the same head."""
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig
+
+from decode import Generation, Sampling, generate_baseline, generate_speculative
+from decode.drafters.heads import Eagle3Drafter, MedusaDrafter
+from decode.heads import Eagle3Head, HeadFormatError, MedusaHeads, load_head, save_eagle3, save_medusa
+from decode.hidden import HiddenTap
+from decode.serving import Load
+from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts
+from tiny_models import VOCAB, ragged_batch, tiny_model
+
+GREEDY = Sampling()
+LAYERS = (0, 2, 3)  # of the 4-layer target: the embeddings and the inputs of layers 2 and 3
+
+
+def eagle3_head(target, layers=LAYERS, draft_vocab=VOCAB, seed=0, hidden=None) -> Eagle3Head:
+    torch.manual_seed(seed)
+    width = target.config.hidden_size
+    config = LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=target.config.vocab_size, max_position_embeddings=512)
+    head = Eagle3Head(config, width, draft_vocab, layers)
+    if draft_vocab < target.config.vocab_size:  # every other target id
+        head.d2t.copy_(torch.arange(draft_vocab))
+    return head
+
+
+def fit(target, head, medusa, steps=150):
+    """Both heads fit to the target's greedy continuations of 64 prompts (EAGLE-3's first step and each Medusa head),
+    so that their drafts are accepted on those prompts: the rounds then keep drafts as well as reject them."""
+    ids, mask = ragged_batch([6] * 64, seed=5)
+    with torch.no_grad():
+        out = generate_baseline(target, ids, mask, Generation(max_new_tokens=26))
+        seqs = torch.cat([ids, torch.tensor([r.output_ids for r in out])], 1)
+        states = target(seqs, output_hidden_states=True).hidden_states
+    features, last = torch.cat([states[i] for i in head.target_layers], -1), states[-1]
+    length = seqs.shape[1]
+    positions = torch.arange(length - 1)[None].expand(seqs.shape[0], -1)
+    heads = medusa.num_heads
+    medusa_targets = torch.stack([seqs[:, 2 + k: length - heads + 1 + k] for k in range(heads)], -1)
+    optimizer = torch.optim.Adam([*head.parameters(), *medusa.parameters()], lr=3e-3)
+    for _ in range(steps):
+        logits = head(seqs[:, 1:], position_ids=positions, past_key_values=None, features=features[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), seqs[:, 2:].flatten())
+        guesses = medusa(last[:, : length - heads - 1].flatten(0, 1))
+        loss = loss + torch.nn.functional.cross_entropy(guesses.flatten(0, 1), medusa_targets.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return ids[:6], mask[:6]
+
+
+@pytest.fixture(scope="module")
+def heads():
+    target = tiny_model("llama", seed=1, layers=4)
+    head, medusa = eagle3_head(target), MedusaHeads(64, VOCAB, 3, 1, 4)
+    ids, mask = fit(target, head, medusa)
+    return target, head.eval(), medusa.eval(), ids, mask
+
+
+def reference_drafts(target, head, sequence: list[int], count: int) -> list[int]:
+    """The head's greedy drafts after `sequence` (committed tokens), from scratch: the target's hidden states at every
+    position but the last, each paired with the next token, read in one forward without padding; then its own."""
+    ids = torch.tensor([sequence])
+    states = target(ids, output_hidden_states=True).hidden_states
+    features = torch.cat([states[i] for i in head.target_layers], -1)[:, :-1]
+    cache, n = DynamicCache(), len(sequence) - 1
+    logits = head(ids[:, 1:], position_ids=torch.arange(n)[None], past_key_values=cache, features=features).logits
+    drafts = []
+    for k in range(count):
+        draft_id = int(logits[0, -1].argmax())
+        drafts.append(int(head.draft_to_target[draft_id]))
+        logits = head(torch.tensor([[drafts[-1]]]), position_ids=torch.tensor([[n + k]]), past_key_values=cache,
+                      hidden=head.last_hidden[:, -1:]).logits
+    return drafts
+
+
+class Recording(Eagle3Drafter):
+    """An Eagle3Drafter that notes each round's drafts per request (a static batch: rows leave by select_rows)."""
+
+    def start(self, prompt_ids, prompt_mask):
+        self.rows, self.seen = list(range(prompt_ids.shape[0])), {}
+        super().start(prompt_ids, prompt_mask)
+
+    def propose(self, last_tokens, max_tokens, row_limits=None):
+        proposal = super().propose(last_tokens, max_tokens, row_limits)
+        for local, row in enumerate(self.rows):
+            self.seen.setdefault(row, []).append(proposal.tokens[local, : int(proposal.lengths[local])].tolist())
+        return proposal
+
+    def select_rows(self, rows):
+        self.rows = [self.rows[r] for r in rows.tolist()]
+        super().select_rows(rows)
+
+
+def test_the_tap_hands_over_transformers_hidden_states():
+    target = tiny_model("llama", seed=1, layers=4)
+    ids, mask = ragged_batch([5, 5], seed=1)
+    with torch.inference_mode(), HiddenTap(target, (0, 2, 4)) as tap:
+        states = target(ids, output_hidden_states=True).hidden_states
+        got = tap.pop()
+    # 0 and 2: the inputs of layers 0 and 2; 4 (= the layer count): the final norm's output, the LM head's input
+    assert torch.equal(got, torch.cat([states[0], states[2], states[4]], -1))
+    with pytest.raises(ValueError, match="does not exist"):
+        HiddenTap(target, (5,))
+
+
+def test_eagle3_drafts_in_the_engine_what_it_drafts_from_scratch(heads):
+    target, head, _, ids, mask = heads
+    lengths = [6, 2, 1, 4, 6, 3]  # ragged, one prompt of a single token
+    ids, mask = ids * (torch.arange(6)[None] >= 6 - torch.tensor(lengths)[:, None]), \
+        (torch.arange(6)[None] >= 6 - torch.tensor(lengths)[:, None]).long()
+    drafter = Recording(head, VOCAB, GREEDY)
+    generation = Generation(max_new_tokens=14)
+    with torch.inference_mode():
+        records = generate_speculative(target, drafter, ids, mask, generation, 3)
+        accepted = sum(r["accepted"] for record in records for r in record.rounds)
+        for row, record in enumerate(records):
+            prompt = ids[row, 6 - lengths[row]:].tolist()
+            committed = 1  # the prefill's token
+            for round_facts, drafts in zip(record.rounds, drafter.seen[row]):
+                sequence = prompt + record.output_ids[:committed]
+                assert drafts == reference_drafts(target, head, sequence, len(drafts)), (row, committed)
+                committed += round_facts["emitted"]
+    assert accepted >= 10, "the fitted head's drafts should be accepted on these prompts (the test needs accepts)"
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_heads_are_exact_in_static_batches_and_under_load(heads, kind):
+    target, head, medusa, ids, mask = heads
+    other_ids, other_mask = ragged_batch([7, 1, 3], seed=9)  # prompts the heads never saw
+    ids = torch.cat([torch.nn.functional.pad(ids, (1, 0)), other_ids])
+    mask = torch.cat([torch.nn.functional.pad(mask, (1, 0)), other_mask])
+    generation = Generation(max_new_tokens=12, eos_token_ids=(54,))
+
+    def drafter():
+        return Eagle3Drafter(head, VOCAB, GREEDY) if kind == "eagle3" else MedusaDrafter(medusa, VOCAB, GREEDY)
+
+    with torch.inference_mode():
+        alone = generate_baseline(target, ids, mask, generation)
+        static = generate_speculative(target, drafter(), ids, mask, generation, 4)
+        served = generate_speculative(target, drafter(), ids, mask, generation, 4,
+                                      load=Load([0.0, 0.0, 0.001, 0.003, 0.004, 0.006, 0.02, 0.021, 0.03], 3))
+    assert [r.output_ids for r in static] == [r.output_ids for r in alone]
+    assert [r.output_ids for r in served] == [r.output_ids for r in alone]
+    # a request's drafts depend on its own tokens alone: the same rounds however the requests were batched
+    assert [[(x["drafted"], x["accepted"]) for x in r.rounds] for r in served] == \
+        [[(x["drafted"], x["accepted"]) for x in r.rounds] for r in static]
+    assert sum(x["accepted"] for r in static for x in r.rounds) >= 10
+    if kind == "medusa":  # as many drafts as heads, whatever gamma
+        assert max(x["drafted"] for r in static for x in r.rounds) == 3
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_heads_sample_the_target_distribution(kind):
+    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
+    sampling, rows = Sampling(True, 1.0), 12_000
+    torch.manual_seed(3)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=V, max_position_embeddings=64, initializer_range=0.3)
+    generator = torch.Generator().manual_seed(0)
+    if kind == "eagle3":  # a draft vocabulary of 8 of the 12 ids: q = 0 on the others
+        head = Eagle3Head(config, 32, 8, (0, 1, 2)).eval()
+        head.d2t.copy_(torch.tensor([0, 0, 1, 1, 2, 2, 3, 4]))
+        drafter = Eagle3Drafter(head, V, sampling, generator)
+    else:
+        drafter = MedusaDrafter(MedusaHeads(32, V, 2, 1, 2).eval(), V, sampling, generator)
+    ids = PROMPT.expand(rows, -1).contiguous()
+    with torch.inference_mode():
+        spec = generate_speculative(target, drafter, ids, torch.ones_like(ids), Generation(4, sampling), 2, generator)
+    acceptance = sum(r.rounds[0]["accepted"] for r in spec) / (2 * rows)
+    assert 0.05 < acceptance < 0.95, "head and target should disagree sometimes for the test to bite"
+    statistic, critical = chi_square(joint_counts(spec), exact_joint_of_tokens_2_and_3(target, sampling))
+    assert statistic < critical, f"chi2 {statistic:.1f} > {critical:.1f}"
+
+
+@pytest.mark.parametrize("layout", ["speculators", "eagle", "specforge"])
+def test_eagle3_folders_load_as_the_same_head(tmp_path, layout):
+    target = tiny_model("llama", seed=1, layers=4)
+    head = eagle3_head(target, draft_vocab=48, seed=4)
+    head.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight)  # the EAGLE layout shares it
+    folder = save_eagle3(head, tmp_path / layout, layout)
+    loaded = load_head(folder, "eagle3", target)
+    assert loaded.target_layers == LAYERS and loaded.lm_head.out_features == 48
+    assert torch.equal(loaded.draft_to_target, head.draft_to_target)
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    config = json.loads((folder / "config.json").read_text())
+    assert ("speculators_model_type" in config) == (layout == "speculators")
+
+
+def test_medusa_folder_loads_and_bad_folders_are_named(tmp_path):
+    target = tiny_model("llama", seed=1, layers=4)
+    torch.manual_seed(2)
+    heads = MedusaHeads(64, VOCAB, 3, 2, 4)
+    loaded = load_head(save_medusa(heads, tmp_path / "medusa"), "medusa", target)
+    assert loaded.num_heads == 3 and loaded.target_layers == (4,)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in heads.state_dict().items())
+    with pytest.raises(HeadFormatError, match="describes a medusa head"):
+        load_head(tmp_path / "medusa", "eagle3", target)
+    with pytest.raises(HeadFormatError, match="no config.json"):
+        load_head(tmp_path, "medusa", target)
+    narrow = tiny_model("llama", seed=1, layers=4, hidden=32)
+    with pytest.raises(HeadFormatError, match="another target"):
+        load_head(tmp_path / "medusa", "medusa", narrow)
