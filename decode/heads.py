@@ -40,7 +40,7 @@ class HeadFormatError(ValueError):
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's layers when the head does not name them (vLLM's and SpecForge's default): low, middle, high."""
+    """EAGLE-3's layers when the head does not name them (the reference implementations' default): low, middle, high."""
     return (2, num_layers // 2, num_layers - 3) if num_layers > 4 else (0, num_layers // 2, num_layers - 1)
 
 
@@ -104,6 +104,15 @@ class Eagle3Head(nn.Module):
         return self.embed_tokens
 
     @property
+    def feature_width(self) -> int:
+        """The width of the target's hidden states it reads, all layers together."""
+        return self.fc.in_features
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
     def draft_to_target(self) -> torch.Tensor:
         """[V_draft] each draft id's target id."""
         return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
@@ -152,6 +161,14 @@ class MedusaHeads(nn.Module):
     @property
     def num_heads(self) -> int:
         return len(self.medusa_head)
+
+    @property
+    def feature_width(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.medusa_head[0][-1].weight.dtype
 
     def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         hidden = hidden.to(self.medusa_head[0][-1].weight.dtype)

@@ -1,7 +1,7 @@
 """The target's hidden states for a drafter that reads them (decode/heads.py: EAGLE-3, Medusa).
 
 A drafter declares `target_layers`: indices in transformers' hidden_states numbering, 0 .. L for a target of L decoder
-layers, i < L the input of decoder layer i (0: the embeddings; what vLLM's EAGLE-3 calls aux hidden state i), L the
+layers, i < L the input of decoder layer i (0: the embeddings; what EAGLE-3's implementations call aux hidden state i), L the
 final norm's output (what the LM head reads). While the engine's loop runs, forward hooks copy those tensors out of
 every target forward; `pop` hands over the last forward's, concatenated in the order declared: [B, S, len x H].
 No second forward and no change to the model: the hooks are removed when the loop ends.

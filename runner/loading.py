@@ -11,17 +11,22 @@ import contextlib
 import torch
 
 from decode import Clock, check_vocab_compatible
+from decode.drafters.heads import is_head
+from decode.heads import KINDS as HEAD_KINDS
 from decode.methods import REGISTRY
 from decode.vocab import VocabMismatch
 from utils import UserError
 from utils.models import LoadedModel, check_exit_layers, load_model, model_devices, release_file_mappings
 
 
-def roles(target: LoadedModel | None, drafts: dict[str, LoadedModel]) -> list[tuple[str, str | None, LoadedModel]]:
-    """(role, draft label or None for the target, the model) of every loaded model, the target first."""
+def roles(target: LoadedModel | None, drafts: dict[str, LoadedModel],
+          models_only: bool = False) -> list[tuple[str, str | None, LoadedModel]]:
+    """(role, draft label or None for the target, the model) of every loaded model, the target first. models_only:
+    the causal LMs alone, without the heads (decode/heads.py), which run only inside their drafter."""
     if target is None:
         return []
-    return [("target", None, target)] + [(f"draft {label}", label, d) for label, d in drafts.items()]
+    return [("target", None, target)] + [(f"draft {label}", label, d) for label, d in drafts.items()
+                                         if not (models_only and is_head(d.model))]
 
 
 def eos_set(tokenizer, model_eos) -> tuple[int, ...]:
@@ -61,6 +66,10 @@ def load_models(config, device: torch.device, loading) -> tuple[LoadedModel, dic
         if not any(REGISTRY[m].needs_draft and REGISTRY[m].engine == "ours" and draft_config.kind in
                    REGISTRY[m].draft_kinds for m in config.methods):
             continue
+        if draft_config.kind in HEAD_KINDS:
+            with loading(f"draft head {draft_config.name}"):
+                drafts[draft_config.name] = load_draft_head(draft_config, target, role)
+            continue
         with loading(f"draft model {draft_config.name}"):
             draft = load_model(draft_config, device, role)
         try:
@@ -69,12 +78,34 @@ def load_models(config, device: torch.device, loading) -> tuple[LoadedModel, dic
             raise UserError(f"{role}.model: {error}") from None
         drafts[draft_config.name] = draft
     for _, _, loaded in roles(target, drafts):
+        if is_head(loaded.model):
+            continue
         loaded.kernels = apply_engine(config, loaded)
         release_file_mappings(loaded.model)  # weights in memory of their own: the mmap'd files close
     devices = {d for _, _, loaded in roles(target, drafts) for d in model_devices(loaded.model)}
     others = tuple(sorted((d for d in devices if d.type == "cuda" and d != device), key=str))
     # a model split over several GPUs: every clock read synchronises all of them
     return target, drafts, Clock(device, extra_devices=others) if others else Clock(device)
+
+
+def load_draft_head(draft_config, target: LoadedModel, role: str) -> LoadedModel:
+    """A head for the target (decode/heads.py: kind eagle3 or medusa) from a local folder, in the target's dtype (or
+    the draft's own where set) on the target's device, checked against the target; UserError: one line."""
+    from pathlib import Path
+
+    from decode.heads import HeadFormatError, load_head
+
+    folder = Path(draft_config.model).expanduser()
+    if not folder.is_dir():
+        raise UserError(f"{role}.model: {draft_config.model} is not a folder; a {draft_config.kind} head is loaded "
+                        "from a local folder with its config.json and weights")
+    dtype = target.model.dtype if draft_config.dtype == "auto" else getattr(torch, draft_config.dtype)
+    try:
+        head = load_head(folder, draft_config.kind, target.model, dtype)
+    except HeadFormatError as error:
+        raise UserError(f"{role}.model: {error}") from None
+    return LoadedModel(model=head, tokenizer=target.tokenizer, source=str(folder), dtype=str(dtype).removeprefix("torch."),
+                       attn_implementation="sdpa", quantization="none", vocab_size=target.vocab_size, kernels="nn.Linear")
 
 
 def config_attention(config, role: str) -> str:
@@ -98,7 +129,7 @@ def check_trees(config, target, drafts) -> None:
 
     if all(label is None for label in getattr(config.speculative, "tree", [None])):
         return
-    for role, _, loaded in roles(target, drafts):
+    for role, _, loaded in roles(target, drafts, models_only=True):
         give_way_to_sdpa(config, role, loaded)
         problem = tree_support_problem(loaded.model)
         if problem:
@@ -112,7 +143,7 @@ def refuse_ragged_batches_if_wrong(config, target, drafts) -> None:
         return
     from decode.numerics import ragged_batch_problem
 
-    for role, _, loaded in roles(target, drafts):
+    for role, _, loaded in roles(target, drafts, models_only=True):
         with torch.inference_mode():
             problem = ragged_batch_problem(loaded.model)
         if problem:
@@ -135,7 +166,7 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
         needed = max(needed, 2 * longest_prompt)
     max_length = -(-needed // 64) * 64
     mode = None if config.engine.compile_mode == "auto" else config.engine.compile_mode
-    for role, label, loaded in roles(target, drafts):
+    for role, label, loaded in roles(target, drafts, models_only=True):
         if loaded.attn_implementation == "flash_attention_2":  # auto picked it; the compiled mode builds masks
             loaded.model.set_attn_implementation("sdpa")
             loaded.attn_implementation = "sdpa"
@@ -160,7 +191,7 @@ def compiled_models(config, target, drafts) -> dict:
 
     if not config.engine.compile or target is None:
         return {}
-    found = {label or role: compiled_of(m.model) for role, label, m in roles(target, drafts)}
+    found = {label or role: compiled_of(m.model) for role, label, m in roles(target, drafts, models_only=True)}
     compiled = {role: model for role, model in found.items() if model is not None}
     for role, model in list(compiled.items()):
         for index, view in enumerate(model.views):

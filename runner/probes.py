@@ -15,6 +15,7 @@ import torch
 
 from decode.drafters.base import Proposal
 from decode.drafters.draft_model import DraftModelDrafter
+from decode.drafters.heads import head_drafter, is_head
 from decode.generate import Clock, baseline_step, prefill, round_layout
 from decode.kv import KVState
 from decode.settings import Sampling
@@ -67,7 +68,11 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def _prefilled(model, ids, mask) -> KVState:
+def _prefilled(model, ids, mask) -> KVState | None:
+    """The model's cache of the prompts ids, mask [B, P]; a head (decode/heads.py) reads them as its drafter does, with
+    zeros for the target's hidden states (the cost is the same): its cache, None for one without (Medusa)."""
+    if is_head(model):
+        return _head_drafter(model, model.config.vocab_size, Sampling(False), ids, mask).state
     state = new_state(model)  # engine.compile: the compiled step's static state, whose cost is the one to measure
     state.forward(model, ids, mask, last_only=True)
     return state
@@ -82,8 +87,18 @@ def decoding_context(ids: torch.Tensor, mask: torch.Tensor, tokens: int) -> tupl
             torch.cat([mask, torch.ones_like(mask[:, :1]).expand(-1, tokens)], dim=1))
 
 
-def _restore(state: KVState, width: int, batch: int, device) -> None:
-    """Back to the cache as it was before `width` slots were appended."""
+def _head_drafter(head, vocab: int, sampling: Sampling, ids, mask):
+    """A head's drafter with the rows of ids, mask [B, P] started, the target's hidden states zeros."""
+    drafter = head_drafter(head, vocab, sampling)
+    drafter.take_features(torch.zeros(*ids.shape, head.feature_width, device=ids.device, dtype=head.dtype))
+    drafter.start(ids, mask)
+    return drafter
+
+
+def _restore(state: KVState | None, width: int, batch: int, device) -> None:
+    """Back to the cache as it was before `width` slots were appended (None: a drafter without a cache)."""
+    if state is None:
+        return
     state.keep_prefix_of_last(width, torch.zeros(batch, dtype=torch.long, device=device), 0, [0] * batch)
 
 
@@ -282,6 +297,9 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     models = {"target": target}
     drafters = {}
     for label, model in drafts.items():
+        if is_head(model):  # timed as its drafter runs it; the busy-time probe times causal LMs' forwards alone
+            drafters[label] = _head_drafter(model, vocab, sampling, at_ids, at_mask)
+            continue
         drafters[label] = DraftModelDrafter(model, vocab, sampling)
         drafters[label].start(at_ids, at_mask)
         states[f"draft:{label}"] = drafters[label].state

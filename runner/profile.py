@@ -187,7 +187,7 @@ def run(config, args, command: str, console):
 
     torch.manual_seed(config.seed)
     target, drafts, clock = loading.load_models(config, device, loading.status_of(console.status))
-    for _, _, loaded in loading.roles(target, drafts):  # attn_implementation auto, where it has a choice
+    for _, _, loaded in loading.roles(target, drafts, models_only=True):  # attn_implementation auto, where it has a choice
         settle_attention(loaded, max(rows), max(widths), clock)
     loading.check_trees(config, target, drafts)
     if config.engine.compile:  # static buffers for these rows, and room for the longest cache and the 2P prefill

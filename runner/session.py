@@ -120,7 +120,7 @@ class Session:
         self.target, self.drafts, self.clock = loading.load_models(config, self.device, self._loading)
         self.tokenizer = self.target.tokenizer
         self.prompt_set = load_prompts(config.dataset, self.tokenizer)  # a load point's rows in flight need its count
-        for role, _, loaded in self.roles():  # attn_implementation auto, where it has a choice
+        for role, _, loaded in self.roles(models_only=True):  # attn_implementation auto, where it has a choice
             settle_attention(loaded, max(c.batch_size for c in self._comparisons()),
                              config.longest_draft + 1, self.clock)
         loading.check_trees(config, self.target, self.drafts)
@@ -134,7 +134,7 @@ class Session:
             if config.engine.compile else None
         self.notes = loading.model_notes(config, self.target, self.drafts, self.prompt_set) + \
             ([compile_note] if compile_note else [])
-        self.numerics = probe_numerics(config, self.roles(), points, *self._numerics_batch())
+        self.numerics = probe_numerics(config, self.roles(models_only=True), points, *self._numerics_batch())
         self.context = RunContext(target=self.target.model, tokenizer=self.tokenizer,
                                   drafts={label: d.model for label, d in self.drafts.items()},
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
@@ -154,9 +154,9 @@ class Session:
         cache[tuple(token_ids)] = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
         return cache[tuple(token_ids)]
 
-    def roles(self) -> list[tuple]:
+    def roles(self, models_only: bool = False) -> list[tuple]:
         """(role, draft label or None, LoadedModel) of every model loaded (runner/loading.py roles)."""
-        return loading.roles(getattr(self, "target", None), getattr(self, "drafts", {}))
+        return loading.roles(getattr(self, "target", None), getattr(self, "drafts", {}), models_only)
 
     def _comparisons(self) -> list[Comparison]:
         """The run's comparisons, as the sweep plans them (runner/experiment.py): a load point's batch size is the

@@ -58,7 +58,7 @@ CASES = [
     ("bad-quantization", "draft.quantization", "3bit", "draft.quantization"),
     ("bad-device", "device", "tpu", "device"),
     ("cuda-absent", "device", "cuda:0", "device"),
-    ("bad-method", "methods", ["baseline", "medusa"], "methods"),
+    ("bad-method", "methods", ["baseline", "lookahead"], "methods"),
     ("missing-target", "target", DELETE, "target"),
     ("missing-model-path", "target.model", "/nonexistent/model-folder", "target.model"),
     ("missing-dataset-file", "dataset.path", "/nonexistent/data.jsonl", "dataset.path"),

@@ -41,10 +41,12 @@ class ModelConfig(Strict):
                                                     "over several devices (accelerate)")
     max_memory: dict[str, str] | None = Field(None, description="device -> size, with device_map: "
                                                                "{0: 70GiB, 1: 70GiB, cpu: 100GiB}")
-    kind: Literal["model", "eagle", "eagle3"] = Field(
-        "model", description="a draft: model (a causal LM of the target's vocabulary; every draft method), or an "
-                             "EAGLE / EAGLE-3 head for the target ("
-                             + ", ".join(n for n, spec in _METHODS.items() if "eagle" in spec.draft_kinds) + " only)")
+    kind: Literal["model", "eagle", "eagle3", "medusa"] = Field(
+        "model", description="a draft: model (a causal LM of the target's vocabulary; every draft method), or a head "
+                             "for the target that reads its hidden states (a local folder): eagle ("
+                             + ", ".join(n for n, spec in _METHODS.items() if "eagle" in spec.draft_kinds) + "), eagle3 ("
+                             + ", ".join(n for n, spec in _METHODS.items() if "eagle3" in spec.draft_kinds) + "), medusa ("
+                             + ", ".join(n for n, spec in _METHODS.items() if "medusa" in spec.draft_kinds) + ")")
 
     @property
     def name(self) -> str:
@@ -506,6 +508,10 @@ class Config(Strict):
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""
+        heads = [m for m in self.methods if {"eagle3", "medusa"} & set(_METHODS[m].draft_kinds) and _METHODS[m].engine == "ours"]
+        if heads:
+            raise ValueError(f"engine.compile: {heads[0]} reads the target's hidden states, which the compiled step does "
+                             f"not hand out (heads run eager); set engine.compile: false, or drop {heads[0]}")
         longest = self.speculative.hybrid_max_draft
         if "hybrid" in self.methods and longest and longest > min(self.speculative.gamma):
             raise ValueError(f"speculative.hybrid_max_draft: {longest} drafts past gamma, and engine.compile sizes its "

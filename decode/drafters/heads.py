@@ -170,6 +170,8 @@ class MedusaDrafter(_HeadDrafter):
     drafts the token k + 2 places after it, i.e. d_k after the last committed token). Stateless between rounds but
     for that state [B, H]; at most as many drafts as heads."""
 
+    state = None  # no cache
+
     def __init__(self, head, target_vocab_size, sampling, generator=None):
         super().__init__(head, target_vocab_size, sampling, generator)
         self.count = 0
@@ -213,3 +215,13 @@ class MedusaDrafter(_HeadDrafter):
         kept = rows.tolist()
         self._keep_observed(kept)
         self.last = self.last[host_to_device(kept, self.last.device)]
+
+
+def head_drafter(head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None):
+    """The drafter of a head (decode/heads.py) by its kind."""
+    return (Eagle3Drafter if head.kind == "eagle3" else MedusaDrafter)(head, target_vocab_size, sampling, generator)
+
+
+def is_head(model) -> bool:
+    """Whether a draft is a head (it reads the target's hidden states) rather than a causal LM."""
+    return getattr(model, "kind", None) in ("eagle3", "medusa")

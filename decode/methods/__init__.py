@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 from decode.methods.base import MethodSpec, RunContext
-from decode.methods import baseline, early_exit, hf, hybrid, prompt_lookup, speculative, suffix
+from decode.methods import baseline, eagle3, early_exit, hf, hybrid, medusa, prompt_lookup, speculative, suffix
 
 
 # a *_settings module declares an engine's config section (pydantic): imported only when the config asks for it, so the
@@ -29,6 +29,8 @@ REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
     early_exit.SPEC,
     suffix.SPEC,
     hybrid.SPEC,
+    eagle3.SPEC,
+    medusa.SPEC,
     hf.GENERATE,
     hf.ASSISTED,
     hf.ASSISTED_DEFAULT,

@@ -1,0 +1,82 @@
+"""Heads through launch.py: an EAGLE-3 head and Medusa heads, saved as folders for a tiny target, run beside the
+baseline in one report (exact, their c measured by the probes); a head folder of the wrong kind and heads with
+engine.compile are refused in one line."""
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from decode.heads import Eagle3Head, MedusaHeads, save_eagle3, save_medusa
+from helpers import assert_one_clean_line, base_config, run_launch, save_tiny_pair, write_prompts
+
+
+@pytest.fixture(scope="module")
+def head_config(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    target, draft = save_tiny_pair(root)
+    model = AutoModelForCausalLM.from_pretrained(target)
+    width, vocab = model.config.hidden_size, model.config.vocab_size
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=vocab, max_position_embeddings=512)
+    save_eagle3(Eagle3Head(config, width, vocab, (0, 1, 2)), root / "eagle3")
+    save_medusa(MedusaHeads(width, vocab, 2, 1, 3), root / "medusa")
+    config = base_config(target, draft, write_prompts(root / "prompts.jsonl", 4), methods=["baseline", "eagle3", "medusa"],
+                         batch_size=[2], speculative={"gamma": [3]}, repeats=1)
+    config["generation"]["max_new_tokens"] = 8
+    config["draft"] = [{"model": str(root / "eagle3"), "kind": "eagle3"}, {"model": str(root / "medusa"), "kind": "medusa"}]
+    return root, config
+
+
+def _run(root, config, name):
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return run_launch(["--config", path, "--output-dir", root / name], timeout=300)
+
+
+def test_heads_run_beside_the_baseline(head_config):
+    root, config = head_config
+    result = _run(root, config, "run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((root / "run" / "summary.json").read_text())
+    runs = {r["method"]: r for r in summary["runs"]}
+    for method, label in [("eagle3", "eagle3"), ("medusa", "medusa")]:
+        assert runs[method]["draft"] == label and runs[method]["metrics"]["exact_match"] == 1.0
+        assert runs[method]["metrics"]["draft_cost_ratio_c"] > 0
+    # Medusa drafts min(gamma, heads) = 2 tokens a round
+    assert runs["medusa"]["metrics"]["max_drafted"] == 2
+    assert any("eagle3" in note for note in summary["notes"])
+
+
+def test_a_head_of_the_wrong_kind_and_compiled_heads_are_refused(head_config):
+    root, config = head_config
+    wrong = {**config, "draft": [{"model": str(root / "medusa"), "kind": "eagle3"}], "methods": ["baseline", "eagle3"]}
+    assert_one_clean_line(_run(root, wrong, "wrong"), "describes a medusa head")
+    compiled = {**config, "engine": {"compile": True}}
+    assert_one_clean_line(_run(root, compiled, "compiled"), "reads the target's hidden states")
+
+
+def test_the_training_script_saves_a_head_that_loads(head_config, monkeypatch):
+    """benchmarks/train_eagle3.py end to end on the tiny target (a few seconds of training): a speculators folder
+    that load_head reads, with its facts (token counts, the loss log, the weights' checksum)."""
+    import hashlib
+    import sys
+
+    from decode.heads import load_head
+    from helpers import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import train_eagle3
+
+    root, config = head_config
+    out = root / "trained"
+    assert train_eagle3.main(["--target", config["target"]["model"], "--out", str(out), "--minutes", "0.02",
+                              "--limit", "4", "--answer-tokens", "6", "--window", "16", "--ttt", "2"]) == 0
+    facts = json.loads((out / "train.json").read_text())
+    assert facts["prompts"] == 4 and facts["steps"] >= 1 and facts["log"][0]["step"] == 1
+    assert facts["sha256"] == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    head = load_head(out, "eagle3", AutoModelForCausalLM.from_pretrained(config["target"]["model"]))
+    assert head.target_layers == (0, 1, 2) and head.lm_head.out_features == facts["draft_vocab"]
+    assert "train_eagle3" in sys.modules
