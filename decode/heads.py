@@ -11,11 +11,14 @@
 
 Loaded from a folder (config.json and safetensors or a torch .bin) in the layouts users have:
 - EAGLE-3 in the speculators format (`speculators_model_type: eagle3`, `transformer_layer_config`,
-  `draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`; weights
-  `layers.0.*`), the EAGLE repository's (a Llama config with `draft_vocab_size`; weights `midlayer.*`) and SpecForge's
-  (`architectures: [LlamaForCausalLMEagle3]`, the EAGLE layout). A head without `embed_tokens` shares the target's.
+  `draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`, True when
+  absent; weights `layers.0.*`), the EAGLE repository's (a Llama config with `draft_vocab_size`; weights `midlayer.*`)
+  and SpecForge's (`architectures: [LlamaForCausalLMEagle3]`, the EAGLE layout, whose aux layer ids name a layer's
+  output: id + 1 here). A head without `embed_tokens` shares the target's; `norm_before_fc` / `fc_norm` are refused.
 - Medusa in the FasterDecoding layout (`medusa_num_heads`, `medusa_num_layers`; weights
-  `medusa_head.{k}.{j}.linear.weight|bias` for the blocks, `medusa_head.{k}.{layers}.weight` for the LM head).
+  `medusa_head.{k}.{j}.linear.weight|bias` for the blocks, `medusa_head.{k}.{layers}.weight` for the LM head, or the
+  same without `medusa_head.` in medusa_lm_head.pt). FasterDecoding's blocks of one head share one module when
+  medusa_num_layers > 1 (`[ResBlock] * L`): its saved weights repeat, which loads the same.
 
 Both expose what the engine's KVState drives (decode/kv.py): `config` (a Llama config: the attention mask transformers
 builds), `get_input_embeddings()`, and a forward in a causal LM's keywords plus the target's hidden states.
@@ -177,22 +180,29 @@ class MedusaHeads(nn.Module):
 
 # -- folders ------------------------------------------------------------------------------------------------------
 
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        from safetensors.torch import load_file
+# the weight files a head's folder may hold (a trainer's optimizer.pt or training_args.bin beside them is not read)
+WEIGHT_FILES = ("model*.safetensors", "medusa_lm_head.safetensors", "pytorch_model*.bin", "model*.bin",
+                "medusa_lm_head.pt")
 
-        weights = {}
-        for file in files:
-            weights.update(load_file(str(file)))
-        return weights
-    bins = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt"))
-    if bins:
-        weights = {}
-        for file in bins:
-            weights.update(torch.load(str(file), map_location="cpu", weights_only=True))
-        return weights
-    raise HeadFormatError(f"{folder}: no *.safetensors or *.bin weights")
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted({f for pattern in WEIGHT_FILES for f in folder.glob(pattern)})
+    safetensors = [f for f in files if f.suffix == ".safetensors"]
+    weights = {}
+    for file in safetensors or files:  # both: the safetensors
+        try:
+            if file.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                weights.update(load_file(str(file)))
+            else:
+                weights.update(torch.load(str(file), map_location="cpu", weights_only=True))
+        except Exception as error:  # a corrupt or foreign file: one line
+            raise HeadFormatError(f"{file}: cannot be read as weights ({type(error).__name__}: "
+                                  f"{' '.join(str(error).split())[:120]})") from None
+    if not weights:
+        raise HeadFormatError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)})")
+    return weights
 
 
 def head_kind(config: dict) -> str | None:
@@ -232,8 +242,13 @@ def load_head(folder: str | Path, kind: str, target, dtype: torch.dtype = torch.
     width, depth = target_config.hidden_size, target_config.num_hidden_layers
     head = _eagle3(folder, config, weights, vocab, width, depth, target) if kind == "eagle3" \
         else _medusa(folder, config, weights, vocab, width, depth)
-    device = target.get_input_embeddings().weight.device
-    return head.to(device=device, dtype=dtype).eval()
+    embedding = target.get_input_embeddings().weight
+    head = head.to(device=embedding.device, dtype=dtype).eval()
+    if getattr(head, "shares_embedding", False) and embedding.dtype == dtype:  # one copy in memory
+        head.embed_tokens.weight = embedding
+    elif getattr(head, "shares_embedding", False):
+        head.embed_tokens.weight.data.copy_(embedding.detach().to(dtype))
+    return head
 
 
 def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, depth: int, target) -> Eagle3Head:
@@ -246,16 +261,26 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
     draft_vocab = int(config.get("draft_vocab_size") or layer_config.get("draft_vocab_size") or llama.vocab_size)
     target_hidden = int(config.get("target_hidden_size") or layer_config.get("target_hidden_size") or width)
     eagle = config.get("eagle_config") or {}
-    layers = config.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids") \
-        or default_aux_layers(depth)
+    speculators = config.get("speculators_model_type") == "eagle3"
+    for flag in ("norm_before_fc", "fc_norm"):
+        if config.get(flag) or layer_config.get(flag):
+            raise HeadFormatError(f"{folder}: {flag} is set, a variant of EAGLE-3 this engine does not run")
+    layers = config.get("eagle_aux_hidden_state_layer_ids")
+    specforge = not speculators and "LlamaForCausalLMEagle3" in (config.get("architectures") or ())
+    if not layers and eagle.get("eagle_aux_hidden_state_layer_ids"):
+        layers, specforge = eagle["eagle_aux_hidden_state_layer_ids"], True  # SpecForge's eagle_config
+    if layers and specforge:
+        layers = [int(i) + 1 for i in layers]  # SpecForge counts a layer's output, i.e. the next layer's input
+    layers = layers or default_aux_layers(depth)
     if target_hidden != width:
         raise HeadFormatError(f"{folder}: the head reads hidden states {target_hidden} wide, the target's are {width}")
     if llama.vocab_size != vocab:
         llama.vocab_size = vocab  # its embedding is the target's vocabulary: checked on the weight below
     if any(not 0 <= int(i) < depth for i in layers):
         raise HeadFormatError(f"{folder}: aux hidden state layers {list(layers)} outside the target's 0..{depth - 1}")
-    head = Eagle3Head(llama, target_hidden, draft_vocab, tuple(layers),
-                      bool(config.get("norm_before_residual", layer_config.get("norm_before_residual", False))))
+    # the speculators layout's default is True (as vLLM reads it), the EAGLE layout's False
+    norm_before_residual = config.get("norm_before_residual", layer_config.get("norm_before_residual", speculators))
+    head = Eagle3Head(llama, target_hidden, draft_vocab, tuple(layers), bool(norm_before_residual))
     state = {}
     for name, tensor in weights.items():
         name = name.removeprefix("model.")
@@ -263,8 +288,9 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
         if name == "t2d":
             continue
         state[name] = tensor
-    if "embed_tokens.weight" not in state:  # the EAGLE layout shares the target's embedding
-        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to("cpu", torch.float32)
+    shared = "embed_tokens.weight" not in state  # the EAGLE layout shares the target's embedding
+    if shared:
+        state["embed_tokens.weight"] = head.embed_tokens.weight.detach()  # placeholder: the target's, below
     if "d2t" not in state:
         if draft_vocab != vocab:
             raise HeadFormatError(f"{folder}: a draft vocabulary of {draft_vocab} tokens and no d2t map to the target's")
@@ -273,22 +299,34 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
     _load(head, state, folder)
     if int(head.draft_to_target.max()) >= vocab or int(head.draft_to_target.min()) < 0:
         raise HeadFormatError(f"{folder}: d2t maps draft ids past the target's vocabulary of {vocab}")
+    head.shares_embedding = shared
     return head
 
 
 def _medusa(folder: Path, config: dict, weights: dict, vocab: int, width: int, depth: int) -> MedusaHeads:
-    heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
+    layers = int(config.get("medusa_num_layers", 1))
+    names = {name.removeprefix("model."): t for name, t in weights.items()}
+    if not any(name.startswith("medusa_head.") for name in names):  # medusa_lm_head.pt: the heads' own state dict
+        names = {f"medusa_head.{name}": t for name, t in names.items() if name.split(".")[0].isdigit()}
+    state = {name: t for name, t in names.items() if name.startswith("medusa_head.")}
+    # the weights say how many heads there are (FasterDecoding's configs may state fewer than the file holds)
+    heads = 1 + max((int(name.split(".")[1]) for name in state), default=int(config["medusa_num_heads"]) - 1)
     head = MedusaHeads(width, vocab, heads, layers, depth)
-    state = {name.removeprefix("model."): t for name, t in weights.items() if "medusa_head" in name}
     _load(head, state, folder)
     return head
 
 
 def _load(module: nn.Module, state: dict, folder: Path) -> None:
+    """state into module: every weight it needs, of its shape, and none it does not have (a weight of a variant this
+    engine does not run would otherwise be dropped in silence)."""
     expected = {k: v.shape for k, v in module.state_dict().items() if "rotary_emb" not in k}
     missing = sorted(set(expected) - set(state))
     if missing:
         raise HeadFormatError(f"{folder}: weights missing: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise HeadFormatError(f"{folder}: weights this head does not have: {', '.join(unknown[:4])}"
+                              f"{' ...' if len(unknown) > 4 else ''} (a variant this engine does not run)")
     for name, shape in expected.items():
         if tuple(state[name].shape) != tuple(shape):
             raise HeadFormatError(f"{folder}: {name} has shape {tuple(state[name].shape)}, the head needs {tuple(shape)} "
@@ -319,8 +357,11 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators
                   "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": verifier}}}
         state = {("layers.0." + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k): v
                  for k, v in state.items()}
-    elif layout in ("eagle", "specforge"):
-        config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer, **extra}
+    elif layout in ("eagle", "specforge"):  # SpecForge names a layer's output: the layer before the one read
+        ids = extra["eagle_aux_hidden_state_layer_ids"]
+        config = {"architectures": ["LlamaForCausalLM" if layout == "eagle" else "LlamaForCausalLMEagle3"],
+                  "model_type": "llama", **layer, **extra,
+                  "eagle_aux_hidden_state_layer_ids": ids if layout == "eagle" else [i - 1 for i in ids]}
         state.pop("embed_tokens.weight")  # shared with the target
     else:
         raise ValueError(f"unknown layout {layout!r}")
@@ -331,11 +372,11 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators
 
 
 def save_medusa(heads: MedusaHeads, folder: str | Path) -> Path:
-    """Write Medusa heads as a folder in the FasterDecoding layout."""
+    """Write Medusa heads as a folder in the FasterDecoding layout (medusa_lm_head.pt: the heads' own state dict)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({
         "medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.config.medusa_num_layers,
         "hidden_size": heads.config.hidden_size, "vocab_size": heads.config.vocab_size}, indent=1))
-    torch.save({k: v.detach().cpu() for k, v in heads.state_dict().items()}, folder / "medusa_lm_head.pt")
+    torch.save({k: v.detach().cpu() for k, v in heads.medusa_head.state_dict().items()}, folder / "medusa_lm_head.pt")
     return folder

@@ -59,6 +59,27 @@ def test_cpu_config_runs_exactly_compiled(path, tmp_path_factory, tmp_path):
     assert not [n for n in summary["notes"] if "compiled a graph inside a timed batch" in n]
 
 
+def random_head(target: Path, kind: str, root: Path) -> Path:
+    """A random head of `kind` for the tiny target saved at `target`, as a folder."""
+    import torch
+    from transformers import AutoConfig, LlamaConfig
+
+    from decode.heads import Eagle3Head, MedusaHeads, default_aux_layers, save_eagle3, save_medusa
+
+    folder = root / f"{kind}-head"
+    if not folder.exists():
+        tc = AutoConfig.from_pretrained(target)
+        torch.manual_seed(0)
+        if kind == "eagle3":
+            config = LlamaConfig(hidden_size=tc.hidden_size, intermediate_size=2 * tc.hidden_size, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=tc.vocab_size, max_position_embeddings=512)
+            save_eagle3(Eagle3Head(config, tc.hidden_size, tc.vocab_size, default_aux_layers(tc.num_hidden_layers)),
+                        folder)
+        else:
+            save_medusa(MedusaHeads(tc.hidden_size, tc.vocab_size, 2, 1, tc.num_hidden_layers), folder)
+    return folder
+
+
 def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True) -> dict:
     target, draft = save_tiny_pair(tmp_path_factory.getbasetemp() / "shipped")
     config, raw = load_config(path)
@@ -80,6 +101,13 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True
         overrides["methods"] = [m for m in config.methods if m not in vllm_methods]
     for role, folder in (("target", target), ("draft", draft)):
         overrides[role] = {"model": str(folder), "dtype": "float32"}
+    ours_heads = [m for m in config.methods if m in ("eagle3", "medusa")]  # no trained head here: a random one
+    if ours_heads and extra.get("engine.compile"):  # heads run eager (refused with engine.compile)
+        overrides["methods"] = [m for m in overrides.get("methods", config.methods) if m not in ours_heads]
+    elif ours_heads:
+        overrides["draft"] = [overrides["draft"]] + [
+            {"model": str(random_head(target, kind, tmp_path_factory.getbasetemp() / "shipped")), "kind": kind,
+             "label": next(d.name for d in config.draft if d.kind == kind)} for kind in ours_heads]
     if config.dataset.path in HUB_DATASETS:
         overrides["dataset.path"] = HUB_DATASETS[config.dataset.path]
         overrides["dataset.name"] = None

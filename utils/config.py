@@ -432,6 +432,13 @@ class Config(Strict):
                                  f"without {reference} in methods: add {reference}, or set repeats to a number")
         for engine in sorted(engines & set(ENGINE_SECTIONS)):  # what each engine refuses of the config
             ENGINE_SECTIONS[engine].CHECK(self)
+        for index, draft in enumerate(self.draft):
+            if draft.kind == "medusa" or (draft.kind == "eagle3" and "eagle3" in self.methods):
+                for key, value, default in [("quantization", draft.quantization, "none"),
+                                            ("device_map", draft.device_map, None), ("gguf_file", draft.gguf_file, None)]:
+                    if value != default:
+                        raise ValueError(f"draft[{index}].{key}: {value!r} applies to a causal LM; a {draft.kind} head "
+                                         f"is a local folder loaded whole, in the target's dtype: drop {key}")
         labels = [d.name for d in self.draft]
         if len(set(labels)) != len(labels):
             raise ValueError(f"draft labels {labels} repeat; give each draft its own label: ...")

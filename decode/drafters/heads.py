@@ -199,7 +199,7 @@ class MedusaDrafter(_HeadDrafter):
         if num_tokens == 0:
             return self._no_drafts(last_tokens)
         logits = self._to_target_vocab(self.head(self.last, num_tokens).float())  # [B, G, V_t]
-        self.count += 1
+        self.count += num_tokens  # a head per draft: the probes' c times one
         chosen = [self._choose(logits[:, k]) for k in range(num_tokens)]
         self.last_proposal = torch.stack([token for token, _ in chosen], dim=1)
         probs = torch.stack([q for _, q in chosen], dim=1) if self.sampling.do_sample else None

@@ -209,3 +209,33 @@ def test_medusa_folder_loads_and_bad_folders_are_named(tmp_path):
     narrow = tiny_model("llama", seed=1, layers=4, hidden=32)
     with pytest.raises(HeadFormatError, match="another target"):
         load_head(tmp_path / "medusa", "medusa", narrow)
+
+
+def test_head_folders_in_their_publishers_variants(tmp_path):
+    """FasterDecoding's medusa_lm_head.pt holds the heads' own state dict (no medusa_head. prefix) and may hold more
+    heads than its config says; SpecForge's aux layer ids name a layer's output; a weight the head does not have, a
+    trainer's optimizer file and an unreadable weight file are named in one line, not dropped or crashed on."""
+    target = tiny_model("llama", seed=1, layers=4)
+    torch.manual_seed(2)
+    heads = MedusaHeads(64, VOCAB, 3, 1, 4)
+    folder = tmp_path / "medusa"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
+    torch.save(heads.medusa_head.state_dict(), folder / "medusa_lm_head.pt")
+    (folder / "optimizer.pt").write_bytes(b"not a tensor file")
+    assert load_head(folder, "medusa", target).num_heads == 3
+    (folder / "medusa_lm_head.pt").write_bytes(b"corrupt")
+    with pytest.raises(HeadFormatError, match="cannot be read as weights"):
+        load_head(folder, "medusa", target)
+
+    head = eagle3_head(target, seed=4)
+    specforge = save_eagle3(head, tmp_path / "specforge", "specforge")
+    assert json.loads((specforge / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [-1, 1, 2]
+    loaded = load_head(specforge, "eagle3", target)
+    assert loaded.target_layers == LAYERS
+    assert loaded.embed_tokens.weight is target.get_input_embeddings().weight  # shared, not copied
+    from safetensors.torch import load_file, save_file
+    weights = load_file(str(specforge / "model.safetensors"))
+    save_file({**weights, "midlayer.self_attn.q_norm.weight": torch.ones(16)}, str(specforge / "model.safetensors"))
+    with pytest.raises(HeadFormatError, match="does not have: midlayer.self_attn.q_norm.weight"):
+        load_head(specforge, "eagle3", target)
