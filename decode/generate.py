@@ -553,14 +553,14 @@ class _Loop:
         joining = [group[i] for i in running]
         drafter = self.drafter
         if drafter is not None:  # the drafter's rows (its model's prefill of them)
-            forwards = drafter.forwards
             if features is not None:
                 drafter.take_features(features)
+            if self.served and not self.active:  # before its count is read: a reset drafter counts from 0
+                drafter.reset()
+            forwards = drafter.forwards
             if not self.served:
                 drafter.start(ids, mask)
             else:
-                if not self.active:
-                    drafter.reset()
                 drafter.add_rows(ids, mask)
             draft_prefill_s = self.clock.now() - self.start - prefilled
             for row in joining:
