@@ -231,7 +231,7 @@ class KVState:
 
     # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
     def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
-                     new_round: bool) -> torch.Tensor:
+                     new_round: bool, **inputs) -> torch.Tensor:
         """Append tree nodes input_ids [B, S] and return fp32 logits [B, S, V].
 
         A round's tree nodes form a region of columns (`new_round` starts one at the current end). parents [B, S]
@@ -285,7 +285,7 @@ class KVState:
                                      model.get_input_embeddings().weight.dtype)
         position_ids = host_to_device(positions[:, old:], feed)
         out = model(input_ids=to_device(input_ids, feed), attention_mask=attention_mask, position_ids=position_ids,
-                    past_key_values=self.cache, use_cache=True)
+                    past_key_values=self.cache, use_cache=True, **inputs)
         self.forwards += 1
         self._check_layout()
         return to_device(out.logits, engine).float()

@@ -63,10 +63,14 @@ class Eagle3Drafter(_HeadDrafter):
     After the verification those draft steps' cache entries go (they read the head's states, not the target's), and
     the pending states are the verification's columns of the row's last token and its accepted drafts."""
 
-    def __init__(self, head, target_vocab_size, sampling, generator=None):
+    def __init__(self, head, target_vocab_size, sampling, generator=None, tree=None):
         super().__init__(head, target_vocab_size, sampling, generator)
         self.index = head.draft_to_target  # [V_draft] target ids
         self.state: KVState | None = None
+        # a token tree instead of a chain (decode/drafters/draft_tree.py: StaticTree, DynamicTree, auto's policy): its
+        # nodes are drafted from the head's own probabilities, each node's forward reading its parent's head state
+        self.tree = tree
+        self.input_vocab_size = head.embed_tokens.num_embeddings
 
     @property
     def forwards(self) -> int:
@@ -97,9 +101,9 @@ class Eagle3Drafter(_HeadDrafter):
         self.tokens += [[] for _ in range(features.shape[0])]
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [B, V_d] -> [B, V_t], -inf outside the draft vocabulary."""
-        out = logits.new_full((logits.shape[0], self.target_vocab_size), float("-inf"))
-        return out.index_copy_(1, self.index, logits)
+        """Draft-vocabulary logits [..., V_d] -> [..., V_t], -inf outside the draft vocabulary."""
+        out = logits.new_full((*logits.shape[:-1], self.target_vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.index, logits)
 
     def _catch_up(self, last_tokens: torch.Tensor):
         """The pending pairs as one forward's inputs: ids [B, K] (the tokens after each state, the last token last),
@@ -125,8 +129,17 @@ class Eagle3Drafter(_HeadDrafter):
             self.fed = False
             self.last_host = self._last_tokens_host(last_tokens)
             return self._no_drafts(last_tokens)
+        shape = self.tree.shape_for_round(num_tokens) if self.tree is not None else None
+        if self.tree is not None and shape is None:  # auto: no drafting this round
+            self.fed, self.last_host = False, self._last_tokens_host(last_tokens)
+            return self._no_drafts(last_tokens)
         ids, mask, features = self._catch_up(last_tokens)
         logits = self.state.forward(self.head, ids, mask, last_only=True, features=features)[:, -1]
+        if shape is not None:
+            self.fed, self.region = True, self.head.last_hidden[:, -1:]  # [B, 1 + R, H]: the root's, then the nodes'
+            proposal, _ = self.tree.draft(self, self._to_target_vocab(logits), lengths, shape)
+            self.last_proposal, self.last_layout = proposal.tokens, proposal.layout
+            return proposal
         tokens, probs = [], []
         for step in range(num_tokens):
             token, q = self._choose(self._to_target_vocab(logits))
@@ -141,15 +154,40 @@ class Eagle3Drafter(_HeadDrafter):
         return Proposal(self.last_proposal, torch.stack(probs, dim=1) if probs else None,
                         host_to_device(lengths, last_tokens.device))
 
+    def tree_forward(self, ids: torch.Tensor, parents, new_round: bool) -> torch.Tensor:
+        """One head forward over tree nodes ids [B, F] (parents: region columns, -1: the root) -> their logits over the
+        target's vocabulary [B, F, V_t]; each node reads its parent's head state (the root's: the round's first
+        forward's last)."""
+        index = host_to_device(np.asarray(parents, dtype=np.int64) + 1, self.region.device)  # [B, F]
+        hidden = self.region.gather(1, index[:, :, None].expand(-1, -1, self.region.shape[-1]))
+        valid = np.ones(tuple(ids.shape), dtype=bool)
+        logits = self.state.forward_tree(self.head, ids.clamp(max=self.input_vocab_size - 1), parents, valid,
+                                         new_round, hidden=hidden)
+        self.region = torch.cat([self.region, self.head.last_hidden], dim=1)
+        return self._to_target_vocab(logits)
+
+    def _commit_tree(self, path_host: list[list[int]], features: torch.Tensor) -> None:
+        """A tree round: its nodes' cache columns go (they read the head's states), and each row's pending states are
+        the verification's columns of its root and accepted path (node i: column i + 1)."""
+        if hasattr(self.tree, "observe"):
+            self.tree.observe(path_host, self.last_layout)
+        if self.state.region_width:
+            self.state.keep_region(np.zeros((len(path_host), self.state.region_width), dtype=bool))
+        drafts = self._drafts_host(self.last_proposal) if any(path_host) else [[]] * len(path_host)
+        columns = [host_to_device([0] + [node + 1 for node in path], features.device) for path in path_host]
+        self.features = [features[row, column] for row, column in enumerate(columns)]
+        self.tokens = [[drafts[row][node] for node in path] for row, path in enumerate(path_host)]
+
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
-        if path_host is not None:
-            raise ValueError("an EAGLE-3 head drafts chains here, not token trees")
         features = self._features()  # [B, G + 1, F]: the verification's columns
         rows = features.shape[0]
         if not self.fed:  # G = 0: the round's one column joins the pending pairs, after the last token it read
             for row in range(rows):
                 self.features[row] = torch.cat([self.features[row], features[row, :1]])
                 self.tokens[row] = self.tokens[row] + [self.last_host[row]]
+            return
+        if path_host is not None:
+            self._commit_tree(path_host, features)
             return
         if self.speculative_columns:
             self.state.keep_prefix_of_last(self.speculative_columns, torch.zeros_like(accepted_len), 0, [0] * rows)
@@ -220,6 +258,15 @@ class MedusaDrafter(_HeadDrafter):
 def head_drafter(head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None):
     """The drafter of a head (decode/heads.py) by its kind."""
     return (Eagle3Drafter if head.kind == "eagle3" else MedusaDrafter)(head, target_vocab_size, sampling, generator)
+
+
+def head_drafter_with_tree(head, target_vocab_size: int, sampling: Sampling, generator=None, tree=None):
+    """head_drafter, an EAGLE-3 head drafting `tree` (None: a chain); Medusa heads draft chains."""
+    if tree is None:
+        return head_drafter(head, target_vocab_size, sampling, generator)
+    if head.kind != "eagle3":
+        raise ValueError("Medusa heads draft chains here; set speculative.tree: null for medusa")
+    return Eagle3Drafter(head, target_vocab_size, sampling, generator, tree=tree)
 
 
 def is_head(model) -> bool:

@@ -240,3 +240,51 @@ def test_head_folders_in_their_publishers_variants(tmp_path):
     save_file({**weights, "midlayer.self_attn.q_norm.weight": torch.ones(16)}, str(specforge / "model.safetensors"))
     with pytest.raises(HeadFormatError, match="does not have: midlayer.self_attn.q_norm.weight"):
         load_head(specforge, "eagle3", target)
+
+
+@pytest.mark.parametrize("shape", ["static", "dynamic"])
+def test_eagle3_trees_are_exact_and_keep_drafts(heads, shape):
+    """An EAGLE-3 head drafting token trees (each node reads its parent's head state): greedy output is the target's,
+    in a static batch and under load, and the trees' paths are accepted as the chains' drafts are."""
+    from decode.drafters.draft_tree import DynamicTree, StaticTree
+    from decode.tree_layout import static_parents
+
+    target, head, _, ids, mask = heads
+    generation = Generation(max_new_tokens=12)
+
+    def drafter():
+        tree = StaticTree(static_parents([2, 2, 1]), GREEDY) if shape == "static" else DynamicTree(8, 2, GREEDY)
+        return Eagle3Drafter(head, VOCAB, GREEDY, tree=tree)
+
+    with torch.inference_mode():
+        alone = generate_baseline(target, ids, mask, generation)
+        static = generate_speculative(target, drafter(), ids, mask, generation, 3)
+        served = generate_speculative(target, drafter(), ids, mask, generation, 3,
+                                      load=Load([0.0, 0.0, 0.001, 0.003, 0.004, 0.006], 2))
+    assert [r.output_ids for r in static] == [r.output_ids for r in alone]
+    assert [r.output_ids for r in served] == [r.output_ids for r in alone]
+    if shape == "dynamic":
+        return
+    chain = generate_speculative(target, Eagle3Drafter(head, VOCAB, GREEDY), ids, mask, generation, 3)
+    # a static tree holds the chain's path (its first branch is the head's top-1 at every depth)
+    assert sum(x["accepted"] for r in static for x in r.rounds) >= sum(x["accepted"] for r in chain for x in r.rounds)
+
+
+def test_eagle3_tree_sampling_keeps_the_target_distribution():
+    from decode.drafters.draft_tree import StaticTree
+    from decode.tree_layout import static_parents
+
+    target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
+    sampling, rows = Sampling(True, 1.0), 12_000
+    torch.manual_seed(3)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=V, max_position_embeddings=64, initializer_range=0.3)
+    generator = torch.Generator().manual_seed(0)
+    head = Eagle3Head(config, 32, V, (0, 1, 2)).eval()
+    drafter = Eagle3Drafter(head, V, sampling, generator, tree=StaticTree(static_parents([2, 1]), sampling))
+    ids = PROMPT.expand(rows, -1).contiguous()
+    with torch.inference_mode():
+        spec = generate_speculative(target, drafter, ids, torch.ones_like(ids), Generation(4, sampling), 2, generator)
+    assert 0.05 < sum(r.rounds[0]["accepted"] for r in spec) / (2 * rows) < 0.95
+    statistic, critical = chi_square(joint_counts(spec), exact_joint_of_tokens_2_and_3(target, sampling))
+    assert statistic < critical, f"chi2 {statistic:.1f} > {critical:.1f}"
