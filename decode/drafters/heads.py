@@ -70,7 +70,8 @@ class Eagle3Drafter(_HeadDrafter):
         # a token tree instead of a chain (decode/drafters/draft_tree.py: StaticTree, DynamicTree, auto's policy): its
         # nodes are drafted from the head's own probabilities, each node's forward reading its parent's head state
         self.tree = tree
-        self.input_vocab_size = head.embed_tokens.num_embeddings
+        self.embedding_size = head.embed_tokens.num_embeddings  # the ids it can read (the target's vocabulary)
+        self.input_vocab_size = min(len(self.index), self.embedding_size)  # the tokens it can rank (a tree's ranks)
 
     @property
     def forwards(self) -> int:
@@ -110,8 +111,9 @@ class Eagle3Drafter(_HeadDrafter):
         the host mask [B, K] or None, features [B, K, F] (right aligned)."""
         width = max(len(f) for f in self.features)
         if width == 1:
-            return last_tokens[:, None], None, torch.stack([f[0] for f in self.features])[:, None]
-        last = self._last_tokens_host(last_tokens)
+            return last_tokens.clamp(max=self.embedding_size - 1)[:, None], None, \
+                torch.stack([f[0] for f in self.features])[:, None]
+        last = [min(t, self.embedding_size - 1) for t in self._last_tokens_host(last_tokens)]
         ids = np.zeros((len(last), width), dtype=np.int64)
         mask = np.zeros((len(last), width), dtype=np.int64)
         for row, tokens in enumerate(self.tokens):
@@ -161,7 +163,7 @@ class Eagle3Drafter(_HeadDrafter):
         index = host_to_device(np.asarray(parents, dtype=np.int64) + 1, self.region.device)  # [B, F]
         hidden = self.region.gather(1, index[:, :, None].expand(-1, -1, self.region.shape[-1]))
         valid = np.ones(tuple(ids.shape), dtype=bool)
-        logits = self.state.forward_tree(self.head, ids.clamp(max=self.input_vocab_size - 1), parents, valid,
+        logits = self.state.forward_tree(self.head, ids.clamp(max=self.embedding_size - 1), parents, valid,
                                          new_round, hidden=hidden)
         self.region = torch.cat([self.region, self.head.last_hidden], dim=1)
         return self._to_target_vocab(logits)
@@ -174,8 +176,13 @@ class Eagle3Drafter(_HeadDrafter):
         if self.state.region_width:
             self.state.keep_region(np.zeros((len(path_host), self.state.region_width), dtype=bool))
         drafts = self._drafts_host(self.last_proposal) if any(path_host) else [[]] * len(path_host)
-        columns = [host_to_device([0] + [node + 1 for node in path], features.device) for path in path_host]
-        self.features = [features[row, column] for row, column in enumerate(columns)]
+        width = 1 + max(len(path) for path in path_host)
+        columns = np.zeros((len(path_host), width), dtype=np.int64)  # one copy: each row's root and path columns
+        for row, path in enumerate(path_host):
+            columns[row, 1: 1 + len(path)] = [node + 1 for node in path]
+        index = host_to_device(columns, features.device)
+        kept = features.gather(1, index[:, :, None].expand(-1, -1, features.shape[-1]))  # [B, width, F]
+        self.features = [kept[row, : 1 + len(path)] for row, path in enumerate(path_host)]
         self.tokens = [[drafts[row][node] for node in path] for row, path in enumerate(path_host)]
 
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
