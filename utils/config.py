@@ -48,6 +48,12 @@ class ModelConfig(Strict):
                              + ", ".join(n for n, spec in _METHODS.items() if "eagle3" in spec.draft_kinds) + "), medusa ("
                              + ", ".join(n for n, spec in _METHODS.items() if "medusa" in spec.draft_kinds) + ")")
 
+    @field_validator("model")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        """~ in a local path is the home folder."""
+        return str(Path(value).expanduser()) if value.startswith("~") else value
+
     @property
     def name(self) -> str:
         """The label in the report: `label`, else the model's last path component."""
