@@ -278,7 +278,7 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
         llama.vocab_size = vocab  # its embedding is the target's vocabulary: checked on the weight below
     if any(not 0 <= int(i) < depth for i in layers):
         raise HeadFormatError(f"{folder}: aux hidden state layers {list(layers)} outside the target's 0..{depth - 1}")
-    # the speculators layout's default is True (as vLLM reads it), the EAGLE layout's False
+    # the speculators layout's default is True (as the reference server reads it), the EAGLE layout's False
     norm_before_residual = config.get("norm_before_residual", layer_config.get("norm_before_residual", speculators))
     head = Eagle3Head(llama, target_hidden, draft_vocab, tuple(layers), bool(norm_before_residual))
     state = {}
