@@ -4,7 +4,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+
+def right_aligned(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows of different lengths as host ids and mask [B, longest] (int64), each row right aligned (left
+    padded with 0, mask 0 there): a catch-up forward's inputs."""
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens):] = tokens
+        mask[row, width - len(tokens):] = 1
+    return ids, mask
+
+
+def pad_to_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits [..., V] -> [..., vocab_size]: the ids past V get -inf (q = 0), logits past vocab_size are dropped."""
+    extra = vocab_size - logits.shape[-1]
+    if extra > 0:
+        return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+    return logits[..., :vocab_size]
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import Drafter, Proposal
+from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned
 from decode.drafters.schedules import Schedule
 from decode.kv import KVState, host_to_device, joined
 from decode.static_kv import new_state
@@ -80,10 +80,7 @@ class DraftModelDrafter(Drafter):
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""
-        extra = self.target_vocab_size - logits.shape[-1]
-        if extra > 0:
-            return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
-        return logits[..., : self.target_vocab_size]
+        return pad_to_vocab(logits, self.target_vocab_size)
 
     def _lengths(self, max_tokens: int, row_limits: list[int] | None) -> list[int]:
         rows = len(self.pending)
@@ -99,12 +96,7 @@ class DraftModelDrafter(Drafter):
         if width == 1:
             return last_tokens[:, None], None
         last = [min(t, self.input_vocab_size - 1) for t in self._last_tokens_host(last_tokens)]
-        ids = np.zeros((len(last), width), dtype=np.int64)
-        mask = np.zeros((len(last), width), dtype=np.int64)
-        for row, tokens in enumerate(self.pending):
-            row_tokens = tokens + [last[row]]
-            ids[row, width - len(row_tokens):] = row_tokens
-            mask[row, width - len(row_tokens):] = 1
+        ids, mask = right_aligned([tokens + [last[row]] for row, tokens in enumerate(self.pending)])
         return host_to_device(ids, self.device), mask
 
     def propose(self, last_tokens, max_tokens, row_limits=None):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import Drafter, Proposal
+from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned
 from decode.kv import KVState, host_to_device, joined
 from decode.sampling import logits_to_probs, sample
 from decode.settings import Sampling
@@ -114,12 +114,7 @@ class Eagle3Drafter(_HeadDrafter):
             return last_tokens.clamp(max=self.embedding_size - 1)[:, None], None, \
                 torch.stack([f[0] for f in self.features])[:, None]
         last = [min(t, self.embedding_size - 1) for t in self._last_tokens_host(last_tokens)]
-        ids = np.zeros((len(last), width), dtype=np.int64)
-        mask = np.zeros((len(last), width), dtype=np.int64)
-        for row, tokens in enumerate(self.tokens):
-            row_ids = tokens + [last[row]]
-            ids[row, width - len(row_ids):] = row_ids
-            mask[row, width - len(row_ids):] = 1
+        ids, mask = right_aligned([tokens + [last[row]] for row, tokens in enumerate(self.tokens)])
         features = torch.stack([torch.nn.functional.pad(f, (0, 0, width - len(f), 0)) for f in self.features])
         return host_to_device(ids, self.device), mask, features
 
@@ -233,17 +228,12 @@ class MedusaDrafter(_HeadDrafter):
         features = self._features()[:, -1]  # the prompt's last position (left padded: always real)
         self.last = features if self.last is None else torch.cat([self.last, features])
 
-    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        extra = self.target_vocab_size - logits.shape[-1]
-        return torch.nn.functional.pad(logits, (0, extra), value=float("-inf")) if extra > 0 \
-            else logits[..., : self.target_vocab_size]
-
     def propose(self, last_tokens, max_tokens, row_limits=None):
         lengths = self._lengths(max_tokens, row_limits, self.last.shape[0], cap=self.head.num_heads)
         num_tokens = max(lengths, default=0)
         if num_tokens == 0:
             return self._no_drafts(last_tokens)
-        logits = self._to_target_vocab(self.head(self.last, num_tokens).float())  # [B, G, V_t]
+        logits = pad_to_vocab(self.head(self.last, num_tokens).float(), self.target_vocab_size)  # [B, G, V_t]
         self.count += num_tokens  # a head per draft: the probes' c times one
         chosen = [self._choose(logits[:, k]) for k in range(num_tokens)]
         self.last_proposal = torch.stack([token for token, _ in chosen], dim=1)
@@ -262,18 +252,15 @@ class MedusaDrafter(_HeadDrafter):
         self.last = self.last[host_to_device(kept, self.last.device)]
 
 
-def head_drafter(head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None):
-    """The drafter of a head (decode/heads.py) by its kind."""
-    return (Eagle3Drafter if head.kind == "eagle3" else MedusaDrafter)(head, target_vocab_size, sampling, generator)
-
-
-def head_drafter_with_tree(head, target_vocab_size: int, sampling: Sampling, generator=None, tree=None):
-    """head_drafter, an EAGLE-3 head drafting `tree` (None: a chain); Medusa heads draft chains."""
-    if tree is None:
-        return head_drafter(head, target_vocab_size, sampling, generator)
-    if head.kind != "eagle3":
+def head_drafter(head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
+                 tree=None):
+    """The drafter of a head (decode/heads.py) by its kind; an EAGLE-3 head drafts `tree` where given (None: a
+    chain), Medusa heads draft chains."""
+    if head.kind == "eagle3":
+        return Eagle3Drafter(head, target_vocab_size, sampling, generator, tree=tree)
+    if tree is not None:
         raise ValueError("Medusa heads draft chains here; set speculative.tree: null for medusa")
-    return Eagle3Drafter(head, target_vocab_size, sampling, generator, tree=tree)
+    return MedusaDrafter(head, target_vocab_size, sampling, generator)
 
 
 def is_head(model) -> bool:

@@ -5,13 +5,12 @@ from decode.methods.base import MethodSpec
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
-    from decode.drafters.heads import head_drafter_with_tree  # torch loads when a method runs, not with the registry
+    from decode.drafters.heads import head_drafter  # torch loads when a method runs, not with the registry
     from decode.generate import generate_speculative
     from decode.methods.speculative import tree_for
 
     tree = tree_for(ctx, point, generation.sampling)  # None: a chain (medusa has no tree axis)
-    drafter = head_drafter_with_tree(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
-                                     tree)
+    drafter = head_drafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator, tree)
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                 ctx.clock, synthetic_acceptance=point.synthetic_acceptance, load=ctx.load)
 
