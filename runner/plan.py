@@ -51,8 +51,9 @@ def points_of(config, comparison: Comparison, engine: str | None = None) -> list
 
     Per method, the chains (tree None) first, as before trees existed, then the trees in config order. A tree point
     has no schedule (schedules choose a chain's length), and a static tree's gamma is its depth, so the gamma axis
-    does not repeat it; a dynamic tree and auto keep each gamma (their depth cap). auto is a draft model's (it prices
-    the tree with the draft's measured cost): prompt lookup takes the static and dynamic trees only."""
+    does not repeat it; a dynamic tree and auto keep each gamma (their depth cap). auto is a drafter's that drafts a
+    depth per forward (it prices the tree with that forward's measured cost: MethodSpec.tree_auto): prompt lookup and
+    suffix take the static and dynamic trees only."""
     points = []
     shared = comparison.values()
     for method in config.methods:
@@ -61,7 +62,7 @@ def points_of(config, comparison: Comparison, engine: str | None = None) -> list
         values = axis_values(config, method)
         trees = values.pop("tree")
         for tree in sorted(trees, key=lambda label: label is not None):  # stable: the trees keep config order
-            if tree == "auto" and method != "speculative":
+            if tree == "auto" and not REGISTRY[method].tree_auto:
                 continue
             for combination in itertools.product(*values.values()):
                 axes = dict(zip(values, combination), tree=tree)

@@ -127,7 +127,7 @@ def test_malformed_config(tiny, tmp_path, case):
 
 
 def test_auto_tree_with_prompt_lookup_alone_is_refused(tiny, tmp_path):
-    """auto is the draft model's tree: prompt lookup would get no point, and the run would silently hold the
+    """auto is the tree of a drafter with a forward to price: prompt lookup would get no point, and the run would silently hold the
     baseline alone."""
     config = edit(edit(good(tiny), "methods", ["baseline", "prompt_lookup"]), "speculative.tree", "auto")
     file = tmp_path / "config.yaml"

@@ -24,7 +24,7 @@ def head_config(tmp_path_factory):
     save_eagle3(Eagle3Head(config, width, vocab, (0, 1, 2)), root / "eagle3")
     save_medusa(MedusaHeads(width, vocab, 2, 1, 3), root / "medusa")
     config = base_config(target, draft, write_prompts(root / "prompts.jsonl", 4), methods=["baseline", "eagle3", "medusa"],
-                         batch_size=[2], speculative={"gamma": [3]}, repeats=1)
+                         batch_size=[2], speculative={"gamma": [3], "tree": [None, "auto"]}, repeats=1)
     config["generation"]["max_new_tokens"] = 8
     config["draft"] = [{"model": str(root / "eagle3"), "kind": "eagle3"}, {"model": str(root / "medusa"), "kind": "medusa"}]
     return root, config
@@ -41,12 +41,13 @@ def test_heads_run_beside_the_baseline(head_config):
     result = _run(root, config, "run")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((root / "run" / "summary.json").read_text())
-    runs = {r["method"]: r for r in summary["runs"]}
+    runs = {(r["method"], r["tree"]): r for r in summary["runs"] if r["group"] is None}
     for method, label in [("eagle3", "eagle3"), ("medusa", "medusa")]:
-        assert runs[method]["draft"] == label and runs[method]["metrics"]["exact_match"] == 1.0
-        assert runs[method]["metrics"]["draft_cost_ratio_c"] > 0
+        for tree in (None, "auto"):  # a chain, and the tree auto prices with the head's measured c
+            assert runs[method, tree]["draft"] == label and runs[method, tree]["metrics"]["exact_match"] == 1.0
+        assert runs[method, None]["metrics"]["draft_cost_ratio_c"] > 0
     # Medusa drafts min(gamma, heads) = 2 tokens a round
-    assert runs["medusa"]["metrics"]["max_drafted"] == 2
+    assert runs["medusa", None]["metrics"]["max_drafted"] == 2
     assert any("eagle3" in note for note in summary["notes"])
 
 

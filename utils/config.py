@@ -472,10 +472,12 @@ class Config(Strict):
             takers = " or ".join(name for name, spec in REGISTRY.items() if "tree" in spec.axes)
             raise ValueError(f"speculative.tree applies to {takers} only, and methods has none of them: add one, or "
                              "set tree: null")
-        if self.speculative.tree == ["auto"]:  # auto prices a draft model's tree: other tree methods would get no point
-            left_out = [m for m in self.methods if "tree" in REGISTRY[m].axes and m != "speculative"]
+        if self.speculative.tree == ["auto"]:  # auto prices a drafter's forward: other tree methods would get no point
+            left_out = [m for m in self.methods if "tree" in REGISTRY[m].axes and not REGISTRY[m].tree_auto]
             if left_out:
-                raise ValueError(f"speculative.tree: auto is the draft model's tree (speculative), and {left_out[0]} "
+                takers = ", ".join(name for name, spec in REGISTRY.items() if spec.tree_auto)
+                raise ValueError(f"speculative.tree: auto is the tree of a drafter with a forward to price ({takers}), "
+                                 f"and {left_out[0]} "
                                  "takes static and dynamic trees only, so it would not run; add null or a static tree "
                                  "to the list, e.g. tree: [null, auto]")
 

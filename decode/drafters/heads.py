@@ -15,6 +15,7 @@ from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned
 from decode.kv import KVState, host_to_device, joined
 from decode.sampling import logits_to_probs, sample
 from decode.settings import Sampling
+from decode.tree_layout import depths_and_ranks
 
 
 class _HeadDrafter(Drafter):
@@ -208,13 +209,18 @@ class Eagle3Drafter(_HeadDrafter):
 class MedusaDrafter(_HeadDrafter):
     """Medusa heads: each row's drafts come from the target's last hidden state at its last accepted position (head k
     drafts the token k + 2 places after it, i.e. d_k after the last committed token). Stateless between rounds but
-    for that state [B, H]; at most as many drafts as heads."""
+    for that state [B, H]; at most as many drafts as heads.
+
+    A token tree (Cai et al. 2024's tree attention): the children of every node at depth d come from head d + 1,
+    whatever the node (the heads read the same state); greedy they are its top-k, sampled i.i.d. draws from its q. One
+    call of the heads per round serves every depth (decode/drafters/draft_tree.py asks for each depth's logits)."""
 
     state = None  # no cache
 
-    def __init__(self, head, target_vocab_size, sampling, generator=None):
+    def __init__(self, head, target_vocab_size, sampling, generator=None, tree=None):
         super().__init__(head, target_vocab_size, sampling, generator)
-        self.count = 0
+        self.count, self.tree = 0, tree
+        self.input_vocab_size = head.config.vocab_size  # the tokens it can rank (a tree's ranks)
 
     @property
     def forwards(self) -> int:
@@ -228,23 +234,44 @@ class MedusaDrafter(_HeadDrafter):
         features = self._features()[:, -1]  # the prompt's last position (left padded: always real)
         self.last = features if self.last is None else torch.cat([self.last, features])
 
+    def _heads(self, count: int) -> torch.Tensor:
+        """The first `count` heads' logits over the target's vocabulary [B, count, V_t]."""
+        self.count += count  # a head per draft depth: the probes' c times one
+        return pad_to_vocab(self.head(self.last, count).float(), self.target_vocab_size)
+
     def propose(self, last_tokens, max_tokens, row_limits=None):
         lengths = self._lengths(max_tokens, row_limits, self.last.shape[0], cap=self.head.num_heads)
         num_tokens = max(lengths, default=0)
-        if num_tokens == 0:
+        shape = self.tree.shape_for_round(num_tokens) if self.tree is not None and num_tokens else None
+        if num_tokens == 0 or (self.tree is not None and shape is None):
             return self._no_drafts(last_tokens)
-        logits = pad_to_vocab(self.head(self.last, num_tokens).float(), self.target_vocab_size)  # [B, G, V_t]
-        self.count += num_tokens  # a head per draft: the probes' c times one
+        if shape is not None:
+            depth = shape if isinstance(shape, int) else max(depths_and_ranks(shape)[0])
+            self.round_logits = self._heads(depth)
+            proposal, _ = self.tree.draft(self, self.round_logits[:, 0], lengths, shape)
+            self.last_proposal, self.last_layout = proposal.tokens, proposal.layout
+            return proposal
+        logits = self._heads(num_tokens)  # [B, G, V_t]
         chosen = [self._choose(logits[:, k]) for k in range(num_tokens)]
         self.last_proposal = torch.stack([token for token, _ in chosen], dim=1)
         probs = torch.stack([q for _, q in chosen], dim=1) if self.sampling.do_sample else None
         return Proposal(self.last_proposal, probs, host_to_device(lengths, last_tokens.device))
 
+    def tree_forward(self, ids: torch.Tensor, parents, new_round: bool) -> torch.Tensor:
+        """The logits of the children of tree nodes ids [B, F], all at one depth d (the tree asks depth by depth,
+        from 1): head d + 1's, the same for every node [B, F, V_t]."""
+        self.depth = 1 if new_round else self.depth + 1
+        return self.round_logits[:, self.depth, None].expand(-1, ids.shape[1], -1)
+
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
-        if path_host is not None:
-            raise ValueError("Medusa heads draft chains here, not token trees")
-        features = self._features()  # [B, G + 1, H]
-        self.last = features[torch.arange(features.shape[0], device=features.device), accepted_len]
+        features = self._features()  # [B, G + 1, H]: a chain's columns, or a tree's root and nodes (node i: i + 1)
+        if path_host is None:
+            self.last = features[torch.arange(features.shape[0], device=features.device), accepted_len]
+            return
+        if hasattr(self.tree, "observe"):
+            self.tree.observe(path_host, self.last_layout)
+        columns = host_to_device([path[-1] + 1 if path else 0 for path in path_host], features.device)
+        self.last = features[torch.arange(features.shape[0], device=features.device), columns]
 
     def select_rows(self, rows):
         kept = rows.tolist()
@@ -254,13 +281,9 @@ class MedusaDrafter(_HeadDrafter):
 
 def head_drafter(head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
                  tree=None):
-    """The drafter of a head (decode/heads.py) by its kind; an EAGLE-3 head drafts `tree` where given (None: a
-    chain), Medusa heads draft chains."""
-    if head.kind == "eagle3":
-        return Eagle3Drafter(head, target_vocab_size, sampling, generator, tree=tree)
-    if tree is not None:
-        raise ValueError("Medusa heads draft chains here; set speculative.tree: null for medusa")
-    return MedusaDrafter(head, target_vocab_size, sampling, generator)
+    """The drafter of a head (decode/heads.py) by its kind, drafting `tree` where given (None: a chain)."""
+    kind = Eagle3Drafter if head.kind == "eagle3" else MedusaDrafter
+    return kind(head, target_vocab_size, sampling, generator, tree=tree)
 
 
 def is_head(model) -> bool:

@@ -60,6 +60,8 @@ class MethodSpec:
     #   the run)
     engine_text: EngineText | None = None  # on another engine's reference method: what the report says of it
     memory: str = ""  # what it learns across requests and shares between them (the report's notes say it)
+    tree_auto: bool = False  # takes `tree: auto` (its drafter drafts a tree a depth per draft forward, priced by its
+    #   measured c: decode/drafters/draft_tree.py AutoTree)
     draft_sources: tuple[str, ...] = ()  # a drafter of several sources (hybrid): the sources it may draft from, each
     #   listed in the report's acceptance per source (a source never chosen: zero rows, not left out)
 

@@ -9,7 +9,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.generate import generate_speculative
     from decode.methods.speculative import tree_for
 
-    tree = tree_for(ctx, point, generation.sampling)  # None: a chain (medusa has no tree axis)
+    tree = tree_for(ctx, point, generation.sampling)  # None: a chain
     drafter = head_drafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator, tree)
     return generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                 ctx.clock, synthetic_acceptance=point.synthetic_acceptance, load=ctx.load)
@@ -18,4 +18,4 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 SPEC = MethodSpec("eagle3", "an EAGLE-3 head reads the target's hidden states at three layers and drafts up to gamma "
                   "tokens, a chain or a token tree (a draft of kind eagle3; our engine)",
                   axes=("draft", "gamma", "tree", "synthetic_acceptance"),
-                  run=run, has_rounds=True, draft_kinds=("eagle3",))
+                  run=run, has_rounds=True, draft_kinds=("eagle3",), tree_auto=True)

@@ -65,4 +65,5 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
 SPEC = MethodSpec("speculative", "a draft model proposes up to gamma tokens a round (its schedule decides how many), "
                   "the target verifies them in one forward (our engine)",
-                  axes=("draft", "gamma", "schedule", "tree", "synthetic_acceptance"), run=run, has_rounds=True)
+                  axes=("draft", "gamma", "schedule", "tree", "synthetic_acceptance"), run=run, has_rounds=True,
+                  tree_auto=True)

@@ -158,7 +158,7 @@ def test_heads_are_exact_in_static_batches_and_under_load(heads, kind):
         assert max(x["drafted"] for r in static for x in r.rounds) == 3
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa", "eagle3-tree"])
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "eagle3-tree", "medusa-tree"])
 def test_heads_sample_the_target_distribution(kind):
     target = tiny_model("llama", seed=1, vocab_size=V, layers=2, hidden=32, init_range=0.3)
     sampling, rows = Sampling(True, 1.0), 12_000
@@ -176,6 +176,12 @@ def test_heads_sample_the_target_distribution(kind):
 
         drafter = Eagle3Drafter(Eagle3Head(config, 32, V, (0, 1, 2)).eval(), V, sampling, generator,
                                 tree=StaticTree(static_parents([2, 1]), sampling))
+    elif kind == "medusa-tree":  # every depth-1 node's children drawn from head 2's q
+        from decode.drafters.draft_tree import StaticTree
+        from decode.tree_layout import static_parents
+
+        drafter = MedusaDrafter(MedusaHeads(32, V, 2, 1, 2).eval(), V, sampling, generator,
+                                tree=StaticTree(static_parents([2, 2]), sampling))
     else:
         drafter = MedusaDrafter(MedusaHeads(32, V, 2, 1, 2).eval(), V, sampling, generator)
     ids = PROMPT.expand(rows, -1).contiguous()
@@ -248,29 +254,41 @@ def test_head_folders_in_their_publishers_variants(tmp_path):
         load_head(specforge, "eagle3", target)
 
 
-@pytest.mark.parametrize("shape", ["static", "dynamic"])
-def test_eagle3_trees_are_exact_and_keep_drafts(heads, shape):
-    """An EAGLE-3 head drafting token trees (each node reads its parent's head state): greedy output is the target's,
-    in a static batch and under load, and the trees' paths are accepted as the chains' drafts are."""
-    from decode.drafters.draft_tree import DynamicTree, StaticTree
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("shape", ["static", "dynamic", "auto"])
+def test_head_trees_are_exact_and_keep_drafts(heads, kind, shape):
+    """Heads drafting token trees (an EAGLE-3 node reads its parent's head state; a Medusa node at depth d takes its
+    children from head d + 1): greedy output is the target's, in a static batch and under load, and the trees' paths
+    are accepted as the chains' drafts are. auto: its exploring warmup tree, then the trees its own rounds price
+    (a head's forward at c = 0.05 of a target step, a flat verification cost)."""
+    from decode.drafters.draft_tree import AutoMemory, AutoTree, DynamicTree, StaticTree
     from decode.tree_layout import static_parents
 
-    target, head, _, ids, mask = heads
+    target, eagle, medusa, ids, mask = heads
     generation = Generation(max_new_tokens=12)
+    kind, head = (Eagle3Drafter, eagle) if kind == "eagle3" else (MedusaDrafter, medusa)
+    memory = AutoMemory(AutoTree.RECENT)
 
-    def drafter():
-        tree = StaticTree(static_parents([2, 2, 1]), GREEDY) if shape == "static" else DynamicTree(8, 2, GREEDY)
-        return Eagle3Drafter(head, VOCAB, GREEDY, tree=tree)
+    def drafter(tree="tree", explore=False):
+        if tree == "tree":
+            tree = {"static": lambda: StaticTree(static_parents([2, 2, 1]), GREEDY),
+                    "dynamic": lambda: DynamicTree(8, 2, GREEDY),
+                    "auto": lambda: AutoTree(memory, 0.05, {n: 1.0 for n in (1, 2, 4, 8)}, GREEDY, explore)}[shape]()
+        return kind(head, VOCAB, GREEDY, tree=tree)
 
     with torch.inference_mode():
         alone = generate_baseline(target, ids, mask, generation)
+        warmup = generate_speculative(target, drafter(explore=True), ids, mask, generation, 3)
         static = generate_speculative(target, drafter(), ids, mask, generation, 3)
         served = generate_speculative(target, drafter(), ids, mask, generation, 3,
                                       load=Load([0.0, 0.0, 0.001, 0.003, 0.004, 0.006], 2))
+    assert [r.output_ids for r in warmup] == [r.output_ids for r in alone]
     assert [r.output_ids for r in static] == [r.output_ids for r in alone]
     assert [r.output_ids for r in served] == [r.output_ids for r in alone]
-    if shape == "dynamic":
+    if shape == "auto" and head is medusa:  # its warmup saw second ranks accepted: wider trees than a chain pay
+        assert max(x["drafted"] for r in static for x in r.rounds) > 3
+    if shape != "static":
         return
-    chain = generate_speculative(target, Eagle3Drafter(head, VOCAB, GREEDY), ids, mask, generation, 3)
+    chain = generate_speculative(target, drafter(None), ids, mask, generation, 3)
     # a static tree holds the chain's path (its first branch is the head's top-1 at every depth)
     assert sum(x["accepted"] for r in static for x in r.rounds) >= sum(x["accepted"] for r in chain for x in r.rounds)

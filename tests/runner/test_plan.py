@@ -77,7 +77,7 @@ def test_tree_points_follow_the_chains():
         "prompt_lookup gamma=3 tree=3-2-1 batch=1 greedy",
         "prompt_lookup gamma=2 tree=dynamic-24 batch=1 greedy",
         "prompt_lookup gamma=4 tree=dynamic-24 batch=1 greedy",
-        "prompt_lookup gamma=2 tree=2-2 batch=1 greedy",  # no auto: it prices a draft model's tree
+        "prompt_lookup gamma=2 tree=2-2 batch=1 greedy",  # no auto: it prices a drafter's forward
     ]
     points = points_of(config, Comparison(batch_size=1))
     assert all(p.schedule is None for p in points if p.tree is not None)

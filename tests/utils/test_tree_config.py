@@ -74,11 +74,11 @@ def test_tree_top_k_range(top_k):
 
 def test_a_tree_needs_a_method_that_takes_it_on_either_engine():
     assert trees("auto", methods=["baseline", "speculative"]) == ["auto"]
-    # auto is the draft model's tree: prompt lookup would run no point, so it is refused, not dropped
+    # auto prices a drafter's forward: prompt lookup would run no point, so it is refused, not dropped
     with pytest.raises(ConfigError, match="prompt_lookup takes static and dynamic trees only"):
         trees("auto", methods=["baseline", "prompt_lookup"])
     assert trees([None, "auto"], methods=["baseline", "prompt_lookup"]) == [None, "auto"]
-    with pytest.raises(ConfigError, match="applies to speculative or prompt_lookup or suffix or eagle3 only"):
+    with pytest.raises(ConfigError, match="applies to speculative or prompt_lookup or suffix or eagle3 or medusa only"):
         trees("auto", methods=["baseline", "hf_assisted"])
     assert trees([None, [2, 2]], engine={"compile": True}) == [None, "2-2"]
     # a list of chains only names no tree
@@ -95,7 +95,7 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("speculative, extra, fragment", [
     ({"tree": [None, [2, 2], "2-2"]}, {}, "speculative.tree"),
-    ({"tree": {"dynamic": 8}}, {"methods": ["baseline"]}, "applies to speculative or prompt_lookup or suffix or eagle3 only"),
+    ({"tree": {"dynamic": 8}}, {"methods": ["baseline"]}, "applies to speculative or prompt_lookup or suffix or eagle3 or medusa only"),
 ])
 def test_launch_refuses_with_one_line(tiny, tmp_path, speculative, extra, fragment):
     config = {**tiny, **extra, "speculative": {**tiny["speculative"], **speculative}}
