@@ -14,24 +14,32 @@ def compile_widths(points, tree_top_k: int, auto_nodes) -> dict:
     the committed tokens (for L_max)}:
 
     - the target: 1 (the baseline, a round in which no row drafts, the probes) and gamma + 1 (a chain's
-      verification: a shorter draft runs padded to it); a tree's verification n + 1, through the tree step (n: a
-      static tree's nodes, a dynamic tree's budget, each of auto's node counts and its warmup's exploring tree);
-    - a draft (and early exit's view, CompiledModel.view_widths): 1 (a draft step) and 2 (its catch-up after a round
+      verification, whatever drafts it: a shorter draft runs padded to it); a tree's verification n + 1, through the
+      tree step (n: a static tree's nodes, a dynamic tree's budget, each of auto's node counts and its warmup's
+      exploring tree; hybrid's merged tree of two sources' chains, 2 gamma, where smaller ones run padded);
+    - a draft model (and early exit's view, CompiledModel.view_widths): 1 (a draft step) and 2 (its catch-up after a round
       that accepted every draft: the last draft and the new token; a longer catch-up runs in steps of 2); a static
       tree's draft forwards feed the nodes of a depth that have children (k1, k1 k2, ...), a dynamic tree's the
-      top_k frontier, auto's any count up to its largest tree, padded to a power of 2.
+      top_k frontier, auto's any count up to its largest tree, padded to a power of 2. A head (eagle3, medusa) runs
+      eager beside the compiled target: it has no widths.
     """
     from decode.drafters.draft_tree import AutoTree, trim_depth
+    from decode.methods import REGISTRY
     from decode.tree_layout import AUTO, branching_or_budget, static_parents, tree_nodes
 
     target_chain, target_tree, drafts, rounds = {1}, set(), {}, [1]
     for point in points:
-        if point.method not in ("speculative", "prompt_lookup", "early_exit"):
+        spec = REGISTRY[point.method]
+        if spec.engine != "ours" or spec.peer or not spec.has_rounds:
             continue
         label = getattr(point, "tree", None)
-        draft = drafts.setdefault(point.draft, (set(), set())) if point.method == "speculative" else None
+        compiled_draft = spec.needs_draft and "model" in spec.draft_kinds  # a draft model (a head stays eager)
+        draft = drafts.setdefault(point.draft, (set(), set())) if compiled_draft else None
         if draft is not None:
             draft[0].update((1, 2))
+        if spec.draft_sources:  # hybrid: a free source's chain beside the draft's, merged into one tree
+            target_tree.add(2 * point.gamma + 1)
+            rounds.append(2 * point.gamma + 1)
         if label is None:
             target_chain.add(point.gamma + 1)
             rounds.append(point.gamma + 1)

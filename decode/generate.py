@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal
-from decode.hidden import HiddenTap
+from decode.hidden import CompiledTap, HiddenTap
 from decode.kv import COMPILED_JOIN, KVState, host_to_device, joined
 from decode.serving import Load, Queue
 from decode.static_kv import compiled_of, new_state
@@ -184,7 +184,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
 
 def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, active: list[int],
                        records: list[RowRecord], generation: Generation, gamma: int, generator, clock: Clock,
-                       start: float, synthetic_acceptance: float | None, tap: HiddenTap | None = None
+                       start: float, synthetic_acceptance: float | None, tap: HiddenTap | CompiledTap | None = None
                        ) -> tuple[torch.Tensor, list[int], list]:
     """One round over the running rows (token [B]: each row's last committed token; active: their records): propose,
     verify, accept, the round's host read, roll back, the drafter's commit, and each row's tokens into its record
@@ -465,10 +465,9 @@ class _Loop:
         self.gaps = []  # greedy baseline: (rows, their top2_gap) per forward
         self.tap = None  # a drafter that reads the target's hidden states: the hooks that keep them (decode/hidden.py)
         if drafter is not None and drafter.target_layers:
-            if compiled_of(target) is not None:
-                raise ValueError("a draft head reads the target's hidden states, which the compiled mode's graphs do "
-                                 "not hand out; set engine.compile: false")
-            self.tap = HiddenTap(target, drafter.target_layers, prompt_ids.device)
+            compiled = compiled_of(target)  # a compiled target returns them from its graphs
+            self.tap = (CompiledTap(compiled, drafter.target_layers, prompt_ids.device) if compiled is not None
+                        else HiddenTap(target, drafter.target_layers, prompt_ids.device))
 
     def run(self) -> list[RowRecord]:
         try:

@@ -4,7 +4,8 @@ A drafter declares `target_layers`: indices in transformers' hidden_states numbe
 layers, i < L the input of decoder layer i (0: the embeddings; what EAGLE-3's implementations call aux hidden state i), L the
 final norm's output (what the LM head reads). While the engine's loop runs, forward hooks copy those tensors out of
 every target forward; `pop` hands over the last forward's, concatenated in the order declared: [B, S, len x H].
-No second forward and no change to the model: the hooks are removed when the loop ends.
+No second forward and no change to the model: the hooks are removed when the loop ends. A compiled target
+(engine.compile) returns them from its step's graph instead (CompiledTap, the same `pop`).
 """
 from __future__ import annotations
 
@@ -73,3 +74,29 @@ class HiddenTap:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class CompiledTap:
+    """HiddenTap's `pop` for a compiled target (decode/static_kv.py CompiledModel): its steps return the states at
+    its `hidden_layers` beside the logits; this hands over the drafter's layers of the last step's."""
+
+    def __init__(self, compiled, layers: tuple[int, ...], device: torch.device | None = None):
+        missing = [index for index in layers if index not in compiled.hidden_layers]
+        if missing:
+            raise ValueError(f"the compiled target returns hidden states {list(compiled.hidden_layers)}, not "
+                             f"{missing}: compile it with hidden_layers covering the head's layers")
+        self.compiled, self.device = compiled, device
+        self.width = compiled.hidden_size
+        self.order = [compiled.hidden_layers.index(index) for index in layers]
+        compiled.hidden_out = None
+
+    def pop(self) -> torch.Tensor:
+        hidden, self.compiled.hidden_out = self.compiled.hidden_out, None
+        if hidden is None:
+            raise RuntimeError("the compiled target ran no step since the last pop")
+        if self.order != list(range(len(self.compiled.hidden_layers))):
+            hidden = torch.cat([hidden[..., k * self.width:(k + 1) * self.width] for k in self.order], dim=-1)
+        return to_device(hidden, self.device) if self.device is not None else hidden
+
+    def close(self) -> None:
+        self.compiled.hidden_out = None

@@ -26,6 +26,11 @@ warmup and none after: `CompiledModel.compiles` counts graphs and `recordings` C
 reported after the warmup.
 
 The prefill runs eagerly (its length varies per batch) into the same static buffers.
+
+A target whose hidden states a draft head reads (`hidden_layers`, decode/hidden.py numbering) returns them from the
+same graph, beside the logits (transformers' output_hidden_states; its capturing hooks are installed by the eager
+prefill, before anything is traced); `hidden_out` holds the last step's, of the live rows, until the engine takes
+them (decode/hidden.py CompiledTap).
 """
 from __future__ import annotations
 
@@ -158,8 +163,11 @@ class CompiledModel:
 
     def __init__(self, model, step_widths: tuple[int, ...], max_length: int, batch_sizes: tuple[int, ...],
                  mode: str | None = None, backend="inductor", tree_widths: tuple[int, ...] = (),
-                 view_widths: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 2), ())):
+                 view_widths: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 2), ()),
+                 hidden_layers: tuple[int, ...] = ()):
         self.model = model
+        self.hidden_layers = tuple(hidden_layers)  # the hidden states each step returns (a head's), concatenated
+        self.hidden_out: torch.Tensor | None = None  # the last step's [B, S, len x H] (live rows), until taken
         self.step_widths = tuple(sorted(set(step_widths)))
         self.tree_widths = tuple(sorted(set(tree_widths)))
         self.view_widths = view_widths
@@ -167,7 +175,7 @@ class CompiledModel:
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         self.device = next(model.parameters()).device
         config = _text_config(model.config)
-        self.num_layers = config.num_hidden_layers
+        self.num_layers, self.hidden_size = config.num_hidden_layers, config.hidden_size
         self.window = sliding_window_of(model.config)
         layer_types = getattr(config, "layer_types", None)
         self.mask_keys = sorted(set(layer_types)) if layer_types else None  # a model that takes a dict of masks
@@ -294,9 +302,12 @@ class CompiledModel:
 
     def _forward(self, buffers: _Buffers, input_ids, query_positions, query_columns, ancestors=None):
         mask = self.masks(buffers, query_positions, query_columns, ancestors)
+        extra = {"output_hidden_states": True} if self.hidden_layers else {}
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=query_positions,
-                         past_key_values=buffers.cache, use_cache=True)
-        return out.logits.float()
+                         past_key_values=buffers.cache, use_cache=True, **extra)
+        if not self.hidden_layers:
+            return out.logits.float(), None
+        return out.logits.float(), torch.cat([out.hidden_states[i] for i in self.hidden_layers], dim=-1)
 
     @contextlib.contextmanager
     def _attention(self):
@@ -312,17 +323,18 @@ class CompiledModel:
 
     def run(self, buffers: _Buffers, input_ids, query_positions, query_columns, compiled: bool = True,
             ancestors: torch.Tensor | None = None):
-        """One step over [B_cap, S] (S one of step_widths, or tree_widths with ancestors, when compiled) -> fp32
-        logits [B_cap, S, V]."""
+        """One step over [B_cap, S] (S one of step_widths, or tree_widths with ancestors, when compiled) -> (fp32
+        logits [B_cap, S, V], the hidden_layers' states [B_cap, S, len x H] or None). Both are the graph's outputs
+        (with CUDA graphs, overwritten by its next replay): index them before the next step."""
         from torch._dynamo.utils import counters
 
         with self._attention():
             if not compiled:
                 return self._forward(buffers, input_ids, query_positions, query_columns, ancestors)
             before, events = counters["stats"]["unique_graphs"], cudagraph_events()
-            logits = self._step(buffers, input_ids, query_positions, query_columns, ancestors)
+            out = self._step(buffers, input_ids, query_positions, query_columns, ancestors)
             self.count_events(counters["stats"]["unique_graphs"] - before, events, cudagraph_events())
-        return logits
+        return out
 
     def count_events(self, graphs: int, before: tuple, after: tuple) -> None:
         """Add one call's new dynamo graphs and its CUDA graph events (cudagraph_events before and after it)."""
@@ -403,13 +415,15 @@ class StaticKVState:
         if first or input_ids.shape[1] > widest:
             # the prefill, or a catch-up wider than any compiled step: eager when first, else in compiled chunks
             if first:
-                logits = self._step(input_ids, input_mask, compiled=False)
+                logits, hidden = self._step(input_ids, input_mask, compiled=False)
             else:
                 chunks = [self._step(input_ids[:, i:i + widest], input_mask[:, i:i + widest])
                           for i in range(0, input_ids.shape[1], widest)]
-                logits = torch.cat(chunks, dim=1)
+                logits = torch.cat([chunk for chunk, _ in chunks], dim=1)
+                hidden = torch.cat([h for _, h in chunks], dim=1) if chunks[0][1] is not None else None
         else:
-            logits = self._step(input_ids, input_mask)
+            logits, hidden = self._step(input_ids, input_mask)
+        self.compiled.hidden_out = hidden
         self.forwards += 1
         return logits[:, -1:] if last_only else logits
 
@@ -436,11 +450,11 @@ class StaticKVState:
         buffers.valid[:, self.length: self.length + width] = mask.bool()
         buffers.positions[:, self.length: self.length + width] = positions
         buffers.start.fill_(self.length)
-        logits = self.compiled.run(buffers, ids, positions, columns, compiled=compiled)
+        logits, hidden = self.compiled.run(buffers, ids, positions, columns, compiled=compiled)
         # the step's padding (columns past num_tokens) was only ever seen by itself: free it
         self.count += mask.sum(dim=1)
         self.length += num_tokens
-        return logits[self.rows, :num_tokens]
+        return logits[self.rows, :num_tokens], (hidden[self.rows, :num_tokens] if hidden is not None else None)
 
     # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
     def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
@@ -491,7 +505,8 @@ class StaticKVState:
         buffers.positions[:, self.length: self.length + width] = positions
         buffers.start.fill_(self.length)
         buffers.region.fill_(start)
-        logits = self.compiled.run(buffers, ids, positions, columns, ancestors=in_region)
+        logits, hidden = self.compiled.run(buffers, ids, positions, columns, ancestors=in_region)
+        self.compiled.hidden_out = hidden[self.rows, :num_nodes] if hidden is not None else None
         self.length += num_nodes
         self.forwards += 1
         return logits[self.rows, :num_nodes]

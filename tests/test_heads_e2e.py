@@ -1,6 +1,6 @@
 """Heads through launch.py: an EAGLE-3 head and Medusa heads, saved as folders for a tiny target, run beside the
-baseline in one report (exact, their c measured by the probes); a head folder of the wrong kind and heads with
-engine.compile are refused in one line."""
+baseline in one report (exact, their c measured by the probes), eager and with engine.compile; a head folder of the
+wrong kind is refused in one line."""
 import json
 
 import pytest
@@ -51,12 +51,18 @@ def test_heads_run_beside_the_baseline(head_config):
     assert any("eagle3" in note for note in summary["notes"])
 
 
-def test_a_head_of_the_wrong_kind_and_compiled_heads_are_refused(head_config):
+def test_a_head_of_the_wrong_kind_is_refused_and_compiled_heads_run(head_config):
     root, config = head_config
     wrong = {**config, "draft": [{"model": str(root / "medusa"), "kind": "eagle3"}], "methods": ["baseline", "eagle3"]}
     assert_one_clean_line(_run(root, wrong, "wrong"), "describes a medusa head")
-    compiled = {**config, "engine": {"compile": True}}
-    assert_one_clean_line(_run(root, compiled, "compiled"), "reads the target's hidden states")
+    compiled = {**config, "engine": {"compile": True, "compile_backend": "eager"},
+                "speculative": {"gamma": [3], "tree": [None, [2, 1]]}}
+    result = _run(root, compiled, "compiled")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((root / "compiled" / "summary.json").read_text())
+    runs = [r for r in summary["runs"] if r["group"] is None and r["method"] in ("eagle3", "medusa")]
+    assert len(runs) == 4 and all(r["metrics"]["exact_match"] == 1.0 for r in runs)  # chains and 2-1 trees
+    assert any("engine.compile" in note for note in summary["notes"])
 
 
 def test_the_training_script_saves_a_head_that_loads(head_config, monkeypatch):

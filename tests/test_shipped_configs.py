@@ -102,9 +102,7 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True
     for role, folder in (("target", target), ("draft", draft)):
         overrides[role] = {"model": str(folder), "dtype": "float32"}
     ours_heads = [m for m in config.methods if m in ("eagle3", "medusa")]  # no trained head here: a random one
-    if ours_heads and extra.get("engine.compile"):  # heads run eager (refused with engine.compile)
-        overrides["methods"] = [m for m in overrides.get("methods", config.methods) if m not in ours_heads]
-    elif ours_heads:
+    if ours_heads:
         overrides["draft"] = [overrides["draft"]] + [
             {"model": str(random_head(target, kind, tmp_path_factory.getbasetemp() / "shipped")), "kind": kind,
              "label": next(d.name for d in config.draft if d.kind == kind)} for kind in ours_heads]

@@ -523,10 +523,6 @@ class Config(Strict):
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""
-        heads = [m for m in self.methods if {"eagle3", "medusa"} & set(_METHODS[m].draft_kinds) and _METHODS[m].engine == "ours"]
-        if heads:
-            raise ValueError(f"engine.compile: {heads[0]} reads the target's hidden states, which the compiled step does "
-                             f"not hand out (heads run eager); set engine.compile: false, or drop {heads[0]}")
         longest = self.speculative.hybrid_max_draft
         if "hybrid" in self.methods and longest and longest > min(self.speculative.gamma):
             raise ValueError(f"speculative.hybrid_max_draft: {longest} drafts past gamma, and engine.compile sizes its "

@@ -21,18 +21,20 @@ from test_sliding_window import tiny_windowed
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
 
-def compiled_copy(model, widths, max_length, batch_sizes, backend="eager", tree_widths=()):
+def compiled_copy(model, widths, max_length, batch_sizes, backend="eager", tree_widths=(), hidden_layers=()):
     """The same weights, with a compiled step attached (the eager original stays eager)."""
     import copy
 
     twin = copy.copy(model)  # shares every module and weight; its own attributes
     twin.__dict__.pop("_speculate_compiled", None)
-    attach(twin, CompiledModel(twin, widths, max_length, batch_sizes, backend=backend, tree_widths=tree_widths))
+    attach(twin, CompiledModel(twin, widths, max_length, batch_sizes, backend=backend, tree_widths=tree_widths,
+                               hidden_layers=hidden_layers))
     return twin
 
 
-def point(method, gamma=None, tree=None):
-    return SimpleNamespace(method=method, draft="d" if method == "speculative" else None, gamma=gamma, tree=tree)
+def point(method, gamma=None, tree=None, draft=None):
+    return SimpleNamespace(method=method, draft=draft or ("d" if method == "speculative" else None), gamma=gamma,
+                           tree=tree)
 
 
 def run(target, draft, ids, mask, gamma, max_new_tokens=24, sampling=Sampling(), seed=0):
@@ -215,6 +217,12 @@ def test_compile_widths_per_model_by_hand():
     auto = compile_widths([point("speculative", 3, "auto")], tree_top_k=4, auto_nodes=(1, 2, 3, 4, 6))
     assert auto["target"] == ((1,), (2, 3, 4, 5, 7, 29))
     assert auto["drafts"]["d"] == ((1, 2), (1, 2, 4, 8, 16, 32))
+    # every method of rounds verifies at gamma + 1 (suffix's chain too); hybrid's draft model steps 1 and 2, and its
+    # merged tree of a free chain and the draft's (3 + 3 nodes) verifies at 7, as does medusa's 2-2 tree (6 nodes);
+    # a head has no compiled widths
+    others = compile_widths([point("suffix", 2), point("hybrid", 3, draft="h"), point("eagle3", 4, draft="e3"),
+                             point("medusa", 2, "2-2", draft="m")], tree_top_k=4, auto_nodes=())
+    assert others["target"] == ((1, 3, 4, 5), (7,)) and others["drafts"] == {"h": ((1, 2), ())}
 
 
 TREES = {"static": lambda: StaticTree(static_parents([2, 2, 1]), Sampling()),

@@ -292,3 +292,36 @@ def test_head_trees_are_exact_and_keep_drafts(heads, kind, shape):
     chain = generate_speculative(target, drafter(None), ids, mask, generation, 3)
     # a static tree holds the chain's path (its first branch is the head's top-1 at every depth)
     assert sum(x["accepted"] for r in static for x in r.rounds) >= sum(x["accepted"] for r in chain for x in r.rounds)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa-tree"])
+def test_heads_read_a_compiled_target(heads, kind):
+    """engine.compile: the target's graphs return the heads' hidden states beside the logits (the union of both
+    heads' layers, each drafter taking its own, in its order); the rounds are the eager engine's and the output the
+    target's, and a layer the graphs do not return is refused."""
+    from decode.drafters.draft_tree import StaticTree
+    from decode.hidden import CompiledTap
+    from decode.static_kv import compiled_of
+    from decode.tree_layout import static_parents
+    from test_compiled_engine import compiled_copy
+
+    torch._dynamo.reset()
+    target, eagle, medusa, ids, mask = heads
+    generation = Generation(max_new_tokens=12)
+
+    def drafter():
+        if kind == "eagle3":
+            return Eagle3Drafter(eagle, VOCAB, GREEDY)
+        return MedusaDrafter(medusa, VOCAB, GREEDY, tree=StaticTree(static_parents([2, 2, 1]), GREEDY))
+
+    layers = tuple(sorted({*eagle.target_layers, *medusa.target_layers}))  # (0, 2, 3, 4): eagle3 reads 0, 2, 3
+    compiled = compiled_copy(target, (1, 4), 64, (6,), tree_widths=(11,), hidden_layers=layers)
+    with torch.inference_mode():
+        alone = generate_baseline(target, ids, mask, generation)
+        eager = generate_speculative(target, drafter(), ids, mask, generation, 3)
+        fast = generate_speculative(compiled, drafter(), ids, mask, generation, 3)
+    assert [r.output_ids for r in fast] == [r.output_ids for r in alone]
+    assert [r.rounds for r in fast] == [r.rounds for r in eager]
+    assert compiled_of(compiled).compiles >= 1
+    with pytest.raises(ValueError, match="not \\[1\\]"):
+        CompiledTap(compiled_of(compiled), (1, 2))
