@@ -336,7 +336,10 @@ def _load(module: nn.Module, state: dict, folder: Path) -> None:
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators", verifier: str = "") -> Path:
-    """Write an EAGLE-3 head as a folder in one of the layouts load_head reads: speculators, eagle or specforge."""
+    """Write an EAGLE-3 head as a folder in one of the layouts load_head reads: speculators, eagle or specforge, as
+    vLLM reads them too: the layer config states its one layer (vLLM takes the config as written: without it a
+    speculators folder fails and an EAGLE folder builds LlamaConfig's 32 layers), and a head whose draft vocabulary is
+    the target's has no d2t / t2d (vLLM then has no parameter for them)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -345,6 +348,7 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators
         "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
         "max_position_embeddings", "vocab_size", "rope_theta", "rope_parameters", "hidden_act", "attention_bias",
         "mlp_bias")}
+    layer["num_hidden_layers"] = 1
     extra = {"draft_vocab_size": head.lm_head.out_features, "target_hidden_size": head.fc.in_features // len(head.target_layers),
              "eagle_aux_hidden_state_layer_ids": list(head.target_layers),
              "norm_before_residual": head.midlayer.norm_before_residual}
@@ -365,7 +369,10 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators
         state.pop("embed_tokens.weight")  # shared with the target
     else:
         raise ValueError(f"unknown layout {layout!r}")
-    state["t2d"] = t2d
+    if head.lm_head.out_features == head.embed_tokens.num_embeddings and not head.d2t.any():
+        state.pop("d2t")  # the whole vocabulary in the target's order: no maps
+    else:
+        state["t2d"] = t2d
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     save_file({k: v.cpu() for k, v in state.items()}, str(folder / "model.safetensors"))
     return folder

@@ -337,6 +337,18 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
         raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}"
                         + also)
     available = len(rows)
+    if cfg.per_group is not None:
+        if cfg.group_by is None or cfg.group_by not in fields:
+            raise DataError(f"dataset.per_group takes the first N rows of each dataset.group_by value, and group_by is "
+                            f"{'not set' if cfg.group_by is None else repr(cfg.group_by) + ', not a field'}: set "
+                            f"group_by to a field of {cfg.path} ({', '.join(fields)}), or drop per_group")
+        taken, keep = defaultdict(int), []
+        for index, value in enumerate(row[cfg.group_by] for row in rows):
+            taken[value] += 1
+            if taken[value] <= cfg.per_group:
+                keep.append(index)
+        rows = rows.select(keep)
+        available = len(rows)
     if cfg.num_samples is not None:
         rows = rows.select(range(min(cfg.num_samples, available)))
     result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed)

@@ -206,6 +206,22 @@ def test_eagle3_folders_load_as_the_same_head(tmp_path, layout):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     config = json.loads((folder / "config.json").read_text())
     assert ("speculators_model_type" in config) == (layout == "speculators")
+    # as vLLM reads a folder: its one layer stated (vLLM takes the layer config as written)
+    assert config.get("transformer_layer_config", config)["num_hidden_layers"] == 1
+
+
+def test_a_head_over_the_whole_vocabulary_writes_no_maps(tmp_path):
+    """A head whose draft vocabulary is the target's, in the target's order, has no d2t / t2d in its folder (vLLM has no
+    parameter for them) and loads as the same head."""
+    from safetensors.torch import load_file
+
+    target = tiny_model("llama", seed=1, layers=4)
+    head = eagle3_head(target, seed=4)
+    folder = save_eagle3(head, tmp_path / "full")
+    assert not {"d2t", "t2d"} & set(load_file(str(folder / "model.safetensors")))
+    loaded = load_head(folder, "eagle3", target)
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
 def test_medusa_folder_loads_and_bad_folders_are_named(tmp_path):

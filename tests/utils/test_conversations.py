@@ -7,7 +7,7 @@ import yaml
 
 from helpers import base_config, run_launch, save_tiny_pair, word_tokenizer
 from utils.config import DatasetConfig
-from utils.data import expand_conversations, load_prompts, turns_of
+from utils.data import DataError, expand_conversations, load_prompts, turns_of
 from utils.io import read_jsonl
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
@@ -75,6 +75,16 @@ def test_turns_1_is_the_first_turn_as_before(tmp_path):
     prompts = load_prompts(cfg, tokenizer(False))
     assert [p.text for p in prompts.prompts] == ["w3 w4", "w8 w9 w10", "w11"]
     assert not prompts.conversations and all(p.turn is None for p in prompts.prompts)
+
+
+def test_per_group_takes_the_first_rows_of_each_group(tmp_path):
+    rows = ROWS + [{"turns": ["w13"], "category": "b"}, {"turns": ["w14"], "category": "c"}]
+    path = str(write_rows(tmp_path / "c.jsonl", rows))
+    cfg = DatasetConfig(path=path, prompt_field="turns", chat_template=False, group_by="category", per_group=1)
+    prompts = load_prompts(cfg, tokenizer(False))
+    assert [(p.text, p.group) for p in prompts.prompts] == [("w3 w4", "a"), ("w8 w9 w10", "b"), ("w14", "c")]
+    with pytest.raises(DataError, match="per_group takes the first N rows of each dataset.group_by value"):
+        load_prompts(DatasetConfig(path=path, prompt_field="turns", per_group=1), tokenizer(False))
 
 
 def test_bad_turns_is_one_line(tmp_path):

@@ -167,7 +167,10 @@ class Worker:
             if not os.path.isfile(path):
                 continue  # a hub id: vLLM reads it when the engine starts
             with open(path) as handle:
-                archs = json.load(handle).get("architectures") or []
+                config = json.load(handle)
+            archs = config.get("architectures") or []
+            if config.get("speculators_model_type"):  # a speculators folder: vLLM converts its config before the registry
+                continue
             if archs and not set(archs) & supported:
                 unsupported[role] = f"{', '.join(archs)} (not in vLLM {vllm.__version__}'s model registry)"
         missing = [name for name in job.get("packages") or [] if importlib.util.find_spec(name) is None]
