@@ -337,9 +337,9 @@ def _load(module: nn.Module, state: dict, folder: Path) -> None:
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators", verifier: str = "") -> Path:
     """Write an EAGLE-3 head as a folder in one of the layouts load_head reads: speculators, eagle or specforge, as
-    vLLM reads them too: the layer config states its one layer (vLLM takes the config as written: without it a
-    speculators folder fails and an EAGLE folder builds LlamaConfig's 32 layers), and a head whose draft vocabulary is
-    the target's has no d2t / t2d (vLLM then has no parameter for them)."""
+    the reference server reads them too: the layer config states its one layer (that server takes the config as
+    written: without it a speculators folder fails and an EAGLE folder builds LlamaConfig's 32 layers), and a head
+    whose draft vocabulary is the target's has no d2t / t2d (it then has no parameter for them)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)

@@ -77,26 +77,27 @@ class HiddenTap:
 
 
 class CompiledTap:
-    """HiddenTap's `pop` for a compiled target (decode/static_kv.py CompiledModel): its steps return the states at
-    its `hidden_layers` beside the logits; this hands over the drafter's layers of the last step's."""
+    """HiddenTap's `pop` for a compiled target (decode/static_kv.py CompiledModel): while it is open the target's steps
+    return the states at its `head_layers` beside the logits; this hands over the drafter's layers of the last step's.
+    Closed, the steps return the logits alone."""
 
     def __init__(self, compiled, layers: tuple[int, ...], device: torch.device | None = None):
-        missing = [index for index in layers if index not in compiled.hidden_layers]
+        missing = [index for index in layers if index not in compiled.head_layers]
         if missing:
-            raise ValueError(f"the compiled target returns hidden states {list(compiled.hidden_layers)}, not "
-                             f"{missing}: compile it with hidden_layers covering the head's layers")
+            raise ValueError(f"the compiled target returns hidden states {list(compiled.head_layers)}, not "
+                             f"{missing}: compile it with head_layers covering the head's layers")
         self.compiled, self.device = compiled, device
         self.width = compiled.hidden_size
-        self.order = [compiled.hidden_layers.index(index) for index in layers]
-        compiled.hidden_out = None
+        self.order = [compiled.head_layers.index(index) for index in layers]
+        compiled.hidden_layers, compiled.hidden_out = compiled.head_layers, None
 
     def pop(self) -> torch.Tensor:
         hidden, self.compiled.hidden_out = self.compiled.hidden_out, None
         if hidden is None:
             raise RuntimeError("the compiled target ran no step since the last pop")
-        if self.order != list(range(len(self.compiled.hidden_layers))):
+        if self.order != list(range(len(self.compiled.head_layers))):
             hidden = torch.cat([hidden[..., k * self.width:(k + 1) * self.width] for k in self.order], dim=-1)
         return to_device(hidden, self.device) if self.device is not None else hidden
 
     def close(self) -> None:
-        self.compiled.hidden_out = None
+        self.compiled.hidden_layers, self.compiled.hidden_out = (), None

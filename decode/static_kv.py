@@ -27,14 +27,16 @@ reported after the warmup.
 
 The prefill runs eagerly (its length varies per batch) into the same static buffers.
 
-A target whose hidden states a draft head reads (`hidden_layers`, decode/hidden.py numbering) returns them from the
-same graph, beside the logits (transformers' output_hidden_states; its capturing hooks are installed by the eager
-prefill, before anything is traced); `hidden_out` holds the last step's, of the live rows, until the engine takes
-them (decode/hidden.py CompiledTap).
+A target whose hidden states a draft head reads (`head_layers`, decode/hidden.py numbering) returns them from the
+same graph, beside the logits, while a head's loop runs (decode/hidden.py CompiledTap sets `hidden_layers`; a graph
+each, compiled in the warmup as the others): transformers' output_hidden_states, whose capturing hooks are installed
+when the model is compiled, before anything is traced. The other methods' steps return the logits alone, as without
+heads. `hidden_out` holds the last step's, of the live rows, until the engine takes them.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from dataclasses import dataclass, field
 
@@ -164,10 +166,15 @@ class CompiledModel:
     def __init__(self, model, step_widths: tuple[int, ...], max_length: int, batch_sizes: tuple[int, ...],
                  mode: str | None = None, backend="inductor", tree_widths: tuple[int, ...] = (),
                  view_widths: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 2), ()),
-                 hidden_layers: tuple[int, ...] = ()):
+                 head_layers: tuple[int, ...] = ()):
         self.model = model
-        self.hidden_layers = tuple(hidden_layers)  # the hidden states each step returns (a head's), concatenated
+        self.head_layers = tuple(head_layers)  # the hidden states the run's heads read (their union)
+        self.hidden_layers: tuple[int, ...] = ()  # those the steps return now: head_layers while a head's loop runs
         self.hidden_out: torch.Tensor | None = None  # the last step's [B, S, len x H] (live rows), until taken
+        if self.head_layers:  # transformers installs its capturing hooks at the first such call: before any trace
+            with torch.inference_mode():
+                model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device),
+                      output_hidden_states=True, use_cache=False)
         self.step_widths = tuple(sorted(set(step_widths)))
         self.tree_widths = tuple(sorted(set(tree_widths)))
         self.view_widths = view_widths
@@ -225,20 +232,28 @@ class CompiledModel:
         """Compile every width at every batch capacity up to this batch's [B, P], on a throwaway state: a graph the
         warmup's own rounds happened not to need (a catch-up after a full accept, a short last batch) compiles
         here, not inside a timed batch. With CUDA graphs every shape runs three times: cudagraph trees record a
-        graph at its second call, so the capture happens here too, and the third replays it."""
-        for _ in range(3 if self.cudagraphs else 1):
-            for capacity in [b for b in self.batch_sizes if b <= ids.shape[0]]:
-                state = StaticKVState(self)
-                state.forward(self.model, ids[:capacity], mask[:capacity], last_only=True)
-                rows = torch.zeros(capacity, dtype=torch.long, device=ids.device)
-                for width in self.step_widths:
-                    state.forward(self.model, ids[:capacity, -1:].expand(-1, width).contiguous())
-                    state.keep_prefix_of_last(width, rows, 0)
-                for width in self.tree_widths:  # a chain-shaped tree: any tree of the width runs this graph
-                    parents = np.tile(np.arange(-1, width - 1), (capacity, 1))
-                    state.forward_tree(self.model, ids[:capacity, -1:].expand(-1, width).contiguous(), parents,
-                                       np.ones((capacity, width), dtype=bool), new_round=True)
-                    state.keep_region(np.zeros((capacity, width), dtype=bool))
+        graph at its second call, so the capture happens here too, and the third replays it. A target that heads read
+        compiles each shape twice: returning the logits alone, and their hidden states too."""
+        variants = [()] + ([self.head_layers] if self.head_layers else [])
+        try:
+            for _, self.hidden_layers in itertools.product(range(3 if self.cudagraphs else 1), variants):
+                self._precompile(ids, mask)
+        finally:
+            self.hidden_layers = ()
+
+    def _precompile(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        for capacity in [b for b in self.batch_sizes if b <= ids.shape[0]]:
+            state = StaticKVState(self)
+            state.forward(self.model, ids[:capacity], mask[:capacity], last_only=True)
+            rows = torch.zeros(capacity, dtype=torch.long, device=ids.device)
+            for width in self.step_widths:
+                state.forward(self.model, ids[:capacity, -1:].expand(-1, width).contiguous())
+                state.keep_prefix_of_last(width, rows, 0)
+            for width in self.tree_widths:  # a chain-shaped tree: any tree of the width runs this graph
+                parents = np.tile(np.arange(-1, width - 1), (capacity, 1))
+                state.forward_tree(self.model, ids[:capacity, -1:].expand(-1, width).contiguous(), parents,
+                                   np.ones((capacity, width), dtype=bool), new_round=True)
+                state.keep_region(np.zeros((capacity, width), dtype=bool))
 
     # -- shapes -----------------------------------------------------------------------------------------
     def capacity(self, batch: int) -> int:

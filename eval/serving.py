@@ -79,7 +79,8 @@ SERVING_LEGEND = {
                     "from the slot); where requests queue in the engine, L differs between methods and output_tok_s_ratio (method / baseline "
                     "output_tok_s, a reading without interval) is the system's ratio",
     "speedup_tpot": "mean TPOT of the baseline / the method's, over the requests both served with N > 1",
-    "speedup_tput_ci95": f"95% paired bootstrap over requests (request i of both, with all its repeats; the expanded "
+    "speedup_tput_ci95": f"95% paired bootstrap over requests (request i of both, with all its repeats; a "
+                         f"conversation's turns together, dataset.turns; the expanded "
                          f"percentile interval as speedup_ci95), speedup_tpot_ci95 likewise; fewer than {MIN_PROMPTS} "
                          "requests: null and flagged few_samples. Requests of one load point share the batch, so the "
                          "interval covers how the ratio varies from request to request on that schedule, not from "
@@ -87,7 +88,8 @@ SERVING_LEGEND = {
     "predicted_speedup (load)": "Leviathan's (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v)) at the load point's "
                                 "measured alpha (pooled chain rounds), with c and v at its occupancy while busy "
                                 "(busy_in_flight, cost_rows): linear between the batch sizes probed around it "
-                                "(cost_batch_sizes; each load point probes at min(C, its requests)), the nearest within "
+                                "(cost_batch_sizes; each load point probes at min(C, its requests) and at 1), the "
+                                "nearest within "
                                 "10% outside them, null farther (the notes say why). Per-row decoding only: no prefill, "
                                 "no queue, no joining request",
     "crossovers": "per method line and sweep along one load axis (the other held): measured: where the throughput "
@@ -267,15 +269,17 @@ def acceptance_figures(samples: list[dict], point: Point) -> dict:
 def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tuple], list[tuple], int]:
     """Per request both sides served (summed over the repeats both served): (tokens, E2E, baseline tokens, baseline
     E2E) for the throughput ratio, and (requests with a TPOT, their TPOT sum, the same of the baseline) for the TPOT
-    ratio, both shaped for eval/stats.py's ratio_of_totals and bootstrap_ci. Also the requests paired. Both sides with
-    their slots (with_slots)."""
+    ratio, both shaped for eval/stats.py's ratio_of_totals and bootstrap_ci; the turns of one conversation
+    (dataset.turns) are one cluster, resampled together (a later turn quotes the earlier answers). Also the requests
+    paired. Both sides with their slots (with_slots)."""
     mine, theirs = request_keys(samples), request_keys(baseline)
     tput: dict[tuple, list[float]] = {}
     per_token: dict[tuple, list[float]] = {}
     paired = sorted(set(mine) & set(theirs))
     for key in paired:
         a, b = mine[key], theirs[key]
-        request = key[1:]  # a request carries all its repeats
+        # a request carries all its repeats; a conversation all its turns
+        request = (1, *key[1:]) if a.get("conversation") is None else (0, a["conversation"])
         total = tput.setdefault(request, [0, 0.0, 0, 0.0])
         for i, value in enumerate((a["new_tokens"], e2e(a), b["new_tokens"], e2e(b))):
             total[i] += value
@@ -480,8 +484,8 @@ def leviathan_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) -> 
     measured = priced_sizes(probes, point.draft, point.gamma)
     if measured and metrics.get("busy_in_flight") is not None:
         return (f"its load kept {metrics['busy_in_flight']:.2f} requests in flight while busy, outside the batch sizes "
-                f"whose c and v were probed ({', '.join(map(str, measured))} rows; each load point probes at min(C, its "
-                "requests)): sweep a concurrency near it to price it")
+                f"whose c and v were probed ({', '.join(map(str, measured))} rows; each load point probes at 1 and "
+                "min(C, its requests)): sweep a concurrency near it to price it")
     return "no c and v were measured for this draft and gamma"
 
 

@@ -305,6 +305,8 @@ class Experiment:
                 self.progress.processes[process]["probe"] = True
         if result.costs is not None:
             self.progress.costs.setdefault(key, {}).setdefault(process, result.costs.to_json())
+        for rows, probe in result.fewer_rows.items():  # a load point's probe at fewer rows, kept as that size's
+            self.progress.costs.setdefault(str(rows), {}).setdefault(process, probe.to_json())
         if result.drift_readings:  # a load point's: one as it starts and one after each point it ran
             self.progress.drift.setdefault(key, {}).setdefault(process, []).extend(result.drift_readings)
 

@@ -175,7 +175,7 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
         steps, trees = plan["target"] if label is None else plan["drafts"].get(label, ((1,), ()))
         try:
             compiled = CompiledModel(loaded.model, steps, max_length, tuple(config.batch_size), mode,
-                                     config.engine.compile_backend, trees, hidden_layers=hidden if label is None else ())
+                                     config.engine.compile_backend, trees, head_layers=hidden if label is None else ())
         except CompileRefused as error:
             raise UserError(f"{role} {loaded.source}: {error}") from None
         attach(loaded.model, compiled)

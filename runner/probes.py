@@ -491,7 +491,9 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
         if longest > max(hybrid):  # past gamma: a few widths up to a tree of two of the longest drafts
             hybrid_widths |= {longest + 1, (3 * longest) // 2 + 1, 2 * longest + 1}
         widths |= hybrid_widths
-        chains |= hybrid_widths
+        # compiled, a merged tree wider than a chain runs as one tree step (decode/compile_plan.py): timed so, not as
+        # a chain past the compiled chain widths (which would run in two steps)
+        chains |= {w for w in hybrid_widths if not config.engine.compile or w <= max(hybrid) + 1}
     return measure_costs(target.model, drafts, ids, mask, sorted(widths), clock, draft_prefill=cost_model,
                          tree_widths=widths - chains, sampling=sampling, context=config.generation.max_new_tokens // 2,
                          target_vocab_size=target.vocab_size)

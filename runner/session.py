@@ -33,6 +33,7 @@ class UnitResult:
     drift_probe_s: float | None = None  # the drift probe's reading as the unit starts
     drift_after_s: list[float] = field(default_factory=list)  # a serving unit's: again after each point it ran
     costs: CostProbe | None = None  # the comparison's measured costs (sent with every unit; kept once per process)
+    fewer_rows: dict = field(default_factory=dict)  # a load point's costs at fewer rows: rows -> CostProbe
     notes: list[str] = field(default_factory=list)
     worker: str | None = None
     process: str = PROCESS
@@ -53,6 +54,7 @@ class Prepared:
     failed: set = field(default_factory=set)  # Points
     failures: list[dict] = field(default_factory=list)  # failure() of each
     costs: CostProbe | None = None
+    fewer_rows: dict = field(default_factory=dict)  # rows -> CostProbe: a load point's costs at 1 row (Session.prepare)
     notes: list[str] = field(default_factory=list)
 
     def fail(self, point: Point, status: str, error: str) -> None:
@@ -283,6 +285,8 @@ class Session:
         with torch.inference_mode():
             if state.costs is None:
                 state.costs = self._measure_costs([p for p in points if p not in state.failed], ids, mask, state)
+                if state.costs is not None and comparison.serving and ids.shape[0] > 1:
+                    state.fewer_rows = self._one_row_costs(comparison, points, state)
             self.context.costs = state.costs
             self._warm_up(points, state, ids, mask, comparison.temperature)
             for model in self.compiled_models().values():  # the warmup may have built early exit's views
@@ -310,6 +314,23 @@ class Session:
                 if point.schedule == "cost_model":
                     state.fail(point, "failed", "cost probes failed: " + one_line(error))
             return None
+
+    def _one_row_costs(self, comparison: Comparison, points, state: Prepared) -> dict:
+        """A load point's rows fall to 1 as requests leave and arrive: its costs at 1 row too (its first request), so
+        that the replay prices its steps at fewer rows (eval/costs.py: linear in the rows between probed counts).
+        {1: CostProbe}; {} where the probe fails (the note says so: the replay then lacks those rows, nothing else)."""
+        spec_points = [p for p in points if p not in state.failed and REGISTRY[p.method].has_rounds]
+        ids, mask = self.batch_tensors(self.probe_batch(comparison)[:1])
+        try:
+            sampling = self.generation(spec_points[0].temperature).sampling if spec_points else None
+            one = comparison_costs(self.config, self.target, self.context.drafts, spec_points, ids, mask, self.clock,
+                                   sampling)
+        except RUNTIME_ERRORS as error:
+            state.notes.append(f"{comparison.label}: the cost probe at 1 row failed ({type(error).__name__}: "
+                               f"{one_line(error)}); the replay prices no step at fewer rows than "
+                               f"{comparison.batch_size}")
+            return {}
+        return {1: one} if one is not None else {}
 
     def _warm_up(self, points, state: Prepared, ids, mask, temperature) -> None:
         """Each point on the comparison's first batch, on the run's shapes, before any timing."""
@@ -340,7 +361,8 @@ class Session:
         state = self.prepare(unit.comparison)
         batch = self.prompts_of(unit)
         ids, mask = self.batch_tensors(batch)
-        result = UnitResult(failures=list(state.failures), costs=state.costs, notes=list(state.notes),
+        result = UnitResult(failures=list(state.failures), costs=state.costs, fewer_rows=dict(state.fewer_rows),
+                            notes=list(state.notes),
                             worker=self.worker)
         points = state.points
         self.context.costs = state.costs

@@ -105,6 +105,13 @@ class DatasetConfig(Strict):
     enable_thinking: bool | None = Field(None, description="passed to the chat template (Qwen3 thinks unless false); "
                                                              "null: the template's default")
 
+    @model_validator(mode="after")
+    def _per_group(self):
+        if self.per_group is not None and self.group_by in (None, "turn"):
+            raise ValueError("per_group takes the first N rows of each dataset.group_by value: set group_by to a "
+                             "field of the file (e.g. category), or drop per_group")
+        return self
+
 
 class GenerationConfig(Strict):
     max_new_tokens: int = Field(128, ge=1, description="per sample, EOS included")

@@ -337,11 +337,7 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
         raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}"
                         + also)
     available = len(rows)
-    if cfg.per_group is not None:
-        if cfg.group_by is None or cfg.group_by not in fields:
-            raise DataError(f"dataset.per_group takes the first N rows of each dataset.group_by value, and group_by is "
-                            f"{'not set' if cfg.group_by is None else repr(cfg.group_by) + ', not a field'}: set "
-                            f"group_by to a field of {cfg.path} ({', '.join(fields)}), or drop per_group")
+    if cfg.per_group is not None:  # group_by is a field of the file (the config and the check above say so)
         taken, keep = defaultdict(int), []
         for index, value in enumerate(row[cfg.group_by] for row in rows):
             taken[value] += 1
@@ -388,6 +384,7 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
                         f"{'; or '.join(fixes) or 'give a file with at least one row'}")
     if cfg.num_samples is not None and cfg.num_samples > available:  # fewer prompts than asked: say so
         where = "the file" if not source.startswith("hub:") else f"split {cfg.split}"
+        where = f"dataset.per_group {cfg.per_group} of {where}" if cfg.per_group is not None else where
         result.notes.append(f"dataset: num_samples {cfg.num_samples} asked for, {where} has {available} rows: "
                             f"{len(result.prompts)} prompts run")
     return result

@@ -21,14 +21,14 @@ from test_sliding_window import tiny_windowed
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 
 
-def compiled_copy(model, widths, max_length, batch_sizes, backend="eager", tree_widths=(), hidden_layers=()):
+def compiled_copy(model, widths, max_length, batch_sizes, backend="eager", tree_widths=(), head_layers=()):
     """The same weights, with a compiled step attached (the eager original stays eager)."""
     import copy
 
     twin = copy.copy(model)  # shares every module and weight; its own attributes
     twin.__dict__.pop("_speculate_compiled", None)
     attach(twin, CompiledModel(twin, widths, max_length, batch_sizes, backend=backend, tree_widths=tree_widths,
-                               hidden_layers=hidden_layers))
+                               head_layers=head_layers))
     return twin
 
 
@@ -218,11 +218,11 @@ def test_compile_widths_per_model_by_hand():
     assert auto["target"] == ((1,), (2, 3, 4, 5, 7, 29))
     assert auto["drafts"]["d"] == ((1, 2), (1, 2, 4, 8, 16, 32))
     # every method of rounds verifies at gamma + 1 (suffix's chain too); hybrid's draft model steps 1 and 2, and its
-    # merged tree of a free chain and the draft's (3 + 3 nodes) verifies at 7, as does medusa's 2-2 tree (6 nodes);
+    # merged tree of a free chain and the draft's (3 + 3 nodes) verifies at 7, medusa's 3-2 tree (9 nodes) at 10;
     # a head has no compiled widths
     others = compile_widths([point("suffix", 2), point("hybrid", 3, draft="h"), point("eagle3", 4, draft="e3"),
-                             point("medusa", 2, "2-2", draft="m")], tree_top_k=4, auto_nodes=())
-    assert others["target"] == ((1, 3, 4, 5), (7,)) and others["drafts"] == {"h": ((1, 2), ())}
+                             point("medusa", 2, "3-2", draft="m")], tree_top_k=4, auto_nodes=())
+    assert others["target"] == ((1, 3, 4, 5), (7, 10)) and others["drafts"] == {"h": ((1, 2), ())}
 
 
 TREES = {"static": lambda: StaticTree(static_parents([2, 2, 1]), Sampling()),

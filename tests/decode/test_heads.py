@@ -206,13 +206,13 @@ def test_eagle3_folders_load_as_the_same_head(tmp_path, layout):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     config = json.loads((folder / "config.json").read_text())
     assert ("speculators_model_type" in config) == (layout == "speculators")
-    # as vLLM reads a folder: its one layer stated (vLLM takes the layer config as written)
+    # as the reference server reads a folder: its one layer stated (it takes the layer config as written)
     assert config.get("transformer_layer_config", config)["num_hidden_layers"] == 1
 
 
 def test_a_head_over_the_whole_vocabulary_writes_no_maps(tmp_path):
-    """A head whose draft vocabulary is the target's, in the target's order, has no d2t / t2d in its folder (vLLM has no
-    parameter for them) and loads as the same head."""
+    """A head whose draft vocabulary is the target's, in the target's order, has no d2t / t2d in its folder (the
+    reference server has no parameter for them) and loads as the same head."""
     from safetensors.torch import load_file
 
     target = tiny_model("llama", seed=1, layers=4)
@@ -331,7 +331,7 @@ def test_heads_read_a_compiled_target(heads, kind):
         return MedusaDrafter(medusa, VOCAB, GREEDY, tree=StaticTree(static_parents([2, 2, 1]), GREEDY))
 
     layers = tuple(sorted({*eagle.target_layers, *medusa.target_layers}))  # (0, 2, 3, 4): eagle3 reads 0, 2, 3
-    compiled = compiled_copy(target, (1, 4), 64, (6,), tree_widths=(11,), hidden_layers=layers)
+    compiled = compiled_copy(target, (1, 4), 64, (6,), tree_widths=(11,), head_layers=layers)
     with torch.inference_mode():
         alone = generate_baseline(target, ids, mask, generation)
         eager = generate_speculative(target, drafter(), ids, mask, generation, 3)

@@ -141,6 +141,21 @@ def test_eight_requests_get_an_interval():
     assert run["flags"] == [] and run["metrics"]["requests_paired"] == 8
 
 
+def test_a_conversations_turns_are_one_cluster_of_the_interval():
+    """Under load the throughput interval resamples conversations: requests 0 and 2 are turns of conversation 0, 1 and
+    3 of conversation 1; each cluster sums its turns (tokens 10 + 10, E2E 1 + 1 against 2 + 2)."""
+    from eval.serving import speedup_clusters, with_slots
+
+    def side(method, finish):
+        return [request(method, i, concurrency=4, first=0.2, finish=finish, tokens=10, conversation=i % 2,
+                        turn=1 + i // 2) for i in range(4)]
+
+    tput, per_token, paired = speedup_clusters(with_slots(side("speculative", 1.0)), with_slots(side("baseline", 2.0)))
+    assert tput == [(20, 2.0, 20, 4.0)] * 2 and len(per_token) == 2 and paired == 4
+    single = [{k: v for k, v in r.items() if k not in ("conversation", "turn")} for r in side("baseline", 2.0)]
+    assert len(speedup_clusters(with_slots(single), with_slots(single))[0]) == 4  # no conversations: a request each
+
+
 def test_requests_pair_by_position_when_prompts_cycle():
     # 4 requests of 2 prompts (sample ids 0, 1, 0, 1): request 2 of the method differs from request 2 of the
     # baseline, request 0 (the same prompt) does not

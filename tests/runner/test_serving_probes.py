@@ -1,7 +1,8 @@
 """A serving run's probes (runner/session.py, runner/experiment.py): a load point's warmup and cost probes run at the
 most requests it can have in flight, min(concurrency, its requests), on its own requests (prompts cycling), and are
-kept under that batch size; its drift probe runs again after each point, so a machine that changes speed between the
-baseline and a method inside one load point raises the drift flag."""
+kept under that batch size; its costs are probed at 1 row too (its first request), so that the replay prices the
+steps at fewer rows as requests leave and arrive; its drift probe runs again after each point, so a machine that
+changes speed between the baseline and a method inside one load point raises the drift flag."""
 import json
 
 import pytest
@@ -22,7 +23,7 @@ def tiny(tmp_path_factory):
 
 def serve(tiny, out, **load):
     """A whole serving run in this process (3 prompts, baseline and one speculative point, all at once); returns the
-    rows of every cost probe's batch, the folder's progress.json and samples.jsonl, and the config."""
+    rows of every cost probe's batch, the folder's progress.json and samples.jsonl, the config and summary.json."""
     import runner.session as session
     from runner.experiment import Experiment
 
@@ -41,7 +42,8 @@ def serve(tiny, out, **load):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(session, "comparison_costs", comparison_costs)
         assert Experiment(config, raw, out, Console(file=open("/dev/null", "w"))).run() == 0
-    return probed, json.loads((out / "progress.json").read_text()), read_jsonl(out / "samples.jsonl"), config
+    return probed, json.loads((out / "progress.json").read_text()), read_jsonl(out / "samples.jsonl"), config, \
+        json.loads((out / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -51,29 +53,37 @@ def above(tiny, tmp_path_factory):
 
 
 def test_a_concurrency_above_the_requests_probes_the_requests_in_flight(above):
-    probed, progress, samples, config = above
+    probed, progress, samples, config, _ = above
     (comparison,) = comparisons(config, 3)
     assert comparison.concurrency == 8 and comparison.batch_size == 3
-    assert [len(rows) for rows in probed] == [3]  # 3 requests: at most 3 rows ever in flight
-    assert set(progress["costs"]) == {"3"} and set(progress["drift"]) == {"3"}
+    assert [len(rows) for rows in probed] == [3, 1]  # 3 requests: at most 3 rows ever in flight; and 1
+    assert probed[1] == probed[0][:1]  # the first request alone
+    assert set(progress["costs"]) == {"1", "3"} and set(progress["drift"]) == {"3"}
     assert {(s["concurrency"], s["batch_size"]) for s in samples} == {(8, 3)}
 
 
+def test_a_load_point_is_replayed_at_every_row_count_it_ran(above):
+    """Its steps at 1, 2 and 3 rows are priced (1 and 3 probed, 2 between them): the replay predicts the point."""
+    *_, summary = above
+    (point,) = [r for r in summary["serving"]["runs"] if r["method"] == "speculative"]
+    assert point["metrics"]["replay_missing"] is None and point["metrics"]["predicted_speedup_replay"] > 0
+
+
 def test_a_load_point_probes_drift_as_it_starts_and_after_each_point(above):
-    _, progress, samples, _ = above
+    _, progress, samples, _, _ = above
     assert len({(s["method"], s["gamma"]) for s in samples}) == 2  # the baseline and one speculative point
     (readings,) = progress["drift"]["3"].values()
     assert len(readings) == 3 and all(r > 0 for r in readings)
 
 
 def test_more_requests_than_prompts_probe_the_requests_cycling_through_the_prompts(tiny, tmp_path):
-    probed, progress, samples, config = serve(tiny, tmp_path / "out", concurrency=[8], requests=5)
+    probed, progress, samples, config, _ = serve(tiny, tmp_path / "out", concurrency=[8], requests=5)
     assert comparisons(config, 5)[0].batch_size == 5
     first = {s["request"]: s["sample_id"] for s in samples if s["method"] == "baseline"}
     assert [first[i] for i in range(5)] == [first[0], first[1], first[2], first[0], first[1]]
-    (rows,) = probed
-    assert len(rows) == 5 and rows[3] == rows[0] and rows[4] == rows[1] and rows[0] != rows[1]
-    assert set(progress["costs"]) == {"5"}
+    rows, one = probed
+    assert len(rows) == 5 and rows[3] == rows[0] and rows[4] == rows[1] and rows[0] != rows[1] and one == rows[:1]
+    assert set(progress["costs"]) == {"1", "5"}
 
 
 def test_a_rate_without_a_cap_probes_every_request():
@@ -116,7 +126,7 @@ def test_a_folder_written_with_the_concurrency_as_batch_size_resumes_without_rer
     import yaml
     from runner.storage import ReportFolder
 
-    _, _, samples, config = above
+    _, _, samples, config, _ = above
     folder = tmp_path / "old"
     folder.mkdir()
     (folder / "samples.jsonl").write_text("".join(json.dumps(dict(s, batch_size=8)) + "\n" for s in samples))

@@ -7,7 +7,7 @@ import yaml
 
 from helpers import base_config, run_launch, save_tiny_pair, word_tokenizer
 from utils.config import DatasetConfig
-from utils.data import DataError, expand_conversations, load_prompts, turns_of
+from utils.data import expand_conversations, load_prompts, turns_of
 from utils.io import read_jsonl
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
@@ -83,8 +83,14 @@ def test_per_group_takes_the_first_rows_of_each_group(tmp_path):
     cfg = DatasetConfig(path=path, prompt_field="turns", chat_template=False, group_by="category", per_group=1)
     prompts = load_prompts(cfg, tokenizer(False))
     assert [(p.text, p.group) for p in prompts.prompts] == [("w3 w4", "a"), ("w8 w9 w10", "b"), ("w14", "c")]
-    with pytest.raises(DataError, match="per_group takes the first N rows of each dataset.group_by value"):
-        load_prompts(DatasetConfig(path=path, prompt_field="turns", per_group=1), tokenizer(False))
+    with pytest.raises(ValueError, match="per_group takes the first N rows of each dataset.group_by value"):
+        DatasetConfig(path=path, prompt_field="turns", per_group=1)
+    # with num_samples after it, and as conversations (dataset.turns): the first turns of the rows taken, then theirs
+    cfg = DatasetConfig(path=path, prompt_field="turns", chat_template=False, group_by="category", per_group=1,
+                        num_samples=2, turns="all")
+    prompts = load_prompts(cfg, tokenizer(False))
+    assert [(p.text, p.turn) for p in prompts.prompts] == [("w3 w4", 1), ("w8 w9 w10", 1)]
+    assert [c.turns for c in prompts.conversations] == [["w3 w4", "w5 w6", "w7"]]
 
 
 def test_bad_turns_is_one_line(tmp_path):
