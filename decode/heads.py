@@ -242,6 +242,64 @@ def load_head(folder: str | Path, kind: str, target, dtype: torch.dtype = torch.
     width, depth = target_config.hidden_size, target_config.num_hidden_layers
     head = _eagle3(folder, config, weights, vocab, width, depth, target) if kind == "eagle3" \
         else _medusa(folder, config, weights, vocab, width, depth)
+    return _on_target(head, target, dtype)
+
+
+SYNTHETIC_HEAD = "synthetic:head"
+SYNTHETIC_PARAMETERS = ("draft_vocab", "heads", "seed")
+
+
+def parse_synthetic_head(spec: str) -> dict:
+    """'synthetic:head?draft_vocab=N&heads=K&seed=S' -> its parameters (ints); HeadFormatError: one line."""
+    from urllib.parse import parse_qs
+
+    body, _, query = spec.partition("?")
+    if body != SYNTHETIC_HEAD:
+        raise HeadFormatError(f"{spec}: a synthetic head is {SYNTHETIC_HEAD}[?draft_vocab=N&heads=K&seed=S] (its "
+                              "shape follows the target's)")
+    params = {k: v[-1] for k, v in parse_qs(query).items()}
+    unknown = sorted(set(params) - set(SYNTHETIC_PARAMETERS))
+    if unknown:
+        raise HeadFormatError(f"{spec}: unknown synthetic head parameter {unknown[0]!r}; use "
+                              f"{', '.join(SYNTHETIC_PARAMETERS)}")
+    try:
+        values = {k: int(v) for k, v in params.items()}
+    except ValueError:
+        raise HeadFormatError(f"{spec}: draft_vocab, heads and seed are whole numbers") from None
+    if any(v < 1 for k, v in values.items() if k != "seed"):
+        raise HeadFormatError(f"{spec}: draft_vocab and heads are at least 1")
+    return values
+
+
+def synthetic_head(spec: str, kind: str, target, dtype: torch.dtype = torch.float32):
+    """A head of the target's shape with seeded random weights and no folder, for the cost of heads on a device with
+    no weights (beside `synthetic:` targets): EAGLE-3, one decoder layer as wide as the target (its attention and KV
+    heads, head size, MLP width), the target's embedding shared, a draft vocabulary of draft_vocab ids (default
+    min(32000, the target's), EAGLE-3's usual size) mapped to the target's first ids, the default aux layers; Medusa,
+    `heads` heads (default 4) of one residual block. Its drafts are random: it measures c, not acceptance."""
+    params = parse_synthetic_head(spec)
+    text = target.config.get_text_config(decoder=True) if hasattr(target.config, "get_text_config") else target.config
+    vocab = target.get_output_embeddings().out_features
+    width, depth = text.hidden_size, text.num_hidden_layers
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(params.get("seed", 0))
+        if kind == "eagle3":
+            heads = text.num_attention_heads
+            llama = LlamaConfig(hidden_size=width, intermediate_size=text.intermediate_size, num_attention_heads=heads,
+                                num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+                                head_dim=getattr(text, "head_dim", None) or width // heads, vocab_size=vocab,
+                                max_position_embeddings=text.max_position_embeddings,
+                                rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6), num_hidden_layers=1)
+            head = Eagle3Head(llama, width, min(params.get("draft_vocab", 32000), vocab), default_aux_layers(depth))
+            head.shares_embedding = True
+        else:
+            head = MedusaHeads(width, vocab, params.get("heads", 4), 1, depth)
+    return _on_target(head, target, dtype)
+
+
+def _on_target(head, target, dtype: torch.dtype):
+    """The head on the target's input device in `dtype`, eval mode; a head that shares the target's embedding holds
+    it (one copy where the dtypes agree)."""
     embedding = target.get_input_embeddings().weight
     head = head.to(device=embedding.device, dtype=dtype).eval()
     if getattr(head, "shares_embedding", False) and embedding.dtype == dtype:  # one copy in memory

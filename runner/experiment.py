@@ -35,7 +35,15 @@ def preflight(config: Config) -> torch.device:
     device = resolve_device(config.device)
     check_model_config(config.target, "target")
     for index, draft in enumerate(config.draft):
-        check_model_config(draft, "draft" if len(config.draft) == 1 else f"draft[{index}]")
+        role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
+        check_model_config(draft, role)
+        if draft.kind != "model" and draft.model.startswith("synthetic:"):
+            from decode.heads import HeadFormatError, parse_synthetic_head
+
+            try:
+                parse_synthetic_head(draft.model)
+            except HeadFormatError as error:
+                raise UserError(f"{role}.model: {error}") from None
     resolve_path(config.dataset.path)
     if config.engine.cpu_linear == "onednn_packed":
         for role, cfg in [("target", config.target)] + [("draft", d) for d in config.draft]:

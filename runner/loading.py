@@ -89,22 +89,27 @@ def load_models(config, device: torch.device, loading) -> tuple[LoadedModel, dic
 
 
 def load_draft_head(draft_config, target: LoadedModel, role: str) -> LoadedModel:
-    """A head for the target (decode/heads.py: kind eagle3 or medusa) from a local folder, in the target's dtype (or
-    the draft's own where set) on the target's device, checked against the target; UserError: one line."""
+    """A head for the target (decode/heads.py: kind eagle3 or medusa) from a local folder, or synthetic:head (the
+    target's shape, random weights: its cost with no folder), in the target's dtype (or the draft's own where set) on
+    the target's device, checked against the target; UserError: one line."""
     from pathlib import Path
 
-    from decode.heads import HeadFormatError, load_head
+    from decode.heads import HeadFormatError, load_head, synthetic_head
 
-    folder = Path(draft_config.model).expanduser()
-    if not folder.is_dir():
-        raise UserError(f"{role}.model: {draft_config.model} is not a folder; a {draft_config.kind} head is loaded "
-                        "from a local folder with its config.json and weights")
     dtype = target.model.dtype if draft_config.dtype == "auto" else getattr(torch, draft_config.dtype)
+    source = draft_config.model
     try:
-        head = load_head(folder, draft_config.kind, target.model, dtype)
+        if source.startswith("synthetic:"):
+            head = synthetic_head(source, draft_config.kind, target.model, dtype)
+        else:
+            folder = Path(source).expanduser()
+            if not folder.is_dir():
+                raise UserError(f"{role}.model: {source} is not a folder; a {draft_config.kind} head is loaded from a "
+                                "local folder with its config.json and weights, or is synthetic:head")
+            head, source = load_head(folder, draft_config.kind, target.model, dtype), str(folder)
     except HeadFormatError as error:
         raise UserError(f"{role}.model: {error}") from None
-    return LoadedModel(model=head, tokenizer=target.tokenizer, source=str(folder), dtype=str(dtype).removeprefix("torch."),
+    return LoadedModel(model=head, tokenizer=target.tokenizer, source=source, dtype=str(dtype).removeprefix("torch."),
                        attn_implementation="sdpa", quantization="none", vocab_size=target.vocab_size, kernels="nn.Linear")
 
 

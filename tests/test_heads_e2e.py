@@ -65,6 +65,32 @@ def test_a_head_of_the_wrong_kind_is_refused_and_compiled_heads_run(head_config)
     assert any("engine.compile" in note for note in summary["notes"])
 
 
+def test_synthetic_heads_of_the_targets_shape(head_config):
+    """synthetic:head: a head of the target's shape with seeded random weights and no folder (the cost of heads on a
+    device with no weights): run beside the baseline, exact, its c measured; a parameter it does not have is one
+    line."""
+    from decode.heads import synthetic_head
+
+    root, config = head_config
+    target = AutoModelForCausalLM.from_pretrained(config["target"]["model"])
+    head = synthetic_head("synthetic:head?draft_vocab=40&seed=3", "eagle3", target)
+    assert head.lm_head.out_features == 40 and head.fc.in_features == 3 * target.config.hidden_size
+    assert head.embed_tokens.weight is target.get_input_embeddings().weight  # shared, one copy
+    again = synthetic_head("synthetic:head?draft_vocab=40&seed=3", "eagle3", target)
+    assert all(torch.equal(a, b) for a, b in zip(head.parameters(), again.parameters()))
+    assert synthetic_head("synthetic:head?heads=2", "medusa", target).num_heads == 2
+    synthetic = {**config, "draft": [{"model": "synthetic:head?draft_vocab=40", "kind": "eagle3"},
+                                     {"model": "synthetic:head?heads=2", "kind": "medusa"}]}
+    result = _run(root, synthetic, "synthetic")
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = [r for r in json.loads((root / "synthetic" / "summary.json").read_text())["runs"]
+            if r["group"] is None and r["method"] in ("eagle3", "medusa") and r["tree"] is None]
+    assert len(runs) == 2 and all(r["metrics"]["exact_match"] == 1.0 for r in runs)
+    assert all(r["metrics"]["draft_cost_ratio_c"] > 0 for r in runs)
+    bad = {**config, "draft": [{"model": "synthetic:head?layers=2", "kind": "eagle3"}], "methods": ["baseline", "eagle3"]}
+    assert_one_clean_line(_run(root, bad, "bad-synthetic"), "unknown synthetic head parameter 'layers'")
+
+
 def test_the_training_script_saves_a_head_that_loads(head_config, monkeypatch):
     """benchmarks/train_eagle3.py end to end on the tiny target (a few seconds of training): a speculators folder
     that load_head reads, with its facts (token counts, the loss log, the weights' checksum)."""

@@ -159,7 +159,9 @@ def check_model_config(cfg: ModelConfig, role: str) -> None:
         raise UserError(f"{role}.attn_implementation: flash_attention_2 asked but {flash_attn_problem()}; "
                         "pip install -r requirements-gpu.txt on a GPU machine (a wheel for this torch), or use auto/sdpa")
     _check_device_map(cfg, role)
-    if cfg.model.startswith("synthetic:"):
+    if cfg.model.startswith("synthetic:") and getattr(cfg, "kind", "model") != "model":
+        pass  # a synthetic head: decode/heads.py reads its spec (runner/experiment.py preflight)
+    elif cfg.model.startswith("synthetic:"):
         from utils.synthetic import parse
 
         try:
