@@ -74,13 +74,13 @@ def test_gpu_check_runs_its_cpu_part_and_fails_on_a_bug(tmp_path, monkeypatch, c
 
     def one_wrong_token(self, buffers, input_ids, *args, compiled=True):
         """After the warmup, the 5th compiled step of the target: its first row's first position gets another argmax."""
-        logits = real_run(self, buffers, input_ids, *args, compiled=compiled)
+        logits, hidden = real_run(self, buffers, input_ids, *args, compiled=compiled)
         if self.warm and compiled and self.num_layers == 2:
             calls.append(1)
             if len(calls) == 5:
                 logits = logits.clone()
                 logits[0, 0, (int(logits[0, 0].argmax()) + 1) % logits.shape[-1]] += 1e4
-        return logits
+        return logits, hidden
 
     monkeypatch.setattr(CompiledModel, "run", one_wrong_token)
     status, detail = gpu_check.check_compiled_fp32(gpu_check.Context(torch.device("cpu"), "eager", 600))
