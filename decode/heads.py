@@ -236,10 +236,7 @@ def load_head(folder: str | Path, kind: str, target, dtype: torch.dtype = torch.
                               f"({'speculators_model_type, draft_vocab_size or an Eagle3 architecture' if kind == 'eagle3' else 'medusa_num_heads'} "
                               f"expected for kind {kind})")
     weights = _weights(folder)
-    target_config = target.config.get_text_config(decoder=True) if hasattr(target.config, "get_text_config") \
-        else target.config
-    vocab = target.get_output_embeddings().out_features
-    width, depth = target_config.hidden_size, target_config.num_hidden_layers
+    _, vocab, width, depth = _target_shape(target)
     head = _eagle3(folder, config, weights, vocab, width, depth, target) if kind == "eagle3" \
         else _medusa(folder, config, weights, vocab, width, depth)
     return _on_target(head, target, dtype)
@@ -278,9 +275,7 @@ def synthetic_head(spec: str, kind: str, target, dtype: torch.dtype = torch.floa
     min(32000, the target's), EAGLE-3's usual size) mapped to the target's first ids, the default aux layers; Medusa,
     `heads` heads (default 4) of one residual block. Its drafts are random: it measures c, not acceptance."""
     params = parse_synthetic_head(spec)
-    text = target.config.get_text_config(decoder=True) if hasattr(target.config, "get_text_config") else target.config
-    vocab = target.get_output_embeddings().out_features
-    width, depth = text.hidden_size, text.num_hidden_layers
+    text, vocab, width, depth = _target_shape(target)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(params.get("seed", 0))
         if kind == "eagle3":
@@ -295,6 +290,12 @@ def synthetic_head(spec: str, kind: str, target, dtype: torch.dtype = torch.floa
         else:
             head = MedusaHeads(width, vocab, params.get("heads", 4), 1, depth)
     return _on_target(head, target, dtype)
+
+
+def _target_shape(target) -> tuple:
+    """(the target's text config, its output vocabulary, width, decoder layers): what a head is checked against."""
+    text = target.config.get_text_config(decoder=True) if hasattr(target.config, "get_text_config") else target.config
+    return text, target.get_output_embeddings().out_features, text.hidden_size, text.num_hidden_layers
 
 
 def _on_target(head, target, dtype: torch.dtype):

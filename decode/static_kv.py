@@ -36,7 +36,6 @@ heads. `hidden_out` holds the last step's, of the live rows, until the engine ta
 from __future__ import annotations
 
 import contextlib
-import itertools
 import weakref
 from dataclasses import dataclass, field
 
@@ -236,8 +235,10 @@ class CompiledModel:
         compiles each shape twice: returning the logits alone, and their hidden states too."""
         variants = [()] + ([self.head_layers] if self.head_layers else [])
         try:
-            for _, self.hidden_layers in itertools.product(range(3 if self.cudagraphs else 1), variants):
-                self._precompile(ids, mask)
+            for _ in range(3 if self.cudagraphs else 1):
+                for layers in variants:
+                    self.hidden_layers = layers
+                    self._precompile(ids, mask)
         finally:
             self.hidden_layers = ()
 

@@ -172,7 +172,7 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
     max_length = -(-needed // 64) * 64
     mode = None if config.engine.compile_mode == "auto" else config.engine.compile_mode
     # the target's hidden states its heads read (decode/hidden.py): its graphs return them beside the logits
-    hidden = tuple(sorted({i for d in drafts.values() for i in getattr(d.model, "target_layers", None) or ()}))
+    head_layers = tuple(sorted({i for d in drafts.values() for i in getattr(d.model, "target_layers", None) or ()}))
     for role, label, loaded in roles(target, drafts, models_only=True):
         if loaded.attn_implementation == "flash_attention_2":  # auto picked it; the compiled mode builds masks
             loaded.model.set_attn_implementation("sdpa")
@@ -180,7 +180,7 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
         steps, trees = plan["target"] if label is None else plan["drafts"].get(label, ((1,), ()))
         try:
             compiled = CompiledModel(loaded.model, steps, max_length, tuple(config.batch_size), mode,
-                                     config.engine.compile_backend, trees, head_layers=hidden if label is None else ())
+                                     config.engine.compile_backend, trees, head_layers=head_layers if label is None else ())
         except CompileRefused as error:
             raise UserError(f"{role} {loaded.source}: {error}") from None
         attach(loaded.model, compiled)

@@ -295,14 +295,19 @@ class Session:
         self.prepared[comparison] = state
         return state
 
+    def _probe_costs(self, points, ids, mask) -> CostProbe | None:
+        """runner/probes.py comparison_costs of the points with rounds, on the batch ids, mask."""
+        spec_points = [p for p in points if REGISTRY[p.method].has_rounds]
+        sampling = self.generation(spec_points[0].temperature).sampling if spec_points else None
+        return comparison_costs(self.config, self.target, self.context.drafts, spec_points, ids, mask, self.clock,
+                                sampling)
+
     def _measure_costs(self, points, ids, mask, state: Prepared) -> CostProbe | None:
-        """runner/probes.py comparison_costs; where the probes fail (e.g. CUDA out of memory) the points may still
-        run, with no prediction, and the cost_model schedule cannot: the notes say so."""
+        """_probe_costs; where the probes fail (e.g. CUDA out of memory) the points may still run, with no
+        prediction, and the cost_model schedule cannot: the notes say so."""
         spec_points = [p for p in points if REGISTRY[p.method].has_rounds]
         try:
-            sampling = self.generation(spec_points[0].temperature).sampling if spec_points else None
-            return comparison_costs(self.config, self.target, self.context.drafts, spec_points, ids, mask, self.clock,
-                                    sampling)
+            return self._probe_costs(points, ids, mask)
         except RUNTIME_ERRORS as error:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -319,12 +324,9 @@ class Session:
         """A load point's rows fall to 1 as requests leave and arrive: its costs at 1 row too (its first request), so
         that the replay prices its steps at fewer rows (eval/costs.py: linear in the rows between probed counts).
         {1: CostProbe}; {} where the probe fails (the note says so: the replay then lacks those rows, nothing else)."""
-        spec_points = [p for p in points if p not in state.failed and REGISTRY[p.method].has_rounds]
         ids, mask = self.batch_tensors(self.probe_batch(comparison)[:1])
         try:
-            sampling = self.generation(spec_points[0].temperature).sampling if spec_points else None
-            one = comparison_costs(self.config, self.target, self.context.drafts, spec_points, ids, mask, self.clock,
-                                   sampling)
+            one = self._probe_costs([p for p in points if p not in state.failed], ids, mask)
         except RUNTIME_ERRORS as error:
             state.notes.append(f"{comparison.label}: the cost probe at 1 row failed ({type(error).__name__}: "
                                f"{one_line(error)}); the replay prices no step at fewer rows than "

@@ -159,15 +159,14 @@ def check_model_config(cfg: ModelConfig, role: str) -> None:
         raise UserError(f"{role}.attn_implementation: flash_attention_2 asked but {flash_attn_problem()}; "
                         "pip install -r requirements-gpu.txt on a GPU machine (a wheel for this torch), or use auto/sdpa")
     _check_device_map(cfg, role)
-    if cfg.model.startswith("synthetic:") and getattr(cfg, "kind", "model") != "model":
-        pass  # a synthetic head: decode/heads.py reads its spec (runner/experiment.py preflight)
-    elif cfg.model.startswith("synthetic:"):
-        from utils.synthetic import parse
+    if cfg.model.startswith("synthetic:"):
+        if getattr(cfg, "kind", "model") == "model":  # a synthetic head's spec is decode/heads.py's (preflight)
+            from utils.synthetic import parse
 
-        try:
-            parse(cfg.model)
-        except ValueError as error:
-            raise UserError(f"{role}.model: {error}") from None
+            try:
+                parse(cfg.model)
+            except ValueError as error:
+                raise UserError(f"{role}.model: {error}") from None
     elif cfg.model not in OFFLINE_MODELS and _looks_local(cfg.model) and not Path(cfg.model).exists():
         raise UserError(f"{role}.model: {cfg.model} does not exist; give an existing folder or .gguf file, a hub id, "
                         f"or an offline model ({', '.join(OFFLINE_MODELS)})")
