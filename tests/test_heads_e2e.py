@@ -106,10 +106,44 @@ def test_the_training_script_saves_a_head_that_loads(head_config, monkeypatch):
     root, config = head_config
     out = root / "trained"
     assert train_eagle3.main(["--target", config["target"]["model"], "--out", str(out), "--minutes", "0.02",
-                              "--limit", "4", "--answer-tokens", "6", "--window", "16", "--ttt", "2"]) == 0
+                              "--limit", "4", "--answer-tokens", "6", "--window", "16", "--ttt", "2", "--solutions",
+                              "--python-source", "2"]) == 0
     facts = json.loads((out / "train.json").read_text())
     assert facts["prompts"] == 4 and facts["steps"] >= 1 and facts["log"][0]["step"] == 1
+    assert set(facts["tokens_by_source"]) == {"answered", "solutions", "python_source"}
+    assert facts["tokens"] == sum(facts["tokens_by_source"].values())
+    assert len(facts["held_out_accuracy_per_step"]) == 2
     assert facts["sha256"] == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     head = load_head(out, "eagle3", AutoModelForCausalLM.from_pretrained(config["target"]["model"]))
     assert head.target_layers == (0, 1, 2) and head.lm_head.out_features == facts["draft_vocab"]
     assert "train_eagle3" in sys.modules
+
+
+def test_the_training_time_test_reads_what_drafting_reads(monkeypatch):
+    """EAGLE-3's training-time test (train_eagle3.ttt_logits): step k at anchor i gives the logits of the head's
+    (k + 1)-th draft after it has read the target's states up to i, drafted token by token with its cache as the
+    engine drafts (each step one forward at the next position, fed the head's previous output)."""
+    from transformers import DynamicCache, LlamaConfig
+
+    from decode.heads import Eagle3Head
+    from helpers import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import train_eagle3
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=50, max_position_embeddings=64, initializer_range=0.3)
+    head = Eagle3Head(config, 16, 20, (0, 1, 2)).eval()
+    width, steps = 7, 3
+    tokens, features = torch.randint(0, 50, (2, width + steps)), torch.randn(2, width, 48)
+    with torch.no_grad():
+        trained = train_eagle3.ttt_logits(head, tokens, features, steps)
+        for i in range(width - 1):
+            cache = DynamicCache()
+            logits = head(tokens[:, 1: i + 2], position_ids=torch.arange(i + 1)[None].expand(2, -1),
+                          past_key_values=cache, features=features[:, : i + 1]).logits[:, -1]
+            for k in range(steps):
+                torch.testing.assert_close(trained[k][:, i], logits, rtol=1e-4, atol=1e-5)
+                logits = head(tokens[:, i + k + 2: i + k + 3], position_ids=torch.full((2, 1), i + k + 1),
+                              past_key_values=cache, hidden=head.last_hidden[:, -1:]).logits[:, -1]
