@@ -337,18 +337,19 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
         raise DataError(f"dataset.group_by: '{cfg.group_by}' is not a field of {cfg.path}; fields: {', '.join(fields)}"
                         + also)
     available = len(rows)
+    row_ids = range(available)  # each kept row's place in the file: its prompt's sample_id
     if cfg.per_group is not None:  # group_by is a field of the file (the config and the check above say so)
         taken, keep = defaultdict(int), []
         for index, value in enumerate(row[cfg.group_by] for row in rows):
             taken[value] += 1
             if taken[value] <= cfg.per_group:
                 keep.append(index)
-        rows = rows.select(keep)
+        rows, row_ids = rows.select(keep), keep
         available = len(rows)
     if cfg.num_samples is not None:
         rows = rows.select(range(min(cfg.num_samples, available)))
     result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed)
-    for index, row in enumerate(rows):
+    for index, row in zip(row_ids, rows):
         prompt = prompt_of(row, cfg, field_name)
         if prompt is None:  # nothing to ask: skipped, and counted (the report's notes say how many)
             result.skipped_empty += 1

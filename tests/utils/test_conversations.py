@@ -83,6 +83,7 @@ def test_per_group_takes_the_first_rows_of_each_group(tmp_path):
     cfg = DatasetConfig(path=path, prompt_field="turns", chat_template=False, group_by="category", per_group=1)
     prompts = load_prompts(cfg, tokenizer(False))
     assert [(p.text, p.group) for p in prompts.prompts] == [("w3 w4", "a"), ("w8 w9 w10", "b"), ("w14", "c")]
+    assert [p.sample_id for p in prompts.prompts] == [0, 1, 4]  # the rows' places in the file, as without per_group
     with pytest.raises(ValueError, match="per_group takes the first N rows of each dataset.group_by value"):
         DatasetConfig(path=path, prompt_field="turns", per_group=1)
     # with num_samples after it, and as conversations (dataset.turns): the first turns of the rows taken, then theirs
