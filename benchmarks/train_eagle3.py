@@ -141,9 +141,9 @@ def ttt_logits(head, tokens: torch.Tensor, features: torch.Tensor, steps: int) -
     from transformers import DynamicCache
 
     batch, width = features.shape[:2]
-    anchors = torch.arange(width)
-    causal = anchors[:, None] >= anchors[None, :]
-    diagonal = torch.eye(width, dtype=torch.bool)
+    anchors = torch.arange(width, device=features.device)
+    causal = anchors[:, None] >= anchors[None, :]  # a boolean mask, True where a query attends (the head's sdpa)
+    diagonal = torch.eye(width, dtype=torch.bool, device=features.device)
     cache, hidden, out = DynamicCache(), None, []
     for k in range(steps):
         mask = torch.cat([causal] + [diagonal] * k, dim=1)[None, None].expand(batch, 1, -1, -1)
@@ -177,6 +177,12 @@ def _batch(chosen, ids, states, labels, to_draft, ttt: int):
     return x, f, y
 
 
+def step_targets(y: torch.Tensor, k: int, width: int) -> torch.Tensor:
+    """Step k's labels [B, W]: at anchor i the target's greedy token i + k + 2 places on (y[i + k]), -100 past the
+    window."""
+    return y[:, k: k + width]
+
+
 def train(head, ids, states, labels, spans, minutes: float, ttt: int, lr: float, batch: int, seed: int, log):
     """AdamW on the head until `minutes` have passed. Anchor i of a window reads the target's state at i and token
     i + 1; step k there is scored on the target's greedy token after i + k + 1 (its label at i + k + 1), over the
@@ -192,7 +198,7 @@ def train(head, ids, states, labels, spans, minutes: float, ttt: int, lr: float,
         width = f.shape[1]
         loss, accuracy = 0.0, None
         for k, logits in enumerate(ttt_logits(head, x, f, ttt)):
-            target = y[:, k: k + width]
+            target = step_targets(y, k, width)
             loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(),
                                                             ignore_index=-100) * (0.8 ** k)
             if k == 0:
@@ -218,7 +224,7 @@ def accuracy_per_step(head, ids, states, labels, spans, ttt: int) -> list[float 
         for start in range(0, len(spans), 8):
             x, f, y = _batch(spans[start: start + 8], ids, states, labels, to_draft, ttt)
             for k, logits in enumerate(ttt_logits(head, x, f, ttt)):
-                target = y[:, k: k + f.shape[1]]
+                target = step_targets(y, k, f.shape[1])
                 hits[k] += int(((logits.argmax(-1) == target) & (target != -100)).sum())
                 scored[k] += int((target != -100).sum())
     return [round(h / n, 4) if n else None for h, n in zip(hits, scored)]
@@ -267,6 +273,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if (args.gsm8k_answers or args.gsm8k_answered) and not args.gsm8k:
+        parser.error("--gsm8k-answers and --gsm8k-answered read a local GSM8K file: give it with --gsm8k PATH")
 
     from decode.heads import default_aux_layers, save_eagle3
     from utils.config import ModelConfig

@@ -147,3 +147,12 @@ def test_the_training_time_test_reads_what_drafting_reads(monkeypatch):
                 torch.testing.assert_close(trained[k][:, i], logits, rtol=1e-4, atol=1e-5)
                 logits = head(tokens[:, i + k + 2: i + k + 3], position_ids=torch.full((2, 1), i + k + 1),
                               past_key_values=cache, hidden=head.last_hidden[:, -1:]).logits[:, -1]
+    # the labels: step k at anchor i is scored on the sequence's token i + k + 2 from the window's start (ids 0, 1, 2,
+    # ... whose greedy next token is the next id), nothing past the window's last state; two windows of different
+    # lengths in one batch
+    ids = torch.arange(40)
+    x, f, y = train_eagle3._batch([(3, 10), (20, 25)], ids, torch.zeros(40, 2), ids + 1, torch.arange(41), steps)
+    for k in range(steps):
+        got = train_eagle3.step_targets(y, k, f.shape[1])
+        for row, (start, n) in enumerate(((3, 6), (20, 4))):
+            assert got[row].tolist() == [start + i + k + 2 if i + k < n else -100 for i in range(f.shape[1])]
