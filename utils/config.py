@@ -80,7 +80,8 @@ class DatasetConfig(Strict):
     num_samples: int | None = Field(None, ge=1, description="the first N rows; default: all (a file with fewer runs "
                                                             "what it has, and the notes say so)")
     per_group: int | None = Field(None, ge=1, description="the first N rows of each group_by value (e.g. 2 of each "
-                                                          "MT-Bench category), in file order, before num_samples")
+                                                          "MT-Bench category), in file order, before num_samples; a prompt's sample_id stays "
+                                                          "its row in the file")
     chat_template: Literal["auto", True, False] = Field(
         "auto", description="auto: apply the target tokenizer's chat template where it has one")
     system_prompt: str | None = Field(None, description="system message for the chat template")
