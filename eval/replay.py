@@ -47,14 +47,27 @@ class Pricer:
     """A schedule's costs from a profile: the target's steps and prefills, and the draft model's when the method
     drafts with one (draft: its label in the profile). clamp_rows: a step at fewer rows than any profiled takes the
     smallest profiled rows' cost (a static batch's tail, when its rows leave, where the run probed its full size
-    only): the rows so priced are kept in `clamped`, and the prediction says so."""
+    only): the rows so priced are kept in `clamped`, and the prediction says so.
+
+    A compiled profile (meta "compile") prices the steps the compiled engine runs (decode/static_kv.py): a batch
+    keeps its capacity (the smallest profiled rows holding it) until its last row ends, finished rows running as dead
+    rows, its prefill included; a step runs at the smallest profiled width holding its tokens (width_for)."""
 
     def __init__(self, profile, draft: str | None = None, clamp_rows: bool = False):
         from eval.costs import TARGET, draft_model
         self.profile, self.target, self.clamp_rows = profile, TARGET, clamp_rows
         self.draft = None if draft is None else draft_model(draft)
+        self.compiled = bool(profile.meta.get("compile"))
         self.clamped: set[int] = set()
         self._memo: dict[tuple, float | None] = {}
+
+    def rows(self, in_flight: int, peak: int) -> int:
+        """The rows a step over `in_flight` rows is priced at: those, or (compiled) the capacity of the most rows
+        the batch held (`peak`)."""
+        return _fitting(self.profile.rows_measured(self.target), peak) if self.compiled else in_flight
+
+    def _width(self, width: int) -> int:
+        return _fitting(self.profile.widths_measured(self.target), width) if self.compiled else width
 
     def _step(self, model: str, rows: int, width: int, kv: float) -> float | None:
         key = (model, rows, width, kv)
@@ -73,7 +86,7 @@ class Pricer:
         return s
 
     def step(self, rows: int, width: int, kv: float) -> float:
-        s = _finite(self._step(self.target, rows, width, kv))
+        s = _finite(self._step(self.target, rows, self._width(width), kv))
         if s is None:
             raise MissingCost(f"the target's step at {rows} rows x {width} tokens (profiled: rows "
                               f"{self.profile.rows_measured(self.target)}, widths "
@@ -93,6 +106,11 @@ class Pricer:
         if s is None:
             raise MissingCost(f"the {'draft model' if draft else 'target'}'s prefill (no prefill profiled)")
         return s
+
+
+def _fitting(measured: list[int], n: int) -> int:
+    """The smallest of `measured` holding n (n where none does: priced as the profile prices it, or missing)."""
+    return min((m for m in measured if m >= n), default=n)
 
 
 def _finite(s: float | None) -> float | None:
@@ -129,7 +147,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
     out = [dict(r) for r in requests]
     done = [0] * n  # tokens so far
     taken = [0] * n  # rounds replayed
-    now, active = 0.0, []
+    now, active, peak = 0.0, [], 0
     drafts = pricer.draft is not None
     follows = [r.get("follows") for r in requests]
     queue = Queue(Load([r["arrival_s"] for r in requests], concurrency, follows, think_s))
@@ -153,21 +171,22 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
             if group:
                 width = max(requests[i]["prompt_tokens"] for i in group)
                 admitted = now
-                now += pricer.prefill(len(group), width)
+                peak = max(peak, len(active) + len(group))
+                now += pricer.prefill(pricer.rows(len(group), peak), width)
                 for i in group:
                     out[i]["admitted_s"], out[i]["first_token_s"] = admitted, now
                     done[i] = min(1, requests[i]["new_tokens"])
                 going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
                 end([i for i in group if i not in going])
                 if going and drafts:
-                    draft_prefill = pricer.prefill(len(going), width, draft=True)
+                    draft_prefill = pricer.prefill(pricer.rows(len(going), peak), width, draft=True)
                     now += draft_prefill
                     for i in going:
                         out[i]["draft_prefill_s"] = draft_prefill
                 active += going
         if not active:
             continue
-        rows = len(active)
+        rows = pricer.rows(len(active), peak)
         kv = max(requests[i]["prompt_tokens"] + done[i] for i in active)
         if requests[active[0]].get("rounds") is None:
             now += pricer.step(rows, 1, kv)
@@ -230,7 +249,11 @@ def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_
 
 def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurrency: int | None = None) -> list[dict]:
     """Each repeat of a load point replayed: its requests at their arrivals, at most `concurrency` (default: the
-    point's) in flight; the records with admitted_s, first_token_s, finish_s as the replay times them."""
+    point's) in flight; the records with admitted_s, first_token_s, finish_s as the replay times them. A compiled
+    profile prices no load: the compiled engine's static caches take no joins (MissingCost)."""
+    if pricer.compiled:
+        raise MissingCost("a load's steps: it is compiled, and the compiled engine takes no joins (profile the "
+                          "device with engine.compile: false)")
     out = []
     by_repeat = defaultdict(list)
     for s in samples:

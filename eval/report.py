@@ -139,6 +139,8 @@ def markdown(summary: dict, title: str = "") -> str:
     if summary.get("order"):
         notes.append(f"order: {summary['order']}")
     for engine, v in (summary.get("engine_info") or {}).items():
+        for role, graphs in (v.get("compiled") or {}).items():
+            notes.append(compiled_note(role, graphs))
         if v.get("order"):
             title = ENGINE_TEXTS[engine].title if engine in ENGINE_TEXTS else engine
             notes.append(f"order of the {title} points ({title} {v.get('version')}, {v.get('python')}): {v['order']}")
@@ -764,3 +766,15 @@ def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
         axes.legend(fontsize=6)
         written.append(_save(figure, out_dir, "tpot_vs_throughput.png", plt))
     return written
+
+
+def compiled_note(role: str, graphs: dict) -> str:
+    """One compiled model's counters (decode/static_kv.py CompiledModel.summary) in words: what a step's cost rests on
+    (a second buffer set or a CUDA graph recorded after the warmup re-records graphs; a skip runs a step without one)."""
+    sets = ", ".join(f"{n} at capacity {capacity}" for capacity, n in (graphs.get("buffer_sets") or {}).items())
+    text = (f"engine.compile, {role}: {graphs.get('graphs')} graphs, {graphs.get('recompiles_after_warmup')} after the "
+            f"warmup; buffer sets {sets or 'none'}")
+    if graphs.get("cuda_graphs"):
+        text += (f"; CUDA graphs recorded {graphs.get('recordings')}, {graphs.get('recordings_after_warmup')} after the "
+                 f"warmup, skipped {graphs.get('skips')}")
+    return text

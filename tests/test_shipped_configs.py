@@ -57,6 +57,8 @@ def test_cpu_config_runs_exactly_compiled(path, tmp_path_factory, tmp_path):
             assert run["metrics"]["exact_match"] == 1.0, run["label"]
     assert any(n.startswith("engine.compile: static KV caches") for n in summary["notes"])
     assert not [n for n in summary["notes"] if "compiled a graph inside a timed batch" in n]
+    compiled = summary["engine_info"]["ours"]["compiled"]  # the compiled models' own counters, kept in the report
+    assert compiled["target"]["graphs"] > 0 and all(m["recompiles_after_warmup"] == 0 for m in compiled.values())
 
 
 def random_head(target: Path, kind: str, root: Path) -> Path:

@@ -3,6 +3,7 @@
     model: synthetic:qwen3-4b                 # the target: Qwen3-4B's published shape, seeded random weights
     model: synthetic:qwen3-4b?layers=2        # a draft: the target's first 2 layers, its embeddings, norm and head
     model: synthetic:llama-1b?layers=2&noise=0.1   # ... with every weight perturbed by 10% of its std
+    model: synthetic:llama-1b?layers=4&draw=cpu    # drawn on the CPU, then moved: the same weights on every device
 
 The shapes (SHAPES) are the published config.json numbers of Qwen3 0.6B-8B, Qwen2.5-Coder 0.5B and 1.5B (the offline
 pair's shapes; q/k/v biases), gemma-3 270m/1b/4b (the text model; sliding-window layers, q/k norms), Llama-3.2-1B and
@@ -89,9 +90,12 @@ def parse(spec: str) -> tuple[str, int | None, float, int]:
     if name not in SHAPES:
         raise ValueError(f"unknown synthetic model '{name}'; choose one of {', '.join(SHAPES)}")
     params = {k: v[-1] for k, v in parse_qs(query).items()}
-    unknown = set(params) - {"layers", "noise", "seed"}
+    unknown = set(params) - {"layers", "noise", "seed", "draw"}
     if unknown:
-        raise ValueError(f"unknown synthetic parameter {sorted(unknown)[0]!r}; use layers, noise, seed")
+        raise ValueError(f"unknown synthetic parameter {sorted(unknown)[0]!r}; use layers, noise, seed, draw")
+    if params.get("draw", "cpu") not in ("cpu", "device"):
+        raise ValueError(f"draw={params['draw']} is neither cpu (the same weights on every device) nor device (drawn "
+                         "where the model runs, the default)")
     layers = int(params["layers"]) if "layers" in params else None
     if layers is not None and not 1 <= layers <= SHAPES[name][2]:
         raise ValueError(f"layers={layers} is outside 1..{SHAPES[name][2]} for {name}")
@@ -153,11 +157,14 @@ def build_model(spec: str, dtype: torch.dtype, attn_implementation: str, device:
 
 def build_decoder(spec: str, dtype: torch.dtype, attn_implementation: str, device: torch.device | str = "cpu"):
     """The model alone, on `device` in `dtype`, eval mode, no grad. On the meta device nothing is drawn (shapes
-    only). A parameter's values depend on the seed, its name, the device type and the dtype only."""
+    only). A parameter's values depend on the seed, its name, the device type and the dtype only; with draw=cpu
+    they are drawn on the CPU and moved, so a CPU and a GPU run the same model (a transfer check, docs/predict.md)."""
     from accelerate import init_empty_weights
 
     name, _, noise, seed = parse(spec)
-    device = torch.device(device)
+    target_device = torch.device(device)
+    host = parse_qs(spec.partition("?")[2]).get("draw", ["device"])[-1] == "cpu" and target_device.type != "meta"
+    device = torch.device("cpu") if host else target_device
     cls, config = build_config(spec, attn_implementation)
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rope frequencies) computed
         model = cls(config)
@@ -182,6 +189,6 @@ def build_decoder(spec: str, dtype: torch.dtype, attn_implementation: str, devic
                 module._parameters[key] = torch.nn.Parameter(tensor, requires_grad=False)
         if config.tie_word_embeddings:
             model.get_output_embeddings().weight = model.get_input_embeddings().weight
-    model = model.to(device).eval()  # the buffers
+    model = model.to(target_device).eval()  # the buffers (and, drawn on the host, the weights)
     model.generation_config.eos_token_id = 2
     return model

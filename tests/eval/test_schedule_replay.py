@@ -10,7 +10,7 @@ import pytest
 from eval.costs import Profile, ProfileError, TARGET, draft_model
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.predict import predict_run
-from eval.replay import MissingCost, Pricer, simulate
+from eval.replay import MissingCost, Pricer, replay_load, simulate
 
 
 def profile(steps=None, prefills=None) -> Profile:
@@ -43,6 +43,25 @@ def test_two_rows_of_a_static_batch_by_hand():
     # then A's last 2 alone at 0.8 -> 3.8
     base = simulate([request(new_tokens=5), request(new_tokens=3, prompt=8)], 2, Pricer(profile()))
     assert [t["finish_s"] for t in base] == pytest.approx([3.8, 2.2])
+
+
+def test_a_compiled_batch_keeps_its_capacity_and_its_compiled_width():
+    # A: rounds of 2 then 1 drafted (3 + 1 tokens), 5 tokens; B: one round of 1 drafted and accepted, 3 tokens
+    a, b = request([(2, 2), (1, 0)]), request([(1, 1)])
+    eager, compiled = profile(), profile()
+    compiled.meta["compile"] = True
+    # eager: prefill 0.2 + draft's 0.1; round 1 over both, its widest draft 2: 2 x 0.3 + 1.5 -> 2.4, B done; round 2
+    # over A alone, 1 drafted: 0.25 + the 2-token step between 1 (0.8) and 3 (1.2) tokens, 1.0 -> 3.65
+    assert [t["finish_s"] for t in simulate([a, b], 2, Pricer(eager, "d"))] == pytest.approx([3.65, 2.4])
+    # compiled: round 2 still runs the batch's 2 rows (B a dead row) at the compiled width 3: 0.3 + 1.5 -> 4.2
+    assert [t["finish_s"] for t in simulate([a, b], 2, Pricer(compiled, "d"))] == pytest.approx([4.2, 2.4])
+    # a batch of 1 on a profile of rows 2 only: its capacity is 2 from its prefill on (0.2 + 0.1, then 2.1 and 1.8)
+    only_two = profile([(TARGET, 2, 1, 1.0), (TARGET, 2, 3, 1.5), (draft_model("d"), 2, 1, 0.3)])
+    only_two.meta["compile"] = True
+    assert simulate([a], 1, Pricer(only_two, "d"))[0]["finish_s"] == pytest.approx(0.3 + 2.1 + 1.8)
+    # the compiled engine serves no load: a compiled profile prices none
+    with pytest.raises(MissingCost, match="takes no joins"):
+        replay_load([dict(a, request=0, arrival_s=0.0)], Pricer(compiled, "d"), True)
 
 
 def test_a_request_joining_mid_round_waits_for_the_round():

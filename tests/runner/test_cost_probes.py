@@ -157,8 +157,9 @@ def test_the_probed_costs_predict_what_the_run_measures(monkeypatch):
     assert costs.target_forward_s == pytest.approx(1.5)
     assert costs.c_by_draft == {"d": pytest.approx(0.2)} and costs.v == {gamma: pytest.approx(0.8)}
     # each step (not the prefills of 14 tokens, nor the prefill points' of the prompt's 9) appends after the prompt's
-    # 9 tokens and 5 more
-    assert costs.context_tokens == 14 and {position for width, position in positions if width < 9} == {14}
+    # 9 tokens and 5 more; the draft's steps as a round chains them, gamma of them: its second at 15
+    assert costs.context_tokens == 14 and {position for width, position in positions if width < 9} == {14, 15}
+    assert sorted(position for width, position in positions if width == 1).count(15) == 3  # 1 untimed + 2 reps
     measured = ((spec.new_tokens - 1) / (spec.latency_s - spec.prefill_s - spec.draft_prefill_s)) / \
         ((base.new_tokens - 1) / (base.latency_s - base.prefill_s))
     assert measured == pytest.approx(2.5)

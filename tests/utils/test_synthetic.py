@@ -156,9 +156,17 @@ def test_agreement_is_controlled_by_depth_and_noise():
     assert shallow < 1.0 and noisy < 1.0
 
 
+def test_drawn_on_the_host_is_the_cpu_model():
+    """draw=cpu draws every weight on the CPU (then moves it): a GPU runs the very model a CPU run ran."""
+    plain = build_decoder("synthetic:llama-tiny?noise=0.1", torch.float32, "sdpa").state_dict()
+    hosted = build_decoder("synthetic:llama-tiny?noise=0.1&draw=cpu", torch.float32, "sdpa").state_dict()
+    assert plain.keys() == hosted.keys() and all(torch.equal(plain[k], hosted[k]) for k in plain)
+
+
 @pytest.mark.parametrize("spec, fragment", [("synthetic:llama-9b", "unknown synthetic model"),
                                             ("synthetic:llama-tiny?layers=9", "outside"),
-                                            ("synthetic:llama-tiny?depth=2", "unknown synthetic parameter")])
+                                            ("synthetic:llama-tiny?depth=2", "unknown synthetic parameter"),
+                                            ("synthetic:llama-tiny?draw=gpu", "draw=gpu")])
 def test_bad_synthetic_specs(spec, fragment):
     with pytest.raises(ValueError, match=fragment):
         parse(spec)
@@ -200,3 +208,22 @@ def test_qwen3_shape_in_a_run(tmp_path):
     assert result.returncode == 0, result.stderr
     runs = json.loads((tmp_path / "out" / "summary.json").read_text())["runs"]
     assert len(runs) == 2 and all(r["metrics"]["exact_match"] == 1.0 for r in runs)
+
+
+def test_saved_synthetic_models_load_as_local_folders(tmp_path):
+    """benchmarks/save_synthetic.py: the folders load through the runner's loader (where bitsandbytes can quantize
+    them) as the very models the config builds: the same logits, the same tokens."""
+    from utils.config import ModelConfig
+    from utils.models import load_model
+
+    config = tmp_path / "pair.yaml"
+    config.write_text(yaml.safe_dump({"target": {"model": "synthetic:llama-tiny?draw=cpu"},
+                                      "draft": {"model": "synthetic:llama-tiny?layers=2&noise=0.1&draw=cpu"}}))
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "save_synthetic.py"), str(config), str(tmp_path / "m")],
+                   check=True, capture_output=True, cwd=ROOT)
+    ids = torch.tensor([[5, 9, 200, 31]])
+    for role, spec in (("target", "synthetic:llama-tiny"), ("draft", "synthetic:llama-tiny?layers=2&noise=0.1")):
+        built, tokenizer = build_model(spec, torch.float32, "sdpa")
+        loaded = load_model(ModelConfig(model=str(tmp_path / "m" / role), dtype="float32"), torch.device("cpu"), role)
+        assert torch.equal(built(ids).logits, loaded.model(ids).logits)
+        assert loaded.tokenizer("a b").input_ids == tokenizer("a b").input_ids

@@ -68,6 +68,14 @@ class OurEngine(Engine):
     def run(self, units: list[Unit], done: set):
         yield from self.executor.run(units, done)
 
+    def info(self) -> dict:
+        """engine.compile: each compiled model's counters so far (decode/static_kv.py CompiledModel.summary: graphs,
+        CUDA graph recordings and skips, buffer sets per capacity), so a report says what its graphs did."""
+        if not isinstance(self.executor, LocalExecutor) or self.executor.session.released:
+            return {}
+        compiled = self.executor.session.compiled_models()
+        return {"compiled": {role: model.summary() for role, model in compiled.items()}} if compiled else {}
+
     def release(self, by: Engine) -> str | None:
         if not isinstance(self.executor, LocalExecutor):  # Ray's workers hold the models elsewhere
             return None
