@@ -140,7 +140,9 @@ class Session:
         self.context = RunContext(target=self.target.model, tokenizer=self.tokenizer,
                                   drafts={label: d.model for label, d in self.drafts.items()},
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
-                                  options=config.speculative.model_dump())
+                                  options=config.speculative.model_dump(),
+                                  groups={tuple(p.token_ids): p.group for p in self.prompt_set.prompts
+                                          if p.group is not None})
 
     def _answer(self, token_ids: list[int]) -> str:
         """The target's greedy answer to a prompt, at batch 1, eager (a conversation's earlier turn: utils/data.py

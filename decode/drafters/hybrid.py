@@ -141,12 +141,16 @@ class HybridDrafter(Drafter):
     the longest draft of a round from any source (speculative.hybrid_max_draft, else the point's gamma); c, v: the
     measured cost ratios (v keyed by nodes n, as runner/probes.py measures them); pools: per evidence key (EVIDENCE:
     the draft model, each free source's strata) the point's PointEvidence (RunContext.memory), the rows' prior;
-    cache: the suffix source's earlier outputs (SuffixCache)."""
+    group_pools and group_of: a row's group (group_of(its prompt's ids): a dataset category, None for none) keeps
+    pools of its own (group -> evidence key -> PointEvidence), its rows' prior, shrunk toward the point's
+    (CostModelSchedule.pool_prior): where one source pays in one category and not in another, each category's rows
+    start from their own record; cache: the suffix source's earlier outputs (SuffixCache)."""
     PROBE_EVERY = 8
 
     def __init__(self, draft: DraftModelDrafter, target_vocab_size: int, gamma: int, c: float, v: dict[int, float],
                  pools: dict[str, PointEvidence] | None = None, cache: SuffixCache | None = None, ngram_max: int = 3,
-                 ngram_min: int = 1, suffix_max_depth: int = 8, suffix_min_prob: float = 0.1, merge: bool = True):
+                 ngram_min: int = 1, suffix_max_depth: int = 8, suffix_min_prob: float = 0.1, merge: bool = True,
+                 group_pools: dict[str, dict[str, PointEvidence]] | None = None, group_of=None):
         self.draft = draft
         self.wanted = _Wanted(gamma)
         draft.schedule, draft.tree = self.wanted, None
@@ -160,6 +164,8 @@ class HybridDrafter(Drafter):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.suffix_max_depth, self.suffix_min_prob = suffix_max_depth, suffix_min_prob
         self.merge = merge
+        self.group_pools = group_pools if group_pools is not None else {}
+        self.group_of = group_of
         self.round_facts: list[dict] | None = None
 
     @property
@@ -190,18 +196,27 @@ class HybridDrafter(Drafter):
         depth = self.suffix_max_depth + self.gamma
         self.suffixes += [SuffixSource(p, self.cache, self.suffix_max_depth, self.suffix_min_prob, depth)
                           for p in prompts]
-        for estimator in self.estimators.values():
-            estimator.add_rows(len(prompts))
+        groups = [self.group_of(p) if self.group_of is not None else None for p in prompts]
+        for key, estimator in self.estimators.items():
+            estimator.add_rows(len(prompts), [None if group is None else self.group_pools.setdefault(group, {})
+                                              .setdefault(key, PointEvidence(self.gamma)).counts for group in groups])
         self.since_draft += [0] * len(prompts)
         self.draft.add_rows(prompt_ids, prompt_mask)  # and self.wanted, its schedule
         self.device = prompt_ids.device
 
     def _plans(self, limits: list[int]) -> list[tuple[str | None, int, int, float]]:
-        priors = {key: e.pool_prior() for key, e in self.estimators.items()}
+        priors = {}  # (evidence key, the row's group pool): its prior, once per round
+
+        def prior(key: str, row: int) -> list[float | None]:
+            group = self.estimators[key].groups[row]
+            if (key, id(group)) not in priors:
+                priors[(key, id(group))] = self.estimators[key].pool_prior(group)
+            return priors[(key, id(group))]
+
         plans = []
         for row, limit in enumerate(limits):
             keys = {"draft": "draft", **self.keys[row]}  # each free candidate's evidence: its stratum's
-            rates = {s: self.estimators[key].acceptance(row, priors[key]) for s, key in keys.items()}
+            rates = {s: self.estimators[key].acceptance(row, prior(key, row)) for s, key in keys.items()}
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
             probe = self.since_draft[row] + 1 >= self.PROBE_EVERY and limit > 0
             plans.append(plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge))

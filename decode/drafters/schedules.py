@@ -289,6 +289,7 @@ class CostModelSchedule(Schedule):
     def start(self, rows):
         super().start(rows)
         self.counts = [AcceptanceCounts(self.gamma) for _ in range(rows)]  # each row's recent evidence
+        self.groups: list[AcceptanceCounts | None] = [None] * rows  # each row's group's pool (add_rows), if any
         self.since_probe = [0] * rows  # rounds below gamma since the row's last probe (or its start)
 
     def verify_cost(self, k: int) -> float:
@@ -304,15 +305,23 @@ class CostModelSchedule(Schedule):
             return known[below] + slope * (k - below)
         return known[below] + (known[above] - known[below]) * (k - below) / (above - below)
 
-    def pool_prior(self) -> list[float | None]:
-        """The pool's b_i where the pool has tested position i (b_1 always), else None: the rows' prior."""
+    def pool_prior(self, group: AcceptanceCounts | None = None) -> list[float | None]:
+        """The pool's b_i where the pool has tested position i (b_1 always), else None: the rows' prior. With a
+        group's pool (a dataset category's rows, add_rows): its counts shrunk toward the point's pool (`prior_weight`
+        rounds' weight), so a category's first rows start from the point and its own record takes over."""
         pooled = self.pool.rates([None] * self.gamma, self.prior_weight)
-        return [b if (i == 0 or self.pool.tested[i + 1] > 0) else None for i, b in enumerate(pooled)]
+        prior = [b if (i == 0 or self.pool.tested[i + 1] > 0) else None for i, b in enumerate(pooled)]
+        if group is None:
+            return prior
+        grouped = group.rates(prior, self.prior_weight)
+        return [b if (i == 0 or group.tested[i + 1] > 0 or prior[i] is not None) else None
+                for i, b in enumerate(grouped)]
 
     def acceptance(self, row: int, prior: list[float | None] | None = None) -> list[float]:
-        """The row's [b_1 .. b_gamma]: its own decayed counts, shrunk toward the pool's b_i where the pool
-        has tested position i (prior: pool_prior(), when the caller has it already)."""
-        return self.counts[row].rates(prior if prior is not None else self.pool_prior(), self.prior_weight)
+        """The row's [b_1 .. b_gamma]: its own decayed counts, shrunk toward its prior: its group's pool or the
+        point's, where tested (prior: pool_prior(...) of the row's group, when the caller has it already)."""
+        return self.counts[row].rates(prior if prior is not None else self.pool_prior(self.groups[row]),
+                                      self.prior_weight)
 
     def tokens_per_cost(self, k: int, rates: list[float]) -> float:
         """E(k) / (k c + v(k)), E(k) = 1 + sum over i <= k of b_1 ... b_i."""
@@ -327,9 +336,12 @@ class CostModelSchedule(Schedule):
         return max(range(self.gamma + 1), key=lambda k: (round(self.tokens_per_cost(k, rates), 12), -k))
 
     def lengths(self):
-        out, prior = [], self.pool_prior()  # the pool changes only in update: once per round, not per row
+        out, priors = [], {}  # the pools change only in update: once per round, not per row
         for row in range(self.rows):
-            k = self.best_length(self.acceptance(row, prior))
+            group = self.groups[row]
+            if id(group) not in priors:
+                priors[id(group)] = self.pool_prior(group)
+            k = self.best_length(self.acceptance(row, priors[id(group)]))
             self.since_probe[row] = 0 if k == self.gamma else self.since_probe[row] + 1  # nothing deeper
             if self.since_probe[row] >= self.probe_every:
                 k += 1  # a probe: the only way evidence about position k + 1 arrives
@@ -342,15 +354,20 @@ class CostModelSchedule(Schedule):
             if d:
                 self.counts[row].add(d, a, self.decay)
                 self.pool.add(d, a)
+                if self.groups[row] is not None:
+                    self.groups[row].add(d, a)
 
     def select_rows(self, rows):
         super().select_rows(rows)
         self.counts = [self.counts[r] for r in rows]
+        self.groups = [self.groups[r] for r in rows]
         self.since_probe = [self.since_probe[r] for r in rows]
 
-    def add_rows(self, rows):
+    def add_rows(self, rows, groups: list[AcceptanceCounts | None] | None = None):
+        """New requests: the pool is their prior, or each one's group's pool (`groups`, one per row; None: none)."""
         super().add_rows(rows)
-        self.counts += [AcceptanceCounts(self.gamma) for _ in range(rows)]  # a new request: the pool is its prior
+        self.counts += [AcceptanceCounts(self.gamma) for _ in range(rows)]
+        self.groups += groups if groups is not None else [None] * rows
         self.since_probe += [0] * rows
 
 

@@ -22,6 +22,7 @@ class RunContext:
     memory: dict = field(default_factory=dict)  # what a method learns across the batches of a point, by point
     load: object = None  # decode/serving.py Load: a serving run's arrivals and concurrency; None: a fixed batch
     warming_up: bool = False  # the untimed warmup runs (a shorter max_new_tokens): learn nothing about lengths
+    groups: dict = field(default_factory=dict)  # a prompt's token ids (tuple) -> its group (dataset.group_by), if any
 
 
 @dataclass(frozen=True)

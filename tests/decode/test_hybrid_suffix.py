@@ -261,3 +261,46 @@ def test_hybrid_drafts_past_gamma_where_its_record_holds_and_stays_exact():
                                        mask, generation, 12)
     assert records[0].output_ids == base
     assert max(rd["drafted"] for rd in records[0].rounds) > 4
+
+
+def test_hybrid_pools_its_prior_per_category():
+    """Worked by hand. Lookup's 3-gram matches were accepted 95 of 100 times at every position in the extraction
+    rows seen so far and 20 of 100 in the reasoning rows; the point's pool holds both (115 of 200), the draft model's
+    80 of 100 (the point's only). c = 0.4, v(k) = 1 + 0.05 k, a cap of 12 (gamma 4), prior weight 2. A category's
+    prior is its counts shrunk toward the point's: b_1 = (95 + 2 x 116/202) / 102 = 0.943 for extraction, (20 + 2 x
+    116/202) / 102 = 0.207 for reasoning (the point's 116/202 = 0.574). A new extraction row with a 12-token 3-gram
+    match drafts it all; a new reasoning row with the same match leaves it and drafts 2 tokens with the model
+    (as with the 20% record in the test above). Pooled per point (0.574), both rows draft 4 lookup tokens: too few for
+    the one, wasted on the other."""
+    from decode.drafters.schedules import PointEvidence
+
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = ragged_batch([5, 5], seed=0)
+    prompts = [tuple(t for t, m in zip(r, k) if m) for r, k in zip(ids.tolist(), mask.tolist())]
+    category = {prompts[0]: "extraction", prompts[1]: "reasoning"}
+
+    def counts(tested, accepted):
+        evidence = PointEvidence(12)
+        evidence.counts.tested = [0.0] + [float(tested)] * 12
+        evidence.counts.accepted = [0.0] + [float(accepted)] * 12
+        return evidence
+
+    def plans(group_of):
+        pools = {"lookup:n3+": counts(200, 115), "draft": counts(100, 80)}
+        groups = {"extraction": {"lookup:n3+": counts(100, 95)}, "reasoning": {"lookup:n3+": counts(100, 20)}}
+        hybrid = HybridDrafter(DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, Sampling()), VOCAB, 12, 0.4,
+                               {k: 1 + 0.05 * k for k in range(1, 26)}, pools=pools, group_pools=groups,
+                               group_of=group_of)
+        with torch.inference_mode():
+            hybrid.start(ids, mask)
+        hybrid.candidates = [{"lookup": list(range(3, 15)), "suffix": []}] * 2
+        hybrid.keys = [{"lookup": "lookup:n3+", "suffix": "suffix:p<.5"}] * 2
+        estimator = hybrid.estimators["lookup:n3+"]
+        first = [estimator.acceptance(row)[0] for row in range(2)]
+        return hybrid._plans([12, 12]), first
+
+    by_category, first = plans(lambda prompt: category[tuple(prompt)])
+    assert first == [pytest.approx((95 + 2 * 116 / 202) / 102), pytest.approx((20 + 2 * 116 / 202) / 102)]
+    assert by_category[0][:3] == ("lookup", 12, 0) and by_category[1][:3] == (None, 0, 2)
+    per_point, first = plans(None)
+    assert first == [pytest.approx(116 / 202)] * 2 and per_point[0][:3] == per_point[1][:3] == ("lookup", 4, 0)
