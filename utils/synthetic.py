@@ -85,21 +85,25 @@ SHAPES = {
 
 def parse(spec: str) -> tuple[str, int | None, float, int]:
     """'synthetic:NAME?layers=L&noise=X&seed=S' -> (NAME, L, X, S)."""
-    body = spec.removeprefix("synthetic:")
-    name, _, query = body.partition("?")
+    name, params = _spec_params(spec)
     if name not in SHAPES:
         raise ValueError(f"unknown synthetic model '{name}'; choose one of {', '.join(SHAPES)}")
-    params = {k: v[-1] for k, v in parse_qs(query).items()}
     unknown = set(params) - {"layers", "noise", "seed", "draw"}
     if unknown:
         raise ValueError(f"unknown synthetic parameter {sorted(unknown)[0]!r}; use layers, noise, seed, draw")
-    if params.get("draw", "cpu") not in ("cpu", "device"):
+    if params.get("draw", "device") not in ("cpu", "device"):
         raise ValueError(f"draw={params['draw']} is neither cpu (the same weights on every device) nor device (drawn "
                          "where the model runs, the default)")
     layers = int(params["layers"]) if "layers" in params else None
     if layers is not None and not 1 <= layers <= SHAPES[name][2]:
         raise ValueError(f"layers={layers} is outside 1..{SHAPES[name][2]} for {name}")
     return name, layers, float(params.get("noise", 0.0)), int(params.get("seed", 0))
+
+
+def _spec_params(spec: str) -> tuple[str, dict[str, str]]:
+    """'synthetic:NAME?k=v&...' -> (NAME, {k: v}), the last value of a repeated key."""
+    name, _, query = spec.removeprefix("synthetic:").partition("?")
+    return name, {k: v[-1] for k, v in parse_qs(query).items()}
 
 
 def build_tokenizer(vocab_size: int):
@@ -163,7 +167,7 @@ def build_decoder(spec: str, dtype: torch.dtype, attn_implementation: str, devic
 
     name, _, noise, seed = parse(spec)
     target_device = torch.device(device)
-    host = parse_qs(spec.partition("?")[2]).get("draw", ["device"])[-1] == "cpu" and target_device.type != "meta"
+    host = _spec_params(spec)[1].get("draw") == "cpu" and target_device.type != "meta"
     device = torch.device("cpu") if host else target_device
     cls, config = build_config(spec, attn_implementation)
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rope frequencies) computed

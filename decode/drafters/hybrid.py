@@ -205,18 +205,11 @@ class HybridDrafter(Drafter):
         self.device = prompt_ids.device
 
     def _plans(self, limits: list[int]) -> list[tuple[str | None, int, int, float]]:
-        priors = {}  # (evidence key, the row's group pool): its prior, once per round
-
-        def prior(key: str, row: int) -> list[float | None]:
-            group = self.estimators[key].groups[row]
-            if (key, id(group)) not in priors:
-                priors[(key, id(group))] = self.estimators[key].pool_prior(group)
-            return priors[(key, id(group))]
-
+        priors = {key: e.row_priors() for key, e in self.estimators.items()}
         plans = []
         for row, limit in enumerate(limits):
             keys = {"draft": "draft", **self.keys[row]}  # each free candidate's evidence: its stratum's
-            rates = {s: self.estimators[key].acceptance(row, prior(key, row)) for s, key in keys.items()}
+            rates = {s: self.estimators[key].acceptance(row, priors[key][row]) for s, key in keys.items()}
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
             probe = self.since_draft[row] + 1 >= self.PROBE_EVERY and limit > 0
             plans.append(plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge))

@@ -317,9 +317,18 @@ class CostModelSchedule(Schedule):
         return [b if (i == 0 or group.tested[i + 1] > 0 or prior[i] is not None) else None
                 for i, b in enumerate(grouped)]
 
+    def row_priors(self) -> list[list[float | None]]:
+        """Each row's prior (pool_prior of its group's pool, or the point's), computed once per pool: the pools
+        change only in update, once per round, not per row."""
+        by_pool = {}
+        for group in self.groups:
+            if id(group) not in by_pool:
+                by_pool[id(group)] = self.pool_prior(group)
+        return [by_pool[id(group)] for group in self.groups]
+
     def acceptance(self, row: int, prior: list[float | None] | None = None) -> list[float]:
         """The row's [b_1 .. b_gamma]: its own decayed counts, shrunk toward its prior: its group's pool or the
-        point's, where tested (prior: pool_prior(...) of the row's group, when the caller has it already)."""
+        point's, where tested (prior: the row's row_priors(), when the caller has it already)."""
         return self.counts[row].rates(prior if prior is not None else self.pool_prior(self.groups[row]),
                                       self.prior_weight)
 
@@ -336,12 +345,9 @@ class CostModelSchedule(Schedule):
         return max(range(self.gamma + 1), key=lambda k: (round(self.tokens_per_cost(k, rates), 12), -k))
 
     def lengths(self):
-        out, priors = [], {}  # the pools change only in update: once per round, not per row
-        for row in range(self.rows):
-            group = self.groups[row]
-            if id(group) not in priors:
-                priors[id(group)] = self.pool_prior(group)
-            k = self.best_length(self.acceptance(row, priors[id(group)]))
+        out = []
+        for row, prior in enumerate(self.row_priors()):
+            k = self.best_length(self.acceptance(row, prior))
             self.since_probe[row] = 0 if k == self.gamma else self.since_probe[row] + 1  # nothing deeper
             if self.since_probe[row] >= self.probe_every:
                 k += 1  # a probe: the only way evidence about position k + 1 arrives
