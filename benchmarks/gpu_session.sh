@@ -81,10 +81,10 @@ step static 150 "$PY" launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]
 step predict-static 45 "$PY" -m eval.predict "$WORK/static" --costs "$OUT/profile.json" --out "$OUT/predict-static.json"
 [ -d "$WORK/static" ] && tar czf "$OUT/static.tgz" -C "$WORK" static
 # the transfer's eager variants: bf16, 4-bit (the runner's loader, from the models saved to a folder), sampling
-step xfer-bf16 60 "$PY" launch.py "${XFER[@]}" --set target.dtype=bfloat16 --set draft.dtype=bfloat16 \
+step xfer-bf16 100 "$PY" launch.py "${XFER[@]}" --set target.dtype=bfloat16 --set draft.dtype=bfloat16 \
     --output-dir "$WORK/xfer/bf16"
-step xfer-save 60 "$PY" benchmarks/save_synthetic.py configs/transfer-synthetic.yaml "$WORK/models"
-step xfer-4bit 90 "$PY" launch.py "${XFER[@]}" --set "target.model=$WORK/models/target" --set target.quantization=4bit \
+step xfer-save 40 "$PY" benchmarks/save_synthetic.py configs/transfer-synthetic.yaml "$WORK/models"
+step xfer-4bit 110 "$PY" launch.py "${XFER[@]}" --set "target.model=$WORK/models/target" --set target.quantization=4bit \
     --set target.dtype=bfloat16 --set "draft.model=$WORK/models/draft" --set draft.quantization=4bit \
     --set draft.dtype=bfloat16 --output-dir "$WORK/xfer/4bit"
 step xfer-sample 60 "$PY" launch.py "${XFER[@]}" --set generation.do_sample=true --output-dir "$WORK/xfer/sample"
