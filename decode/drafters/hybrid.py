@@ -20,7 +20,10 @@ with the last slope past the longest measured; the merged tree's E_m takes the b
 source with a long confident match makes the draft's options lose, and the draft does not run that round: its cache
 catches up on the row's committed tokens the next time it drafts (DraftModelDrafter's pending tokens). A row that has
 not drafted with the model for PROBE_EVERY rounds drafts at least one model token (the only way its evidence
-recovers). The free sources need no probe: after every round each candidate is scored against what the round
+recovers), and every PROBE_EVERY rounds below the cap a row that drafts with the model drafts one token more than its
+best length (the cost_model schedule's probe: the draft's position k + 1 is scored only where it was drafted, so
+one early rejection at position 2 would otherwise keep every later row at k = 1 for good). The free sources need
+no probe: after every round each candidate is scored against what the round
 committed (its longest common prefix with the accepted tokens and the target's next token), whether it was verified
 or not; the draft model is scored the same way on the rounds it drafted. With point-mass drafts this counterfactual
 test has the acceptance test's probability: a point mass x is accepted with probability p(x), the chance that the
@@ -167,6 +170,8 @@ class HybridDrafter(Drafter):
         self.group_pools = group_pools if group_pools is not None else {}
         self.group_of = group_of
         self.round_facts: list[dict] | None = None
+        self.since_draft: list[int] = []
+        self.since_deeper: list[int] = []
 
     @property
     def forwards(self) -> int:
@@ -181,6 +186,7 @@ class HybridDrafter(Drafter):
         for estimator in self.estimators.values():
             estimator.start(0)
         self.since_draft: list[int] = []
+        self.since_deeper: list[int] = []
         self.draft.reset()  # and its schedule, self.wanted
         self._observed = self._observed_drafts = None
         self.round_facts = None
@@ -201,6 +207,7 @@ class HybridDrafter(Drafter):
             estimator.add_rows(len(prompts), [None if group is None else self.group_pools.setdefault(group, {})
                                               .setdefault(key, PointEvidence(self.gamma)).counts for group in groups])
         self.since_draft += [0] * len(prompts)
+        self.since_deeper += [0] * len(prompts)
         self.draft.add_rows(prompt_ids, prompt_mask)  # and self.wanted, its schedule
         self.device = prompt_ids.device
 
@@ -212,8 +219,23 @@ class HybridDrafter(Drafter):
             rates = {s: self.estimators[key].acceptance(row, priors[key][row]) for s, key in keys.items()}
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
             probe = self.since_draft[row] + 1 >= self.PROBE_EVERY and limit > 0
-            plans.append(plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge))
+            plan = plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge)
+            plans.append(self._deepen(row, plan, limit))
         return plans
+
+    def _deepen(self, row: int, plan: tuple[str | None, int, int, float], limit: int):
+        """The draft-length probe: a round below the cap counts toward it; after PROBE_EVERY of them, the next round
+        whose plan drafts with the model drafts one token more (its tree or chain as planned, the draft branch one
+        longer). A round at the cap resets the count: nothing deeper to learn."""
+        source, k_free, k_draft, value = plan
+        if k_draft >= limit:
+            self.since_deeper[row] = 0
+            return plan
+        self.since_deeper[row] += 1
+        if k_draft and self.since_deeper[row] >= self.PROBE_EVERY:
+            self.since_deeper[row] = 0
+            return source, k_free, k_draft + 1, value
+        return plan
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
         rows = len(self.lookups)
@@ -350,6 +372,7 @@ class HybridDrafter(Drafter):
         self.lookups = [self.lookups[r] for r in kept]
         self.suffixes = [self.suffixes[r] for r in kept]
         self.since_draft = [self.since_draft[r] for r in kept]
+        self.since_deeper = [self.since_deeper[r] for r in kept]
         for estimator in self.estimators.values():
             estimator.select_rows(kept)
         self.draft.select_rows(rows)

@@ -304,3 +304,43 @@ def test_hybrid_pools_its_prior_per_category():
     assert by_category[0][:3] == ("lookup", 12, 0) and by_category[1][:3] == (None, 0, 2)
     per_point, first = plans(None)
     assert first == [pytest.approx(116 / 202)] * 2 and per_point[0][:3] == per_point[1][:3] == ("lookup", 4, 0)
+
+
+def test_hybrid_probes_one_draft_token_deeper_so_one_early_rejection_does_not_pin_it_to_one():
+    """Worked by hand. The point's pool has tested the draft model's first token 100 times (90 accepted) and its
+    second once (rejected): b_1 = (90 + 2 x 0.5) / 102 = 0.892, b_2 = (0 + 2 x 0.892) / 3 = 0.595, and past that
+    as likely as the one before. c = 0.4, v(k) = 1 + 0.05 k: k = 1 gives 1.892 / 1.45 = 1.305, k = 2 2.423 / 1.9 =
+    1.275, k = 3 2.739 / 2.35 = 1.165, so a row drafts one token, and position 2 is never scored again. Every
+    PROBE_EVERY (8) rounds below the cap the row drafts one more. Then, with the draft model equal to the target
+    (every token accepted), the probes' evidence lifts b_2 and the row's drafts grow past 2: without the probe it
+    drafted one token a round for good (the held-out sql prompts' hybrid, 1.97 tokens a draft round where the draft
+    model alone took 4.0)."""
+    from decode.drafters.schedules import PointEvidence
+
+    def pool():
+        evidence = PointEvidence(4)
+        evidence.counts.tested = [0.0, 100.0, 1.0, 0.0, 0.0]
+        evidence.counts.accepted = [0.0, 90.0, 0.0, 0.0, 0.0]
+        return {"draft": evidence}
+
+    target = tiny_model("llama", seed=1, layers=2)
+    costs = {k: 1 + 0.05 * k for k in range(1, 10)}
+    ids, mask = ragged_batch([5], seed=0)
+    hybrid = HybridDrafter(DraftModelDrafter(target, VOCAB, Sampling()), VOCAB, 4, 0.4, costs, pools=pool())
+    with torch.inference_mode():
+        hybrid.start(ids, mask)
+    hybrid.candidates = [{"lookup": [], "suffix": []}]
+    hybrid.keys = [{"lookup": "lookup:n1", "suffix": "suffix:p<.5"}]
+    plans = [hybrid._plans([4])[0] for _ in range(9)]
+    assert plans[0][3] == pytest.approx(1.8922 / 1.45, abs=1e-3)
+    assert [plan[:3] for plan in plans] == [(None, 0, 1)] * 7 + [(None, 0, 2), (None, 0, 1)]
+
+    generation = Generation(max_new_tokens=48)
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)[0].output_ids
+        hybrid = HybridDrafter(DraftModelDrafter(target, VOCAB, Sampling()), VOCAB, 4, 0.4, costs, pools=pool(),
+                               merge=False)  # the draft's length alone (a tree's draft branch is sized otherwise)
+        records = generate_speculative(target, hybrid, ids, mask, generation, 4)
+    drafts = [rd["sources"]["draft"] for rd in records[0].rounds if "draft" in rd.get("sources", {})]
+    assert records[0].output_ids == base
+    assert drafts[0] == [1, 1] and max(drafted for drafted, _ in drafts) > 2
