@@ -170,8 +170,6 @@ class HybridDrafter(Drafter):
         self.group_pools = group_pools if group_pools is not None else {}
         self.group_of = group_of
         self.round_facts: list[dict] | None = None
-        self.since_draft: list[int] = []
-        self.since_deeper: list[int] = []
 
     @property
     def forwards(self) -> int:
