@@ -242,6 +242,40 @@ def test_hybrid_gates_each_free_candidate_by_the_evidence_of_its_strength_and_dr
     assert plans[1][:3] == (None, 0, 2) and plans[1][3] == pytest.approx(1.28, abs=0.01)
 
 
+def test_hybrid_judges_a_lookup_candidate_the_suffix_source_contests_by_the_contested_record():
+    """Worked by hand. Pooled evidence: uncontested 1-gram lookup matches accepted 80 of 100 at every position,
+    contested ones (the suffix source proposes another first token) 5 of 100, the draft model's tokens 50 of 100, the
+    suffix's weak candidates none of 100; c = 0.4, v(k) = 1 + 0.05 k, gamma 4. Both rows' lookup candidate is the same
+    4-token 1-gram match. Row 0's suffix candidate starts with the same token: b = 81/102 = 0.794, then 0.800, so
+    E(4) = 1 + 0.794 + 0.635 + 0.508 + 0.407 = 3.344 for v(4) = 1.2: 2.787 tokens per cost, lookup alone (the draft's
+    best, k = 1: 1.5 / 1.45 = 1.034; the tree of lookup's 4 and the draft's 1: 3.447 / 1.65 = 2.089). Row 1's starts
+    with another token: b = 6/102 = 0.059, lookup's k = 1 gives 1.059 / 1.05 = 1.008, under the draft's 1.034 (and the
+    tree's 1.529 / 1.5 = 1.019): the draft alone, the contested lookup kept out."""
+    from decode.drafters.hybrid import candidate_keys
+
+    lookup = [3, 4, 5, 6]
+    agreed, contested = candidate_keys(lookup, 1, [3, 9], [0.2, 0.2]), candidate_keys(lookup, 1, [8, 9], [0.2, 0.2])
+    assert agreed == {"lookup": "lookup:n1", "suffix": "suffix:p<.5"}
+    assert contested == {"lookup": "lookup:n1:contested", "suffix": "suffix:p<.5:contested"}
+    assert candidate_keys(lookup, 3, [], [])["lookup"] == "lookup:n3+"  # nothing proposed against it
+    target = tiny_model("llama", seed=1, layers=2)
+    pools = {}
+    hybrid = HybridDrafter(DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, Sampling()), VOCAB, 4, 0.4,
+                           {k: 1 + 0.05 * k for k in range(1, 9)}, pools=pools)
+    for key, accepted in (("lookup:n1", 80), ("lookup:n1:contested", 5), ("draft", 50), ("suffix:p<.5", 0),
+                          ("suffix:p<.5:contested", 0)):
+        pools[key].counts.tested = [0.0] + [100.0] * 4
+        pools[key].counts.accepted = [0.0] + [float(accepted)] * 4
+    ids, mask = ragged_batch([5, 5], seed=0)
+    with torch.inference_mode():
+        hybrid.start(ids, mask)
+    hybrid.candidates = [{"lookup": lookup, "suffix": [3, 9]}, {"lookup": lookup, "suffix": [8, 9]}]
+    hybrid.keys = [agreed, contested]
+    plans = hybrid._plans([4, 4])
+    assert plans[0][:3] == ("lookup", 4, 0) and plans[0][3] == pytest.approx(2.787, abs=0.001)
+    assert plans[1][:3] == (None, 0, 1) and plans[1][3] == pytest.approx(1.034, abs=0.001)
+
+
 def test_hybrid_drafts_past_gamma_where_its_record_holds_and_stays_exact():
     """The cache holds the answer to the prompt's first part (a finished request's output); the prompt goes on with
     its first 3 tokens, so greedy, the target's continuation is that answer's rest. The suffix candidate (one earlier
