@@ -258,6 +258,7 @@ def test_hybrid_judges_a_lookup_candidate_the_suffix_source_contests_by_the_cont
     assert agreed == {"lookup": "lookup:n1", "suffix": "suffix:p<.5"}
     assert contested == {"lookup": "lookup:n1:contested", "suffix": "suffix:p<.5:contested"}
     assert candidate_keys(lookup, 3, [], [])["lookup"] == "lookup:n3+"  # nothing proposed against it
+    assert candidate_keys([], 0, [8, 9], [0.95, 0.9])["suffix"] == "suffix:p>=.9"
     target = tiny_model("llama", seed=1, layers=2)
     pools = {}
     hybrid = HybridDrafter(DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, Sampling()), VOCAB, 4, 0.4,
