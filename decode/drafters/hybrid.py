@@ -6,9 +6,9 @@ which costs c target steps a token. Each round, for each row, with b_i the accep
 evidence (the cost_model schedule's estimator, CostModelSchedule.acceptance: the row's decayed counts shrunk toward
 the point's pool; a free source's candidate is judged by the evidence of its strength, `stratum`: lookup by the n-gram
 it matched, suffix by its first token's estimated probability, each apart where the other free source proposes a
-different first token) and S(i) = b_1 ... b_i, the row takes the best of the
-options below, every length k up to the round's cap (speculative.hybrid_max_draft, past gamma, else gamma): a free
-source whose evidence says it will not pay never drafts, and one that keeps being accepted drafts long
+different first token) and S(i) = b_1 ... b_i, the row takes the best of the options below, every length k up to the
+round's cap (speculative.hybrid_max_draft, past gamma, else gamma): a free source whose evidence says it will not pay
+never drafts, and one that keeps being accepted drafts long
 
     a plain step                                   1 / 1
     a free source s, its first k tokens            E_s(k) / v(k)                      E(k) = 1 + S(1) + ... + S(k)
@@ -85,8 +85,8 @@ def candidate_keys(lookup: list[int], matched: int, suffix: list[int], probs: li
     """Each free candidate's evidence key (`stratum`): lookup's candidate and the n-gram it matched, suffix's and its
     tokens' estimated probabilities; contested where both propose and their first tokens differ."""
     contested = bool(lookup) and bool(suffix) and lookup[0] != suffix[0]
-    return {"lookup": stratum("lookup", matched, contested), "suffix": stratum("suffix", probs[0] if probs else 0,
-                                                                              contested)}
+    return {"lookup": stratum("lookup", matched, contested),
+            "suffix": stratum("suffix", probs[0] if probs else 0, contested)}
 
 
 EVIDENCE = ("draft", *(f"{s}:{k}{tail}" for s in FREE for k in STRATA[s] for tail in ("", f":{CONTESTED}")))
@@ -163,9 +163,9 @@ class HybridDrafter(Drafter):
     """See the module. draft: a DraftModelDrafter (a chain; its schedule is replaced by the hybrid's choice); gamma:
     the longest draft of a round from any source (speculative.hybrid_max_draft, else the point's gamma); c, v: the
     measured cost ratios (v keyed by nodes n, as runner/probes.py measures them); pools: per evidence key (EVIDENCE:
-    the draft model, each free source's strata, contested or not) the point's PointEvidence (RunContext.memory), the rows' prior;
-    group_pools and group_of: a row's group (group_of(its prompt's ids): a dataset category, None for none) keeps
-    pools of its own (group -> evidence key -> PointEvidence), its rows' prior, shrunk toward the point's
+    the draft model, each free source's strata, contested or not) the point's PointEvidence (RunContext.memory), the
+    rows' prior; group_pools and group_of: a row's group (group_of(its prompt's ids): a dataset category, None for
+    none) keeps pools of its own (group -> evidence key -> PointEvidence), its rows' prior, shrunk toward the point's
     (CostModelSchedule.pool_prior): where one source pays in one category and not in another, each category's rows
     start from their own record; cache: the suffix source's earlier outputs (SuffixCache)."""
     PROBE_EVERY = 8
@@ -230,7 +230,8 @@ class HybridDrafter(Drafter):
         self.device = prompt_ids.device
 
     def _plans(self, limits: list[int]) -> list[tuple[str | None, int, int, float]]:
-        priors = {key: e.row_priors() for key, e in self.estimators.items()}
+        used = {"draft", *(key for keys in self.keys for key in keys.values())}  # 3 of EVIDENCE's 13 keys a row
+        priors = {key: self.estimators[key].row_priors() for key in used}
         plans = []
         for row, limit in enumerate(limits):
             keys = {"draft": "draft", **self.keys[row]}  # each free candidate's evidence: its stratum's
