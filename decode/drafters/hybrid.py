@@ -16,7 +16,8 @@ never drafts, and one that keeps being accepted drafts long
     both in one tree: s's k_f tokens as one        E_m / (k_d c + v(k_f + k_d))       E_m = 1 + sum_i 1 - (1 - S_s(i))
     branch, the draft's k_d as another                                                              (1 - S_d(i))
 
-(v(n): an (n+1)-token target forward over a 1-token one, measured in this run, made non-decreasing and extrapolated
+(v(n): an (n+1)-token target forward over a 1-token one, measured in this run, made non-decreasing within the probes'
+noise (schedules.monotone: a CPU whose 4-token forward is cheaper than its 1-token one keeps that) and extrapolated
 with the last slope past the longest measured; the merged tree's E_m takes the branches as independent). A free
 source with a long confident match makes the draft's options lose, and the draft does not run that round: its cache
 catches up on the row's committed tokens the next time it drafts (DraftModelDrafter's pending tokens). A row that has

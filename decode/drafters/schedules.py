@@ -183,18 +183,24 @@ class PointEvidence:
         return total / (self.batches + weight)
 
 
-def monotone(v: dict[int, float]) -> dict[int, float]:
+NOISE = 0.10  # a probe's v within 10% under a narrower one's is its noise (the drift flag's threshold)
+
+
+def monotone(v: dict[int, float], noise: float = NOISE) -> dict[int, float]:
     """The non-decreasing fit (least squares, pool-adjacent-violators) of v(k) over the measured k, at least 1
-    (v(0), a plain step): a wider target forward never costs less, and a measured v(3) under v(2) is the
-    probe's noise (a few %, the size of the differences the schedule decides on), which would otherwise pick
-    k = 3 over k = 2 for nothing."""
+    (v(0), a plain step), where the measurements allow it: a measured v(3) a few % under v(2) is the probe's noise
+    (the size of the differences the schedule decides on), which would otherwise pick k = 3 over k = 2 for nothing.
+    A dip deeper than `noise` (a median of 7 repetitions) is the machine's and is kept: some CPUs run a 1-token
+    forward on a slower kernel path than a 4-token one (an AMD EPYC here: v = 1.26 at k = 1, 0.78 at k = 3), and
+    a schedule priced on the fit would draft past the cheap widths, which cost it 20-30% a round."""
     blocks: list[list] = []  # [mean, weight, [k ...]]
     for k in sorted(v):
         blocks.append([v[k], 1, [k]])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+        while len(blocks) > 1 and blocks[-1][0] < blocks[-2][0] <= blocks[-1][0] * (1 + noise):
             (m2, w2, k2), (m1, w1, k1) = blocks.pop(), blocks.pop()
             blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, k1 + k2])
-    return {k: max(1.0, mean) for mean, _, ks in blocks for k in ks}  # and never under v(0) = 1, a plain step
+    # and never under v(0) = 1, a plain step, but by more than the noise
+    return {k: mean if mean * (1 + noise) < 1.0 else max(1.0, mean) for mean, _, ks in blocks for k in ks}
 
 
 class CostModelSchedule(Schedule):
@@ -208,8 +214,9 @@ class CostModelSchedule(Schedule):
     Leviathan's (1 - a^(k+1)) / (1 - a), but acceptance is not independent from position to position, and
     a row that accepted four drafts in a row is likely to accept a fifth. c and v are the cost ratios measured
     in this run (runner/probes.py); v is keyed, as there, by the draft length k (the forward is k+1 tokens
-    wide), made non-decreasing in k (`monotone`) and interpolated linearly between measured lengths. k = 0 is
-    a plain target step: speculation switches itself off where it does not pay.
+    wide), made non-decreasing in k within the probes' noise (`monotone`: a deeper dip is the machine's and is
+    kept) and interpolated linearly between measured lengths. k = 0 is a plain target step: speculation
+    switches itself off where it does not pay.
 
     Each row's b_i is its own recent evidence (counts decayed by `decay` each round it drafts, about
     1 / (1 - decay) rounds' memory: the text changes, and so does acceptance) shrunk toward the point's pooled

@@ -141,7 +141,12 @@ def test_v_is_made_non_decreasing_by_hand():
     assert monotone({1: 1.061, 2: 1.109, 3: 1.019, 4: 1.052}) == pytest.approx({k: 1.06025 for k in (1, 2, 3, 4)})
     assert monotone({1: 1.0, 2: 1.2, 3: 1.1, 4: 1.5}) == pytest.approx({1: 1.0, 2: 1.15, 3: 1.15, 4: 1.5})
     assert monotone({1: 1.1, 4: 1.3}) == {1: 1.1, 4: 1.3}  # already monotone: unchanged
-    assert monotone({1: 0.95, 2: 1.1}) == {1: 1.0, 2: 1.1}  # never under a plain step
+    assert monotone({1: 0.95, 2: 1.1}) == {1: 1.0, 2: 1.1}  # never under a plain step, within the noise
+    # a dip deeper than the noise (10%) is the machine's: the AMD EPYC's v from an MT-Bench run. 0.85 is 33% under
+    # 1.26: kept apart; 0.78 is 9% under 0.85: pooled to 0.815, then 0.80 to 0.81, then 0.78 to 3.21 / 4 = 0.8025;
+    # 1.005 is over it. 0.8025 is more than 10% under a plain step: kept under 1
+    assert monotone({1: 1.26, 2: 0.85, 3: 0.78, 4: 0.80, 5: 0.78, 6: 1.005}) == pytest.approx(
+        {1: 1.26, 2: 0.8025, 3: 0.8025, 4: 0.8025, 5: 0.8025, 6: 1.005})
     schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0, 2: 1.2, 3: 1.1, 4: 1.5})
     assert [schedule.verify_cost(k) for k in range(5)] == pytest.approx([1.0, 1.0, 1.15, 1.15, 1.5])
 
