@@ -107,6 +107,9 @@ AXES: list[Axis] = [
          "auto; None: a chain", column="tree"),
     Axis("schedule", POINT, "speculative.schedule", "{}",
          "the draft-length schedule: constant, heuristic, confidence or cost_model (a chain's)"),
+    Axis("draft_context", POINT, "speculative.draft_context", "ctx={}",
+         "the draft model's window: it is prefilled with the prompt's last N tokens; None: the whole prompt",
+         default=(None,)),
     Axis("exit_layer", POINT, "speculative.exit_layer", "exit={}", "early_exit: the target's layers that draft"),
     Axis("synthetic_acceptance", POINT, "speculative.synthetic_acceptance", "synthetic={}",
          "the set alpha of a synthetic point (decode/sampling.py accept_synthetic); None: the real acceptance",
@@ -164,7 +167,8 @@ def doc_table() -> str:
 
 
 _EXAMPLE = {"method": "speculative", "draft": "small", "gamma": 4, "schedule": "heuristic", "tree": "3-2-1",
-            "exit_layer": 8, "synthetic_acceptance": 0.8, "batch_size": 4, "concurrency": 4, "request_rate": 2.0, "temperature": 0.7}
+            "draft_context": 64, "exit_layer": 8, "synthetic_acceptance": 0.8, "batch_size": 4, "concurrency": 4,
+            "request_rate": 2.0, "temperature": 0.7}
 
 
 @contextmanager

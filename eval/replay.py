@@ -31,7 +31,7 @@ from eval.totals import paired_clusters, units
 # The engine's one loop (decode/generate.py _Loop) replayed: admit / round / evict with simulated time instead of the
 # clock. Each pass admits the requests that have arrived, in arrival order (decode/serving.py Queue), while fewer than C rows are in flight (a static
 # batch: all at 0, C = its rows), prefilling those admitted together in one target forward over their widest prompt
-# (then the draft model's prefill of those that go on); with nobody in flight and nobody arrived, time jumps to the
+# (then the draft model's prefill of those that go on, over its window where speculative.draft_context sets one); with nobody in flight and nobody arrived, time jumps to the
 # next arrival. Then one round over the rows in flight: the baseline's 1-token step, or a speculative round priced
 # at its widest draft (the draft model's forwards, then one verification of the widest chain + 1 or tree + 1 tokens);
 # the rows' caches as long as the longest row's prompt and tokens so far. Then the rows whose recorded rounds are
@@ -178,8 +178,9 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                     done[i] = min(1, requests[i]["new_tokens"])
                 going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
                 end([i for i in group if i not in going])
-                if going and drafts:
-                    draft_prefill = pricer.prefill(pricer.rows(len(going), peak), width, draft=True)
+                if going and drafts:  # over the draft's window of each prompt where it has one
+                    draft_width = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) for i in group)
+                    draft_prefill = pricer.prefill(pricer.rows(len(going), peak), draft_width, draft=True)
                     now += draft_prefill
                     for i in going:
                         out[i]["draft_prefill_s"] = draft_prefill
@@ -223,7 +224,10 @@ def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
     rounds = (_rounds(s) or []) if speculative else None
     if rounds is not None and sum(r["emitted"] for r in rounds) < int(s["new_tokens"]) - 1:
         raise MissingCost("the records' rounds (a row's rounds emit fewer tokens than it has)")
-    return {"arrival_s": arrival, "prompt_tokens": int(s["prompt_tokens"]), "new_tokens": int(s["new_tokens"]),
+    window = s.get("draft_context")  # the draft's prefill: the prompt's last draft_context tokens
+    prompt = int(s["prompt_tokens"])
+    return {"arrival_s": arrival, "prompt_tokens": prompt, "new_tokens": int(s["new_tokens"]),
+            "draft_tokens": prompt if window is None else min(prompt, int(window)),
             "rounds": rounds, "draft_forwards": int(s.get("draft_forwards") or 0)}
 
 

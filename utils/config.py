@@ -207,6 +207,11 @@ class SpeculativeConfig(Strict):
                                          description="hybrid: the longest draft a round may take from any source, "
                                                      "each row's length chosen by expected tokens per cost (past gamma "
                                                      "where acceptance stays high); null: gamma")
+    draft_context: list[int | None] = Field(
+        [None], description="speculative and hybrid: the draft model is prefilled with each prompt's last N tokens "
+                            "only (a window: its prefill costs N tokens, not the prompt's; it drafts on what it saw "
+                            "and on every token generated after), the target still reads the whole prompt; null: the "
+                            "whole prompt; a list sweeps (null in a list: also the whole prompt)")
     ngram_max: int = Field(3, ge=1, description="prompt_lookup: longest n-gram matched")
     ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched; hf_prompt_lookup needs 1 "
                                                 "(transformers has no minimum)")
@@ -252,6 +257,21 @@ class SpeculativeConfig(Strict):
         if len(set(values)) != len(values):
             raise ValueError(f"synthetic_acceptance list {values} repeats a value; list each once")
         return [None if v is None else float(v) for v in values]
+
+    @field_validator("draft_context", mode="before")
+    @classmethod
+    def _draft_context(cls, value):
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError("draft_context list is empty; give null (the whole prompt), a token count >= 1, or a list "
+                             "of them")
+        for v in values:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"draft_context must be a whole number of tokens >= 1 (the draft's window over the "
+                                 f"prompt), null (the whole prompt), or a list of these, got {v!r}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"draft_context list {values} repeats a value; list each once")
+        return values
 
     @field_validator("schedule", mode="before")
     @classmethod

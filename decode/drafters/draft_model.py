@@ -24,13 +24,21 @@ class DraftModelDrafter(Drafter):
     schedule: each row's length per round (decode/drafters/schedules.py); None drafts max_tokens every round,
     the constant schedule at the engine's gamma (clipped to the budget).
 
+    context: the draft's window over the prompt (speculative.draft_context): each row's prompt is prefilled from its
+    last `context` tokens only, so the draft's prefill costs that many tokens, not the prompt's (a long prompt, a
+    conversation's later turn); every token generated after joins its cache as usual. The target still reads the
+    whole prompt and decides every token: only acceptance can change. None: the whole prompt.
+
     The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
     input embedding's device and brings its logits back to the engine's device.
     """
 
     def __init__(self, model, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
-                 schedule: Schedule | None = None, tree=None):
+                 schedule: Schedule | None = None, tree=None, context: int | None = None):
+        if context is not None and context < 1:
+            raise ValueError(f"the draft's context window must be >= 1 token, got {context}")
         self.model = model
+        self.context = context
         # a token tree instead of a chain (decode/drafters/draft_tree.py: StaticTree, DynamicTree, or auto's policy)
         self.tree = tree
         self.target_vocab_size = target_vocab_size
@@ -51,7 +59,7 @@ class DraftModelDrafter(Drafter):
         # (cost_model: a long prompt, few new tokens): then the draft never runs and every round is a plain step.
         # Serving (reset + add_rows) never asks: the batch holds requests that have not arrived yet
         worth = getattr(self.schedule, "worth_drafting", None)
-        self.off = worth is not None and not worth(prompt_ids.shape[1])
+        self.off = worth is not None and not worth(self.prefill_width(prompt_ids.shape[1]))
         self.add_rows(prompt_ids, prompt_mask)
 
     def reset(self):
@@ -61,6 +69,10 @@ class DraftModelDrafter(Drafter):
         self.off = False
         if self.schedule is not None:
             self.schedule.start(0)
+
+    def prefill_width(self, prompt_width: int) -> int:
+        """The tokens the draft prefills of a prompt this wide: its window's, at most."""
+        return prompt_width if self.context is None else min(prompt_width, self.context)
 
     def add_rows(self, prompt_ids, prompt_mask):
         """The joining rows' prompts prefilled into a cache of their own, joined to the running one (decode/kv.py
@@ -72,6 +84,8 @@ class DraftModelDrafter(Drafter):
         if self.schedule is not None:
             self.schedule.add_rows(prompt_ids.shape[0])
         if not self.off:
+            if self.context is not None:  # the window: each (left-padded) row's last tokens
+                prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
             state = new_state(self.model)
             # a prompt id past the draft's embeddings (a smaller vocabulary, decode/vocab.py) is fed clamped, as every
             # later feed is: the draft predicts worse there, the target still decides

@@ -18,7 +18,8 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     cache = cache_for(ctx, point, max_depth + longest)
     pools = ctx.memory.setdefault(("hybrid", point.key), {})  # evidence key -> PointEvidence, made by the drafter
     group_pools = ctx.memory.setdefault(("hybrid", point.key, "groups"), {})  # group -> such pools: a category's prior
-    draft = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator)
+    draft = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
+                              context=point.draft_context)
     drafter = HybridDrafter(draft, ctx.target_vocab_size, longest, c, dict(costs.v), pools=pools, cache=cache,
                             ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1),
                             suffix_max_depth=max_depth, suffix_min_prob=min_prob, group_pools=group_pools,
@@ -34,7 +35,7 @@ def cap(ctx, point) -> int:
 
 SPEC = MethodSpec("hybrid", "per row and round, prompt lookup, suffix decoding, the draft model, or a tree of a free "
                   "source and the draft, whichever promises the most accepted tokens per unit of measured cost "
-                  "(our engine)", axes=("draft", "gamma"), run=run, has_rounds=True,
+                  "(our engine)", axes=("draft", "gamma", "draft_context"), run=run, has_rounds=True,
                   draft_sources=("lookup", "suffix", "draft"),
                   memory="each source's acceptance record, the prior of a new request's choice, belongs to the point, in "
                          "each process, pooled per dataset group where the prompts have one (dataset.group_by: a "

@@ -53,7 +53,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     tree = tree_for(ctx, point, generation.sampling)
     schedule = None if tree is not None else schedule_for(ctx, point, point.draft, generation.max_new_tokens)
     drafter = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
-                                schedule=schedule, tree=tree)
+                                schedule=schedule, tree=tree, context=point.draft_context)
     records = generate_speculative(ctx.target, drafter, prompt_ids, prompt_mask, generation, point.gamma, generator,
                                    ctx.clock, synthetic_acceptance=point.synthetic_acceptance, load=ctx.load)
     evidence = getattr(schedule, "evidence", None)  # cost_model's; the warmup's budget is not the run's
@@ -65,5 +65,5 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 
 SPEC = MethodSpec("speculative", "a draft model proposes up to gamma tokens a round (its schedule decides how many), "
                   "the target verifies them in one forward (our engine)",
-                  axes=("draft", "gamma", "schedule", "tree", "synthetic_acceptance"), run=run, has_rounds=True,
+                  axes=("draft", "gamma", "schedule", "tree", "draft_context", "synthetic_acceptance"), run=run, has_rounds=True,
                   tree_auto=True)

@@ -59,6 +59,32 @@ def test_draft_equal_to_target_accepts_everything(arch):
         assert sum(r["accepted"] for r in s.rounds) == sum(r["drafted"] for r in s.rounds)
 
 
+def test_a_draft_window_prefills_the_prompts_last_tokens_and_stays_exact():
+    # the target as its own draft: with the whole prompt every draft is accepted; with a window of 3 tokens the draft
+    # continues the prompts' last 3 tokens instead, exactly as a draft given only those tokens does, and the target
+    # still decides every token
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = ragged_batch([6, 2, 9])
+    with torch.inference_mode():
+        windowed = DraftModelDrafter(target, VOCAB, Sampling(), context=3)
+        windowed.start(ids, mask)
+        assert windowed.state.mask.shape[1] == 3  # the widest row's window, not the prompts' 9 columns
+        alone = DraftModelDrafter(target, VOCAB, Sampling())
+        alone.start(ids[:, -3:], mask[:, -3:])  # left padded: each row's last 3 tokens (the 2-token row: 2)
+        last = torch.tensor([5, 6, 7])
+        assert torch.equal(windowed.propose(last, 4).tokens, alone.propose(last, 4).tokens)
+        generation = Generation(max_new_tokens=20)
+        base = generate_baseline(target, ids, mask, generation)
+        whole = generate_speculative(target, DraftModelDrafter(target, VOCAB, Sampling()), ids, mask, generation, 4)
+        spec = generate_speculative(target, DraftModelDrafter(target, VOCAB, Sampling(), context=3), ids, mask,
+                                    generation, 4)
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base] == [s.output_ids for s in whole]
+    accepted = lambda records: sum(r["accepted"] for s in records for r in s.rounds)  # noqa: E731
+    drafted = lambda records: sum(r["drafted"] for s in records for r in s.rounds)  # noqa: E731
+    assert accepted(whole) == drafted(whole)
+    assert accepted(spec) < drafted(spec)  # the window changed what the draft proposed
+
+
 def test_gamma_larger_than_budget_is_clipped():
     base, spec = run_pair("llama", [5, 2], gamma=8, max_new_tokens=5)
     for b, s in zip(base, spec):

@@ -10,7 +10,7 @@ import pytest
 from eval.costs import Profile, ProfileError, TARGET, draft_model
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.predict import predict_run
-from eval.replay import MissingCost, Pricer, replay_load, simulate
+from eval.replay import MissingCost, Pricer, as_request, replay_load, simulate
 
 
 def profile(steps=None, prefills=None) -> Profile:
@@ -43,6 +43,24 @@ def test_two_rows_of_a_static_batch_by_hand():
     # then A's last 2 alone at 0.8 -> 3.8
     base = simulate([request(new_tokens=5), request(new_tokens=3, prompt=8)], 2, Pricer(profile()))
     assert [t["finish_s"] for t in base] == pytest.approx([3.8, 2.2])
+
+
+def test_the_drafts_window_is_the_prefill_the_replay_prices():
+    # the rows of the test above, their draft prefilled over a window of 4 tokens (speculative.draft_context)
+    records = [dict(prompt_tokens=10, new_tokens=5, rounds=[{"drafted": 2, "accepted": 2, "emitted": 3},
+                                                            {"drafted": 2, "accepted": 0, "emitted": 1}]),
+               dict(prompt_tokens=8, new_tokens=3, rounds=[{"drafted": 2, "accepted": 1, "emitted": 2}])]
+    windowed = [as_request(dict(r, draft_context=4)) for r in records]
+    assert [r["draft_tokens"] for r in windowed] == [4, 4]
+    timed = simulate(windowed, 2, Pricer(profile(), "d"))
+    # the draft's prefill of 2 rows x 4 tokens on the line through (10, 0.05) and (20, 0.1): 0.04, not 0.1; then as
+    # above: round 1 2.1 -> 2.34, B done; round 2 1.7 -> 4.04
+    assert [t["draft_prefill_s"] for t in timed] == pytest.approx([0.04, 0.04])
+    assert [t["finish_s"] for t in timed] == pytest.approx([4.04, 2.34])
+    # a window wider than the prompts, or none: the prompts' 10 tokens, as above
+    for window in (12, None):
+        requests = [as_request(dict(r, draft_context=window)) for r in records]
+        assert [t["finish_s"] for t in simulate(requests, 2, Pricer(profile(), "d"))] == pytest.approx([4.1, 2.4])
 
 
 def test_a_compiled_batch_keeps_its_capacity_and_its_compiled_width():

@@ -5,7 +5,7 @@ import pytest
 
 from eval.records import Comparison
 from runner.plan import Unit, order_of, points_of, williams_order
-from utils.config import validate
+from utils.config import ConfigError, validate
 
 VALID = {"target": {"model": "t"}, "draft": {"model": "d"}, "dataset": {"path": "x.jsonl", "preset": "gsm8k"}}
 
@@ -100,7 +100,8 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     config = validate(VALID)
     point, = [p for p in points_of(config, Comparison(batch_size=1)) if p.method == "speculative"]
     assert Point.of(old) == point and batch_key(old) == point.key + (1, 3)
-    assert SampleRecord.from_json(old).to_json() == {**old, "tree": None, "synthetic_acceptance": None, "top2_gaps": None,
+    assert SampleRecord.from_json(old).to_json() == {**old, "tree": None, "draft_context": None,
+                                                   "synthetic_acceptance": None, "top2_gaps": None,
                                                    "extra": {}, "conversation": None, "turn": None, "follows": None,
                                                    "think_s": None,
                                                    **dict.fromkeys(SERVING_FIELDS)}
@@ -113,3 +114,16 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     with pytest.raises(Exception, match="the config differs"):
         ReportFolder(tmp_path, {**raw, "speculative": {**raw["speculative"], "tree": ["auto"]}}, "t", None,
                      False).reopen()
+
+
+def test_the_drafts_window_sweeps_the_draft_models_points_only():
+    config = validate({**VALID, "methods": ["baseline", "speculative", "prompt_lookup", "hybrid"],
+                       "speculative": {"draft_context": [None, 32]}})
+    labels = [p.label for p in points_of(config, Comparison(batch_size=1))]
+    assert labels == ["baseline batch=1 greedy", "speculative draft=d gamma=4 constant batch=1 greedy",
+                      "speculative draft=d gamma=4 constant ctx=32 batch=1 greedy", "prompt_lookup gamma=4 batch=1 greedy",
+                      "hybrid draft=d gamma=4 batch=1 greedy", "hybrid draft=d gamma=4 ctx=32 batch=1 greedy"]
+    assert validate({**VALID, "speculative": {"draft_context": 64}}).speculative.draft_context == [64]
+    for bad in (0, -3, 2.5, True, [32, 32], [], "long"):
+        with pytest.raises(ConfigError, match="draft_context"):
+            validate({**VALID, "speculative": {"draft_context": bad}})
