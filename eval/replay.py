@@ -196,8 +196,9 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
         else:
             this = [requests[i]["rounds"][taken[i]] for i in active]
             width, forwards = round_shape(this)
-            if forwards and drafts:
-                now += forwards * pricer.draft_step(rows, kv)
+            if forwards and drafts:  # the draft's cache: its window of the prompt and the tokens since
+                draft_kv = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) + done[i] for i in active)
+                now += forwards * pricer.draft_step(rows, draft_kv)
             now += pricer.step(rows, width, kv)
             for i, r in zip(active, this):
                 done[i] += r["emitted"]

@@ -486,6 +486,7 @@ class Config(Strict):
                              "run hf_prompt_lookup in a run of its own")
         self._check_trees()
         self._check_synthetic()
+        self._check_draft_context()
         if self.load is not None:
             self._check_load()
         if self.engine.compile:
@@ -510,6 +511,17 @@ class Config(Strict):
                                  f"and {left_out[0]} "
                                  "takes static and dynamic trees only, so it would not run; add null or a static tree "
                                  "to the list, e.g. tree: [null, auto]")
+
+    def _check_draft_context(self) -> None:
+        """speculative.draft_context windows the prefill of our engine's draft model: refuse it where no method has one."""
+        from decode.methods import REGISTRY
+
+        if self.speculative.draft_context == [None]:
+            return
+        if not any("draft_context" in REGISTRY[m].axes for m in self.methods):
+            takers = " or ".join(name for name, spec in REGISTRY.items() if "draft_context" in spec.axes)
+            raise ValueError(f"speculative.draft_context applies to {takers} only, and methods has none of them: add "
+                             "one, or set draft_context: null")
 
     def _check_synthetic(self) -> None:
         """speculative.synthetic_acceptance replaces the acceptance of our engine's chains: refuse what has none."""

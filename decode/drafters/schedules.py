@@ -187,20 +187,30 @@ NOISE = 0.10  # a probe's v within 10% under a narrower one's is its noise (the 
 
 
 def monotone(v: dict[int, float], noise: float = NOISE) -> dict[int, float]:
-    """The non-decreasing fit (least squares, pool-adjacent-violators) of v(k) over the measured k, at least 1
-    (v(0), a plain step), where the measurements allow it: a measured v(3) a few % under v(2) is the probe's noise
-    (the size of the differences the schedule decides on), which would otherwise pick k = 3 over k = 2 for nothing.
-    A dip deeper than `noise` (a median of 7 repetitions) is the machine's and is kept: some CPUs run a 1-token
-    forward on a slower kernel path than a 4-token one (an AMD EPYC here: v = 1.26 at k = 1, 0.78 at k = 3), and
-    a schedule priced on the fit would draft past the cheap widths, which cost it 20-30% a round."""
-    blocks: list[list] = []  # [mean, weight, [k ...]]
-    for k in sorted(v):
-        blocks.append([v[k], 1, [k]])
-        while len(blocks) > 1 and blocks[-1][0] < blocks[-2][0] <= blocks[-1][0] * (1 + noise):
-            (m2, w2, k2), (m1, w1, k1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, k1 + k2])
-    # and never under v(0) = 1, a plain step, but by more than the noise
-    return {k: mean if mean * (1 + noise) < 1.0 else max(1.0, mean) for mean, _, ks in blocks for k in ks}
+    """v(k) over the measured k, made non-decreasing where the measurements allow it: a measured v(3) a few % under
+    v(2) is the probe's noise (the size of the differences the schedule decides on), which would otherwise pick k = 3
+    over k = 2 for nothing. A measured v more than `noise` under the one measured just narrower (v(0) = 1, a plain
+    step, included) is the machine's: some CPUs run a 1-token forward on a slower kernel path than a 4-token one (an
+    AMD EPYC here: v = 1.26 at k = 1, 0.78 at k = 3), and a schedule priced on a flattened v drafts past the cheap
+    widths, which costs it 20-30% a round. So the k are cut into runs at each such dip, and each run gets the
+    non-decreasing least-squares fit (pool-adjacent-violators), the first run starting at v(0) = 1, which nothing
+    moves: a value within the noise under a plain step is a plain step's 1."""
+    ks = sorted(v)
+    runs: list[list[int]] = [[]]
+    for previous, k in zip([0] + ks, ks):
+        if (1.0 if previous == 0 else v[previous]) > v[k] * (1 + noise):
+            runs.append([])
+        runs[-1].append(k)
+    fitted: dict[int, float] = {}
+    for index, run in enumerate(runs):
+        blocks: list[list] = [[1.0, None, []]] if index == 0 else []  # [mean, weight (None: v(0), fixed), [k ...]]
+        for k in run:
+            blocks.append([v[k], 1, [k]])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (m2, w2, k2), (m1, w1, k1) = blocks.pop(), blocks.pop()
+                blocks.append([m1, None, k1 + k2] if w1 is None else [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, k1 + k2])
+        fitted.update({k: mean for mean, _, members in blocks for k in members})
+    return fitted
 
 
 class CostModelSchedule(Schedule):
@@ -300,7 +310,8 @@ class CostModelSchedule(Schedule):
         self.since_probe = [0] * rows  # rounds below gamma since the row's last probe (or its start)
 
     def verify_cost(self, k: int) -> float:
-        """v(k): measured, interpolated linearly between measured lengths; past the longest, the last slope."""
+        """v(k): measured, interpolated linearly between measured lengths; past the longest, the last slope (none
+        where it falls: a wider forward is never priced under the widest measured)."""
         known = self.v
         if k in known:
             return known[k]
@@ -308,7 +319,7 @@ class CostModelSchedule(Schedule):
         above = min((j for j in known if j > k), default=None)
         if above is None:
             lower = max((j for j in known if j < below), default=None)
-            slope = 0.0 if lower is None else (known[below] - known[lower]) / (below - lower)
+            slope = 0.0 if lower is None else max(0.0, (known[below] - known[lower]) / (below - lower))
             return known[below] + slope * (k - below)
         return known[below] + (known[above] - known[below]) * (k - below) / (above - below)
 

@@ -147,6 +147,12 @@ def test_v_is_made_non_decreasing_by_hand():
     # 1.005 is over it. 0.8025 is more than 10% under a plain step: kept under 1
     assert monotone({1: 1.26, 2: 0.85, 3: 0.78, 4: 0.80, 5: 0.78, 6: 1.005}) == pytest.approx(
         {1: 1.26, 2: 0.8025, 3: 0.8025, 4: 0.8025, 5: 0.8025, 6: 1.005})
+    # a dip is judged against the value measured just before it, not against a pooled mean: 1.3, 1.2, 1.1 fall by
+    # 8% and 9% a step, noise, and pool to 1.2; 1.05 to 0.95 falls 10.5%, kept as measured (no floor lifts it)
+    assert monotone({1: 1.0, 2: 1.3, 3: 1.2, 4: 1.1}) == pytest.approx({1: 1.0, 2: 1.2, 3: 1.2, 4: 1.2})
+    assert monotone({1: 1.05, 2: 0.95}) == {1: 1.05, 2: 0.95}
+    # past the widest measured, a falling last slope is not extrapolated: v(4) = v(2), not 1.0 - 2 x 0.3
+    assert CostModelSchedule(gamma=4, c=0.1, v={1: 1.3, 2: 1.0}).verify_cost(4) == pytest.approx(1.0)
     schedule = CostModelSchedule(gamma=4, c=0.1, v={1: 1.0, 2: 1.2, 3: 1.1, 4: 1.5})
     assert [schedule.verify_cost(k) for k in range(5)] == pytest.approx([1.0, 1.0, 1.15, 1.15, 1.5])
 

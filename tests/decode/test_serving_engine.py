@@ -34,6 +34,7 @@ def drafters(target, draft):
     return {
         "chain-constant": chain("constant"),
         "chain-heuristic": chain("heuristic"),
+        "chain-window": DraftModelDrafter(draft, VOCAB, GREEDY, context=4),  # the draft reads the prompt's last 4
         "static-tree": DraftModelDrafter(draft, VOCAB, GREEDY, tree=StaticTree(static_parents([3, 2, 1, 1]), GREEDY)),
         "dynamic-tree": DraftModelDrafter(draft, VOCAB, GREEDY, tree=DynamicTree(budget=10, top_k=3, sampling=GREEDY)),
         "prompt_lookup": PromptLookupDrafter(),
@@ -270,7 +271,7 @@ def test_requests_done_at_their_first_token_never_join(pair):
     assert all(r.rounds == [] and r.draft_forwards == 0 and r.target_forwards == 1 for r in one)
 
 
-@pytest.mark.parametrize("name", ["chain-heuristic", "static-tree", "hybrid"])
+@pytest.mark.parametrize("name", ["chain-heuristic", "chain-window", "static-tree", "hybrid"])
 def test_a_static_batch_is_the_serving_loop_with_every_request_at_once(pair, name):
     # one loop (decode/generate.py _Loop): a static batch and the same rows served all at once with room for every
     # one take the same rounds, row for row (drafted, accepted, emitted), and emit the same tokens

@@ -61,6 +61,13 @@ def test_the_drafts_window_is_the_prefill_the_replay_prices():
     for window in (12, None):
         requests = [as_request(dict(r, draft_context=window)) for r in records]
         assert [t["finish_s"] for t in simulate(requests, 2, Pricer(profile(), "d"))] == pytest.approx([4.1, 2.4])
+    # the draft's steps read its own cache: with draft steps of 2 rows timed at a cache of 5 (0.2 s) and of 100
+    # (0.3 s), round 1 (caches 4 + 1 and 10 + 1 tokens) prices its 2 draft forwards at the cache of 5, 0.2 s each:
+    # 0.2 + 0.04 + 2 x 0.2 + 1.5 = 2.14, B done; round 2 (A: 4 + 4) alone at the single row's 0.25: 1.7 -> 3.84
+    kv_profile = profile()
+    kv_profile.steps.append({"model": draft_model("d"), "rows": 2, "width": 1, "kv": 5, "s": 0.2, "reps_s": [0.2]})
+    timed = simulate(windowed, 2, Pricer(kv_profile, "d"))
+    assert [t["finish_s"] for t in timed] == pytest.approx([3.84, 2.14])
 
 
 def test_a_compiled_batch_keeps_its_capacity_and_its_compiled_width():

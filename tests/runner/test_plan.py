@@ -124,6 +124,8 @@ def test_the_drafts_window_sweeps_the_draft_models_points_only():
                       "speculative draft=d gamma=4 constant ctx=32 batch=1 greedy", "prompt_lookup gamma=4 batch=1 greedy",
                       "hybrid draft=d gamma=4 batch=1 greedy", "hybrid draft=d gamma=4 ctx=32 batch=1 greedy"]
     assert validate({**VALID, "speculative": {"draft_context": 64}}).speculative.draft_context == [64]
+    with pytest.raises(ConfigError, match="draft_context applies to speculative or hybrid only"):
+        validate({**VALID, "methods": ["baseline", "prompt_lookup"], "speculative": {"draft_context": 64}})
     for bad in (0, -3, 2.5, True, [32, 32], [], "long"):
         with pytest.raises(ConfigError, match="draft_context"):
             validate({**VALID, "speculative": {"draft_context": bad}})
