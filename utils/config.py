@@ -499,10 +499,7 @@ class Config(Strict):
 
         if self.speculative.tree == [None]:
             return
-        if not any("tree" in REGISTRY[m].axes for m in self.methods):
-            takers = " or ".join(name for name, spec in REGISTRY.items() if "tree" in spec.axes)
-            raise ValueError(f"speculative.tree applies to {takers} only, and methods has none of them: add one, or "
-                             "set tree: null")
+        self._needs_a_taker("tree")
         if self.speculative.tree == ["auto"]:  # auto prices a drafter's forward: other tree methods would get no point
             left_out = [m for m in self.methods if "tree" in REGISTRY[m].axes and not REGISTRY[m].tree_auto]
             if left_out:
@@ -514,14 +511,17 @@ class Config(Strict):
 
     def _check_draft_context(self) -> None:
         """speculative.draft_context windows the prefill of our engine's draft model: refuse it where no method has one."""
+        if self.speculative.draft_context != [None]:
+            self._needs_a_taker("draft_context")
+
+    def _needs_a_taker(self, axis: str) -> None:
+        """Refuse speculative.<axis> set where no method of the run sweeps it (its value would be dropped unseen)."""
         from decode.methods import REGISTRY
 
-        if self.speculative.draft_context == [None]:
-            return
-        if not any("draft_context" in REGISTRY[m].axes for m in self.methods):
-            takers = " or ".join(name for name, spec in REGISTRY.items() if "draft_context" in spec.axes)
-            raise ValueError(f"speculative.draft_context applies to {takers} only, and methods has none of them: add "
-                             "one, or set draft_context: null")
+        if not any(axis in REGISTRY[m].axes for m in self.methods):
+            takers = " or ".join(name for name, spec in REGISTRY.items() if axis in spec.axes)
+            raise ValueError(f"speculative.{axis} applies to {takers} only, and methods has none of them: add one, or "
+                             f"set {axis}: null")
 
     def _check_synthetic(self) -> None:
         """speculative.synthetic_acceptance replaces the acceptance of our engine's chains: refuse what has none."""
