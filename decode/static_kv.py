@@ -316,9 +316,12 @@ class CompiledModel:
         return layer_masks(masks, self.mask_keys, self.window, self.additive_mask,
                            next(self.model.parameters()).dtype)
 
-    def _forward(self, buffers: _Buffers, input_ids, query_positions, query_columns, ancestors=None):
+    def _forward(self, buffers: _Buffers, input_ids, query_positions, query_columns, ancestors=None,
+                 last_only: bool = False):
         mask = self.masks(buffers, query_positions, query_columns, ancestors)
         extra = {"output_hidden_states": True} if self.hidden_layers else {}
+        if last_only:
+            extra["logits_to_keep"] = 1
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=query_positions,
                          past_key_values=buffers.cache, use_cache=True, **extra)
         if not self.hidden_layers:
@@ -338,15 +341,15 @@ class CompiledModel:
                 config._attn_implementation_internal = "sdpa"
 
     def run(self, buffers: _Buffers, input_ids, query_positions, query_columns, compiled: bool = True,
-            ancestors: torch.Tensor | None = None):
+            ancestors: torch.Tensor | None = None, last_only: bool = False):
         """One step over [B_cap, S] (S one of step_widths, or tree_widths with ancestors, when compiled) -> (fp32
         logits [B_cap, S, V], the hidden_layers' states [B_cap, S, len x H] or None). Both are the graph's outputs
         (with CUDA graphs, overwritten by its next replay): index them before the next step."""
         from torch._dynamo.utils import counters
 
         with self._attention():
-            if not compiled:
-                return self._forward(buffers, input_ids, query_positions, query_columns, ancestors)
+            if not compiled:  # last_only (the eager prefill): the LM head on the last column alone
+                return self._forward(buffers, input_ids, query_positions, query_columns, ancestors, last_only)
             before, events = counters["stats"]["unique_graphs"], cudagraph_events()
             out = self._step(buffers, input_ids, query_positions, query_columns, ancestors)
             self.count_events(counters["stats"]["unique_graphs"] - before, events, cudagraph_events())
@@ -430,8 +433,8 @@ class StaticKVState:
         widest = self.compiled.step_widths[-1]
         if first or input_ids.shape[1] > widest:
             # the prefill, or a catch-up wider than any compiled step: eager when first, else in compiled chunks
-            if first:
-                logits, hidden = self._step(input_ids, input_mask, compiled=False)
+            if first:  # eager: with last_only the LM head runs on the last column alone, as decode/kv.py's
+                logits, hidden = self._step(input_ids, input_mask, compiled=False, last_only=last_only)
             else:
                 chunks = [self._step(input_ids[:, i:i + widest], input_mask[:, i:i + widest])
                           for i in range(0, input_ids.shape[1], widest)]
@@ -451,7 +454,8 @@ class StaticKVState:
                 raise RuntimeError(f"engine.compile: the static cache of {self.compiled.max_length} columns is full "
                                    f"({self.length} in use, a step of {width}); this is a bug in sizing it")
 
-    def _step(self, input_ids: torch.Tensor, input_mask: torch.Tensor, compiled: bool = True) -> torch.Tensor:
+    def _step(self, input_ids: torch.Tensor, input_mask: torch.Tensor, compiled: bool = True,
+              last_only: bool = False) -> torch.Tensor:
         buffers, capacity = self.buffers, self.buffers.valid.shape[0]
         num_tokens = input_ids.shape[1]
         width = self.compiled.width_for(num_tokens) if compiled else num_tokens
@@ -466,11 +470,12 @@ class StaticKVState:
         buffers.valid[:, self.length: self.length + width] = mask.bool()
         buffers.positions[:, self.length: self.length + width] = positions
         buffers.start.fill_(self.length)
-        logits, hidden = self.compiled.run(buffers, ids, positions, columns, compiled=compiled)
+        logits, hidden = self.compiled.run(buffers, ids, positions, columns, compiled=compiled, last_only=last_only)
         # the step's padding (columns past num_tokens) was only ever seen by itself: free it
         self.count += mask.sum(dim=1)
         self.length += num_tokens
-        return logits[self.rows, :num_tokens], (hidden[self.rows, :num_tokens] if hidden is not None else None)
+        logits = logits[self.rows] if last_only else logits[self.rows, :num_tokens]  # last_only: eager, width S
+        return logits, (hidden[self.rows, :num_tokens] if hidden is not None else None)
 
     # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
     def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,

@@ -164,6 +164,7 @@ def run(config, args, command: str, console):
     from runner import loading
     from runner.attention import settle_attention
     from runner.probes import RUNTIME_ERRORS, environment, measure_costs, one_line, prefill_points
+    from runner.session import quiet_heap
     from utils import UserError
     from utils.models import check_model_config, resolve_device
 
@@ -209,6 +210,7 @@ def run(config, args, command: str, console):
             mask[1:, :RAGGED_PADDING] = 0
             for model in loading.compiled_models(config, target, drafts).values():  # graphs compiled before timing
                 model.precompile(ids, mask)
+            quiet_heap()  # as a run's timed batches: the collector's oldest generation holds none of this
             prefilled = False  # the batch's prefills, once per rows (they do not depend on the cache)
             for kv in kvs:
                 console.print(f"rows {batch}, cache {kv} tokens: timing widths {widths}"

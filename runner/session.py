@@ -25,6 +25,18 @@ from runner.loading import eos_set
 from utils.data import expand_conversations, load_prompts
 
 
+def quiet_heap() -> None:
+    """Collect, then freeze what is left (gc.freeze): the objects alive now (models, the compiler's graphs and
+    caches: millions after a compile) leave the collector's view, so an oldest-generation collection inside a timed
+    batch walks only what the batches allocate. After a compiled run's warmup on a CPU such a collection took 250 to
+    400 ms (docs/engine.md). Serving engines freeze their heaps after warm-up for the same reason.
+    Session.release_models unfreezes before it collects."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 @dataclass
 class UnitResult:
     rows: list[dict] = field(default_factory=list)  # records of every point that finished this batch
@@ -212,6 +224,7 @@ class Session:
         self._released = True
         if self.config.engine.compile:  # the compiled graphs hold the models' buffers (and CUDA graph pools)
             torch._dynamo.reset()
+        gc.unfreeze()  # quiet_heap's frozen objects are collectable again: the models' cycles among them
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -284,6 +297,7 @@ class Session:
         ids, mask = self.batch_tensors(self.probe_batch(comparison))
         for model in self.compiled_models().values():  # this comparison's shapes compile in its probes and warmup
             model.warm = False
+        quiet_heap()
         with torch.inference_mode():
             if state.costs is None:
                 state.costs = self._measure_costs([p for p in points if p not in state.failed], ids, mask, state)
@@ -294,6 +308,7 @@ class Session:
             for model in self.compiled_models().values():  # the warmup may have built early exit's views
                 model.precompile(ids, mask)
                 model.warm = True
+        quiet_heap()  # what the compiler and the warmup built stays out of the timed batches' collections
         self.prepared[comparison] = state
         return state
 

@@ -72,9 +72,9 @@ def test_gpu_check_runs_its_cpu_part_and_fails_on_a_bug(tmp_path, monkeypatch, c
 
     real_run, calls = CompiledModel.run, []
 
-    def one_wrong_token(self, buffers, input_ids, *args, compiled=True):
+    def one_wrong_token(self, buffers, input_ids, *args, compiled=True, **kwargs):
         """After the warmup, the 5th compiled step of the target: its first row's first position gets another argmax."""
-        logits, hidden = real_run(self, buffers, input_ids, *args, compiled=compiled)
+        logits, hidden = real_run(self, buffers, input_ids, *args, compiled=compiled, **kwargs)
         if self.warm and compiled and self.num_layers == 2:
             calls.append(1)
             if len(calls) == 5:

@@ -187,9 +187,13 @@ def test_static_state_follows_the_eager_cache_through_multi_step_rollbacks_and_c
     cmodel = compiled_copy(model, (1, 2, 3), 20, (3,))
     static, eager = new_state(cmodel), KVState()
     generator = torch.Generator().manual_seed(0)
+    head_columns = []  # the LM head's input width at the prefill: the last column alone, as the eager cache's
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: head_columns.append(args[0].shape[1]))
     with torch.inference_mode():
-        static.forward(cmodel, ids, mask, last_only=True)
-        eager.forward(model, ids, mask, last_only=True)
+        torch.testing.assert_close(static.forward(cmodel, ids, mask, last_only=True),
+                                   eager.forward(model, ids, mask, last_only=True), rtol=1e-4, atol=1e-4)
+        hook.remove()
+        assert head_columns == [1, 1]
         for round_index in range(12):
             for _ in range(3):  # a last token and two drafts, one step each
                 tokens = torch.randint(3, VOCAB, (3, 1), generator=generator)

@@ -17,9 +17,9 @@ def test_the_numerics_probe_runs_the_compiled_step_when_one_is_attached(monkeypa
     steps = []
     real = CompiledModel.run
 
-    def counted(self, buffers, input_ids, *args, compiled=True):
+    def counted(self, buffers, input_ids, *args, compiled=True, **kwargs):
         steps.append((input_ids.shape[1], compiled))
-        return real(self, buffers, input_ids, *args, compiled=compiled)
+        return real(self, buffers, input_ids, *args, compiled=compiled, **kwargs)
 
     monkeypatch.setattr(CompiledModel, "run", counted)
     result = numerics_probe(model, ids, mask, widths=(3,), single_steps=True)

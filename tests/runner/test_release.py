@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from runner.session import Session
+from runner.session import Session, quiet_heap
 from tiny_models import tiny_model
 
 
@@ -22,8 +22,13 @@ def test_release_drops_the_models_and_empties_the_device_cache(monkeypatch):
         alive = [weakref.ref(target), weakref.ref(draft)]
         session.target, session.drafts = SimpleNamespace(model=target), {"d": SimpleNamespace(model=draft)}
         session.context = SimpleNamespace(target=target, drafts={"d": draft})
-        del target, draft
+        cycle = [target]  # a reference cycle holds the target: only the collector frees it
+        cycle.append(cycle)
+        del target, draft, cycle
+        quiet_heap()  # as before timed batches: the cycle is frozen, out of the collector's view
+        assert gc.get_freeze_count() > 0 and alive[0]() is not None
         session.release_models()
+        assert gc.get_freeze_count() == 0  # release unfreezes, so the models' cycles are collected
         gc.collect()
         assert session.released and all(ref() is None for ref in alive)
         # the cache is emptied after the models' last references went (gc), so their blocks are free to return
