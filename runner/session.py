@@ -29,10 +29,13 @@ def quiet_heap() -> None:
     """Collect, then freeze what is left (gc.freeze): the objects alive now (models, the compiler's graphs and
     caches: millions after a compile) leave the collector's view, so an oldest-generation collection inside a timed
     batch walks only what the batches allocate. After a compiled run's warmup on a CPU such a collection took 250 to
-    400 ms (docs/engine.md). Serving engines freeze their heaps after warm-up for the same reason.
-    Session.release_models unfreezes before it collects."""
+    400 ms (docs/engine.md). Serving engines freeze their heaps after warm-up for the same reason. What an earlier
+    call froze is unfrozen and collected first: a frozen object that became garbage since (a warmup's drafter and its
+    cache, in a reference cycle) is freed at the next comparison, not kept for the run. Session.release_models
+    unfreezes before it collects."""
     import gc
 
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 
