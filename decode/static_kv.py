@@ -348,8 +348,9 @@ class CompiledModel:
         from torch._dynamo.utils import counters
 
         with self._attention():
-            if not compiled:  # last_only (the eager prefill): the LM head on the last column alone
+            if not compiled:  # last_only (the eager prefill): the LM head on the last column alone, [B_cap, 1, V]
                 return self._forward(buffers, input_ids, query_positions, query_columns, ancestors, last_only)
+            assert not last_only, "a compiled step returns every column's logits (its last may be padding)"
             before, events = counters["stats"]["unique_graphs"], cudagraph_events()
             out = self._step(buffers, input_ids, query_positions, query_columns, ancestors)
             self.count_events(counters["stats"]["unique_graphs"] - before, events, cudagraph_events())
@@ -474,8 +475,7 @@ class StaticKVState:
         # the step's padding (columns past num_tokens) was only ever seen by itself: free it
         self.count += mask.sum(dim=1)
         self.length += num_tokens
-        logits = logits[self.rows] if last_only else logits[self.rows, :num_tokens]  # last_only: eager, width S
-        return logits, (hidden[self.rows, :num_tokens] if hidden is not None else None)
+        return logits[self.rows, :num_tokens], (hidden[self.rows, :num_tokens] if hidden is not None else None)
 
     # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
     def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,

@@ -300,6 +300,9 @@ class Session:
         ids, mask = self.batch_tensors(self.probe_batch(comparison))
         for model in self.compiled_models().values():  # this comparison's shapes compile in its probes and warmup
             model.warm = False
+        with torch.inference_mode():
+            for model in self.compiled_models().values():  # compiled before the probes time them, and frozen
+                model.precompile(ids, mask)
         quiet_heap()
         with torch.inference_mode():
             if state.costs is None:
@@ -416,6 +419,7 @@ class Session:
                     # engine.compile: a graph compiled or captured inside this timed batch; it is now: measure again
                     result.notes.append(f"engine.compile: {point.label} {' and '.join(late)} inside a timed batch "
                                         f"(batch size {unit.batch_size}); that batch was run again")
+                    quiet_heap()  # the new graph's objects too
                     outcome = self._run_point(point, unit, batch, ids, mask)
                 if isinstance(outcome, str):
                     state.failed.add(point)

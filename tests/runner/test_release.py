@@ -24,12 +24,13 @@ def test_release_drops_the_models_and_empties_the_device_cache(monkeypatch):
         session.context = SimpleNamespace(target=target, drafts={"d": draft})
         cycle = [target]  # a reference cycle holds the target: only the collector frees it
         cycle.append(cycle)
-        del target, draft, cycle
-        quiet_heap()  # as before timed batches: the cycle is frozen, out of the collector's view
-        assert gc.get_freeze_count() > 0 and alive[0]() is not None
-        session.release_models()
-        assert gc.get_freeze_count() == 0  # release unfreezes, so the models' cycles are collected
+        del target, draft
+        quiet_heap()  # as before timed batches: the cycle, alive, is frozen
+        del cycle  # garbage now, frozen: out of the collector's view until unfrozen
         gc.collect()
+        assert gc.get_freeze_count() > 0 and alive[0]() is not None
+        session.release_models()  # unfreezes, then collects
+        assert gc.get_freeze_count() == 0
         assert session.released and all(ref() is None for ref in alive)
         # the cache is emptied after the models' last references went (gc), so their blocks are free to return
         assert calls == (["dynamo reset"] if compiled else []) + ["synchronize", "empty_cache"]

@@ -24,6 +24,9 @@ class LocalExecutor:
         return self
 
     def __exit__(self, *exc):
+        import gc
+
+        gc.unfreeze()  # runner/session.py quiet_heap's: the engine's objects are the collector's again
         return False
 
     def release(self) -> None:
