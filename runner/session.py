@@ -7,6 +7,7 @@ never writes the report folder.
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 
 import torch
@@ -33,8 +34,6 @@ def quiet_heap() -> None:
     call froze is unfrozen and collected first: a frozen object that became garbage since (a warmup's drafter and its
     cache, in a reference cycle) is freed at the next comparison, not kept for the run. Session.release_models
     unfreezes before it collects."""
-    import gc
-
     gc.unfreeze()
     gc.collect()
     gc.freeze()
@@ -220,8 +219,6 @@ class Session:
         units of our engine come after. Prompts and tokenizer stay. On CUDA the caching allocator's blocks go back to the device
         (and, with engine.compile, the CUDA graphs' memory pools with dynamo's caches), so that what another engine
         reads as free memory is free."""
-        import gc
-
         self.target, self.drafts, self.context = None, {}, None
         self.prepared.clear()  # a reload warms up and measures again
         self._released = True
@@ -298,21 +295,22 @@ class Session:
             if reason:
                 state.fail(point, "skipped", reason)
         ids, mask = self.batch_tensors(self.probe_batch(comparison))
-        for model in self.compiled_models().values():  # this comparison's shapes compile in its probes and warmup
+        compiled = self.compiled_models()
+        for model in compiled.values():  # a graph compiled from here to the warmup's end is not a late one
             model.warm = False
         with torch.inference_mode():
-            for model in self.compiled_models().values():  # compiled before the probes time them, and frozen
+            for model in compiled.values():  # compiled before the probes time them, and frozen
                 model.precompile(ids, mask)
-        quiet_heap()
-        with torch.inference_mode():
+            quiet_heap()
             if state.costs is None:
                 state.costs = self._measure_costs([p for p in points if p not in state.failed], ids, mask, state)
                 if state.costs is not None and comparison.serving and ids.shape[0] > 1:
                     state.fewer_rows = self._one_row_costs(comparison, points, state)
             self.context.costs = state.costs
             self._warm_up(points, state, ids, mask, comparison.temperature)
-            for model in self.compiled_models().values():  # the warmup may have built early exit's views
-                model.precompile(ids, mask)
+            for role, model in self.compiled_models().items():
+                if role not in compiled:  # early exit's views, built by the warmup
+                    model.precompile(ids, mask)
                 model.warm = True
         quiet_heap()  # what the compiler and the warmup built stays out of the timed batches' collections
         self.prepared[comparison] = state
