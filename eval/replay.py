@@ -152,6 +152,10 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
     follows = [r.get("follows") for r in requests]
     queue = Queue(Load([r["arrival_s"] for r in requests], concurrency, follows, think_s))
 
+    def deferred(i: int) -> bool:
+        """A drafter that prefills the draft in its first drafting round (hybrid), its rounds' catch_up saying so."""
+        return any("catch_up" in r for r in requests[i].get("rounds") or ())
+
     def finished(i: int) -> bool:
         rounds = requests[i].get("rounds")
         return done[i] >= requests[i]["new_tokens"] if rounds is None else taken[i] >= len(rounds)
@@ -178,12 +182,15 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                     done[i] = min(1, requests[i]["new_tokens"])
                 going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
                 end([i for i in group if i not in going])
-                if going and drafts:  # over the draft's window of each prompt where it has one
+                eager = [i for i in going if not deferred(i)]  # a deferred prefill is a round's catch-up (below)
+                if eager and drafts:  # over the draft's window of each prompt where it has one
                     draft_width = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) for i in group)
                     draft_prefill = pricer.prefill(pricer.rows(len(going), peak), draft_width, draft=True)
                     now += draft_prefill
-                    for i in going:
+                    for i in eager:
                         out[i]["draft_prefill_s"] = draft_prefill
+                for i in going:
+                    out[i].setdefault("draft_prefill_s", 0.0)
                 active += going
         if not active:
             continue
@@ -198,7 +205,10 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
             width, forwards = round_shape(this)
             if forwards and drafts:  # the draft's cache: its window of the prompt and the tokens since
                 draft_kv = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) + done[i] for i in active)
-                now += forwards * pricer.draft_step(rows, draft_kv)
+                step = pricer.draft_step(rows, draft_kv)
+                catch_up = max(r.get("catch_up", 0) for r in this)  # the first forward's width, where recorded
+                first = max(step, pricer.prefill(rows, catch_up, draft=True)) if catch_up > 1 else step
+                now += first + (forwards - 1) * step
             now += pricer.step(rows, width, kv)
             for i, r in zip(active, this):
                 done[i] += r["emitted"]

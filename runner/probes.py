@@ -283,7 +283,7 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     The steps are interleaved, one of each per repetition and the baseline step first and last (after one untimed
     pass), so that drift of the machine touches every ratio alike; each time is the median over the repetitions, and
     the repetitions are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's
-    prefill cost (draft_prefill_cost; only the cost_model schedule reads it). tree_widths: the widths only trees verify, timed
+    prefill cost (draft_prefill_cost; the cost_model schedule and hybrid read it; a head has none). tree_widths: the widths only trees verify, timed
     through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
     host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
     `busy_reps`, after the untimed pass and before the timed repetitions: a profiler session leaves later kernel
@@ -348,7 +348,7 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         target_reps_s={width: values for (name, width), values in times.items() if name == "target"},
         draft_reps_s={name.removeprefix("draft:"): values for (name, _), values in times.items() if name != "target"},
         draft_prefill={label: draft_prefill_cost(model, ids, mask, clock, target_one)
-                       for label, model in drafts.items()} if draft_prefill else {},
+                       for label, model in drafts.items() if not is_head(model)} if draft_prefill else {},
         target_weight_bytes=weight_bytes(target),
         draft_weight_bytes={label: weight_bytes(model) for label, model in drafts.items()},
         target_busy_s=busy.get("target"),
@@ -474,7 +474,7 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
     """c and v of a comparison's speculative points (`points`: those that run), measured on its first batch (ids,
     mask): each verify width they use (a chain's gamma + 1, a tree's nodes + 1; the cost_model schedule any draft
     length up to gamma and the draft's prefill; hybrid any chain up to gamma or a tree of two chains up to 2 gamma
-    nodes, timed as chains, and past gamma up to speculative.hybrid_max_draft a few widths between), each step timed as the run executes it, at the mean cache of decoding (the prompt +
+    nodes and the draft's prefill (its deferred start and its catch-ups), timed as chains, and past gamma up to speculative.hybrid_max_draft a few widths between), each step timed as the run executes it, at the mean cache of decoding (the prompt +
     max_new_tokens / 2). None: no speculative point. Raises what the probes raise (RUNTIME_ERRORS: the caller notes
     it)."""
     from decode.methods import REGISTRY
@@ -501,6 +501,7 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
         # compiled, a merged tree wider than a chain runs as one tree step (decode/compile_plan.py): timed so, not as
         # a chain past the compiled chain widths (which would run in two steps)
         chains |= {w for w in hybrid_widths if not config.engine.compile or w <= max(hybrid) + 1}
-    return measure_costs(target.model, drafts, ids, mask, sorted(widths), clock, draft_prefill=cost_model,
+    return measure_costs(target.model, drafts, ids, mask, sorted(widths), clock,
+                         draft_prefill=cost_model or bool(hybrid),
                          tree_widths=widths - chains, sampling=sampling, context=config.generation.max_new_tokens // 2,
                          target_vocab_size=target.vocab_size)

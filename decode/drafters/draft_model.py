@@ -29,6 +29,11 @@ class DraftModelDrafter(Drafter):
     conversation's later turn); every token generated after joins its cache as usual. The target still reads the
     whole prompt and decides every token: only acceptance can change. None: the whole prompt.
 
+    defer: the draft's prefill waits for the first round that drafts (HybridDrafter sets it: a row whose free
+    sources do well may never need the draft). Until then each joining row's prompt (its window's) waits in its
+    pending tokens, and the first round that drafts feeds them in its catch-up forward, which on an empty cache is
+    the prefill (left padded, as add_rows would run it). Once the cache exists, joining rows are prefilled as usual.
+
     The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
     input embedding's device and brings its logits back to the engine's device.
     """
@@ -48,10 +53,16 @@ class DraftModelDrafter(Drafter):
         self.state: KVState | None = None  # None: no rows yet
         self.input_vocab_size = model.get_input_embeddings().num_embeddings
         self.off = False  # True: this batch does not run the draft (start asks the schedule)
+        self.defer = False  # True: no prefill before the first round that drafts (see the class doc)
 
     @property
     def forwards(self) -> int:
         return 0 if self.state is None else self.state.forwards
+
+    @property
+    def started(self) -> bool:
+        """Whether the draft's cache exists (a deferred prefill, `defer`, has run)."""
+        return self.state is not None
 
     def start(self, prompt_ids, prompt_mask):
         self.reset()
@@ -86,6 +97,12 @@ class DraftModelDrafter(Drafter):
         if not self.off:
             if self.context is not None:  # the window: each (left-padded) row's last tokens
                 prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
+            if self.defer and self.state is None:  # the prefill waits in the pending tokens (class doc)
+                host_ids, host_mask = prompt_ids.tolist(), prompt_mask.tolist()
+                for row, (ids, mask) in enumerate(zip(host_ids, host_mask)):
+                    self.pending[len(self.pending) - len(host_ids) + row] = [
+                        min(t, self.input_vocab_size - 1) for t, m in zip(ids, mask) if m]
+                return
             state = new_state(self.model)
             # a prompt id past the draft's embeddings (a smaller vocabulary, decode/vocab.py) is fed clamped, as every
             # later feed is: the draft predicts worse there, the target still decides
@@ -131,6 +148,8 @@ class DraftModelDrafter(Drafter):
         # 1. catch up: each row's pending tokens and its last token in one forward, whose last logits draft d_1
         input_ids, input_mask = self._catch_up_inputs(last_tokens)  # [B, P]
         self.pending = [[] for _ in self.pending]
+        if self.state is None:  # a deferred prefill (defer): the catch-up fills an empty cache
+            self.state = new_state(self.model)
         if shape is not None:
             root_logits = self._to_target_vocab(self.state.forward(self.model, input_ids, input_mask,
                                                                    last_only=True)[:, -1])

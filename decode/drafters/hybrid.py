@@ -123,10 +123,12 @@ def survival(rates: list[float], k: int) -> list[float]:
 
 
 def plan_row(rates: dict[str, list[float]], lengths: dict[str, int], limit: int, c: float, v_of,
-             need_draft: bool = False, merge: bool = True) -> tuple[str | None, int, int, float]:
+             need_draft: bool = False, merge: bool = True, catch_up: float = 0.0) -> tuple[str | None, int, int, float]:
     """One row's choice: (free source or None, its tokens k_f, draft tokens k_d, expected tokens per cost). rates: each
     source's [b_1 ..]; lengths: each free source's candidate length (<= limit); v_of(n): the verification cost of n
-    nodes. need_draft: only options with k_d >= 1 (a probe); merge False: no tree of two sources. On a tie the option listed first (cheaper) wins."""
+    nodes. need_draft: only options with k_d >= 1 (a probe); merge False: no tree of two sources; catch_up: what the
+    draft's first forward costs this round beyond c (it also feeds the tokens committed since the draft last ran),
+    added to every option that drafts. On a tie the option listed first (cheaper) wins."""
     options: list[tuple[str | None, int, int, float]] = []
     if not need_draft:
         options.append((None, 0, 0, 1.0))
@@ -136,14 +138,14 @@ def plan_row(rates: dict[str, list[float]], lengths: dict[str, int], limit: int,
                 options.append((source, k, 0, (1 + sum(s[:k])) / v_of(k)))
     draft = survival(rates["draft"], limit)
     for k in range(1, limit + 1):
-        options.append((None, 0, k, (1 + sum(draft[:k])) / (k * c + v_of(k))))
+        options.append((None, 0, k, (1 + sum(draft[:k])) / (k * c + catch_up + v_of(k))))
     for source in FREE if merge else ():
         s = survival(rates[source], lengths.get(source, 0))
         for kf in range(1, len(s) + 1):
             for kd in range(1, limit + 1):
                 either = [1 - (1 - (s[i] if i < kf else 0.0)) * (1 - (draft[i] if i < kd else 0.0))
                           for i in range(max(kf, kd))]
-                options.append((source, kf, kd, (1 + sum(either)) / (kd * c + v_of(kf + kd))))
+                options.append((source, kf, kd, (1 + sum(either)) / (kd * c + catch_up + v_of(kf + kd))))
     if not options:
         return None, 0, 0, 1.0
     best = options[0]
@@ -151,6 +153,29 @@ def plan_row(rates: dict[str, list[float]], lengths: dict[str, int], limit: int,
         if option[3] > best[3] + 1e-12:
             best = option
     return best
+
+
+class StartRecord:
+    """Sums over the rounds of a row, a dataset group or a point: the target steps a token costs at each round's best
+    plan without the draft model (`free`) and with it (`with_draft`: its tokens at c each, no catch-up, as once its
+    cache exists). What the deferred prefill's decision reads (HybridDrafter._start_pays)."""
+
+    def __init__(self):
+        self.free = self.with_draft = 0.0
+        self.rounds = 0
+
+    def add(self, free: float, with_draft: float) -> None:
+        self.free += free
+        self.with_draft += with_draft
+        self.rounds += 1
+
+    def per_token(self, prior: "StartRecord | None" = None, weight: float = 4.0) -> tuple[float, float]:
+        """(free, with_draft) per token: these rounds' means, shrunk toward `prior`'s by `weight` rounds of it."""
+        if prior is None or not prior.rounds:
+            return self.free / max(self.rounds, 1), self.with_draft / max(self.rounds, 1)
+        n = self.rounds + weight
+        return ((self.free + weight * prior.free / prior.rounds) / n,
+                (self.with_draft + weight * prior.with_draft / prior.rounds) / n)
 
 
 def longest_common_prefix(a: list[int], b: list[int]) -> int:
@@ -168,14 +193,32 @@ class HybridDrafter(Drafter):
     rows' prior; group_pools and group_of: a row's group (group_of(its prompt's ids): a dataset category, None for
     none) keeps pools of its own (group -> evidence key -> PointEvidence), its rows' prior, shrunk toward the point's
     (CostModelSchedule.pool_prior): where one source pays in one category and not in another, each category's rows
-    start from their own record; cache: the suffix source's earlier outputs (SuffixCache)."""
+    start from their own record; cache: the suffix source's earlier outputs (SuffixCache).
+
+    The draft model's prefill is deferred (DraftModelDrafter.defer): a batch starts with the free sources alone and
+    prefills the draft in the first round whose plans draft with it and where starting pays: summed over the rows,
+    the tokens each has left (budget: max_new_tokens, minus what it has) times what a token costs it without the draft
+    model (its best plans' 1 / tokens per cost, in target steps) less what it costs with it, both averaged over the
+    row's rounds so far and shrunk toward its group's or the point's rounds (start_pools, StartRecord), exceeds the
+    prefill (prefill_cost: fixed + per_token * the tokens to feed, in target steps, measured in this run). While the
+    point's draft record holds fewer than MIN_POOLED_ROUNDS rounds (a draft that
+    never runs learns nothing), it starts in the first round a plan drafts with it (without prefill_cost or budget,
+    a probe's round too; with them no probe runs before the start). Once started, each round that
+    drafts also pays its catch-up (the tokens the free sources committed since the draft last ran): priced as a
+    prefill of that width where prefill_cost is known (at least c), on top of c for its other tokens."""
     PROBE_EVERY = 8
+    START_PRIOR_ROUNDS = 4.0
 
     def __init__(self, draft: DraftModelDrafter, target_vocab_size: int, gamma: int, c: float, v: dict[int, float],
                  pools: dict[str, PointEvidence] | None = None, cache: SuffixCache | None = None, ngram_max: int = 3,
                  ngram_min: int = 1, suffix_max_depth: int = 8, suffix_min_prob: float = 0.1, merge: bool = True,
-                 group_pools: dict[str, dict[str, PointEvidence]] | None = None, group_of=None):
+                 group_pools: dict[str, dict[str, PointEvidence]] | None = None, group_of=None,
+                 prefill_cost: dict | None = None, budget: int | None = None,
+                 start_pools: dict[str | None, StartRecord] | None = None):
         self.draft = draft
+        draft.defer = True
+        self.prefill_cost, self.budget = prefill_cost, budget
+        self.start_pools = start_pools if start_pools is not None else {}
         self.wanted = _Wanted(gamma)
         draft.schedule, draft.tree = self.wanted, None
         self.vocab = target_vocab_size
@@ -196,6 +239,12 @@ class HybridDrafter(Drafter):
     def forwards(self) -> int:
         return self.draft.forwards
 
+    @property
+    def priced_start(self) -> bool:
+        """Whether the deferred prefill waits until starting pays (_start_pays): with the draft's measured prefill
+        and the budget. Without them the draft starts in the first round that drafts with it, a probe included."""
+        return self.prefill_cost is not None and self.budget is not None
+
     def v_of(self, nodes: int) -> float:
         return self.estimators["draft"].verify_cost(nodes)
 
@@ -206,6 +255,9 @@ class HybridDrafter(Drafter):
             estimator.start(0)
         self.since_draft: list[int] = []
         self.since_deeper: list[int] = []
+        self.generated: list[int] = []  # each row's tokens so far (the target's prefill gave the first)
+        self.starts: list[StartRecord] = []  # each row's rounds, for the deferred prefill's decision
+        self.row_groups: list[str | None] = []
         self.draft.reset()  # and its schedule, self.wanted
         self._observed = self._observed_drafts = None
         self.round_facts = None
@@ -227,21 +279,69 @@ class HybridDrafter(Drafter):
                                               .setdefault(key, PointEvidence(self.gamma)).counts for group in groups])
         self.since_draft += [0] * len(prompts)
         self.since_deeper += [0] * len(prompts)
+        self.generated += [1] * len(prompts)
+        self.starts += [StartRecord() for _ in prompts]
+        self.row_groups += groups
         self.draft.add_rows(prompt_ids, prompt_mask)  # and self.wanted, its schedule
         self.device = prompt_ids.device
 
     def _plans(self, limits: list[int]) -> list[tuple[str | None, int, int, float]]:
         used = {"draft", *(key for keys in self.keys for key in keys.values())}  # 3 of EVIDENCE's 13 keys a row
         priors = {key: self.estimators[key].row_priors() for key in used}
-        plans = []
+        started = self.draft.started
+        plans, free_plans = [], []
         for row, limit in enumerate(limits):
             keys = {"draft": "draft", **self.keys[row]}  # each free candidate's evidence: its stratum's
             rates = {s: self.estimators[key].acceptance(row, priors[key][row]) for s, key in keys.items()}
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
+            free = plan_row(rates, lengths, 0, self.c, self.v_of, merge=self.merge)
+            steady = plan_row(rates, lengths, limit, self.c, self.v_of, merge=self.merge)
+            self._note(row, free[3], steady[3])
+            free_plans.append(free)
+            if not started and self.priced_start:  # no probe before the draft's cache exists: _start_pays decides
+                plans.append(steady)
+                continue
             probe = self.since_draft[row] + 1 >= self.PROBE_EVERY and limit > 0
-            plan = plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge)
-            plans.append(self._deepen(row, plan, limit))
-        return plans
+            catch_up = self._catch_up_cost(len(self.draft.pending[row]) + 1)
+            plan = plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge,
+                            catch_up=catch_up) if probe or catch_up else steady
+            plans.append(plan)
+        if not started and self.priced_start and not self._start_pays(plans):
+            return free_plans
+        return [self._deepen(row, plan, limit) for row, (plan, limit) in enumerate(zip(plans, limits))]
+
+    def _note(self, row: int, free: float, with_draft: float) -> None:
+        """A round's best values without and with the draft model, as target steps a token, into the row's, its
+        group's and the point's StartRecord."""
+        pools = [self.starts[row], self.start_pools.setdefault(None, StartRecord())]
+        if self.row_groups[row] is not None:
+            pools.append(self.start_pools.setdefault(self.row_groups[row], StartRecord()))
+        for record in pools:
+            record.add(1 / free, 1 / with_draft)
+
+    def _catch_up_cost(self, width: int) -> float:
+        """The draft's first forward of a round feeding `width` tokens, beyond c, in target steps: the prefill line
+        at that width (at least c), where measured; 0 where not."""
+        if self.prefill_cost is None or width <= 1:
+            return 0.0
+        line = self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * width
+        return max(0.0, line - self.c)
+
+    def _start_pays(self, plans: list[tuple[str | None, int, int, float]]) -> bool:
+        """Whether this round prefills the draft model (see the class doc)."""
+        if not any(plan[2] for plan in plans):
+            return False
+        if self.estimators["draft"].pool.tested[1] < CostModelSchedule.MIN_POOLED_ROUNDS:
+            return True
+        point = self.start_pools.get(None)
+        saving = 0.0
+        for row, record in enumerate(self.starts):
+            group = self.start_pools.get(self.row_groups[row]) if self.row_groups[row] is not None else None
+            prior = group if group is not None and group.rounds >= self.START_PRIOR_ROUNDS else point
+            free, with_draft = record.per_token(prior, self.START_PRIOR_ROUNDS)
+            saving += max(0, self.budget - self.generated[row]) * (free - with_draft)
+        width = 1 + max(len(pending) for pending in self.draft.pending)
+        return saving > self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * width
 
     def _deepen(self, row: int, plan: tuple[str | None, int, int, float], limit: int):
         """The draft-length probe: a round below the cap counts toward it; after PROBE_EVERY of them, the next round
@@ -273,6 +373,8 @@ class HybridDrafter(Drafter):
         free = [self.candidates[row][plan[0]][:plan[1]] if plan[0] else [] for row, plan in enumerate(plans)]
         k_draft = [plan[2] for plan in plans]
         self.draft._observed = list(host)
+        # each row's catch-up: the tokens the draft's first forward feeds (a deferred prefill: the prompt and all since)
+        self.catch_up = [len(p) + 1 if max(k_draft) > 0 else 0 for p in self.draft.pending]
         if max(k_draft) > 0:
             self.wanted.wanted = k_draft
             drafted = self.draft.propose(last_tokens, max(k_draft), row_limits=k_draft)
@@ -359,7 +461,9 @@ class HybridDrafter(Drafter):
             committed = path_tokens + ([next_tokens[row]] if row < len(next_tokens) else [])
             on_path = set(path)
             branches = self.branches[row]
-            facts.append({"sources": {s: [len(nodes), sum(n in on_path for n in nodes)] for s, nodes in branches.items()}})
+            facts.append({"sources": {s: [len(nodes), sum(n in on_path for n in nodes)] for s, nodes in branches.items()},
+                          "catch_up": self.catch_up[row]})
+            self.generated[row] += len(path_tokens) + 1
             draft_nodes = branches.get("draft", [])
             draft_accepted.append(sum(n in on_path for n in draft_nodes))
             # evidence: each candidate against what the round committed (the draft's only where it drafted)
@@ -393,6 +497,9 @@ class HybridDrafter(Drafter):
         self.suffixes = [self.suffixes[r] for r in kept]
         self.since_draft = [self.since_draft[r] for r in kept]
         self.since_deeper = [self.since_deeper[r] for r in kept]
+        self.generated = [self.generated[r] for r in kept]
+        self.starts = [self.starts[r] for r in kept]
+        self.row_groups = [self.row_groups[r] for r in kept]
         for estimator in self.estimators.values():
             estimator.select_rows(kept)
         self.draft.select_rows(rows)

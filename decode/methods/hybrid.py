@@ -18,12 +18,15 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     cache = cache_for(ctx, point, max_depth + longest)
     pools = ctx.memory.setdefault(("hybrid", point.key), {})  # evidence key -> PointEvidence, made by the drafter
     group_pools = ctx.memory.setdefault(("hybrid", point.key, "groups"), {})  # group -> such pools: a category's prior
+    start_pools = ctx.memory.setdefault(("hybrid", point.key, "start"), {})  # None or a group -> StartRecord
     draft = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
                               context=point.draft_context)
     drafter = HybridDrafter(draft, ctx.target_vocab_size, longest, c, dict(costs.v), pools=pools, cache=cache,
                             ngram_max=ctx.options.get("ngram_max", 3), ngram_min=ctx.options.get("ngram_min", 1),
                             suffix_max_depth=max_depth, suffix_min_prob=min_prob, group_pools=group_pools,
-                            group_of=lambda prompt: ctx.groups.get(tuple(prompt)))
+                            group_of=lambda prompt: ctx.groups.get(tuple(prompt)),
+                            prefill_cost=costs.draft_prefill.get(point.draft), budget=generation.max_new_tokens,
+                            start_pools=start_pools)
     return generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator,
                                 gamma=longest)
 

@@ -379,3 +379,64 @@ def test_hybrid_probes_one_draft_token_deeper_so_one_early_rejection_does_not_pi
     drafts = [rd["sources"]["draft"] for rd in records[0].rounds if "draft" in rd.get("sources", {})]
     assert records[0].output_ids == base
     assert drafts[0] == [1, 1] and max(drafted for drafted, _ in drafts) > 2
+
+
+def test_a_deferred_draft_prefill_drafts_as_the_eager_one_and_costs_nothing_until_it_drafts():
+    """DraftModelDrafter.defer (hybrid's): the prompts wait in the pending tokens and the first round that drafts feeds
+    them in its catch-up forward, which on an empty cache is the prefill: the same drafts, round by round, as an
+    eagerly prefilled draft, over a ragged batch; before that round the draft has run no forward at all."""
+    target, draft = tiny_model("llama", seed=3, layers=2), tiny_model("llama", seed=4, layers=1)
+    ids, mask = ragged_batch([9, 5, 7], seed=6)
+    generation = Generation(max_new_tokens=12)
+    runs = []
+    for defer in (False, True):
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling())
+        drafter.defer = defer
+        with torch.inference_mode():
+            drafter.start(ids, mask)
+            before = drafter.forwards
+            records = generate_speculative(target, drafter, ids, mask, generation, 3)
+        runs.append((before, [[(r["drafted"], r["accepted"]) for r in rec.rounds] for rec in records],
+                     [rec.output_ids for rec in records]))
+    assert runs[0][0] == 1 and runs[1][0] == 0  # eager: the prefill ran at start; deferred: nothing yet
+    assert runs[1][1] == runs[0][1] and runs[1][2] == runs[0][2]
+
+
+def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
+    """HybridDrafter._start_pays on a schedule worked out by hand: one row with 2 rounds whose best plans cost 0.5
+    target steps a token without the draft model and 0.25 with it, budget 20, prefill 1 + 0.1 a token."""
+    from decode.drafters.hybrid import StartRecord
+    from decode.drafters.schedules import PointEvidence
+
+    known = PointEvidence(4)
+    for _ in range(8):  # the point's draft record past MIN_POOLED_ROUNDS: the rule decides
+        known.counts.add(4, 3)
+    drafter = HybridDrafter(DraftModelDrafter(tiny_model("llama", seed=1, layers=1), VOCAB, Sampling()), VOCAB, 4,
+                            0.4, {k: 1.0 for k in range(1, 9)}, pools={"draft": known},
+                            prefill_cost={"fixed": 1.0, "per_token": 0.1}, budget=20)
+    drafter.reset()
+    row = StartRecord()
+    row.add(0.5, 0.25)
+    row.add(0.5, 0.25)
+    drafting = [(None, 0, 2, 1.5)]
+    drafter.starts, drafter.row_groups, drafter.draft.pending = [row], [None], [[7] * 9]
+
+    def pays(generated, pending=9, point=None, plans=drafting):
+        drafter.generated, drafter.draft.pending = [generated], [[7] * pending]
+        drafter.start_pools = {} if point is None else {None: point}
+        return drafter._start_pays(plans)
+
+    # 10 tokens to feed: cost 1 + 0.1 x 10 = 2.0; saving (20 - 10) x (0.5 - 0.25) = 2.5 -> start
+    assert pays(10)
+    assert not pays(12)  # (20 - 12) x 0.25 = 2.0, not above 2.0
+    assert not pays(10, pending=15)  # 16 tokens to feed: 2.6 > 2.5
+    assert not pays(10, plans=[(None, 0, 0, 1.0)])  # no plan drafts with the model this round
+    # the point's rounds (4 of them at 0.3 either way) as the prior, 4 rounds strong: free (1.0 + 4 x 0.3) / 6 =
+    # 0.367, with the draft (0.5 + 1.2) / 6 = 0.283: (20 - 10) x 0.083 = 0.83 < 2.0
+    point = StartRecord()
+    for _ in range(4):
+        point.add(0.3, 0.3)
+    assert not pays(10, point=point)
+    # a thin draft record: it starts to learn, whatever the prices
+    drafter.estimators["draft"].pool.tested[1] = 3
+    assert pays(12)

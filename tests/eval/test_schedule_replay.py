@@ -260,3 +260,25 @@ def test_what_the_records_or_the_profile_cannot_say_is_missing_not_guessed(tmp_p
     path.write_text(json.dumps(broken))
     with pytest.raises(ProfileError, match="finite"):
         Profile.load(path)
+
+
+def test_a_deferred_draft_prefill_is_priced_in_the_round_that_drafts_first():
+    """hybrid prefills its draft model in its first round that drafts with it (its rounds' catch_up: the tokens that
+    forward feeds); a request that never drafts with it pays no draft prefill."""
+    def hybrid(rounds):
+        return dict(request(prompt=100, rounds=[(d, a) for d, a, _, _ in rounds]),
+                    rounds=[{"drafted": d, "accepted": a, "emitted": a + 1, "sources": sources, "catch_up": catch}
+                            for d, a, sources, catch in rounds])
+
+    free = (2, 2, {"lookup": [2, 2]}, 0)
+    drafted = (2, 1, {"draft": [2, 1]}, 104)  # the prompt's 100 tokens, the 3 since and the last one
+    # the target's prefill of 100 tokens: 1.0; round 1 (lookup's 2, width 3): 1.2 -> 2.2; round 2: the catch-up
+    # forward as a draft prefill of 104 tokens, 0.52 (over a 0.25 step), one more draft step 0.25, verification 1.2:
+    # 1.97 -> 4.17
+    timed = simulate([hybrid([free, drafted])], 1, Pricer(profile(), "d"))[0]
+    assert timed["finish_s"] == pytest.approx(4.17) and timed["draft_prefill_s"] == 0.0
+    assert simulate([hybrid([free])], 1, Pricer(profile(), "d"))[0]["finish_s"] == pytest.approx(2.2)
+    # without catch_up (an eager prefill): 0.5 at admission and 2 draft steps in round 2: 1.0 + 0.5 + 1.2 + 1.7
+    eager = hybrid([free, drafted])
+    eager["rounds"] = [{k: v for k, v in r.items() if k != "catch_up"} for r in eager["rounds"]]
+    assert simulate([eager], 1, Pricer(profile(), "d"))[0]["finish_s"] == pytest.approx(4.4)
