@@ -32,7 +32,8 @@ LEGEND = {
                     "error bars",
     "decode_speedup": "the same over decode throughput = sum(N - 1) / sum(batch wall - target prefill - draft prefill), "
                       "the part speculation can speed up; decode_speedup_ci95 likewise; null for methods timed per "
-                      "batch only (no prefill time)",
+                      "batch only (no prefill time). hybrid prefills its draft model in the first round that drafts "
+                      "with it, if any: that prefill is decode time here",
     "latency_s": "per sequence: wall time from its batch's start to its last token, device synchronised; mean, p50, "
                  "p90, p99",
     "tpot_s": "time per output token: latency / N per sequence",

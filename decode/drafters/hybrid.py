@@ -22,11 +22,11 @@ with the last slope past the longest measured; the merged tree's E_m takes the b
 source with a long confident match makes the draft's options lose, and the draft does not run that round: its cache
 catches up on the row's committed tokens the next time it drafts (DraftModelDrafter's pending tokens). A row that has
 not drafted with the model for PROBE_EVERY rounds drafts at least one model token (the only way its evidence
-recovers), and every PROBE_EVERY rounds below the cap a row that drafts with the model drafts one token more than its
-best length (the cost_model schedule's probe: the draft's position k + 1 is scored only where it was drafted, so
-one early rejection at position 2 would otherwise keep every later row at k = 1 for good). The free sources need
-no probe: after every round each candidate is scored against what the round
-committed (its longest common prefix with the accepted tokens and the target's next token), whether it was verified
+recovers; once the draft's deferred prefill has run: HybridDrafter), and every PROBE_EVERY rounds below the cap a row
+that drafts with the model drafts one token more than its best length (the cost_model schedule's probe: the draft's
+position k + 1 is scored only where it was drafted, so one early rejection at position 2 would otherwise keep every
+later row at k = 1 for good). The free sources need no probe: after every round each candidate is scored against what
+the round committed (its longest common prefix with the accepted tokens and the target's next token), whether it was verified
 or not; the draft model is scored the same way on the rounds it drafted. With point-mass drafts this counterfactual
 test has the acceptance test's probability: a point mass x is accepted with probability p(x), the chance that the
 target's own token is x.
@@ -196,16 +196,17 @@ class HybridDrafter(Drafter):
     start from their own record; cache: the suffix source's earlier outputs (SuffixCache).
 
     The draft model's prefill is deferred (DraftModelDrafter.defer): a batch starts with the free sources alone and
-    prefills the draft in the first round whose plans draft with it and where starting pays: summed over the rows,
-    the tokens each has left (budget: max_new_tokens, minus what it has) times what a token costs it without the draft
-    model (its best plans' 1 / tokens per cost, in target steps) less what it costs with it, both averaged over the
-    row's rounds so far and shrunk toward its group's or the point's rounds (start_pools, StartRecord), exceeds the
-    prefill (prefill_cost: fixed + per_token * the tokens to feed, in target steps, measured in this run). While the
-    point's draft record holds fewer than MIN_POOLED_ROUNDS rounds (a draft that
-    never runs learns nothing), it starts in the first round a plan drafts with it (without prefill_cost or budget,
-    a probe's round too; with them no probe runs before the start). Once started, each round that
-    drafts also pays its catch-up (the tokens the free sources committed since the draft last ran): priced as a
-    prefill of that width where prefill_cost is known (at least c), on top of c for its other tokens."""
+    prefills the draft in the first round whose plans draft with it and where starting pays (_start_pays): summed over
+    the rows, the tokens each has left (budget: max_new_tokens, minus what it has) times what a token costs it without
+    the draft model (its best plans' 1 / tokens per cost, in target steps) less what it costs with it, both averaged
+    over the row's rounds so far and shrunk toward its group's or the point's rounds (start_pools, StartRecord),
+    exceeds the prefill (prefill_cost: fixed + per_token * the tokens to feed, in target steps, measured in this run).
+    While the point's draft record holds fewer than MIN_POOLED_ROUNDS rounds (a draft that never runs learns nothing)
+    it starts in the first round a plan drafts with it; so it does without prefill_cost or budget (priced_start), a
+    probe's round included. Once started, each round that drafts also pays its catch-up (the tokens the free sources
+    committed since the draft last ran), priced as a prefill of that width where prefill_cost is known (at least c),
+    on top of c for its other tokens.
+    """
     PROBE_EVERY = 8
     START_PRIOR_ROUNDS = 4.0
 
@@ -461,8 +462,8 @@ class HybridDrafter(Drafter):
             committed = path_tokens + ([next_tokens[row]] if row < len(next_tokens) else [])
             on_path = set(path)
             branches = self.branches[row]
-            facts.append({"sources": {s: [len(nodes), sum(n in on_path for n in nodes)] for s, nodes in branches.items()},
-                          "catch_up": self.catch_up[row]})
+            facts.append({"sources": {s: [len(nodes), sum(n in on_path for n in nodes)]
+                                      for s, nodes in branches.items()}, "catch_up": self.catch_up[row]})
             self.generated[row] += len(path_tokens) + 1
             draft_nodes = branches.get("draft", [])
             draft_accepted.append(sum(n in on_path for n in draft_nodes))

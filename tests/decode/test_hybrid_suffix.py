@@ -97,6 +97,12 @@ def test_plan_row_prefers_a_confident_free_match_and_the_draft_elsewhere():
         == ("lookup", 4, 0)
     # no free match: the draft's 0.9 makes k = 4 worth it: (1 + .9 + .81 + .729 + .656) / (4 * .3 + 1.4) = 1.573 > 1
     assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, 0.3, v)[:3] == (None, 0, 4)
+    # the same after a long catch-up: its first forward costs 0.5 more: 4.095 / (1.2 + 0.5 + 1.4) = 1.32, still k = 4;
+    # 3.0 more: 4.095 / 5.6 = 0.73 at k = 4, 1.9 / 4.4 = 0.43 at k = 1: a plain step
+    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, 0.3, v, catch_up=0.5)[:3] \
+        == (None, 0, 4)
+    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, 0.3, v, catch_up=3.0)[:3] \
+        == (None, 0, 0)
     # nothing promising: a plain step
     assert plan_row({"lookup": unsure, "suffix": unsure, "draft": [0.1] * 4}, {"lookup": 3}, 4, 0.3, v)[:3] == \
         (None, 0, 0)
