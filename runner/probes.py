@@ -284,8 +284,8 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     pass), so that drift of the machine touches every ratio alike; each time is the median over the repetitions, and
     the repetitions are kept (reps_s) so the report can say when they disagree. draft_prefill: also fit each draft's
     prefill cost (draft_prefill_cost; the cost_model schedule and hybrid read it; a head has none). tree_widths: the
-    widths only trees verify, timed through the tree path (its custom mask, the forward alone), as their verifications run. Beside c, for the
-    host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
+    widths only trees verify, timed through the tree path (its custom mask, the forward alone), as their
+    verifications run. Beside c, for the host_bound flag: each model's weight bytes, and on CUDA the GPU's busy time in its 1-token forward (the mean of
     `busy_reps`, after the untimed pass and before the timed repetitions: a profiler session leaves later kernel
     launches slower, by x1.04 to x1.40 in an eager forward on an H100 (benchmarks/gpu_check.py's cupti row), so every
     step this process times comes after one, the probes' and the batches' alike; 0: none). After the steps' repetitions, the

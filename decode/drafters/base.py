@@ -8,6 +8,11 @@ import numpy as np
 import torch
 
 
+def unpadded(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
+    """Left-padded prompts [B, P] (mask [B, P]) -> each row's tokens without its padding (a host read)."""
+    return [[t for t, m in zip(row, mask) if m] for row, mask in zip(prompt_ids.tolist(), prompt_mask.tolist())]
+
+
 def right_aligned(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Token rows of different lengths as host ids and mask [B, longest] (int64), each row right aligned (left
     padded with 0, mask 0 there): a catch-up forward's inputs."""

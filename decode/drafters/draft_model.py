@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned
+from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned, unpadded
 from decode.drafters.schedules import Schedule
 from decode.kv import KVState, host_to_device, joined
 from decode.static_kv import new_state
@@ -98,10 +98,8 @@ class DraftModelDrafter(Drafter):
             if self.context is not None:  # the window: each (left-padded) row's last tokens
                 prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
             if self.defer and self.state is None:  # the prefill waits in the pending tokens (class doc)
-                host_ids, host_mask = prompt_ids.tolist(), prompt_mask.tolist()
-                for row, (ids, mask) in enumerate(zip(host_ids, host_mask)):
-                    self.pending[len(self.pending) - len(host_ids) + row] = [
-                        min(t, self.input_vocab_size - 1) for t, m in zip(ids, mask) if m]
+                self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
+                                                       for prompt in unpadded(prompt_ids, prompt_mask)]
                 return
             state = new_state(self.model)
             # a prompt id past the draft's embeddings (a smaller vocabulary, decode/vocab.py) is fed clamped, as every

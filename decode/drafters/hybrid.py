@@ -50,7 +50,7 @@ import torch
 from decode.drafters.base import Drafter, Proposal
 from decode.drafters.draft_model import DraftModelDrafter
 from decode.drafters.prompt_lookup import NgramIndex
-from decode.drafters.schedules import CostModelSchedule, PointEvidence, Schedule
+from decode.drafters.schedules import CostModelSchedule, PointEvidence, Schedule, prefill_steps
 from decode.drafters.suffix import SuffixCache, SuffixSource, prompt_key, unpadded
 from decode.kv import host_to_device
 from decode.tree_layout import TreeLayout
@@ -325,8 +325,7 @@ class HybridDrafter(Drafter):
         at that width (at least c), where measured; 0 where not."""
         if self.prefill_cost is None or width <= 1:
             return 0.0
-        line = self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * width
-        return max(0.0, line - self.c)
+        return max(0.0, prefill_steps(self.prefill_cost, width) - self.c)
 
     def _start_pays(self, plans: list[tuple[str | None, int, int, float]]) -> bool:
         """Whether this round prefills the draft model (see the class doc)."""
@@ -342,7 +341,7 @@ class HybridDrafter(Drafter):
             free, with_draft = record.per_token(prior, self.START_PRIOR_ROUNDS)
             saving += max(0, self.budget - self.generated[row]) * (free - with_draft)
         width = 1 + max(len(pending) for pending in self.draft.pending)
-        return saving > self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * width
+        return saving > prefill_steps(self.prefill_cost, width)
 
     def _deepen(self, row: int, plan: tuple[str | None, int, int, float], limit: int):
         """The draft-length probe: a round below the cap counts toward it; after PROBE_EVERY of them, the next round
@@ -374,9 +373,10 @@ class HybridDrafter(Drafter):
         free = [self.candidates[row][plan[0]][:plan[1]] if plan[0] else [] for row, plan in enumerate(plans)]
         k_draft = [plan[2] for plan in plans]
         self.draft._observed = list(host)
+        drafting = max(k_draft) > 0
         # each row's catch-up: the tokens the draft's first forward feeds (a deferred prefill: the prompt and all since)
-        self.catch_up = [len(p) + 1 if max(k_draft) > 0 else 0 for p in self.draft.pending]
-        if max(k_draft) > 0:
+        self.catch_up = [len(p) + 1 if drafting else 0 for p in self.draft.pending]
+        if drafting:
             self.wanted.wanted = k_draft
             drafted = self.draft.propose(last_tokens, max(k_draft), row_limits=k_draft)
             self.draft_ran = True

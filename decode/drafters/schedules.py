@@ -213,6 +213,12 @@ def monotone(v: dict[int, float], noise: float = NOISE) -> dict[int, float]:
     return fitted
 
 
+def prefill_steps(prefill_cost: dict, width: int) -> float:
+    """The draft's prefill of `width` tokens in target steps, on the line the cost probes fitted
+    (runner/probes.py draft_prefill_cost: {"fixed": .., "per_token": ..})."""
+    return prefill_cost["fixed"] + prefill_cost["per_token"] * width
+
+
 class CostModelSchedule(Schedule):
     """Each round, per row, the draft length k in 0..gamma that maximises expected tokens per unit of cost:
 
@@ -300,8 +306,7 @@ class CostModelSchedule(Schedule):
             optimistic.append(previous)
         best = max(self.tokens_per_cost(k, optimistic) for k in range(self.gamma + 1))  # R >= 1 (k = 0 gives 1)
         saving = (self.evidence.expected_tokens(self.budget) - 1) * (1 - 1 / best)
-        cost = self.prefill_cost["fixed"] + self.prefill_cost["per_token"] * prompt_width
-        return saving > cost
+        return saving > prefill_steps(self.prefill_cost, prompt_width)
 
     def start(self, rows):
         super().start(rows)

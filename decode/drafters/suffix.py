@@ -31,7 +31,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from decode.drafters.base import Drafter, Proposal
+from decode.drafters.base import Drafter, Proposal, unpadded  # noqa: F401  (unpadded: also imported from here)
 from decode.drafters.prompt_lookup import tree_proposal
 from decode.kv import host_to_device
 
@@ -193,10 +193,6 @@ class SuffixCache:
 
 def prompt_key(prompt: list[int]) -> tuple:
     return tuple(prompt)
-
-
-def unpadded(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
-    return [[t for t, m in zip(row, mask) if m] for row, mask in zip(prompt_ids.tolist(), prompt_mask.tolist())]
 
 
 class SuffixSource:
