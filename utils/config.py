@@ -199,7 +199,9 @@ class SpeculativeConfig(Strict):
     gamma: list[int] = Field([4], description="max draft tokens per round; a list is a sweep")
     schedule: list[Literal["constant", "heuristic", "confidence", "cost_model"]] = Field(
         ["constant"], description="draft-length schedule of draft-model methods; a list is a sweep")
-    confidence: float = Field(0.4, gt=0, lt=1, description="confidence schedule: stop drafting under this top probability")
+    confidence: float = Field(0.4, gt=0, lt=1, description="confidence schedule, and hybrid's draft branch: a row "
+                                                            "stops drafting after the step whose top probability "
+                                                            "falls under this")
     exit_layer: list[int] | None = Field(None, description="early_exit: the target's first N layers draft, 1 <= N < "
                                                            "the target's layers (checked before the run where the "
                                                            "target's config is on disk, else at load); a list sweeps")

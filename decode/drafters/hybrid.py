@@ -94,8 +94,17 @@ EVIDENCE = ("draft", *(f"{s}:{k}{tail}" for s in FREE for k in STRATA[s] for tai
 
 
 class _Wanted(Schedule):
-    """The draft model's lengths as the hybrid decided them this round."""
+    """The draft model's lengths as the hybrid decided them this round; with a threshold, a row's draft also ends after
+    the step whose top probability falls under it (ConfidenceSchedule's rule: that step's token is kept)."""
     name = "hybrid"
+    threshold: float | None = None
+
+    @property
+    def stops_mid_round(self) -> bool:
+        return self.threshold is not None
+
+    def keep_drafting(self, step_probs, step_tokens):
+        return step_probs.max(dim=-1).values >= self.threshold
 
     def start(self, rows):
         super().start(rows)
@@ -215,12 +224,13 @@ class HybridDrafter(Drafter):
                  ngram_min: int = 1, suffix_max_depth: int = 8, suffix_min_prob: float = 0.1, merge: bool = True,
                  group_pools: dict[str, dict[str, PointEvidence]] | None = None, group_of=None,
                  prefill_cost: dict | None = None, budget: int | None = None,
-                 start_pools: dict[str | None, StartRecord] | None = None):
+                 start_pools: dict[str | None, StartRecord] | None = None, confidence: float | None = None):
         self.draft = draft
         draft.defer = True
         self.prefill_cost, self.budget = prefill_cost, budget
         self.start_pools = start_pools if start_pools is not None else {}
         self.wanted = _Wanted(gamma)
+        self.wanted.threshold = confidence
         draft.schedule, draft.tree = self.wanted, None
         self.vocab = target_vocab_size
         self.gamma, self.c = gamma, c
@@ -380,6 +390,9 @@ class HybridDrafter(Drafter):
             self.wanted.wanted = k_draft
             drafted = self.draft.propose(last_tokens, max(k_draft), row_limits=k_draft)
             self.draft_ran = True
+            if self.wanted.stops_mid_round:  # the rows the draft's confidence ended early (its schedule read them)
+                k_draft = [min(k, n) for k, n in zip(k_draft, drafted.lengths.tolist())]
+                plans = [(source, k_free, k, value) for (source, k_free, _, value), k in zip(plans, k_draft)]
         else:
             self.draft._no_drafts(last_tokens)
             drafted, self.draft_ran = None, False

@@ -26,7 +26,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
                             suffix_max_depth=max_depth, suffix_min_prob=min_prob, group_pools=group_pools,
                             group_of=lambda prompt: ctx.groups.get(tuple(prompt)),
                             prefill_cost=costs.draft_prefill.get(point.draft), budget=generation.max_new_tokens,
-                            start_pools=start_pools)
+                            start_pools=start_pools, confidence=ctx.options.get("confidence", 0.4))
     return generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator,
                                 gamma=longest)
 

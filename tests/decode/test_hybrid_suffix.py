@@ -47,10 +47,11 @@ def test_suffix_cache_is_bounded_and_forgets_a_repeated_prompt():
     assert cache.tokens == 0 and cache.trie.root.count == 0 and not cache.trie.root.children
 
 
-def _hybrid(draft, costs, sampling=Sampling(), generator=None, cache=None, merge=True, vocab=VOCAB, gamma=4):
+def _hybrid(draft, costs, sampling=Sampling(), generator=None, cache=None, merge=True, vocab=VOCAB, gamma=4,
+            confidence=None):
     c, v = costs
     return HybridDrafter(DraftModelDrafter(draft, vocab, sampling, generator), vocab, gamma, c, v, cache=cache,
-                         merge=merge)
+                         merge=merge, confidence=confidence)
 
 
 def _repetitive(lengths, seed):
@@ -108,7 +109,7 @@ def test_plan_row_prefers_a_confident_free_match_and_the_draft_elsewhere():
         (None, 0, 0)
 
 
-@pytest.mark.parametrize("which", ["suffix", "hybrid-tree", "hybrid-chains"])
+@pytest.mark.parametrize("which", ["suffix", "hybrid-tree", "hybrid-chains", "hybrid-confident"])
 def test_sampling_matches_target_distribution(which):
     sampling = Sampling(True, 1.0)
     target, draft = sampling_pair()
@@ -123,15 +124,21 @@ def test_sampling_matches_target_distribution(which):
     else:
         # CHEAP costs: with merge, a tree of both wherever a free source matches; without, per row the free source
         # where its match is 2 tokens long, the draft where it is shorter: rows of both kinds in one chain round
-        drafter = _hybrid(draft, CHEAP, sampling, generator, merge=which == "hybrid-tree", vocab=V)
+        # hybrid-confident: every draft branch ends after its first token (no top probability reaches 1.0), beside
+        # free branches of two: trees whose branches stop at different depths
+        drafter = _hybrid(draft, CHEAP, sampling, generator, merge=which != "hybrid-chains", vocab=V,
+                          confidence=1.0 if which == "hybrid-confident" else None)
     with torch.inference_mode():
         spec = generate_speculative(target, drafter, ids, mask, generation, gamma=2, generator=generator)
     first = [r.rounds[0] for r in spec]
     assert sum(rd["accepted"] for rd in first) / max(1, sum(rd["drafted"] for rd in first)) < 0.95
     if which != "suffix":
         kinds = {tuple(sorted(rd["sources"])) for rd in first}
-        assert ("draft",) in kinds and (any(len(k) == 2 for k in kinds) if which == "hybrid-tree" else
+        assert ("draft",) in kinds and (any(len(k) == 2 for k in kinds) if which != "hybrid-chains" else
                                         any(k and "draft" not in k for k in kinds)), kinds
+        if which == "hybrid-confident":
+            assert {rd["sources"]["draft"][0] for rd in first if "draft" in rd["sources"]} == {1}
+            assert any(rd["sources"].get("lookup", rd["sources"].get("suffix", [0]))[0] == 2 for rd in first)
     statistic, critical = chi_square(joint_counts(spec), exact_joint_of_tokens_2_and_3(target, sampling, prompt))
     assert statistic < critical, f"{which} is off the target's distribution: chi2 {statistic:.1f} > {critical:.1f}"
 
@@ -385,6 +392,30 @@ def test_hybrid_probes_one_draft_token_deeper_so_one_early_rejection_does_not_pi
     drafts = [rd["sources"]["draft"] for rd in records[0].rounds if "draft" in rd.get("sources", {})]
     assert records[0].output_ids == base
     assert drafts[0] == [1, 1] and max(drafted for drafted, _ in drafts) > 2
+
+
+def test_hybrids_draft_branch_ends_after_the_step_whose_confidence_falls_under_the_threshold():
+    """speculative.confidence in hybrid (_Wanted.keep_drafting, ConfidenceSchedule's rule): a row's draft branch ends
+    after the step whose top probability falls under the threshold, that step's token kept. At 1.0 no step reaches it
+    and every branch is one token; at 0.0 every step does and the rounds are those of no threshold, whose branches run
+    longer. The output is the target's in all three, over a ragged batch with chains and merged trees."""
+    target = tiny_model("llama", seed=1, layers=2)
+    draft = noisy_copy(target, 0.3)
+    ids, mask = _repetitive([6, 13, 3], seed=3)
+    generation = Generation(max_new_tokens=24, eos_token_ids=(5,))
+    runs = {}
+    with torch.inference_mode():
+        base = [r.output_ids for r in generate_baseline(target, ids, mask, generation)]
+        for confidence in (None, 0.0, 1.0):
+            records = generate_speculative(target, _hybrid(draft, CHEAP, confidence=confidence), ids, mask,
+                                           generation, 4)
+            assert [r.output_ids for r in records] == base
+            runs[confidence] = [[(rd["drafted"], rd["accepted"], rd.get("sources")) for rd in r.rounds]
+                                for r in records]
+    branches = {key: [rd[2]["draft"][0] for rounds in run for rd in rounds if rd[2] and "draft" in rd[2]]
+                for key, run in runs.items()}
+    assert runs[0.0] == runs[None]
+    assert branches[1.0] and set(branches[1.0]) == {1} and max(branches[None]) > 1, branches
 
 
 def test_a_deferred_draft_prefill_drafts_as_the_eager_one_and_costs_nothing_until_it_drafts():
