@@ -25,7 +25,9 @@ not drafted with the model for PROBE_EVERY rounds drafts at least one model toke
 recovers; once the draft's deferred prefill has run: HybridDrafter), and every PROBE_EVERY rounds below the cap a row
 that drafts with the model drafts one token more than its best length (the cost_model schedule's probe: the draft's
 position k + 1 is scored only where it was drafted, so one early rejection at position 2 would otherwise keep every
-later row at k = 1 for good). The free sources need no probe: after every round each candidate is scored against what
+later row at k = 1 for good). With a confidence threshold (speculative.confidence), a row's draft branch also ends
+after the step whose top probability falls under it, that token kept (ConfidenceSchedule's rule), and the round goes
+on at the length drafted. The free sources need no probe: after every round each candidate is scored against what
 the round committed (its longest common prefix with the accepted tokens and the target's next token), whether it was verified
 or not; the draft model is scored the same way on the rounds it drafted. With point-mass drafts this counterfactual
 test has the acceptance test's probability: a point mass x is accepted with probability p(x), the chance that the

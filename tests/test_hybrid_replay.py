@@ -1,0 +1,48 @@
+"""benchmarks/hybrid_replay.py on a tiny run: the free sources' rounds replayed exactly as the run recorded them, every
+method, variant and the bound priced, and a folder it cannot read refused in one line."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import base_config, run_launch, save_tiny_pair, write_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _replay(*args):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hybrid_replay.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.e2e
+def test_the_replay_repeats_a_runs_free_source_rounds_and_prices_every_method(tmp_path):
+    target, draft = save_tiny_pair(tmp_path)
+    data = write_prompts(tmp_path / "prompts.jsonl", count=4)
+    config = base_config(target, draft, data, methods=["baseline", "speculative", "prompt_lookup", "suffix", "hybrid"],
+                         batch_size=[1], speculative={"gamma": [3], "hybrid_max_draft": 5},
+                         generation={"max_new_tokens": 16})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = tmp_path / "run"
+    launched = run_launch(["--config", path, "--output-dir", run], timeout=400)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    out = tmp_path / "replay.json"
+    result = _replay(run, "--variant", 'nostop={"confidence": null}', "--bound", "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    # lookup and suffix have no model in the loop: their replay is the run's rounds, one for one
+    assert figures["rounds_as_recorded"]["prompt_lookup"] == 1.0
+    assert figures["rounds_as_recorded"]["suffix"] == 1.0
+    assert set(figures["speedup"]) == {"speculative", "prompt_lookup", "suffix", "hybrid", "nostop", "bound"}
+    overall = {name: cells["overall"] for name, cells in figures["speedup"].items()}
+    assert overall["prompt_lookup"]["measured"] is not None and overall["bound"]["measured"] is None
+    assert "| prompt_lookup |" in result.stdout
+
+    (run / "progress.json").unlink()
+    refused = _replay(run)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+    assert "no progress.json" in refused.stderr and "Traceback" not in refused.stderr
