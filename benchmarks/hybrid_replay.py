@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from decode.drafters import hybrid as hybrid_module  # noqa: E402
 from decode.drafters.base import Drafter, Proposal, unpadded  # noqa: E402
+from decode.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from decode.drafters.hybrid import FREE, HybridDrafter, plan_row  # noqa: E402
 from decode.drafters.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, prompt_key  # noqa: E402
@@ -104,9 +104,9 @@ class TeacherForcedDraft(Drafter):
     def forwards(self) -> int:
         return self.count
 
-    @property
-    def started(self) -> bool:
-        return self.state is not None
+    started = DraftModelDrafter.started  # the draft model's own bookkeeping where it touches no model
+    _lengths = DraftModelDrafter._lengths
+    _no_drafts = DraftModelDrafter._no_drafts
 
     def reset(self):
         self.state, self.pending, self.rows, self.pos = None, [], [], []
@@ -129,10 +129,7 @@ class TeacherForcedDraft(Drafter):
         self.state = True
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
-        rows = len(self.pending)
-        wanted = self.schedule.lengths() if self.schedule is not None else [max_tokens] * rows
-        limits = row_limits if row_limits is not None else [max_tokens] * rows
-        lengths = [max(0, min(w, limit, max_tokens)) for w, limit in zip(wanted, limits)]
+        lengths = self._lengths(max_tokens, row_limits)
         longest = max(lengths, default=0)
         if longest == 0:
             return self._no_drafts(last_tokens)
@@ -160,13 +157,6 @@ class TeacherForcedDraft(Drafter):
         self.count += steps
         self.last_proposal = torch.tensor([t[:steps] for t in tokens])
         return Proposal(self.last_proposal, None, torch.tensor(lengths))
-
-    def _no_drafts(self, last_tokens):
-        last = self._last_tokens_host(last_tokens)
-        for row in range(len(self.pending)):
-            self.pending[row].append(min(last[row], self.input_vocab_size - 1))
-        self.last_proposal = torch.zeros(len(last), 0, dtype=torch.long)
-        return Proposal(self.last_proposal, None, torch.zeros(len(last), dtype=torch.long))
 
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
         width = self.last_proposal.shape[1]
@@ -198,9 +188,7 @@ class Hindsight(HybridDrafter):
             for step in range(limit):
                 rates["draft"].append(1.0 if at + step < len(ids) and argmax[at + step - 1] == ids[at + step] else 0.0)
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
-            width = len(self.draft.pending[row]) + 1
-            catch_up = 0.0 if self.prefill_cost is None or width <= 1 else \
-                max(0.0, hybrid_module.prefill_steps(self.prefill_cost, width) - self.c)
+            catch_up = self._catch_up_cost(len(self.draft.pending[row]) + 1)
             plans.append(plan_row(rates, lengths, limit, self.c, self.v_of, merge=self.merge, catch_up=catch_up))
         return plans
 

@@ -52,7 +52,7 @@ import torch
 from decode.drafters.base import Drafter, Proposal
 from decode.drafters.draft_model import DraftModelDrafter
 from decode.drafters.prompt_lookup import NgramIndex
-from decode.drafters.schedules import CostModelSchedule, PointEvidence, Schedule, prefill_steps
+from decode.drafters.schedules import CostModelSchedule, PointEvidence, Schedule, confident, prefill_steps
 from decode.drafters.suffix import SuffixCache, SuffixSource, prompt_key, unpadded
 from decode.kv import host_to_device
 from decode.tree_layout import TreeLayout
@@ -106,7 +106,7 @@ class _Wanted(Schedule):
         return self.threshold is not None
 
     def keep_drafting(self, step_probs, step_tokens):
-        return step_probs.max(dim=-1).values >= self.threshold
+        return confident(step_probs, self.threshold)
 
     def start(self, rows):
         super().start(rows)

@@ -113,8 +113,13 @@ class ConfidenceSchedule(Schedule):
         self.threshold = threshold
 
     def keep_drafting(self, step_probs, step_tokens):
-        top_probability = step_probs.max(dim=-1).values  # [B]
-        return top_probability >= self.threshold
+        return confident(step_probs, self.threshold)
+
+
+def confident(step_probs: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[B] bool: each row's top probability at a drafting step is at least the threshold (ConfidenceSchedule's rule,
+    hybrid's draft branch)."""
+    return step_probs.max(dim=-1).values >= threshold
 
 
 class AcceptanceCounts:
