@@ -21,6 +21,10 @@ exactly; the draft's rounds agree unless its teacher-forced argmax differs from 
 
 --bound: each round's plan chosen from its realised acceptance (hindsight), the draft's prefill paid where it starts:
 a ceiling for any per-round gate over these sources and costs (it is myopic: a round that pays now may cost later).
+Beside it the same gate knowing only the free sources' outcomes, or only the draft model's (the other sources by the
+gate's own estimates): which estimate the gap to the ceiling is in. And for hybrid's own rounds, how often each
+source's first token was right and how well the gate's estimate b_1 ranked right above wrong (AUC), with the draft's
+own top probability beside it (which the gate cannot read: it is known once the draft's forward has run).
 
 Limits (refused with one line, exit 2): greedy runs of our engine at batch 1 without a load; draft_context points are
 skipped (the teacher-forced draft reads the whole context); the first draft of the config is the draft model.
@@ -40,7 +44,7 @@ import torch  # noqa: E402
 
 from decode.drafters.base import Drafter, Proposal, unpadded  # noqa: E402
 from decode.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from decode.drafters.hybrid import FREE, HybridDrafter, plan_row  # noqa: E402
+from decode.drafters.hybrid import FREE, HybridDrafter, LengthRecord, plan_row  # noqa: E402
 from decode.drafters.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, prompt_key  # noqa: E402
 from decode.methods.suffix import CACHE_TOKENS, MAX_DEPTH, MIN_PROB  # noqa: E402
@@ -171,8 +175,10 @@ class TeacherForcedDraft(Drafter):
 
 
 class Hindsight(HybridDrafter):
-    """--bound: each round's plan from the realised acceptance of every candidate; the draft starts where a plan
-    wants it, its prefill priced in that round."""
+    """--bound: each round's plan from the realised acceptance of the candidates of the sources in KNOWS (the others
+    by the gate's own estimates); the draft starts where a plan wants it, its prefill priced in that round. Knowing
+    all three is the ceiling; knowing only the free sources', or only the draft's, says which estimate the gap is in."""
+    KNOWS = (*FREE, "draft")
 
     def _start_pays(self, plans):
         return any(plan[2] for plan in plans)
@@ -182,15 +188,60 @@ class Hindsight(HybridDrafter):
         for row, limit in enumerate(limits):
             ids, argmax, _ = self.draft.rows[row]
             at = self.draft.pos[row]
-            rates = {s: [1.0 if at + i < len(ids) and token == ids[at + i] else 0.0
-                         for i, token in enumerate(self.candidates[row][s])] for s in FREE}
-            rates["draft"] = []
-            for step in range(limit):
-                rates["draft"].append(1.0 if at + step < len(ids) and argmax[at + step - 1] == ids[at + step] else 0.0)
+            keys = {"draft": "draft", **self.keys[row]}
+            rates = {s: self.estimators[key].acceptance(row, self.estimators[key].row_priors()[row])
+                     for s, key in keys.items() if s not in self.KNOWS}
+            rates.update({s: [1.0 if at + i < len(ids) and token == ids[at + i] else 0.0
+                              for i, token in enumerate(self.candidates[row][s])] for s in FREE if s in self.KNOWS})
+            if "draft" in self.KNOWS:
+                rates["draft"] = [1.0 if at + step < len(ids) and argmax[at + step - 1] == ids[at + step] else 0.0
+                                  for step in range(limit)]
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
             catch_up = self._catch_up_cost(len(self.draft.pending[row]) + 1)
             plans.append(plan_row(rates, lengths, limit, self.c, self.v_of, merge=self.merge, catch_up=catch_up))
         return plans
+
+
+class FreeKnown(Hindsight):
+    KNOWS = FREE
+
+
+class DraftKnown(Hindsight):
+    KNOWS = ("draft",)
+
+
+class Watched(HybridDrafter):
+    """hybrid as the run has it, noting each round's first-token estimate b_1 of each candidate that the gate read
+    (lookup, suffix, the draft model) and whether that first token was the target's: `firsts` source -> [(b_1,
+    right)]; for the draft also its own top probability there (`draft_top`), known only once its forward has run."""
+
+    def reset(self):
+        super().reset()
+        self.firsts = {"lookup": [], "suffix": [], "draft": [], "draft_top": []}
+
+    def _plans(self, limits):
+        for row in range(len(limits)):
+            ids, argmax, top = self.draft.rows[row]
+            at = self.draft.pos[row]
+            if at >= len(ids):
+                continue
+            for s, key in {"draft": "draft", **self.keys[row]}.items():
+                if s == "draft" or self.candidates[row][s]:
+                    b = self.estimators[key].acceptance(row, self.estimators[key].row_priors()[row])[0]
+                    token = argmax[at - 1] if s == "draft" else self.candidates[row][s][0]
+                    self.firsts[s].append((b, token == ids[at]))
+            self.firsts["draft_top"].append((top[at - 1], argmax[at - 1] == ids[at]))
+        return super()._plans(limits)
+
+
+def auc(pairs: list[tuple[float, bool]]) -> float | None:
+    """The probability that a right first token's score is above a wrong one's (ties half): 0.5 is no better than
+    chance, 1 a perfect ranking. None with no right or no wrong token."""
+    right = np.array([score for score, ok in pairs if ok])
+    wrong = np.array([score for score, ok in pairs if not ok])
+    if not len(right) or not len(wrong):
+        return None
+    return float((right[:, None] > wrong[None, :]).mean() + 0.5 * (right[:, None] == wrong[None, :]).mean())
 
 
 def replay_request(drafter, request: dict, gamma: int, max_new: int, prices: Prices, draft=None) -> dict:
@@ -297,14 +348,16 @@ def replay(run: Path, variants: dict, bound: bool) -> dict:
         return TeacherForcedDraft(forced, prices, input_vocab, vocab)
 
     def hybrid(cls=HybridDrafter, **overrides):
-        memory = {"pools": {}, "groups": {}, "start": {}, "cache": SuffixCache(MAX_DEPTH + cap, CACHE_TOKENS)}
+        memory = {"pools": {}, "groups": {}, "start": {}, "cache": SuffixCache(MAX_DEPTH + cap, CACHE_TOKENS),
+                  "lengths": LengthRecord()}
 
         def make(budget):
             draft = fake()
             keywords = dict(pools=memory["pools"], cache=memory["cache"], ngram_max=options.ngram_max,
                             ngram_min=options.ngram_min, group_pools=memory["groups"],
                             group_of=lambda prompt: groups.get(tuple(prompt)), prefill_cost=prices.prefill,
-                            budget=budget, start_pools=memory["start"], confidence=options.confidence)
+                            budget=budget, start_pools=memory["start"], confidence=options.confidence,
+                            lengths=memory["lengths"])
             keywords.update(overrides)
             return cls(draft, vocab, cap, prices.c, dict(prices.v), **keywords), draft, cap, memory["cache"]
         return make
@@ -320,12 +373,13 @@ def replay(run: Path, variants: dict, bound: bool) -> dict:
     def suffix(budget):
         return SuffixDrafter(suffix_cache, MAX_DEPTH, MIN_PROB, depth=MAX_DEPTH + gamma), None, gamma, suffix_cache
 
-    plan = {"speculative": constant, "prompt_lookup": lookup, "suffix": suffix, "hybrid": hybrid()}
+    plan = {"speculative": constant, "prompt_lookup": lookup, "suffix": suffix, "hybrid": hybrid(Watched)}
     plan = {name: make for name, make in plan.items() if name in config.methods}
     plan.update({name: hybrid(**keywords) for name, keywords in variants.items()})
     if bound:
-        plan["bound"] = hybrid(Hindsight)
-    out = {}
+        plan.update({"bound": hybrid(Hindsight), "bound, free known": hybrid(FreeKnown),
+                     "bound, draft known": hybrid(DraftKnown)})
+    out, firsts = {}, None
     for name, make in plan.items():
         for request in first:
             drafter, draft, length, _ = make(warm)
@@ -338,8 +392,13 @@ def replay(run: Path, variants: dict, bound: bool) -> dict:
             result = replay_request(drafter, request, length, max_new, prices, draft)
             if cache is not None:  # the batch's output joins the point's cache of earlier outputs
                 cache.remember(prompt_key(request["prompt"]), request["output"][:max_new])
+            if getattr(drafter, "lengths", None) is not None:  # and its length the point's record (hybrid's)
+                drafter.lengths.add(request["group"], len(request["output"][:max_new]))
             out[name][request["sample_id"]] = result
-    return {"config": config, "requests": requests, "records": records, "prices": prices, "replayed": out}
+            if isinstance(drafter, Watched):  # over the point's requests
+                firsts = {s: (firsts or {}).get(s, []) + pairs for s, pairs in drafter.firsts.items()}
+    return {"config": config, "requests": requests, "records": records, "prices": prices, "replayed": out,
+            "firsts": firsts}
 
 
 def tables(result: dict) -> tuple[str, dict]:
@@ -386,7 +445,15 @@ def tables(result: dict) -> tuple[str, dict]:
         agreement[name] = same / max(total, 1)
     text = "\n".join(lines) + "\n\nreplayed (measured) speedup over the baseline; rounds replayed as recorded: " + \
         ", ".join(f"{name} {share:.0%}" for name, share in agreement.items()) + "\n"
-    return text, {"speedup": figures, "rounds_as_recorded": agreement}
+    predictable = {}
+    if result.get("firsts"):
+        predictable = {source: {"rounds": len(pairs), "right": sum(ok for _, ok in pairs) / max(len(pairs), 1),
+                                "auc": auc(pairs)} for source, pairs in result["firsts"].items()}
+        text += "hybrid's first tokens, how often right and how well ranked (AUC) by the gate's estimate b_1 (the " \
+                "draft's own top probability: draft_top, known only after its forward): " + ", ".join(
+                    f"{source} {p['right']:.2f} of {p['rounds']}, AUC " + ("-" if p["auc"] is None else f"{p['auc']:.2f}")
+                    for source, p in predictable.items()) + "\n"
+    return text, {"speedup": figures, "rounds_as_recorded": agreement, "first_tokens": predictable}
 
 
 def main(argv=None) -> int:

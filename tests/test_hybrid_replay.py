@@ -37,12 +37,27 @@ def test_the_replay_repeats_a_runs_free_source_rounds_and_prices_every_method(tm
     # lookup and suffix have no model in the loop: their replay is the run's rounds, one for one
     assert figures["rounds_as_recorded"]["prompt_lookup"] == 1.0
     assert figures["rounds_as_recorded"]["suffix"] == 1.0
-    assert set(figures["speedup"]) == {"speculative", "prompt_lookup", "suffix", "hybrid", "nostop", "bound"}
+    assert set(figures["speedup"]) == {"speculative", "prompt_lookup", "suffix", "hybrid", "nostop", "bound",
+                                       "bound, free known", "bound, draft known"}
     overall = {name: cells["overall"] for name, cells in figures["speedup"].items()}
     assert overall["prompt_lookup"]["measured"] is not None and overall["bound"]["measured"] is None
+    # every round's draft first token is scored, by the gate's b_1 and by the draft's own top probability alike
+    firsts = figures["first_tokens"]
+    assert firsts["draft"]["rounds"] == firsts["draft_top"]["rounds"] > 0
+    assert firsts["draft"]["right"] == firsts["draft_top"]["right"]
     assert "| prompt_lookup |" in result.stdout
 
     (run / "progress.json").unlink()
     refused = _replay(run)
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
     assert "no progress.json" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_replays_first_token_auc_by_hand():
+    """auc: right first tokens scored 0.9 and 0.5, wrong ones 0.2 and 0.5: of the 4 pairs 3 ranked right and 1 tied,
+    (3 + 0.5) / 4 = 0.875; with no wrong token, none."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from hybrid_replay import auc
+
+    assert auc([(0.9, True), (0.2, False), (0.5, True), (0.5, False)]) == pytest.approx(0.875)
+    assert auc([(0.9, True), (0.5, True)]) is None

@@ -6,7 +6,8 @@ from decode.methods.suffix import MEMORY
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.drafters import DraftModelDrafter
-    from decode.drafters.hybrid import HybridDrafter
+    from decode.drafters.hybrid import HybridDrafter, LengthRecord
+    from decode.drafters.suffix import unpadded
     from decode.methods.suffix import cache_for, generate_remembering, options
 
     costs = ctx.costs
@@ -19,6 +20,7 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     pools = ctx.memory.setdefault(("hybrid", point.key), {})  # evidence key -> PointEvidence, made by the drafter
     group_pools = ctx.memory.setdefault(("hybrid", point.key, "groups"), {})  # group -> such pools: a category's prior
     start_pools = ctx.memory.setdefault(("hybrid", point.key, "start"), {})  # None or a group -> StartRecord
+    lengths = ctx.memory.setdefault(("hybrid", point.key, "lengths"), LengthRecord())  # finished requests' lengths
     draft = DraftModelDrafter(ctx.drafts[point.draft], ctx.target_vocab_size, generation.sampling, generator,
                               context=point.draft_context)
     drafter = HybridDrafter(draft, ctx.target_vocab_size, longest, c, dict(costs.v), pools=pools, cache=cache,
@@ -26,9 +28,13 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
                             suffix_max_depth=max_depth, suffix_min_prob=min_prob, group_pools=group_pools,
                             group_of=lambda prompt: ctx.groups.get(tuple(prompt)),
                             prefill_cost=costs.draft_prefill.get(point.draft), budget=generation.max_new_tokens,
-                            start_pools=start_pools, confidence=ctx.options.get("confidence", 0.4))
-    return generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator,
-                                gamma=longest)
+                            start_pools=start_pools, confidence=ctx.options.get("confidence", 0.4), lengths=lengths)
+    records = generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator,
+                                   gamma=longest)
+    if not ctx.warming_up and ctx.load is None:  # a static batch's rows, in its prompts' order (the warmup's budget
+        for prompt, record in zip(unpadded(prompt_ids, prompt_mask), records):  # is not the run's)
+            lengths.add(ctx.groups.get(tuple(prompt)), record.new_tokens)
+    return records
 
 
 def cap(ctx, point) -> int:

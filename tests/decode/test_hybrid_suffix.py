@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
-from decode.drafters.hybrid import HybridDrafter, plan_row
+from decode.drafters.hybrid import HybridDrafter, LengthRecord, StartRecord, plan_row
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, SuffixTrie, remember_outputs
 from eval.sources import acceptance_by_source
 from stats import V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
@@ -442,7 +442,6 @@ def test_a_deferred_draft_prefill_drafts_as_the_eager_one_and_costs_nothing_unti
 def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
     """HybridDrafter._start_pays on a schedule worked out by hand: one row with 2 rounds whose best plans cost 0.5
     target steps a token without the draft model and 0.25 with it, budget 20, prefill 1 + 0.1 a token."""
-    from decode.drafters.hybrid import StartRecord
     from decode.drafters.schedules import PointEvidence
 
     known = PointEvidence(4)
@@ -474,6 +473,30 @@ def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
     for _ in range(4):
         point.add(0.3, 0.3)
     assert not pays(10, point=point)
+    # the point's finished requests stopped at EOS after 14 tokens: a row at 10 expects (4 + 4 + 1 x 10) / 3 = 6 more,
+    # not 10: 6 x 0.25 = 1.5 < 2.0
+    drafter.lengths = LengthRecord()
+    drafter.lengths.add(None, 14)
+    drafter.lengths.add(None, 14)
+    assert not pays(10)
+    drafter.lengths = None
     # a thin draft record: it starts to learn, whatever the prices
     drafter.estimators["draft"].pool.tested[1] = 3
     assert pays(12)
+
+
+def test_a_rows_remaining_tokens_come_from_its_groups_finished_requests_by_hand():
+    """LengthRecord.remaining: the mean of L - generated over the finished requests that ran past `generated`, the
+    budget's remaining counted as one of the point's requests, the point's expectation as one of the group's."""
+    record = LengthRecord()
+    assert record.remaining("a", 10, 20) == 10  # nothing finished: the budget's remaining
+    record.add("a", 14)  # stopped at EOS after 14 tokens
+    record.add("b", 20)  # ran to the budget
+    record.add("b", 20)
+    # the point at 10: (4 + 10 + 10 + 1 x 10) / 4 = 8.5
+    assert record.remaining(None, 10, 20) == pytest.approx(8.5)
+    assert record.remaining("c", 10, 20) == pytest.approx(8.5)  # a group nothing finished in: the point's
+    # group a at 10: (4 + 1 x 8.5) / 2 = 6.25
+    assert record.remaining("a", 10, 20) == pytest.approx(6.25)
+    # past 14, group a's request says nothing: the point's, (5 + 5 + 1 x 5) / 3 = 5
+    assert record.remaining("a", 15, 20) == pytest.approx(5.0)
