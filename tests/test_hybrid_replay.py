@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import base_config, run_launch, save_tiny_pair, write_prompts
+from helpers import base_config, run_launch, save_vllm_pair, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def _replay(*args):
 
 @pytest.mark.e2e
 def test_the_replay_repeats_a_runs_free_source_rounds_and_prices_every_method(tmp_path):
-    target, draft = save_tiny_pair(tmp_path)
+    target, draft = save_vllm_pair(tmp_path)  # a draft that agrees with the target now and then: the probe has both
     data = write_prompts(tmp_path / "prompts.jsonl", count=4)
     config = base_config(target, draft, data, methods=["baseline", "speculative", "prompt_lookup", "suffix", "hybrid"],
                          batch_size=[1], speculative={"gamma": [3], "hybrid_max_draft": 5},
@@ -46,6 +46,19 @@ def test_the_replay_repeats_a_runs_free_source_rounds_and_prices_every_method(tm
     assert firsts["draft"]["rounds"] == firsts["draft_top"]["rounds"] > 0
     assert firsts["draft"]["right"] == firsts["draft_top"]["right"]
     assert "| prompt_lookup |" in result.stdout
+
+    # the probe of the target's state: fitted and scored on the same run's positions, every signal scored
+    probe = tmp_path / "probe.json"
+    probed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "acceptance_probe.py"), "--train", str(run),
+                             "--test", str(run), "--json", str(probe)], capture_output=True, text=True, timeout=300)
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    scored = json.loads(probe.read_text())
+    outputs = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+    baseline = {r["sample_id"]: r["new_tokens"] for r in outputs if r["method"] == "baseline"}
+    after_first = sum(n - 1 for n in baseline.values())  # every output position after the first: a round may start there
+    assert scored["train_positions"] == scored["test_positions"] == after_first
+    assert set(scored["auc"]) == {"probe: hidden", "probe: hidden + token", "the target's top probability",
+                                  "the draft's top probability (after its forward)"}
 
     (run / "progress.json").unlink()
     refused = _replay(run)
