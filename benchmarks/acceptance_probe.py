@@ -13,8 +13,8 @@ How: each run's requests (the replay's reading: greedy batch-1 runs of our engin
 teacher-forced through the target and the draft. At every output position t (the round's first draft position when
 a round starts there): y = whether the draft's argmax at t is the target's (the greedy acceptance of its first
 token); features: the target's final hidden state at t - 2 (the forward that produced token t - 1) and, beside it,
-token t - 1's input embedding. A logistic probe (standardized features, L2 penalty `--l2`) fits the --train runs' positions and
-ranks the --test runs' (AUC: the chance a right position scores above a wrong one; 0.5 is chance), beside the
+token t - 1's input embedding. A logistic probe (standardized features, L2 penalty `--l2`) fits the --train runs'
+positions and ranks the --test runs' (AUC: the chance a right position scores above a wrong one; 0.5 is chance), beside the
 target's top probability at t - 2 (free as well) and the draft's own at t - 1 (not free: after its forward).
 """
 from __future__ import annotations

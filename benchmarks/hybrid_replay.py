@@ -184,13 +184,11 @@ class Hindsight(HybridDrafter):
         return any(plan[2] for plan in plans)
 
     def _plans(self, limits):
-        plans = []
+        plans, priors = [], self._priors()
         for row, limit in enumerate(limits):
             ids, argmax, _ = self.draft.rows[row]
             at = self.draft.pos[row]
-            keys = {"draft": "draft", **self.keys[row]}
-            rates = {s: self.estimators[key].acceptance(row, self.estimators[key].row_priors()[row])
-                     for s, key in keys.items() if s not in self.KNOWS}
+            rates = {s: b for s, b in self._rates(row, priors).items() if s not in self.KNOWS}
             rates.update({s: [1.0 if at + i < len(ids) and token == ids[at + i] else 0.0
                               for i, token in enumerate(self.candidates[row][s])] for s in FREE if s in self.KNOWS})
             if "draft" in self.KNOWS:
@@ -220,16 +218,16 @@ class Watched(HybridDrafter):
         self.firsts = {"lookup": [], "suffix": [], "draft": [], "draft_top": []}
 
     def _plans(self, limits):
+        priors = self._priors()
         for row in range(len(limits)):
             ids, argmax, top = self.draft.rows[row]
             at = self.draft.pos[row]
             if at >= len(ids):
                 continue
-            for s, key in {"draft": "draft", **self.keys[row]}.items():
+            for s, rates in self._rates(row, priors).items():
                 if s == "draft" or self.candidates[row][s]:
-                    b = self.estimators[key].acceptance(row, self.estimators[key].row_priors()[row])[0]
                     token = argmax[at - 1] if s == "draft" else self.candidates[row][s][0]
-                    self.firsts[s].append((b, token == ids[at]))
+                    self.firsts[s].append((rates[0], token == ids[at]))
             self.firsts["draft_top"].append((top[at - 1], argmax[at - 1] == ids[at]))
         return super()._plans(limits)
 

@@ -245,7 +245,8 @@ class HybridDrafter(Drafter):
     the rows, the tokens each is expected still to generate (lengths: LengthRecord, from the point's finished requests
     of its group, which may stop at EOS long before the budget; without it, budget: max_new_tokens, minus what it has)
     times what a token costs it without the draft model (its best plans' 1 / tokens per cost, in target steps) less
-    what it costs with it, both averaged over the row's rounds so far and shrunk toward its group's or the point's rounds (start_pools, StartRecord),
+    what it costs with it, both averaged over the row's rounds so far and shrunk toward its group's or the point's
+    rounds (start_pools, StartRecord),
     exceeds the prefill (prefill_cost: fixed + per_token * the tokens to feed, in target steps, measured in this run).
     While the point's draft record holds fewer than MIN_POOLED_ROUNDS rounds (a draft that never runs learns nothing)
     it starts in the first round a plan drafts with it; so it does without prefill_cost or budget (priced_start), a
@@ -335,14 +336,23 @@ class HybridDrafter(Drafter):
         self.draft.add_rows(prompt_ids, prompt_mask)  # and self.wanted, its schedule
         self.device = prompt_ids.device
 
+    def _priors(self) -> dict[str, list]:
+        """The rows' priors of the evidence keys this round's candidates read (3 of EVIDENCE's 13 keys a row)."""
+        used = {"draft", *(key for keys in self.keys for key in keys.values())}
+        return {key: self.estimators[key].row_priors() for key in used}
+
+    def _rates(self, row: int, priors: dict[str, list]) -> dict[str, list[float]]:
+        """Each source's acceptance factors [b_1 ..] for this row's candidate: the draft's record, each free
+        candidate's by its stratum's."""
+        return {s: self.estimators[key].acceptance(row, priors[key][row])
+                for s, key in {"draft": "draft", **self.keys[row]}.items()}
+
     def _plans(self, limits: list[int]) -> list[tuple[str | None, int, int, float]]:
-        used = {"draft", *(key for keys in self.keys for key in keys.values())}  # 3 of EVIDENCE's 13 keys a row
-        priors = {key: self.estimators[key].row_priors() for key in used}
+        priors = self._priors()
         started = self.draft.started
         plans, free_plans = [], []
         for row, limit in enumerate(limits):
-            keys = {"draft": "draft", **self.keys[row]}  # each free candidate's evidence: its stratum's
-            rates = {s: self.estimators[key].acceptance(row, priors[key][row]) for s, key in keys.items()}
+            rates = self._rates(row, priors)
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
             free = plan_row(rates, lengths, 0, self.c, self.v_of, merge=self.merge)
             steady = plan_row(rates, lengths, limit, self.c, self.v_of, merge=self.merge)

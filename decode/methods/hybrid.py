@@ -7,7 +7,7 @@ from decode.methods.suffix import MEMORY
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.drafters import DraftModelDrafter
     from decode.drafters.hybrid import HybridDrafter, LengthRecord
-    from decode.drafters.suffix import unpadded
+    from decode.drafters.base import unpadded
     from decode.methods.suffix import cache_for, generate_remembering, options
 
     costs = ctx.costs
