@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import warnings
@@ -27,6 +28,22 @@ def saved_records(folder: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM is Ctrl-C from the start (the imports below take seconds): never a silent death with 143
+    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # during the imports, before the run's own handling of it
+        print("interrupted before any measurement", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _main(argv: list[str] | None) -> int:
     parser = Parser(description="Benchmark speculative decoding from a YAML experiment.")
     parser.add_argument("--config", help="experiment YAML (configs/default.yaml is the offline demo)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

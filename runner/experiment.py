@@ -28,6 +28,7 @@ from utils.models import check_model_config, resolve_device
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 SUMMARY_EVERY_S = 30.0
+WARN_ARRIVALS_S = 3600.0  # a run whose load points' arrivals alone take longer is warned of
 
 
 def preflight(config: Config) -> torch.device:
@@ -88,6 +89,11 @@ class Experiment:
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> int:
         device = preflight(self.config)
+        with self.folder.held(self.resume):  # one run a folder: a second is refused before it writes anything
+            return self._run_held(device)
+
+    def _open(self, device: torch.device) -> None:
+        """The folder opened (new or resumed) and the engines checked, before any model loads."""
         self.folder.reopen() if self.resume else self.folder.create()
         # the home engine always (it loads the prompts), the others where the config has their methods
         self.engines: dict[str, Engine] = {
@@ -103,8 +109,19 @@ class Experiment:
         self.progress.group_by = self.config.dataset.group_by
         self.progress.ci_target = self.config.ci_target
         self.folder.save_progress()
-        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt)}
-        self.memory = PeakSampler().start()
+
+    def _run_held(self, device: torch.device) -> int:
+        try:
+            self._open(device)
+            previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt)}
+            self.memory = PeakSampler().start()
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (launch.py) before the run started: a new folder says so
+            if not self.resume and (self.out_dir / "config.yaml").is_file():
+                self.progress.status = "interrupted"
+                self.progress.notes.append("interrupted before any measurement")
+                with _interrupts_held():
+                    self.folder.save_progress()
+            raise
         try:
             self._run(device)
         except KeyboardInterrupt:
@@ -191,7 +208,28 @@ class Experiment:
                                  "mean_tokens": sum(len(p.token_ids) for p in prompts.prompts) / len(prompts.prompts)}
         self.progress.notes = list(session.notes)
         self.progress.numerics = session.numerics
+        if self.config.load:
+            self.check_load(len(prompts.prompts))
         self.folder.save_progress()
+
+    def check_load(self, num_prompts: int) -> None:
+        """A load of one request per prompt, bounded as load.requests is (utils/config.py check_scale); and a warning
+        where the arrivals alone, waited for in real time by every method of every load point, take over an hour."""
+        config = self.config
+        requests = request_count(config, num_prompts)
+        if config.load.requests is None:
+            try:
+                config.load.check_scale(requests, given=f"one per prompt of the dataset, {num_prompts}")
+            except ValueError as error:
+                raise UserError(f"load: {error}") from None
+        waited = sum(requests / c.request_rate * len(points_of(config, c))
+                     for c in comparisons(config, requests) if c.request_rate) * config.max_repeats_planned
+        if waited > WARN_ARRIVALS_S:
+            note = (f"load: the arrivals alone take {waited / 3600:.1f} h ({requests} requests per load point at "
+                    f"load.request_rate, for every method and repeat), before any decoding; raise load.request_rate "
+                    "or lower load.requests for a shorter run")
+            self.console.print(f"[yellow]warning: {note}[/yellow]")
+            self.progress.notes.append(note)
 
     # -- the sweep ----------------------------------------------------------------------------------
     def sweep(self, engines: dict[str, Engine]) -> None:

@@ -3,7 +3,12 @@ progress.json, and the summary files rebuilt from them (costs.json: the probes' 
 this module writes the folder."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import socket
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +46,34 @@ class Progress:
     engine_info: dict = field(default_factory=dict)  # engine name -> its info (Engine.info: version, pairing, order ...)
 
 
+LOCK_FILE = ".lock"
+
+
+def _flock(fd: int) -> bool:
+    """An exclusive lock on fd without waiting: False if another process holds it; True where the file system cannot
+    lock at all (nothing to guard with there)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return True
+        raise
+    return True
+
+
+def _holder(lock: Path) -> str:
+    """Who holds the lock, as its holder wrote it (it may not have written it yet)."""
+    try:
+        held = json.loads(lock.read_text())
+        return f"pid {held['pid']} on {held['host']}, since {held['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it has just started"
+
+
 class ReportFolder:
     def __init__(self, path: Path, raw_config: dict, title: str, summary_copy: str | None, plots: bool):
         self.path = Path(path)
@@ -50,6 +83,30 @@ class ReportFolder:
         self.progress = Progress()
 
     # -- opening ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def held(self, resume: bool = False):
+        """The folder for this process alone while the run lives: an exclusive lock on DIR/.lock (flock), taken before
+        anything is written there. A second run on the folder (--output-dir or --resume) is refused in one line. The
+        kernel frees the lock when its holder exits however it exits (SIGKILL included), so a killed run's lock file
+        is stale by construction: the next run takes it. The file stays (deleting it would race a waiting opener)."""
+        if resume and not self.path.is_dir():
+            yield  # reopen() says the folder is not a report folder
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = self.path / LOCK_FILE
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _flock(fd):
+                raise UserError(f"{self.path} is in use by another run ({_holder(lock)}); a folder holds one run at a "
+                                f"time: wait for it to end (then --resume {self.path} if it was stopped), or pick "
+                                "another --output-dir")
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode())
+            yield
+        finally:
+            os.close(fd)  # frees the lock
+
     def create(self) -> None:
         if self.samples_path.exists():
             raise UserError(f"--output-dir {self.path} already holds a run; use --resume {self.path} "

@@ -90,6 +90,16 @@ CASES = [
     ("load-slo-unknown-key", "load", {"concurrency": 2, "slo": {"ttft": 1.0}}, "load.slo.ttft"),
     ("load-slo-not-positive", "load", {"concurrency": 2, "slo": {"tpot_ms": 0}}, "load.slo.tpot_ms"),
     ("load-without-a-load", "load", {"requests": 4}, "concurrency"),
+    ("load-requests-bool", "load", {"concurrency": 2, "requests": True}, "load.requests must be an integer"),
+    ("load-requests-float", "load", {"concurrency": 2, "requests": 2.0}, "load.requests must be an integer"),
+    ("load-requests-huge", "load", {"concurrency": 2, "requests": 100_000_000}, "at most 10000"),
+    ("load-requests-absurd", "load", {"concurrency": 2, "requests": 10**12}, "at most 10000"),
+    ("load-rate-1e-300", "load", {"request_rate": 1.0e-300, "requests": 6}, "may span at most 24 h"),
+    ("load-rate-1e-6", "load", {"concurrency": 2, "request_rate": 1.0e-6, "requests": 6}, "over 69.4 days"),
+    ("load-rate-1e-300-per-prompt", "__LOAD_PER_PROMPT__", {"request_rate": 1.0e-300},
+     "6 requests (one per prompt of the dataset"),  # known once the dataset is read
+    ("load-rate-uncapped", "load", {"request_rate": 5.0, "requests": 5000}, "give load.concurrency <= 1024"),
+    ("load-concurrency-huge", "load", {"concurrency": 5000, "requests": 5000}, "at most 1024"),
 ]
 
 
@@ -113,6 +123,8 @@ def test_malformed_config(tiny, tmp_path, case):
                                 unk_token="w0").save_pretrained(other_target)
     if path == "__LOAD_HF__":
         config = {**good(tiny), "load": {"concurrency": [1, 2]}, "methods": ["baseline", "hf_generate"]}
+    elif path == "__LOAD_PER_PROMPT__":
+        config = {**{k: v for k, v in good(tiny).items() if k != "batch_size"}, "load": value}
     else:
         config = edit(good(tiny), path, value)
     file = tmp_path / "config.yaml"
@@ -120,7 +132,7 @@ def test_malformed_config(tiny, tmp_path, case):
     result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])
     assert_one_clean_line(result, fragment)
     if name not in ("vocab-mismatch", "hub-id-offline", "missing-prompt-field", "no-prompts-left",
-                    "group-by-missing-field"):
+                    "group-by-missing-field", "load-rate-1e-300-per-prompt"):
         assert not (tmp_path / "out" / "env.json").exists(), "refused only after starting the run"
     elif (tmp_path / "out" / "progress.json").exists():  # refused once the folder was made: it says so
         assert json.loads((tmp_path / "out" / "progress.json").read_text())["status"] == "refused"
@@ -161,6 +173,11 @@ def test_bad_command_line(args, fragment):
     ("speculative.gamma.deep=1", "not a mapping"),
     ("speculative.gama=3", "did you mean 'gamma'"),
     ("generation.top_p=[unclosed", "not valid YAML"),
+    ("draft[3].kind=medusa", "'draft' is not a list, cannot index it"),  # a single draft is draft[0]
+    ("draft[].kind=medusa", "malformed key 'draft[]'"),
+    ("dataset.turns=many", "should be a valid integer or 'all' (got 'many')"),
+    ("speculative.suffix_max_depth=0", "speculative.suffix_max_depth"),
+    ("speculative.suffix_min_prob=true", "speculative.suffix_min_prob"),
 ])
 def test_bad_set(tiny, tmp_path, assignment, fragment):
     file = tmp_path / "config.yaml"
@@ -176,3 +193,25 @@ def test_hybrid_without_a_draft_model(tiny, tmp_path):
     file.write_text(yaml.safe_dump(config))
     result = run_launch(["--config", file, "--output-dir", tmp_path / "out"])
     assert_one_clean_line(result, "method hybrid needs a draft")
+
+
+def test_set_reaches_a_list_item_and_the_suffix_options(tiny, tmp_path):
+    """--set draft[0].kind (and draft.0.kind) edits the item, where it was a key '' that was not known; suffix's options,
+    documented and read by the method, are settable."""
+    from decode.methods.suffix import options
+    from utils.config import load_config
+
+    file = tmp_path / "config.yaml"
+    config = good(tiny)
+    config["draft"] = [config["draft"], {"model": config["draft"]["model"], "label": "second"}]
+    file.write_text(yaml.safe_dump(config))
+    _, raw = load_config(file, ["draft[1].label=other", "draft.0.label=first", "speculative.gamma[0]=5",
+                                "speculative.suffix_max_depth=3", "speculative.suffix_min_prob=0.25"])
+    assert [d["label"] for d in raw["draft"]] == ["first", "other"] and raw["speculative"]["gamma"][0] == 5
+    with pytest.raises(Exception, match=r"'draft' has 2 item\(s\), so draft\[2\] does not exist"):
+        load_config(file, ["draft[2].label=x"])
+
+    class Context:
+        options = raw["speculative"]  # what a method gets (RunContext.options: the speculative section)
+
+    assert options(Context) == (3, 0.25)

@@ -214,6 +214,15 @@ class SpeculativeConfig(Strict):
                             "only (a window: its prefill costs N tokens, not the prompt's; it drafts on what it saw "
                             "and on every token generated after), the target still reads the whole prompt; null: the "
                             "whole prompt; a list sweeps (null in a list: also the whole prompt)")
+    suffix_max_depth: int = Field(8, ge=1, le=64, strict=True,
+                                  description="suffix and hybrid: the longest tail of the text matched in the suffix "
+                                              "trie")
+    suffix_min_prob: float = Field(0.1, ge=0, le=1, strict=True, allow_inf_nan=False,
+                                   description="suffix and hybrid: a drafted token's least probability along its "
+                                               "path (the trie's counts)")
+    suffix_cache_tokens: int = Field(16384, ge=1, strict=True,
+                                     description="suffix: the tokens of earlier outputs its cache keeps (the oldest "
+                                                 "leave first)")
     ngram_max: int = Field(3, ge=1, description="prompt_lookup: longest n-gram matched")
     ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched; hf_prompt_lookup needs 1 "
                                                 "(transformers has no minimum)")
@@ -325,6 +334,11 @@ class SloConfig(Strict):
                                                                               "after the first at most this (ms)")
 
 
+MAX_REQUESTS = 10_000  # a load point's requests
+MAX_IN_FLIGHT = 1024  # requests in flight at once (the largest batches serving engines usually run)
+MAX_ARRIVALS_S = 24 * 3600  # a load point's arrivals, waited for in real time
+
+
 class LoadConfig(Strict):
     """A serving run (docs/load.md): requests arrive and leave, each load point runs every method on the same
     arrival schedule, with continuous batching (a finished row's slot takes the next waiting request)."""
@@ -339,8 +353,9 @@ class LoadConfig(Strict):
     burstiness: float = Field(1.0, gt=0, allow_inf_nan=False, description="poisson arrivals: the gamma shape of the "
                                                                           "gaps (1: Poisson; below 1 burstier), as "
                                                                           "vLLM's bench serve")
-    requests: int | None = Field(None, ge=1, description="requests per load point; default: the dataset's prompts "
-                                                         "(more cycle through them)")
+    requests: int | None = Field(None, ge=1, description="requests per load point (at most 10,000; at most 1,024 in "
+                                                         "flight); default: the dataset's prompts (more cycle through "
+                                                         "them)")
     think_s: float = Field(0.0, ge=0, allow_inf_nan=False,
                            description="conversations (dataset.turns): a turn arrives this many seconds after its "
                                        "previous turn's last token (closed loop per conversation); request_rate then "
@@ -371,12 +386,43 @@ class LoadConfig(Strict):
             raise ValueError(f"load.request_rate list {values} repeats a value; list each once")
         return rates
 
+    @field_validator("requests", mode="before")
+    @classmethod
+    def _requests(cls, value):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"load.requests must be an integer >= 1 (requests per load point), got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _some_load(self):
         if self.concurrency is None and self.request_rate is None:
             raise ValueError("load needs concurrency (a closed loop of C requests in flight) or request_rate "
                              "(requests per second), e.g. load: {concurrency: [1, 4]}")
+        if self.requests is not None:
+            self.check_scale(self.requests)
         return self
+
+    def check_scale(self, requests: int, given: str = "load.requests") -> None:
+        """The bounds of a load point, before anything runs (ValueError naming the bound and why): its requests are
+        held and written as records per method; every request that may be in flight is one row of the probes' and the
+        warmup's batch; its arrivals are waited for in real time. given: where `requests` came from."""
+        if requests > MAX_REQUESTS:
+            raise ValueError(f"{given}: {requests} requests per load point; at most {MAX_REQUESTS} (each request is "
+                             "held in memory and written as a record, for every method and load point): lower "
+                             "load.requests, and add repeats for more data")
+        in_flight = max(min(c, requests) for c in self.concurrency) if self.concurrency else requests
+        if in_flight > MAX_IN_FLIGHT:
+            cap = ("load.concurrency" if self.concurrency else
+                   f"no load.concurrency: all {requests} requests ({given})")
+            raise ValueError(f"{cap} may be in flight at once, {in_flight} rows; at most {MAX_IN_FLIGHT} (the most "
+                             "that can be in flight is one batch of the warmup and the cost probes, its KV cache held "
+                             f"for every row): give load.concurrency <= {MAX_IN_FLIGHT}")
+        for rate in self.request_rate or []:
+            if rate != "inf" and requests / rate > MAX_ARRIVALS_S:
+                raise ValueError(f"load.request_rate {rate:g}/s spreads {requests} requests ({given}) over "
+                                 f"{requests / rate / 86400:.3g} days; a load point's arrivals may span at most "
+                                 f"{MAX_ARRIVALS_S // 3600} h (they are waited for in real time): raise "
+                                 "load.request_rate or lower load.requests")
 
     def points(self, requests: int) -> list[tuple[int, float | None]]:
         """The load points as (concurrency, rate): rate None = all at once (inf); no concurrency given = no cap
@@ -710,8 +756,24 @@ def _did_you_mean(key: str, options) -> str:
     return f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(options))}"
 
 
+def _path_keys(path: str) -> list[str | int]:
+    """`draft[0].kind` or `draft.0.kind` -> ["draft", 0, "kind"]; ConfigError for an empty or malformed part."""
+    keys: list[str | int] = []
+    for part in path.strip().split("."):
+        match = re.fullmatch(r"([^\[\]]*)((?:\[\d+\])*)", part)
+        if not match or not (match.group(1) or match.group(2)):
+            raise ConfigError(f"--set {path!r}: empty or malformed key '{part}' in the dotted path (write a list's "
+                              "item as draft[0].kind or draft.0.kind)")
+        name, indices = match.groups()
+        if name:
+            keys.append(int(name) if name.isdigit() else name)
+        keys += [int(i) for i in re.findall(r"\d+", indices)]
+    return keys
+
+
 def apply_override(raw: dict, assignment: str) -> None:
-    """`a.b.c=value` with value parsed as YAML (`--set speculative.gamma=[2,4]`)."""
+    """`a.b.c=value` with value parsed as YAML (`--set speculative.gamma=[2,4]`); a list's item by its index
+    (`--set draft[1].kind=medusa`; a single draft written as a mapping is draft[0])."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set speculative.gamma=[2,4]")
     path, text = assignment.split("=", 1)
@@ -719,22 +781,63 @@ def apply_override(raw: dict, assignment: str) -> None:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         raise ConfigError(f"--set {path}: value {text!r} is not valid YAML") from None
-    keys = path.strip().split(".")
-    if not all(keys):
-        raise ConfigError(f"--set {path!r}: empty key in the dotted path")
-    node = raw
-    for depth, key in enumerate(keys[:-1]):
+    keys = _path_keys(path)
+    if isinstance(keys[0], int):
+        raise ConfigError(f"--set {path}: the config is a mapping; start with a key, e.g. draft[0].kind")
+    node: Any = raw
+    for depth, key in enumerate(keys):
+        where = _shown(keys[:depth + 1])
+        last = depth == len(keys) - 1
+        if isinstance(key, int):
+            if isinstance(node, dict) and key == 0:  # a single draft written as a mapping: its item 0
+                if last:
+                    raise ConfigError(f"--set {path}: '{_shown(keys[:depth])}' is a mapping; set its keys")
+                continue
+            if not isinstance(node, list):
+                raise ConfigError(f"--set {path}: '{_shown(keys[:depth])}' is not a list, cannot index it")
+            if key >= len(node):
+                raise ConfigError(f"--set {path}: '{_shown(keys[:depth])}' has {len(node)} item(s), so {where} does "
+                                  f"not exist; indices start at 0")
+            if last:
+                node[key] = value
+            else:
+                node = node[key]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {path}: '{_shown(keys[:depth])}' is not a mapping, cannot set a key inside it")
+        if last:
+            node[key] = value
+            break
         child = node.get(key)
         if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {path}: '{'.'.join(keys[:depth + 1])}' is not a mapping, cannot set a key inside it")
+            child = node[key] = [] if isinstance(keys[depth + 1], int) and keys[depth + 1] != 0 else {}
         node = child
-    node[keys[-1]] = value
+
+
+def _shown(keys: list[str | int]) -> str:
+    return "".join(f"[{k}]" if isinstance(k, int) else ("." if i else "") + k for i, k in enumerate(keys))
+
+
+_UNION_TAGS = {"int", "float", "str", "bool", "none", "list", "dict", "constrained-int", "constrained-float"}
 
 
 def _location(error: dict) -> str:
-    return ".".join(str(p) for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+    """The config key an error is about, without the union members' tags pydantic adds (dataset.turns.int)."""
+    return ".".join(str(p) for p in error["loc"]
+                    if not (isinstance(p, str) and ("[" in p or p.startswith("function-") or p in _UNION_TAGS)))
+
+
+def _union_message(errors: list[dict], where: str) -> str | None:
+    """A value that fits no member of a union (turns: an integer or 'all'): every member said in one message."""
+    same = [e for e in errors if _location(e) == where and e["type"] not in ("extra_forbidden", "missing")]
+    if len(same) < 2:
+        return None
+    wanted = []
+    for e in same:
+        msg = e["msg"].removeprefix("Value error, ")
+        wanted.append(msg.removeprefix("Input should be ").split(", unable to")[0] if msg.startswith("Input should be")
+                      else msg)
+    return "should be " + " or ".join(dict.fromkeys(wanted))
 
 
 def _model_at(path: list[str]):
@@ -775,6 +878,9 @@ def validate(raw: Any) -> Config:
         if first["type"] == "missing":
             raise ConfigError(f"config key '{where}' is required; see the config reference in README.md") from None
         message = first["msg"].removeprefix("Value error, ")
+        union = _union_message(error.errors(), where)
+        if union:
+            first, message = {**first, "type": "union"}, union
         if not where:
             raise ConfigError(f"config: {message}") from None
         got = first.get("input")
