@@ -14,7 +14,9 @@ Loaded from a folder (config.json and safetensors or a torch .bin) in the layout
   `draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`, True when
   absent; weights `layers.0.*`), the EAGLE repository's (a Llama config with `draft_vocab_size`; weights `midlayer.*`)
   and SpecForge's (`architectures: [LlamaForCausalLMEagle3]`, the EAGLE layout, whose aux layer ids name a layer's
-  output: id + 1 here). A head without `embed_tokens` shares the target's; `norm_before_fc` / `fc_norm` are refused.
+  output: id + 1 here). A head without `embed_tokens` shares the target's (so is as wide as the target); without
+  `target_hidden_size` it reads states as wide as itself (its `hidden_size`, as the reference servers build `fc`);
+  `norm_before_fc` / `fc_norm` are refused.
 - Medusa in the FasterDecoding layout (`medusa_num_heads`, `medusa_num_layers`; weights
   `medusa_head.{k}.{j}.linear.weight|bias` for the blocks, `medusa_head.{k}.{layers}.weight` for the LM head, or the
   same without `medusa_head.` in medusa_lm_head.pt). FasterDecoding's blocks of one head share one module when
@@ -318,7 +320,8 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
     llama = LlamaConfig(**{k: v for k, v in layer_config.items() if k not in ("model_type",)})
     llama.num_hidden_layers = 1
     draft_vocab = int(config.get("draft_vocab_size") or layer_config.get("draft_vocab_size") or llama.vocab_size)
-    target_hidden = int(config.get("target_hidden_size") or layer_config.get("target_hidden_size") or width)
+    # absent, the target's states are as wide as the head (as the reference servers build its fc)
+    target_hidden = int(config.get("target_hidden_size") or layer_config.get("target_hidden_size") or llama.hidden_size)
     eagle = config.get("eagle_config") or {}
     speculators = config.get("speculators_model_type") == "eagle3"
     for flag in ("norm_before_fc", "fc_norm"):
@@ -332,7 +335,8 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
         layers = [int(i) + 1 for i in layers]  # SpecForge counts a layer's output, i.e. the next layer's input
     layers = layers or default_aux_layers(depth)
     if target_hidden != width:
-        raise HeadFormatError(f"{folder}: the head reads hidden states {target_hidden} wide, the target's are {width}")
+        raise HeadFormatError(f"{folder}: the head reads hidden states {target_hidden} wide (target_hidden_size, else its "
+                              f"hidden_size), the target's are {width}: a head for another target")
     if llama.vocab_size != vocab:
         llama.vocab_size = vocab  # its embedding is the target's vocabulary: checked on the weight below
     if any(not 0 <= int(i) < depth for i in layers):
@@ -348,6 +352,10 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
             continue
         state[name] = tensor
     shared = "embed_tokens.weight" not in state  # the EAGLE layout shares the target's embedding
+    if shared and llama.hidden_size != width:
+        raise HeadFormatError(f"{folder}: the head is {llama.hidden_size} wide and has no embed_tokens, so it would share "
+                              f"the target's embedding, {width} wide: a head for another target, or its folder lacks "
+                              "embed_tokens.weight")
     if shared:
         state["embed_tokens.weight"] = head.embed_tokens.weight.detach()  # placeholder: the target's, below
     if "d2t" not in state:

@@ -65,6 +65,23 @@ def test_a_head_of_the_wrong_kind_is_refused_and_compiled_heads_run(head_config)
     assert any("engine.compile" in note for note in summary["notes"])
 
 
+def test_a_head_of_another_width_is_refused_before_the_run(head_config):
+    """A head half the target's width with no target_hidden_size (so it reads states as wide as itself) and no
+    embed_tokens: one line and exit 2 when it loads, not a failure of the run."""
+    from transformers import AutoConfig
+
+    root, config = head_config
+    target = AutoConfig.from_pretrained(config["target"]["model"])
+    narrow = LlamaConfig(hidden_size=target.hidden_size // 2, intermediate_size=target.hidden_size,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=target.vocab_size,
+                         max_position_embeddings=512)
+    folder = save_eagle3(Eagle3Head(narrow, target.hidden_size, target.vocab_size, (0, 1, 2)), root / "narrow", "eagle")
+    written = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in written.items() if k != "target_hidden_size"}))
+    run = {**config, "draft": [{"model": str(folder), "kind": "eagle3"}], "methods": ["baseline", "eagle3"]}
+    assert_one_clean_line(_run(root, run, "narrow"), f"reads hidden states {target.hidden_size // 2} wide")
+
+
 def test_synthetic_heads_of_the_targets_shape(head_config):
     """synthetic:head: a head of the target's shape with seeded random weights and no folder (the cost of heads on a
     device with no weights): run beside the baseline, exact, its c measured; a parameter it does not have is one

@@ -21,11 +21,12 @@ LAYERS = (0, 2, 3)  # of the 4-layer target: the embeddings and the inputs of la
 
 
 def eagle3_head(target, layers=LAYERS, draft_vocab=VOCAB, seed=0, hidden=None) -> Eagle3Head:
+    """A random head for the target, as wide as it unless `hidden` says otherwise."""
     torch.manual_seed(seed)
-    width = target.config.hidden_size
+    width = hidden or target.config.hidden_size
     config = LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_attention_heads=4, num_key_value_heads=2,
                          vocab_size=target.config.vocab_size, max_position_embeddings=512)
-    head = Eagle3Head(config, width, draft_vocab, layers)
+    head = Eagle3Head(config, target.config.hidden_size, draft_vocab, layers)
     if draft_vocab < target.config.vocab_size:  # every other target id
         head.d2t.copy_(torch.arange(draft_vocab))
     return head
@@ -268,6 +269,48 @@ def test_head_folders_in_their_publishers_variants(tmp_path):
     save_file({**weights, "midlayer.self_attn.q_norm.weight": torch.ones(16)}, str(specforge / "model.safetensors"))
     with pytest.raises(HeadFormatError, match="does not have: midlayer.self_attn.q_norm.weight"):
         load_head(specforge, "eagle3", target)
+
+
+def edited(folder, config=None, weights=None):
+    """A saved head's folder with its config.json replaced by config(the old one) and its model.safetensors changed in
+    place by weights(the dict)."""
+    from safetensors.torch import load_file, save_file
+
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config(json.loads((folder / "config.json").read_text()))))
+    if weights is not None:
+        state = load_file(str(folder / "model.safetensors"))
+        weights(state)
+        save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+def refused(folder, kind, target, fragment):
+    """load_head refuses the folder in one line naming it and `fragment`."""
+    with pytest.raises(HeadFormatError) as error:
+        load_head(folder, kind, target)
+    message = str(error.value)
+    assert fragment in message and str(folder) in message and "\n" not in message, message
+
+
+def without(key):
+    return lambda config: {k: v for k, v in config.items() if k != key}
+
+
+@pytest.mark.parametrize("layout, config, fragment", [
+    # no target_hidden_size: the head reads states as wide as itself (as the reference servers build its fc)
+    ("eagle", without("target_hidden_size"), "reads hidden states 32 wide"),
+    # target_hidden_size bridges the states, but no embed_tokens: it would share the target's 64-wide embedding
+    ("eagle", None, "32 wide and has no embed_tokens"),
+], ids=["no-target-hidden-size", "no-embed-tokens"])
+def test_a_head_of_another_width_is_refused_at_load(tmp_path, layout, config, fragment):
+    """A head 32 wide for a 64-wide target loads only with target_hidden_size 64 and an embedding of its own."""
+    target = tiny_model("llama", seed=1, layers=4)
+    head = eagle3_head(target, seed=4, hidden=32)
+    refused(edited(save_eagle3(head, tmp_path / "narrow", layout), config), "eagle3", target, fragment)
+    loaded = load_head(save_eagle3(head, tmp_path / "own", "speculators"), "eagle3", target)  # both: it drafts
+    logits = loaded(torch.tensor([[5, 6]]), position_ids=torch.arange(2)[None], features=torch.zeros(1, 2, 3 * 64))
+    assert logits.logits.shape == (1, 2, VOCAB)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
