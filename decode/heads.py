@@ -222,9 +222,27 @@ def _read_config(folder: Path) -> dict:
     if not path.is_file():
         raise HeadFormatError(f"{folder}: no config.json (a head's folder holds its config.json and weights)")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise HeadFormatError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    if not isinstance(config, dict):
+        raise HeadFormatError(f"{path}: not a JSON object but a {type(config).__name__} (a head's config.json maps its "
+                              "keys to values)")
+    return config
+
+
+# the sizes of a head's layer config: whole numbers where stated (null: not stated)
+LAYER_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "vocab_size", "max_position_embeddings", "draft_vocab_size", "target_hidden_size")
+
+
+def _sizes(path: Path, config: dict, keys) -> None:
+    """Each of `keys` that config states a whole number of at least 1 (a string, a float or 0 crashed or truncated
+    later); HeadFormatError naming the key."""
+    for key in keys:
+        value = config.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise HeadFormatError(f"{path}: {key} is {value!r}, not a whole number of at least 1")
 
 
 def load_head(folder: str | Path, kind: str, target, dtype: torch.dtype = torch.float32):
@@ -313,11 +331,26 @@ def _on_target(head, target, dtype: torch.dtype):
 
 
 def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, depth: int, target) -> Eagle3Head:
+    path = folder / "config.json"
+    for key in ("transformer_layer_config", "eagle_config"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise HeadFormatError(f"{path}: {key} is {config[key]!r}, not a JSON object")
     layer_config = dict(config.get("transformer_layer_config") or config)
     for key in ("speculators_config", "transformer_layer_config", "architectures", "auto_map", "torch_dtype",
                 "dtype", "transformers_version"):
         layer_config.pop(key, None)
-    llama = LlamaConfig(**{k: v for k, v in layer_config.items() if k not in ("model_type",)})
+    _sizes(path, config, ("draft_vocab_size", "target_hidden_size"))
+    _sizes(path, layer_config, LAYER_SIZES)
+    hidden, heads, kv_heads = (layer_config.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
+    if hidden and heads and hidden % heads:  # transformers' Llama asks it, head_dim stated or not
+        raise HeadFormatError(f"{path}: num_attention_heads {heads} does not divide hidden_size {hidden}")
+    if heads and kv_heads and heads % kv_heads:
+        raise HeadFormatError(f"{path}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+    try:
+        llama = LlamaConfig(**{k: v for k, v in layer_config.items() if k not in ("model_type",)})
+    except Exception as error:  # transformers' own checks of the layer config: one line
+        raise HeadFormatError(f"{path}: not a layer config transformers builds ({type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:160]})") from None
     llama.num_hidden_layers = 1
     draft_vocab = int(config.get("draft_vocab_size") or layer_config.get("draft_vocab_size") or llama.vocab_size)
     # absent, the target's states are as wide as the head (as the reference servers build its fc)
@@ -331,6 +364,8 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
     specforge = not speculators and "LlamaForCausalLMEagle3" in (config.get("architectures") or ())
     if not layers and eagle.get("eagle_aux_hidden_state_layer_ids"):
         layers, specforge = eagle["eagle_aux_hidden_state_layer_ids"], True  # SpecForge's eagle_config
+    if layers is not None and (not isinstance(layers, list) or any(type(i) is not int for i in layers)):
+        raise HeadFormatError(f"{path}: eagle_aux_hidden_state_layer_ids is {layers!r}, not a list of layer numbers")
     if layers and specforge:
         layers = [int(i) + 1 for i in layers]  # SpecForge counts a layer's output, i.e. the next layer's input
     layers = layers or default_aux_layers(depth)
@@ -371,13 +406,14 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
 
 
 def _medusa(folder: Path, config: dict, weights: dict, vocab: int, width: int, depth: int) -> MedusaHeads:
-    layers = int(config.get("medusa_num_layers", 1))
+    _sizes(folder / "config.json", config, ("medusa_num_heads", "medusa_num_layers"))
+    layers = config.get("medusa_num_layers") or 1
     names = {name.removeprefix("model."): t for name, t in weights.items()}
     if not any(name.startswith("medusa_head.") for name in names):  # medusa_lm_head.pt: the heads' own state dict
         names = {f"medusa_head.{name}": t for name, t in names.items() if name.split(".")[0].isdigit()}
     state = {name: t for name, t in names.items() if name.startswith("medusa_head.")}
     # the weights say how many heads there are (FasterDecoding's configs may state fewer than the file holds)
-    heads = 1 + max((int(name.split(".")[1]) for name in state), default=int(config["medusa_num_heads"]) - 1)
+    heads = 1 + max((int(name.split(".")[1]) for name in state), default=(config["medusa_num_heads"] or 1) - 1)
     head = MedusaHeads(width, vocab, heads, layers, depth)
     _load(head, state, folder)
     return head

@@ -313,6 +313,39 @@ def test_a_head_of_another_width_is_refused_at_load(tmp_path, layout, config, fr
     assert logits.logits.shape == (1, 2, VOCAB)
 
 
+def layer(key, value):
+    """A speculators config with transformer_layer_config[key] = value."""
+    return lambda config: {**config, "transformer_layer_config": {**config["transformer_layer_config"], key: value}}
+
+
+@pytest.mark.parametrize("kind, layout, config, fragment", [
+    ("eagle3", "speculators", lambda config: [config], "config.json: not a JSON object"),
+    ("medusa", None, lambda config: [config], "config.json: not a JSON object"),
+    ("eagle3", "speculators", lambda config: {**config, "draft_vocab_size": "abc"}, "draft_vocab_size is 'abc'"),
+    ("eagle3", "eagle", lambda config: {**config, "draft_vocab_size": 0}, "draft_vocab_size is 0"),
+    ("eagle3", "speculators", layer("hidden_size", "64"), "hidden_size is '64'"),
+    ("eagle3", "speculators", layer("num_attention_heads", 3), "num_attention_heads 3 does not divide hidden_size 64"),
+    ("eagle3", "eagle", lambda config: {**config, "num_attention_heads": 3}, "num_attention_heads 3 does not divide"),
+    ("eagle3", "eagle", lambda config: {**config, "num_key_value_heads": 3},
+     "num_key_value_heads 3 does not divide num_attention_heads 4"),
+    ("eagle3", "speculators", lambda config: {**config, "transformer_layer_config": "llama"},
+     "transformer_layer_config is 'llama'"),
+    ("eagle3", "eagle", lambda config: {**config, "eagle_aux_hidden_state_layer_ids": ["a", 2, 3]},
+     "eagle_aux_hidden_state_layer_ids is ['a', 2, 3]"),
+    ("medusa", None, lambda config: {**config, "medusa_num_heads": "three"}, "medusa_num_heads is 'three'"),
+    ("medusa", None, lambda config: {**config, "medusa_num_layers": "x"}, "medusa_num_layers is 'x'"),
+    ("medusa", None, lambda config: {**config, "medusa_num_layers": 1.5}, "medusa_num_layers is 1.5"),
+], ids=["eagle3-list", "medusa-list", "draft-vocab-abc", "draft-vocab-0", "hidden-size-string", "heads-3-speculators",
+        "heads-3-eagle", "kv-heads-3", "layer-config-string", "aux-ids-string", "medusa-heads-three", "medusa-layers-x",
+        "medusa-layers-1.5"])
+def test_malformed_head_configs_are_refused_in_one_line(tmp_path, kind, layout, config, fragment):
+    target = tiny_model("llama", seed=1, layers=4)
+    torch.manual_seed(2)
+    folder = save_eagle3(eagle3_head(target, draft_vocab=48, seed=4), tmp_path / "head", layout) if kind == "eagle3" \
+        else save_medusa(MedusaHeads(64, VOCAB, 3, 1, 4), tmp_path / "head")
+    refused(edited(folder, config), kind, target, fragment)
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
 @pytest.mark.parametrize("shape", ["static", "dynamic", "auto"])
 def test_head_trees_are_exact_and_keep_drafts(heads, kind, shape):
