@@ -3,7 +3,8 @@
 - EAGLE-3 (Li et al. 2025): the target's hidden states at three layers (low, middle, high; the input of each of those
   decoder layers), concatenated and projected by `fc` to the head's width, meet the embedding of the next token in one
   decoder layer whose attention reads both ([embedding, hidden], 2 x hidden wide), then a final norm and an LM head
-  over a reduced draft vocabulary (`d2t`: target id = draft id + d2t[draft id]). The head's pre-norm output is its
+  over a reduced draft vocabulary (`d2t`: target id = draft id + d2t[draft id], whole offsets, a target id of its own
+  for each draft id; `t2d`, where a folder has it, marks the target ids d2t reaches). The head's pre-norm output is its
   own hidden state, fed back in place of the target's at the next draft step. One layer, with a KV cache of its own.
 - Medusa (Cai et al. 2024): K heads on the target's last hidden state (after its final norm), head k a stack of
   residual blocks x + SiLU(W x + b) then an LM head, predicting the token k + 2 places ahead (the target's own LM
@@ -245,6 +246,13 @@ def _sizes(path: Path, config: dict, keys) -> None:
             raise HeadFormatError(f"{path}: {key} is {value!r}, not a whole number of at least 1")
 
 
+def _vocab(path: Path, config: dict, vocab: int) -> None:
+    """A vocab_size that config states is the target's (the head's embedding or LM head rows are the target's ids)."""
+    if config.get("vocab_size") is not None and config["vocab_size"] != vocab:
+        raise HeadFormatError(f"{path}: vocab_size {config['vocab_size']} is not the target's {vocab} tokens: a head for "
+                              "another target's vocabulary")
+
+
 def load_head(folder: str | Path, kind: str, target, dtype: torch.dtype = torch.float32):
     """The head in `folder` (kind eagle3 or medusa), checked against the target (a causal LM: its vocabulary, width
     and depth), its weights in `dtype`, on the target's input device, in eval mode. HeadFormatError: one line."""
@@ -372,8 +380,8 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
     if target_hidden != width:
         raise HeadFormatError(f"{folder}: the head reads hidden states {target_hidden} wide (target_hidden_size, else its "
                               f"hidden_size), the target's are {width}: a head for another target")
-    if llama.vocab_size != vocab:
-        llama.vocab_size = vocab  # its embedding is the target's vocabulary: checked on the weight below
+    _vocab(path, layer_config, vocab)
+    llama.vocab_size = vocab  # unstated, LlamaConfig's default: its embedding is the target's vocabulary
     if any(not 0 <= int(i) < depth for i in layers):
         raise HeadFormatError(f"{folder}: aux hidden state layers {list(layers)} outside the target's 0..{depth - 1}")
     # the speculators layout's default is True (as the reference server reads it), the EAGLE layout's False
@@ -383,9 +391,8 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
     for name, tensor in weights.items():
         name = name.removeprefix("model.")
         name = "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
-        if name == "t2d":
-            continue
         state[name] = tensor
+    t2d = state.pop("t2d", None)  # a mask the engine does not read: checked against d2t below
     shared = "embed_tokens.weight" not in state  # the EAGLE layout shares the target's embedding
     if shared and llama.hidden_size != width:
         raise HeadFormatError(f"{folder}: the head is {llama.hidden_size} wide and has no embed_tokens, so it would share "
@@ -397,16 +404,41 @@ def _eagle3(folder: Path, config: dict, weights: dict, vocab: int, width: int, d
         if draft_vocab != vocab:
             raise HeadFormatError(f"{folder}: a draft vocabulary of {draft_vocab} tokens and no d2t map to the target's")
         state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+    d2t = state["d2t"].flatten()
+    fractional = (d2t != d2t.round()).nonzero() if d2t.is_floating_point() else []
+    if len(fractional):  # .long() would truncate it onto a neighbour's target id
+        i = int(fractional[0])
+        raise HeadFormatError(f"{folder}: d2t holds {d2t[i].item():g} at draft id {i}; its offsets are whole numbers "
+                              "(target id = draft id + d2t[draft id])")
     state["d2t"] = state["d2t"].long()
     _load(head, state, folder)
-    if int(head.draft_to_target.max()) >= vocab or int(head.draft_to_target.min()) < 0:
+    index = head.draft_to_target
+    if int(index.max()) >= vocab or int(index.min()) < 0:
         raise HeadFormatError(f"{folder}: d2t maps draft ids past the target's vocabulary of {vocab}")
+    order = index.argsort(stable=True)
+    same = (index[order][1:] == index[order][:-1]).nonzero()
+    if len(same):  # two draft ids for one token: their probabilities would land on one id, one of them lost
+        j = int(same[0])
+        raise HeadFormatError(f"{folder}: d2t maps draft ids {int(order[j])} and {int(order[j + 1])} to one target id, "
+                              f"{int(index[order[j]])}; each draft id is a target id of its own "
+                              "(target id = draft id + d2t[draft id])")
+    if t2d is not None:
+        if tuple(t2d.shape) != (vocab,):
+            raise HeadFormatError(f"{folder}: t2d has shape {tuple(t2d.shape)}, not the target's vocabulary ({vocab},) "
+                                  "(t2d marks the target ids the draft vocabulary holds)")
+        marked, reached = t2d != 0, torch.zeros(vocab, dtype=torch.bool)
+        reached[index] = True
+        if not torch.equal(marked, reached):
+            raise HeadFormatError(f"{folder}: t2d marks {int(marked.sum())} target ids, d2t reaches {draft_vocab}, and "
+                                  f"they disagree at target id {int((marked != reached).nonzero()[0])}: t2d marks the "
+                                  "target ids d2t reaches; save both maps from one draft vocabulary")
     head.shares_embedding = shared
     return head
 
 
 def _medusa(folder: Path, config: dict, weights: dict, vocab: int, width: int, depth: int) -> MedusaHeads:
     _sizes(folder / "config.json", config, ("medusa_num_heads", "medusa_num_layers"))
+    _vocab(folder / "config.json", config, vocab)
     layers = config.get("medusa_num_layers") or 1
     names = {name.removeprefix("model."): t for name, t in weights.items()}
     if not any(name.startswith("medusa_head.") for name in names):  # medusa_lm_head.pt: the heads' own state dict

@@ -346,6 +346,45 @@ def test_malformed_head_configs_are_refused_in_one_line(tmp_path, kind, layout, 
     refused(edited(folder, config), kind, target, fragment)
 
 
+def one_target_id(state):  # every draft id to target id 0
+    state["d2t"] = -torch.arange(48)
+
+
+def fractional(state):  # offsets 0.5 apart: truncated they would map draft ids 2i and 2i + 1 to one target id
+    state["d2t"] = torch.arange(48) * 0.5
+
+
+def flipped(state):  # a target id d2t never reaches marked, one it reaches not
+    state["t2d"][1], state["t2d"][2] = True, False
+
+
+@pytest.mark.parametrize("kind, layout, config, weights, fragment", [
+    ("eagle3", "eagle", lambda config: {**config, "vocab_size": 32000}, None, "vocab_size 32000 is not the target's 96"),
+    ("eagle3", "speculators", layer("vocab_size", 32000), None, "vocab_size 32000 is not the target's 96"),
+    ("medusa", None, lambda config: {**config, "vocab_size": 32000}, None, "vocab_size 32000 is not the target's 96"),
+    ("eagle3", "speculators", None, one_target_id, "d2t maps draft ids 0 and 1 to one target id, 0"),
+    ("eagle3", "speculators", None, fractional, "d2t holds 0.5 at draft id 1"),
+    ("eagle3", "eagle", None, lambda state: state.update(t2d=torch.zeros(VOCAB, dtype=torch.bool)),
+     "t2d marks 0 target ids"),
+    ("eagle3", "speculators", None, flipped, "they disagree at target id 1"),
+    ("eagle3", "speculators", None, lambda state: state.update(t2d=torch.ones(48, dtype=torch.bool)),
+     "t2d has shape (48,), not the target's vocabulary (96,)"),
+], ids=["vocab-eagle", "vocab-speculators", "vocab-medusa", "d2t-one-target-id", "d2t-fractional", "t2d-all-false",
+        "t2d-flipped", "t2d-draft-sized"])
+def test_wrong_vocabularies_and_maps_are_refused(tmp_path, kind, layout, config, weights, fragment):
+    """config.json's vocab_size is the target's; d2t maps each draft id to a target id of its own (target id = draft
+    id + d2t[draft id], whole offsets); t2d, where present, marks exactly the target ids d2t reaches."""
+    target = tiny_model("llama", seed=1, layers=4)
+    torch.manual_seed(2)
+    head = eagle3_head(target, draft_vocab=48, seed=4)  # draft id i: target id 2i
+    folder = save_eagle3(head, tmp_path / "head", layout) if kind == "eagle3" \
+        else save_medusa(MedusaHeads(64, VOCAB, 3, 1, 4), tmp_path / "head")
+    refused(edited(folder, config, weights), kind, target, fragment)
+    # the same maps in floats of whole offsets are the head's
+    folder = edited(save_eagle3(head, tmp_path / "floats"), weights=lambda state: state.update(d2t=state["d2t"].double()))
+    assert load_head(folder, "eagle3", target).draft_to_target.tolist() == list(range(0, 96, 2))
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
 @pytest.mark.parametrize("shape", ["static", "dynamic", "auto"])
 def test_head_trees_are_exact_and_keep_drafts(heads, kind, shape):
