@@ -249,7 +249,8 @@ def static_prediction_off(metrics: dict, out: dict) -> str | None:
     """prediction_off (eval/replay.py prediction_off_reason), and which part the replay priced otherwise than the
     batches ran it: the draft's steps (c_run against the probed c), the verifications (v_run against v), the
     prefills (the records' against the replay's)."""
-    verdict = prediction_off_reason(metrics.get("speedup"), metrics.get("speedup_ci95"), out["predicted_speedup_replay"])
+    verdict = prediction_off_reason(metrics.get("speedup"), out["predicted_speedup_replay"],
+                                    out["predicted_speedup_replay_ci95"])
     if verdict is None:
         return None
     parts = [f"{name} ran {got / want:.2f}x the probes'" for name, got, want in (

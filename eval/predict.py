@@ -21,8 +21,8 @@ from pathlib import Path
 from decode.methods import REGISTRY
 from eval.costs import Profile, ProfileError, read_env, run_costs
 from eval.records import Point
-from eval.replay import MissingCost, Pricer, replay_load, static_prediction
-from eval.serving import replayed_figures
+from eval.replay import MissingCost, prediction_off_reason, static_prediction
+from eval.serving import load_prediction, replayed_figures
 from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
 from utils import positive_ints
@@ -88,8 +88,7 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
                 if what_if is None:
                     row["measured"] = replayed_figures(rows, baseline)
                 try:
-                    row["predicted"] = replayed_figures(replay_load(rows, Pricer(profile, draft), True, what_if),
-                                                        replay_load(baseline, Pricer(profile), False, what_if))
+                    row["predicted"] = load_prediction(rows, baseline, profile, draft, what_if)
                 except MissingCost as error:
                     row["missing"] = f"the profile lacks {error}"
             else:
@@ -101,6 +100,8 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
                     row["missing"] = f"the profile lacks {missing}"
             if row["measured"] and row["predicted"]:
                 row["measured_over_predicted"] = ratio(row["measured"]["speedup"], row["predicted"]["speedup"])
+                row["prediction_off"] = prediction_off_reason(row["measured"]["speedup"], row["predicted"]["speedup"],
+                                                              row["predicted"].get("speedup_ci95"))
             out.append(row)
     return sorted(out, key=lambda r: (r["serving"], r.get("concurrency") or 0, r.get("batch_size") or 0, r["label"]))
 
@@ -122,18 +123,24 @@ def table(rows: list[dict], profile: Profile) -> str:
     meta = profile.meta
     lines = [f"costs: {meta.get('source') or 'profile'} ({meta.get('device_name') or meta.get('device') or '?'}, "
              f"torch {meta.get('torch') or '?'})", "",
-             "| point | load | measured speedup | predicted | measured / predicted | predicted tok/s | "
+             "| point | load | measured speedup | predicted [95% CI] | measured / predicted | predicted tok/s | "
              "predicted TTFT P50 s | predicted TPOT ms |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m, p = r["measured"] or {}, r["predicted"] or {}
         load = f"conc={r['concurrency']}" if r["serving"] else f"batch={r['batch_size']}"
+        interval = p.get("speedup_ci95")
+        predicted = _fmt(p.get("speedup")) + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
         lines.append(f"| {r['label']} | {load} | {_fmt(m.get('speedup'))} | "
-                     f"{_fmt(p.get('speedup')) if p else r.get('missing', '-')} | {_fmt(r.get('measured_over_predicted'))} | "
+                     f"{predicted if p else r.get('missing', '-')} | {_fmt(r.get('measured_over_predicted'))} | "
                      f"{_fmt(p.get('tok_s'))} | {_fmt(p.get('ttft_p50_s'))} | {_fmt(p.get('tpot_mean_ms'), '{:.0f}')} |")
     above = sorted({n for r in rows for n in ((r["predicted"] or {}).get("rows_priced_above") or [])})
     if above:
         lines += ["", f"a static batch's tail at {', '.join(map(str, above))} rows was priced at the smallest profiled "
                       "rows above it (the profile has no step at so few rows)"]
+    off = [f"- {r['label']} at {'conc' if r['serving'] else 'batch'}={r.get('concurrency') or r.get('batch_size')}: "
+           f"{r['prediction_off']}" for r in rows if r.get("prediction_off")]
+    if off:
+        lines += ["", "prediction_off (docs/predict.md):", *off]
     within = [r["measured_over_predicted"] for r in rows if r.get("measured_over_predicted") is not None]
     if within:
         inside = sum(0.95 <= x <= 1.05 for x in within)

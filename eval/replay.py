@@ -290,7 +290,7 @@ def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurre
 # ---- the predictions a report prints ------------------------------------------------------------------------------
 
 PART_OFF = 0.10  # a part of the schedule whose measured time is this far (relative) from the replay's is named
-OFF_BY = 0.05  # a measured speedup this far (relative) from the replay's, outside its own interval: prediction_off
+OFF_BY = 0.05  # without the replay's interval, a measured speedup this far (relative) from it: prediction_off
 PREDICTION_RESAMPLES = 200  # a load point's bootstrap replays its schedule once per resample
 
 
@@ -389,14 +389,14 @@ def load_resamples(samples: list[dict], baseline: list[dict], resamples: int = P
     return out
 
 
-def prediction_off_reason(measured: float | None, measured_ci, predicted: float | None) -> str | None:
-    """Whether a measured speedup disagrees with its replayed prediction: measured / predicted outside
-    [0.95, 1.05] and the prediction outside the measured 95% interval (where there is one): the rule the validation
-    holds the replay to (docs/predict.md). The comparison as text, or None."""
+def prediction_off_reason(measured: float | None, predicted: float | None, interval) -> str | None:
+    """prediction_off's one rule (docs/predict.md), for the report's static and load points and python -m eval.predict
+    alike: the measured speedup outside the replay's 95% interval, or, where the replay has none (fewer than
+    MIN_PROMPTS prompt batches or requests), more than OFF_BY from its prediction. The comparison as text, or None."""
     if measured is None or not predicted:
         return None
-    off = abs(measured / predicted - 1) > OFF_BY
-    if not off or (measured_ci and measured_ci[0] <= predicted <= measured_ci[1]):
+    if interval[0] <= measured <= interval[1] if interval else abs(measured / predicted - 1) <= OFF_BY:
         return None
-    shown = f" [{measured_ci[0]:.3f}, {measured_ci[1]:.3f}]" if measured_ci else ""
-    return f"measured {measured:.3f}{shown} against the replay's {predicted:.3f} (measured / predicted {measured / predicted:.3f})"
+    shown = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+    return (f"measured {measured:.3f} against the replay's {predicted:.3f}{shown} (measured / predicted "
+            f"{measured / predicted:.3f})")

@@ -334,38 +334,42 @@ def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
 
 
 def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], profile) -> tuple[dict | None, str | None]:
-    """The load point's schedule replayed with the run's cost profile (eval/replay.py): its requests' arrivals,
-    lengths and rounds, at its concurrency; the baseline's the same way. The speedup's 95% interval: the replay of
-    paired resamples of the requests (eval/replay.py load_resamples), each priced by a resample of the profile's
-    repetitions (profile_resamples: the probes' timing spread), the expanded percentile interval as the measured
-    one's.
-    (figures, None) or (None, why not)."""
+    """The load point's schedule replayed with the run's cost profile (load_prediction); (figures, None) or (None,
+    why not)."""
     if profile is None:
         return None, "no cost profile"
     draft = point.draft if REGISTRY[point.method].needs_draft else None
-
-    def replayed(mine, theirs, costs=profile) -> dict:
-        return replayed_figures(replay_load(mine, Pricer(costs, draft), True),
-                                replay_load(theirs, Pricer(costs), False))
-
     try:
-        figures = replayed(samples, baseline)
-        draws = load_resamples(samples, baseline)
-        speedups = [replayed(a, b, costs)["speedup"]
-                    for (a, b), costs in zip(draws, profile_resamples(profile, len(draws)))]
+        return load_prediction(samples, baseline, profile, draft), None
     except MissingCost as error:
         return None, f"the run's cost profile lacks {error}"
+
+
+def load_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,
+                    concurrency: int | None = None) -> dict:
+    """A load point's schedule replayed with a cost profile (eval/replay.py): its requests' arrivals, lengths and
+    rounds, at its concurrency (or another: a what-if); the baseline's the same way. The speedup's 95% interval: the
+    replay of paired resamples of the requests (eval/replay.py load_resamples), each priced by a resample of the
+    profile's repetitions (profile_resamples: the probes' timing spread), the expanded percentile interval as the
+    measured one's. Raises MissingCost where the profile lacks a cost."""
+    def replayed(mine, theirs, costs=profile) -> dict:
+        return replayed_figures(replay_load(mine, Pricer(costs, draft), True, concurrency),
+                                replay_load(theirs, Pricer(costs), False, concurrency))
+
+    figures = replayed(samples, baseline)
+    draws = load_resamples(samples, baseline)
+    speedups = [replayed(a, b, costs)["speedup"] for (a, b), costs in zip(draws, profile_resamples(profile, len(draws)))]
     speedups = [x for x in speedups if x is not None]
     figures["speedup_ci95"] = expanded_interval(speedups, len({s.get("request") for s in samples}))
-    return figures, None
+    return figures
 
 
 def prediction_off(metrics: dict, baseline_tpot_s: float | None) -> str | None:
     """prediction_off (eval/replay.py prediction_off_reason), and which part of the schedule the replay priced
     otherwise than it ran, from the figures of both (the method's TPOT: its rounds, draft and verification; its TTFT:
     the prefills; the baseline's TPOT: its steps)."""
-    verdict = prediction_off_reason(metrics.get("speedup_tput"), metrics.get("speedup_tput_ci95"),
-                                    metrics.get("predicted_speedup_replay"))
+    verdict = prediction_off_reason(metrics.get("speedup_tput"), metrics.get("predicted_speedup_replay"),
+                                    metrics.get("predicted_speedup_replay_ci95"))
     if verdict is None:
         return None
     replay = metrics["replay"]
