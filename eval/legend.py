@@ -198,8 +198,10 @@ LEGEND = {
              f"columns over all rows of a batch, so a row's logits depend on its neighbours): greedy mismatches there "
              f"are expected (it replaces possible_bug), unless the point measured every sample equal; "
              f"prediction_off: the measured speedup falls outside the replay's predicted interval (without one, more "
-             f"than 5% from it); the message names the parts of the schedule measured more than 10% from the replay's "
-             f"(the rounds, the prefills, the baseline's steps)",
+             f"than 5% from it), whatever the measured speedup's own interval; the message names the parts of the "
+             f"schedule that ran more than 10% from what the replay priced (the draft's steps as c_run / c, the "
+             f"verifications as v_run / v, the prefills; under a load these three as the records time them, in units "
+             f"of the baseline's steps: a machine uniformly slower than its probes names none)",
     "group": "dataset.group_by's value, or a conversation's turn ('turn 1', 'turn 2', ...: runs of conversations "
              "give figures per turn besides group_by's; group_field says which); null: the overall run. At batch size 1 a group's figures are exact; at batch "
              "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "

@@ -21,7 +21,7 @@ from pathlib import Path
 from decode.methods import REGISTRY
 from eval.costs import Profile, ProfileError, read_env, run_costs
 from eval.records import Point
-from eval.replay import MissingCost, prediction_off_reason, static_prediction
+from eval.replay import MissingCost, part_times, prediction_off, static_prediction
 from eval.serving import load_prediction, replayed_figures
 from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
@@ -41,7 +41,8 @@ def run_profile(folder: Path, progress: dict) -> Profile:
 def static_measured(samples: list[dict], baseline: list[dict]) -> dict:
     clusters = paired_clusters(samples, baseline)
     return {"speedup": ratio_of_totals(clusters) if clusters else None,
-            "tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)) if clusters else None}
+            "tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)) if clusters else None,
+            "parts_s": part_times(samples, baseline)}
 
 
 def draft_label(point: Point, profile: Profile) -> str | None:
@@ -100,8 +101,8 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
                     row["missing"] = f"the profile lacks {missing}"
             if row["measured"] and row["predicted"]:
                 row["measured_over_predicted"] = ratio(row["measured"]["speedup"], row["predicted"]["speedup"])
-                row["prediction_off"] = prediction_off_reason(row["measured"]["speedup"], row["predicted"]["speedup"],
-                                                              row["predicted"].get("speedup_ci95"))
+                row["prediction_off"] = prediction_off(row["measured"]["speedup"], row["predicted"],
+                                                       row["measured"]["parts_s"])
             out.append(row)
     return sorted(out, key=lambda r: (r["serving"], r.get("concurrency") or 0, r.get("batch_size") or 0, r["label"]))
 
@@ -119,10 +120,16 @@ def _fmt(x, f="{:.2f}") -> str:
     return "-" if x is None else f.format(x)
 
 
-def table(rows: list[dict], profile: Profile) -> str:
+def table(rows: list[dict], profile: Profile, costs: Path | None = None) -> str:
+    """The printed prediction; costs: the --costs file (None: the run's own probes)."""
     meta = profile.meta
-    lines = [f"costs: {meta.get('source') or 'profile'} ({meta.get('device_name') or meta.get('device') or '?'}, "
-             f"torch {meta.get('torch') or '?'})", "",
+    where = f"{meta.get('device_name') or meta.get('device') or '?'}, torch {meta.get('torch') or '?'}"
+    if costs is None:
+        header = f"costs: the run's probes ({where})"
+    else:  # a run's costs.json says "the run's probes" of the run that wrote it: given as --costs, another run's
+        kind = "a run's probes" if meta.get("source") == "the run's probes" else "a profile"
+        header = f"costs: {costs} ({kind}; {where})"
+    lines = [header, "",
              "| point | load | measured speedup | predicted [95% CI] | measured / predicted | predicted tok/s | "
              "predicted TTFT P50 s | predicted TPOT ms |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -184,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {folder} has no speculative point of our engine with its baseline to replay (another engine's "
               "points, or no baseline, or no records)", file=sys.stderr)
         return 2
-    text = table(rows, profile)
+    text = table(rows, profile, args.costs)
     substituted = sorted({r["draft_priced_as"] for r in rows if r.get("draft_priced_as")})
     if substituted:
         text += f"\n\nthe draft model priced as the profile's {', '.join(substituted)} (the profile's only draft)"

@@ -138,8 +138,10 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
     """The loop over requests (each: arrival_s, prompt_tokens, new_tokens, and rounds for a speculative point, None
     for the baseline; "follows": the index of the request whose next turn it is, if any) at most `concurrency` in
     flight, admitted in the engine's order (decode/serving.py Queue; a follower arrives think_s after the request it
-    follows finished): each request's admitted_s, first_token_s, finish_s (seconds from the start), and a follower's
-    arrival_s. Raises MissingCost where the profile lacks a cost the schedule needs."""
+    follows finished): each request's admitted_s, first_token_s, finish_s (seconds from the start), a follower's
+    arrival_s, and target_s, draft_s and draft_prefill_s as the engine's records time them (decode/generate.py
+    RowRecord: the target's prefill and the rounds' verifications or steps it was in; the draft's prefill and the
+    rounds' drafting it was in). Raises MissingCost where the profile lacks a cost the schedule needs."""
     n = len(requests)
     if pricer.draft is None and any(r.get("draft_forwards") for r in requests if r.get("rounds") is not None):
         raise MissingCost("the drafter's forwards: it runs a model the profile has no steps for (early exit's first "
@@ -179,6 +181,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                 now += pricer.prefill(pricer.rows(len(group), peak), width)
                 for i in group:
                     out[i]["admitted_s"], out[i]["first_token_s"] = admitted, now
+                    out[i]["target_s"], out[i]["draft_s"] = now - admitted, 0.0
                     done[i] = min(1, requests[i]["new_tokens"])
                 going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
                 end([i for i in group if i not in going])
@@ -188,7 +191,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                     draft_prefill = pricer.prefill(pricer.rows(len(going), peak), draft_width, draft=True)
                     now += draft_prefill
                     for i in eager:
-                        out[i]["draft_prefill_s"] = draft_prefill
+                        out[i]["draft_prefill_s"] = out[i]["draft_s"] = draft_prefill
                 for i in going:
                     out[i].setdefault("draft_prefill_s", 0.0)
                 active += going
@@ -197,22 +200,29 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
         rows = pricer.rows(len(active), peak)
         kv = max(requests[i]["prompt_tokens"] + done[i] for i in active)
         if requests[active[0]].get("rounds") is None:
-            now += pricer.step(rows, 1, kv)
+            step = pricer.step(rows, 1, kv)
+            now += step
             for i in active:
                 done[i] += 1
+                out[i]["target_s"] += step
         else:
             this = [requests[i]["rounds"][taken[i]] for i in active]
             width, forwards = round_shape(this)
+            drafting = 0.0
             if forwards and drafts:  # the draft's cache: its window of the prompt and the tokens since
                 draft_kv = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) + done[i] for i in active)
                 step = pricer.draft_step(rows, draft_kv)
                 catch_up = max(r.get("catch_up", 0) for r in this)  # the first forward's width, where recorded
                 first = max(step, pricer.prefill(rows, catch_up, draft=True)) if catch_up > 1 else step
-                now += first + (forwards - 1) * step
-            now += pricer.step(rows, width, kv)
+                drafting = first + (forwards - 1) * step
+                now += drafting
+            verifying = pricer.step(rows, width, kv)
+            now += verifying
             for i, r in zip(active, this):
                 done[i] += r["emitted"]
                 taken[i] += 1
+                out[i]["draft_s"] += drafting
+                out[i]["target_s"] += verifying
         end([i for i in active if finished(i)])
         active = [i for i in active if not finished(i)]
     return out
@@ -244,8 +254,8 @@ def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
 
 def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_size: int | None = None) -> list[dict]:
     """Each batch of the point replayed as a static batch (with batch_size: each repeat's rows regrouped into batches
-    of that size in sample order, a what-if): the records with latency_s, prefill_s, draft_prefill_s as the replay
-    times them."""
+    of that size in sample order, a what-if): the records with latency_s, prefill_s, draft_prefill_s, target_s and
+    draft_s as the replay times them."""
     if batch_size is None:
         groups = [(unit, sorted(batch, key=lambda s: s["sample_id"])) for unit, batch in sorted(units(samples).items())]
     else:
@@ -258,14 +268,16 @@ def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_
         timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer)
         for s, t in zip(group, timed):
             out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
-                            draft_prefill_s=t.get("draft_prefill_s", 0.0)))
+                            draft_prefill_s=t.get("draft_prefill_s", 0.0), target_s=t["target_s"],
+                            draft_s=t["draft_s"]))
     return out
 
 
 def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurrency: int | None = None) -> list[dict]:
     """Each repeat of a load point replayed: its requests at their arrivals, at most `concurrency` (default: the
-    point's) in flight; the records with admitted_s, first_token_s, finish_s as the replay times them. A compiled
-    profile prices no load: the compiled engine's static caches take no joins (MissingCost)."""
+    point's) in flight; the records with admitted_s, first_token_s, finish_s, target_s, draft_s and draft_prefill_s
+    as the replay times them. A compiled profile prices no load: the compiled engine's static caches take no joins
+    (MissingCost)."""
     if pricer.compiled:
         raise MissingCost("a load's steps: it is compiled, and the compiled engine takes no joins (profile the "
                           "device with engine.compile: false)")
@@ -283,7 +295,8 @@ def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurre
         timed = simulate(requests, cap, pricer, think)
         for s, t in zip(rows, timed):
             out.append(dict(s, concurrency=cap, arrival_s=t["arrival_s"], admitted_s=t["admitted_s"],
-                            first_token_s=t["first_token_s"], finish_s=t["finish_s"]))
+                            first_token_s=t["first_token_s"], finish_s=t["finish_s"], target_s=t["target_s"],
+                            draft_s=t["draft_s"], draft_prefill_s=t.get("draft_prefill_s", 0.0)))
     return out
 
 
@@ -352,7 +365,7 @@ def static_prediction(samples: list[dict], baseline: list[dict], profile, draft:
             "decode_speedup": ratio_of_totals(decode) if decode else None,
             "decode_speedup_ci95": joint_interval(replays, decode=True) if decode and replays else None,
             "tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
-            "prefill_s": sum(s["prefill_s"] + s["draft_prefill_s"] for s in mine),
+            "prefill_s": sum(s["prefill_s"] + s["draft_prefill_s"] for s in mine), "parts_s": part_times(mine, theirs),
             "rows_priced_above": sorted(pricer.clamped | base.clamped)}, None
 
 
@@ -389,6 +402,42 @@ def load_resamples(samples: list[dict], baseline: list[dict], resamples: int = P
     return out
 
 
+PARTS = (("the draft's steps", "draft_steps_s"), ("the verifications", "verifications_s"),
+         ("the prefills", "prefills_s"))  # part_times' parts that prediction_off names, in words
+
+
+def part_times(samples: list[dict], baseline: list[dict]) -> dict | None:
+    """The seconds each part of a schedule took, summed over its requests as their records time them (measured, or
+    replayed: simulate times them alike): the draft's steps (draft_s less the draft's prefill), the verifications
+    (target_s less the target's prefill, which runs from admission, a static batch's start, to the first token), the
+    prefills (the target's and the draft's) and the baseline's steps (its target_s less its prefill). None where a
+    record lacks a time."""
+    def prefill(s: dict) -> float:
+        return s["first_token_s"] - s["admitted_s"] if s.get("admitted_s") is not None else s["prefill_s"]
+
+    try:
+        return {"draft_steps_s": sum(s["draft_s"] - s["draft_prefill_s"] for s in samples),
+                "verifications_s": sum(s["target_s"] - prefill(s) for s in samples),
+                "prefills_s": sum(prefill(s) + s["draft_prefill_s"] for s in samples),
+                "baseline_steps_s": sum(s["target_s"] - prefill(s) for s in baseline)}
+    except (KeyError, TypeError):
+        return None
+
+
+def parts_off(measured: dict | None, replayed: dict | None) -> str:
+    """Which parts of the schedule ran otherwise than the replay priced them (part_times of both): each part's
+    measured seconds over the replay's, in units of the baseline's steps' (measured over replayed: the machine's pace
+    against the profile, which moves the method and the baseline alike and no speedup), as the static check's
+    c_run / c; those more than PART_OFF from 1, in words. A machine uniformly slower than its probes names none."""
+    pace = ratio(measured["baseline_steps_s"], replayed["baseline_steps_s"]) if measured and replayed else None
+    if not pace:
+        return "the records do not time the parts of the schedule"
+    parts = [(name, ratio(measured[key], replayed[key]) / pace) for name, key in PARTS if replayed[key] > 0]
+    named = [f"{name} {x:.2f}x" for name, x in parts if abs(x - 1) > PART_OFF]
+    return (f"each part against the replay's, in units of the baseline's steps (which ran {pace:.2f}x the replay's): "
+            + ("; ".join(named) or f"no single part is off by more than {PART_OFF:.0%}: the sum of small ones"))
+
+
 def prediction_off_reason(measured: float | None, predicted: float | None, interval) -> str | None:
     """prediction_off's one rule (docs/predict.md), for the report's static and load points and python -m eval.predict
     alike: the measured speedup outside the replay's 95% interval, or, where the replay has none (fewer than
@@ -400,3 +449,11 @@ def prediction_off_reason(measured: float | None, predicted: float | None, inter
     shown = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
     return (f"measured {measured:.3f} against the replay's {predicted:.3f}{shown} (measured / predicted "
             f"{measured / predicted:.3f})")
+
+
+def prediction_off(measured: float | None, replay: dict, measured_parts: dict | None) -> str | None:
+    """prediction_off of a load point, or of any point eval.predict replays: the rule (prediction_off_reason) against
+    the replay's figures (speedup, speedup_ci95), and the parts off (parts_off: the measured records' part_times
+    against the replay's, parts_s)."""
+    verdict = prediction_off_reason(measured, replay.get("speedup"), replay.get("speedup_ci95"))
+    return None if verdict is None else f"{verdict}: {parts_off(measured_parts, replay.get('parts_s'))}"

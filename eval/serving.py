@@ -22,7 +22,7 @@ from eval.groups import groups_of, in_group
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
-from eval.replay import (PART_OFF, MissingCost, Pricer, load_resamples, prediction_off_reason, profile_resamples,
+from eval.replay import (MissingCost, Pricer, load_resamples, part_times, prediction_off, profile_resamples,
                           replay_load)
 from eval.sources import acceptance_by_source
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, ratio, ratio_of_totals, strict
@@ -322,7 +322,8 @@ def costs_at(probes: dict[int, CostProbe], draft: str | None, gamma: int, rows: 
 
 
 def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
-    """The figures the replay predicts of a load point's schedule, computed as the measured ones are."""
+    """The figures the replay predicts of a load point's schedule, computed as the measured ones are; parts_s: the
+    seconds of each part (eval/replay.py part_times), what prediction_off weighs."""
     mine, theirs = with_slots(samples), with_slots(baseline)
     tput, _, _ = speedup_clusters(mine, theirs)
     figures = load_figures(mine, None)
@@ -330,7 +331,8 @@ def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
     return {"speedup": ratio_of_totals(tput) if tput else None, "tok_s": figures["output_tok_s"],
             "ttft_p50_s": (figures["ttft_s"] or {}).get("p50"), "e2e_p50_s": (figures["e2e_s"] or {}).get("p50"),
             "tpot_mean_ms": None if tpot_mean is None else tpot_mean * 1000,
-            "baseline_tpot_mean_ms": ((load_figures(theirs, None)["tpot_s"] or {}).get("mean") or 0) * 1000 or None}
+            "baseline_tpot_mean_ms": ((load_figures(theirs, None)["tpot_s"] or {}).get("mean") or 0) * 1000 or None,
+            "parts_s": part_times(samples, baseline)}
 
 
 def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], profile) -> tuple[dict | None, str | None]:
@@ -362,30 +364,6 @@ def load_prediction(samples: list[dict], baseline: list[dict], profile, draft: s
     speedups = [x for x in speedups if x is not None]
     figures["speedup_ci95"] = expanded_interval(speedups, len({s.get("request") for s in samples}))
     return figures
-
-
-def prediction_off(metrics: dict, baseline_tpot_s: float | None) -> str | None:
-    """prediction_off (eval/replay.py prediction_off_reason), and which part of the schedule the replay priced
-    otherwise than it ran, from the figures of both (the method's TPOT: its rounds, draft and verification; its TTFT:
-    the prefills; the baseline's TPOT: its steps)."""
-    verdict = prediction_off_reason(metrics.get("speedup_tput"), metrics.get("predicted_speedup_replay"),
-                                    metrics.get("predicted_speedup_replay_ci95"))
-    if verdict is None:
-        return None
-    replay = metrics["replay"]
-
-    def ms(value):
-        return None if value is None else value / 1000
-
-    parts = [f"{name} measured {got / want:.2f}x the replay's"
-             for name, got, want in (("its rounds (draft and verification: TPOT)",
-                                      (metrics.get("tpot_s") or {}).get("mean"), ms(replay.get("tpot_mean_ms"))),
-                                     ("the prefills (TTFT)", (metrics.get("ttft_s") or {}).get("p50"),
-                                      replay.get("ttft_p50_s")),
-                                     ("the baseline's steps (its TPOT)", baseline_tpot_s,
-                                      ms(replay.get("baseline_tpot_mean_ms"))))
-             if got is not None and want and abs(got / want - 1) > PART_OFF]
-    return f"{verdict}: " + ("; ".join(parts) or "no single part is off by more than 10%: the sum of small ones")
 
 
 def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None, group_by: str | None) -> list[dict]:
@@ -454,8 +432,8 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
         if metrics["replay"] is not None and metrics["replay"]["speedup"] is not None:
             metrics["predicted_speedup_replay"] = metrics["replay"]["speedup"]
             metrics["predicted_speedup_replay_ci95"] = metrics["replay"]["speedup_ci95"]
-            metrics["prediction_off"] = prediction_off(
-                metrics, (load_figures(baseline, None)["tpot_s"] or {}).get("mean"))
+            metrics["prediction_off"] = prediction_off(metrics["speedup_tput"], metrics["replay"],
+                                                       part_times(samples, baseline))
     if point.synthetic_acceptance is not None:  # accepted at a set alpha: its output is not the target's
         metrics.update(exact_match=None, mismatches=None)
         metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eval.costs import Profile, run_costs
+from eval.costs import run_costs
 from eval.predict import main as predict_main, predict_run
 from eval.summary import summarize
 from sample_records import record, run
@@ -60,15 +60,15 @@ LOAD_COSTS = probe(1, [0.3, 0.3, 0.45], 1.0, 1.5, [{"model": "target", "rows": 1
 LOAD_REPLAY, LOAD_LOW = 4.1 / 4.35, 4.1 / 4.95
 
 
-def load_requests(machine: float = 1.0, draft: float = 1.0) -> list[dict]:
+def load_requests(machine: float = 1.0, draft: float = 1.0, verify: float = 1.0) -> list[dict]:
     """The 8 requests as a machine `machine` times slower than the probes in every step and prefill ran them, its
-    draft's steps a further `draft` times dearer: each record timed as the engine times it (target_s: the prefill's
-    forward and the verifications or steps; draft_s: the draft's prefill and steps)."""
+    draft's steps (verifications) a further `draft` (`verify`) times dearer: each record timed as the engine times it
+    (target_s: the prefill's forward and the verifications or steps; draft_s: the draft's prefill and steps)."""
     rows = []
     for i in range(8):
         a = 20.0 * i
         prefill, draft_prefill = 0.1 * machine, 0.05 * machine
-        drafting, verifying = 2 * 0.3 * machine * draft, 1.5 * machine
+        drafting, verifying = 2 * 0.3 * machine * draft, 1.5 * machine * verify
         first = a + prefill
         round_1 = first + draft_prefill + drafting + verifying
         finish = round_1 + drafting + verifying
@@ -148,3 +148,51 @@ def test_without_an_interval_a_prediction_is_off_beyond_5_percent():
     assert off(0.95) is None
     assert off(0.85).startswith(f"measured 0.850 against the replay's {STATIC_REPLAY:.3f} (measured / predicted "
                                 f"{0.85 / STATIC_REPLAY:.3f})")
+
+
+# ---- #57.2: under load, the part that is off ------------------------------------------------------------------
+#
+# A machine 1.5x slower than its probes in everything: the prefills 0.15 + 0.075, the baseline's steps 1.5, the
+# verifications 2.25, the draft's steps 0.45. With the draft's steps 3x dearer besides (1.35): a request
+# 0.225 + 2 x (2.7 + 2.25) = 10.125 s, the baseline 0.15 + 6 = 6.15: measured 6.15 / 10.125 = 0.607 against the
+# replay's 0.943 [0.828, 0.943]. The baseline's steps ran 6.0 / 4.0 = 1.5x the replay's, the prefills 0.225 / 0.15 =
+# 1.5x and the verifications 4.5 / 3.0 = 1.5x: the machine's pace, 1.00x in its units; the draft's steps 5.4 / 1.2 =
+# 4.5x, 3.00x. With the verifications 2x dearer instead: 0.225 + 2 x (0.9 + 4.5) = 11.025, measured 0.558.
+
+@pytest.mark.parametrize("dearer,measured,named", [({"draft": 3.0}, 6.15 / 10.125, "the draft's steps 3.00x"),
+                                                   ({"verify": 2.0}, 6.15 / 11.025, "the verifications 2.00x")])
+def test_under_load_the_part_named_is_the_one_dearer_than_the_machines_pace(dearer, measured, named):
+    m = load_metrics(load_requests(machine=1.5, **dearer))
+    assert m["speedup_tput"] == pytest.approx(measured)
+    message = m["prediction_off"]
+    assert message.startswith(f"measured {measured:.3f} against the replay's {LOAD_REPLAY:.3f} "
+                              f"[{LOAD_LOW:.3f}, {LOAD_REPLAY:.3f}]")
+    assert message.endswith("each part against the replay's, in units of the baseline's steps (which ran 1.50x the "
+                            "replay's): " + named)
+
+
+def write_run(folder, rows: list[dict]) -> None:
+    folder.mkdir()
+    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in rows))
+    (folder / "progress.json").write_text(json.dumps({"costs": LOAD_COSTS}))
+
+
+def test_eval_predict_names_the_part_gives_the_interval_and_says_whose_costs(tmp_path, capsys):
+    write_run(tmp_path / "run", load_requests(machine=1.5, draft=3.0))
+    assert predict_main([str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("costs: the run's probes (")
+    assert f"| 0.61 | 0.94 [0.83, 0.94] | {6.15 / 10.125 / LOAD_REPLAY:.2f} |" in out
+    point = json.loads((tmp_path / "run" / "prediction.json").read_text())["points"][0]
+    assert point["predicted"]["speedup_ci95"] == pytest.approx([LOAD_LOW, LOAD_REPLAY])
+    assert point["prediction_off"].endswith("(which ran 1.50x the replay's): the draft's steps 3.00x")
+    assert point["prediction_off"] in out
+    # another run's costs.json (it says "the run's probes" of that run) as --costs: the header names it
+    other = tmp_path / "other"
+    other.mkdir()
+    run_costs({"costs": LOAD_COSTS}, {}, None).save(other / "costs.json")
+    assert predict_main([str(tmp_path / "run"), "--costs", str(other / "costs.json"),
+                         "--out", str(tmp_path / "p.json")]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith(f"costs: {other / 'costs.json'} (a run's probes; ") and "the run's probes" not in header
+    assert json.loads((tmp_path / "p.json").read_text())["costs"] == str(other / "costs.json")
