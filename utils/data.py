@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,32 +198,60 @@ def prompt_field(cfg: DatasetConfig, fields: list[str]) -> tuple[str, bool]:
                     f"{', '.join(fields)}")
 
 
-def turns_of(value) -> list[str]:
-    """A prompt field's user turns: a text is one; a list of texts (MT-Bench's turns) each; a messages list
-    ({role, content} objects) its user messages' contents (its assistant messages are not used: a conversation's
-    answers are the target's own). Empty or whitespace-only turns are dropped."""
+def turns_of(value, limit: int | None = None, left_out: Counter | None = None, where: str = "the prompt field"
+             ) -> list[str]:
+    """A prompt field's user turns, at most `limit`: a text is one; a list of texts (MT-Bench's turns) each; a messages
+    list ({role, content} objects) its user messages' contents (its assistant messages are not used: a conversation's
+    answers are the target's own). An entry passed over on the way (empty or whitespace only, null, a message without
+    content or not the user's) is counted in `left_out` by why; one that is not text (a number, a list, a bool) is
+    refused, naming `where`: made a string, it would ask another question than the file's."""
     if value is None:
         return []
-    if not isinstance(value, list):
-        value = [value]
-    texts = [v.get("content") if isinstance(v, dict) and v.get("role", "user") == "user" else
-             (None if isinstance(v, dict) else v) for v in value]
-    return [str(t) for t in texts if t is not None and str(t).strip()]
-
-
-def row_turns(row: dict, cfg: DatasetConfig, field_name: str) -> list[str]:
-    """A row's user turns (turns_of its prompt field; humaneval_edit: its edit loop, edit_loop_turns)."""
-    turns = turns_of(row[field_name])
-    if cfg.preset == "humaneval_edit" and turns:
-        return edit_loop_turns(row, turns[0])
+    entries = value if isinstance(value, list) else [value]
+    turns = []
+    for position, entry in enumerate(entries):
+        if limit is not None and len(turns) >= limit:
+            break
+        why, text = None, entry
+        if isinstance(entry, dict):
+            role, text = entry.get("role") or "user", entry.get("content")
+            why = role if role != "user" else "no content" if text is None else None
+        elif text is None:
+            why = "null"
+        if why is None and not isinstance(text, str):
+            at = f"{where}[{position}]" if isinstance(value, list) else where
+            raise DataError(f"dataset: {at}: {text!r} ({type(text).__name__}) is not text; give each turn as a string "
+                            "(or a {role, content} message whose content is a string)")
+        why = why or (None if text.strip() else "empty")
+        if why is None:
+            turns.append(text)
+        elif left_out is not None:
+            left_out[why] += 1
     return turns
 
 
-def prompt_of(row: dict, cfg: DatasetConfig, field_name: str) -> str | None:
-    """The prompt's text, or None where the row has none: a missing (null) field, an empty list, or text that is empty
-    or whitespace only (such a row is skipped, and counted as skipped_empty). A list: its first user turn."""
-    turns = row_turns(row, cfg, field_name)
-    return INSTRUCTIONS.get(cfg.preset, "") + turns[0] if turns else None
+def left_out_note(left_out: Counter, field_name: str) -> str:
+    """The report's note on the entries turns_of passed over in the rows run, by why."""
+    named = {"empty": ("empty or whitespace only",) * 2, "null": ("null",) * 2,
+             "no content": ("user message without content", "user messages without content")}
+    order = sorted(left_out, key=lambda why: (list(named).index(why) if why in named else 3 + (why == "assistant")))
+    parts = [f"{left_out[why]} {named.get(why, (f'{why} message', f'{why} messages'))[left_out[why] != 1]}"
+             + (" (a conversation's answers are the target's own)" if why == "assistant" else "") for why in order]
+    total = sum(left_out.values())
+    return (f"dataset: {total} {'entry' if total == 1 else 'entries'} of '{field_name}' in the rows run "
+            f"{'was' if total == 1 else 'were'} not asked as turns: {', '.join(parts)}")
+
+
+def row_turns(row: dict, cfg: DatasetConfig, field_name: str, left_out: Counter | None = None, where: str = ""
+              ) -> list[str]:
+    """A row's user turns, dataset.turns of them (turns_of its prompt field; humaneval_edit: the edit loop of its
+    first, edit_loop_turns). Empty where the row has none: a missing (null) field, an empty list, or text that is empty
+    or whitespace only (load_prompts skips such a row and counts it as skipped_empty)."""
+    limit, where = None if cfg.turns == "all" else cfg.turns, where or f"'{field_name}'"
+    if cfg.preset == "humaneval_edit":
+        turns = turns_of(row[field_name], 1, left_out, where)
+        return edit_loop_turns(row, turns[0])[:limit] if turns else []
+    return turns_of(row[field_name], limit, left_out, where)
 
 
 def conversation_text(tokenizer, cfg: DatasetConfig, turns: list[str], answers: list[str]) -> str:
@@ -349,12 +377,14 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
     if cfg.num_samples is not None:
         rows = rows.select(range(min(cfg.num_samples, available)))
     result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed)
+    left_out = Counter()  # the entries of the rows run that turns_of passed over, by why
     for index, row in zip(row_ids, rows):
-        prompt = prompt_of(row, cfg, field_name)
-        if prompt is None:  # nothing to ask: skipped, and counted (the report's notes say how many)
+        passed = Counter()
+        turns = row_turns(row, cfg, field_name, passed, f"row {index} of {cfg.path}, '{field_name}'")
+        if not turns:  # nothing to ask: skipped, and counted (the report's notes say how many)
             result.skipped_empty += 1
             continue
-        text = apply_chat_template(tokenizer, prompt, cfg)
+        text = apply_chat_template(tokenizer, INSTRUCTIONS.get(cfg.preset, "") + turns[0], cfg)
         made = tokenized(tokenizer, text, cfg)
         if made is None:
             result.skipped_too_long += 1
@@ -364,14 +394,15 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
         if not ids:  # text the tokenizer makes nothing of is as empty as no text
             result.skipped_empty += 1
             continue
+        left_out.update(passed)
         group = None if cfg.group_by is None or cfg.group_by not in fields else str(row[cfg.group_by])
-        turns = row_turns(row, cfg, field_name)
-        turns = turns if cfg.turns == "all" else turns[:cfg.turns]
         if len(turns) > 1:
             result.conversations.append(Conversation(index, turns, group))
         talk = cfg.turns != 1  # every row is a conversation, of one turn or more
         result.prompts.append(Prompt(index, text, ids, reference_of(row, cfg), truncated, turn_group(cfg, group, 1),
                                      index if talk else None, 1 if talk else None))
+    if left_out:
+        result.notes.append(left_out_note(left_out, field_name))
     if not result.prompts:
         reasons, fixes = [], []
         if result.skipped_empty:

@@ -1,11 +1,12 @@
 """Conversations (dataset.turns): a row of several turns runs turn by turn, turn k's prompt holding the earlier turns
 and the target's own greedy answers to them; every method sees the same conversation."""
 import json
+import re
 
 import pytest
 import yaml
 
-from helpers import base_config, run_launch, save_tiny_pair, word_tokenizer
+from helpers import assert_one_clean_line, base_config, run_launch, save_tiny_pair, word_tokenizer
 from utils.config import DatasetConfig
 from utils.data import expand_conversations, load_prompts, turns_of
 from utils.io import read_jsonl
@@ -198,3 +199,56 @@ def test_the_edit_loops_failing_test_is_a_whole_assert_on_the_candidate():
     assert first_test(code, "rev") == "assert rev([\n        1, 2\n    ]) == [2, 1]"
     assert first_test("def check(candidate):\n    pass\n", "rev") == "assert rev's own tests pass"
     assert first_test("not python (", "rev") == "assert rev's own tests pass"
+
+
+def test_every_turn_left_out_is_counted_in_the_notes(tmp_path):
+    """Row 0's 8 entries give 2 turns: an empty text, a null, a system message, a user message without content, an
+    assistant message (the answers are the target's own) and one of whitespace are left out, each counted; row 1 has
+    none left out; row 2 has no turn at all (a row skipped as empty, counted there, its entries not again)."""
+    rows = [{"turns": ["w3", "", None, {"role": "system", "content": "w9"}, {"role": "user"},
+                       {"role": "assistant", "content": "w10"}, " \n", {"role": "user", "content": "w4"}]},
+            {"turns": ["w5", "w6"]}, {"turns": [None, ""]}]
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "c.jsonl", rows)), prompt_field="turns", turns="all",
+                        chat_template=False)
+    prompts = load_prompts(cfg, tokenizer(False))
+    assert [c.turns for c in prompts.conversations] == [["w3", "w4"], ["w5", "w6"]] and prompts.skipped_empty == 1
+    assert ("dataset: 6 entries of 'turns' in the rows run were not asked as turns: 2 empty or whitespace only, 1 null, "
+            "1 user message without content, 1 system message, 1 assistant message (a conversation's answers are the "
+            "target's own)") in prompts.notes
+    # turns: 1 asks the first user turn: an entry passed over on the way to it is counted, those after it are not used
+    one = load_prompts(DatasetConfig(path=cfg.path, prompt_field="turns", chat_template=False,
+                                     num_samples=1), tokenizer(False))
+    assert [p.text for p in one.prompts] == ["w3"] and not any("not asked" in n for n in one.notes)
+    rows = [{"turns": [None, {"role": "system", "content": "w9"}, "w3", "", "w4"]}]
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "d.jsonl", rows)), prompt_field="turns", turns=2,
+                        chat_template=False)
+    prompts = load_prompts(cfg, tokenizer(False))
+    assert prompts.conversations[0].turns == ["w3", "w4"]
+    assert ("dataset: 3 entries of 'turns' in the rows run were not asked as turns: 1 empty or whitespace only, 1 null, "
+            "1 system message") in prompts.notes
+
+
+@pytest.mark.parametrize("entry, shown", [
+    (42, "42 (int)"), (["nested", "list"], "['nested', 'list'] (list)"), (True, "True (bool)"), (2.5, "2.5 (float)"),
+    ({"role": "user", "content": 7}, "7 (int)"), ({"role": "user", "content": ["w4"]}, "['w4'] (list)"),
+], ids=["number", "nested-list", "bool", "float", "message-number", "message-list"])
+def test_a_turn_that_is_not_text_is_refused_naming_its_row(tmp_path, entry, shown):
+    from utils.data import DataError
+
+    rows = [{"turns": ["w3", "w4"]}, {"turns": ["w5", entry, "w6"]}]
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "c.jsonl", rows)), prompt_field="turns", turns="all",
+                        chat_template=False)
+    with pytest.raises(DataError, match=rf"^dataset: row 1 of .*c\.jsonl, 'turns'\[1\]: {re.escape(shown)} is not "
+                                        r"text; give each turn as a string"):
+        load_prompts(cfg, tokenizer(False))
+
+
+def test_a_prompt_that_is_not_text_is_refused_in_one_line(tmp_path):
+    target, draft = save_tiny_pair(tmp_path)
+    data = write_rows(tmp_path / "talk.jsonl", [{"turns": ["w3 w4", "w5"]}, {"turns": 42}])
+    config = base_config(target, draft, data, methods=["baseline"], batch_size=[1], warmup=0)
+    config["dataset"].update(prompt_field="turns", turns="all")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert_one_clean_line(run_launch(["--config", path, "--output-dir", tmp_path / "out"]),
+                          "row 1 of " + str(data) + ", 'turns': 42 (int) is not text")
