@@ -15,7 +15,8 @@ from decode.drafters.heads import is_head
 from decode.heads import KINDS as HEAD_KINDS
 from decode.methods import REGISTRY
 from decode.vocab import VocabMismatch
-from utils import UserError
+from utils import ConfigError, UserError
+from utils.data import context_note
 from utils.models import LoadedModel, check_exit_layers, load_model, model_devices, release_file_mappings
 
 
@@ -212,7 +213,7 @@ def model_notes(config, target, drafts, prompt_set) -> list[str]:
     notes = [f"{role}: {m.source} ({m.dtype}, {m.attn_implementation}, quantization {m.quantization}, {m.kernels})"
              for role, m in loaded]
     notes += [f"{role}: attention {m.attention_note}" for role, m in loaded if m.attention_note]
-    notes += prompt_notes(prompt_set)
+    notes += prompt_notes(prompt_set, config.dataset)
     if any(not REGISTRY[m].per_row_timing and REGISTRY[m].engine == "ours" for m in config.methods):
         notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
                      "no TTFT or forward counts")
@@ -223,10 +224,27 @@ def model_notes(config, target, drafts, prompt_set) -> list[str]:
     return notes
 
 
-def prompt_notes(prompt_set) -> list[str]:
+def prompt_notes(prompt_set, dataset=None) -> list[str]:
     notes = []
     if prompt_set.guessed_field:
         notes.append(f"dataset: no prompt_field given; the prompts are the '{prompt_set.field_name}' column "
                      f"(the one common prompt name among the fields {', '.join(prompt_set.fields)})")
     notes.extend(prompt_set.notes)
-    return notes
+    over = context_note(prompt_set, dataset) if dataset is not None else None
+    return notes + ([over] if over else [])
+
+
+def prompt_room(config, target: LoadedModel) -> int | None:
+    """The most prompt tokens the target's positions leave room for: its max_position_embeddings less
+    generation.max_new_tokens (utils/data.py load_prompts truncates or drops a longer prompt of any turn); None where
+    its config names no such length. Refused where it leaves none."""
+    model_config = getattr(target.model, "config", None)
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    positions = getattr(text, "max_position_embeddings", None)
+    if not isinstance(positions, int) or isinstance(positions, bool):
+        return None
+    new = config.generation.max_new_tokens
+    if new >= positions:
+        raise ConfigError(f"generation.max_new_tokens: {new} leaves no room for a prompt in the target's context of "
+                          f"{positions} positions (its max_position_embeddings); set it below {positions}")
+    return positions - new

@@ -135,7 +135,8 @@ class Session:
             return self.load_prompts_only()
         self.target, self.drafts, self.clock = loading.load_models(config, self.device, self._loading)
         self.tokenizer = self.target.tokenizer
-        self.prompt_set = load_prompts(config.dataset, self.tokenizer)  # a load point's rows in flight need its count
+        # a load point's rows in flight need its count; a prompt is cut to the target's context (prompt_room)
+        self.prompt_set = load_prompts(config.dataset, self.tokenizer, loading.prompt_room(config, self.target))
         for role, _, loaded in self.roles(models_only=True):  # attn_implementation auto, where it has a choice
             settle_attention(loaded, max(c.batch_size for c in self._comparisons()),
                              config.longest_draft + 1, self.clock)

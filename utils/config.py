@@ -88,7 +88,9 @@ class DatasetConfig(Strict):
     max_prompt_tokens: int | None = Field(None, ge=1, description="longer prompts are cut or dropped "
                                                                   "(prompt_overflow); both are counted in the report")
     prompt_overflow: Literal["truncate", "skip"] = Field(
-        "truncate", description="a prompt over max_prompt_tokens: truncate keeps its last tokens, skip drops it")
+        "truncate", description="a prompt (of any turn) over max_prompt_tokens or over the target's context "
+                                "(max_position_embeddings less generation.max_new_tokens): truncate keeps its last "
+                                "tokens, skip drops it (and the rest of its conversation)")
     group_by: str | None = Field(None, description="a field (e.g. category): figures per group as well as overall; "
                                                    "'turn' (with turns): per turn of a conversation")
     turns: int | Literal["all"] = Field(1, description="a row whose prompt is a list of turns (MT-Bench's turns, or a "

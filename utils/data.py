@@ -98,6 +98,8 @@ class PromptSet:
     guessed_field: bool = False  # no prompt_field and no preset: guessed from common names
     notes: list[str] = field(default_factory=list)  # for the report's notes: what ran differs from what was asked
     conversations: list[Conversation] = field(default_factory=list)  # rows of several turns (dataset.turns)
+    context: int | None = None  # the most prompt tokens the target's positions leave room for (load_prompts)
+    over_context: Counter = field(default_factory=Counter)  # turn (None: a lone prompt) -> prompts longer than context
 
 
 def resolve_path(path: str) -> tuple[str, str | None]:
@@ -280,15 +282,32 @@ def chat_text(tokenizer, cfg: DatasetConfig, asked: list[str], answers: list[str
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
-def tokenized(tokenizer, text: str, cfg: DatasetConfig) -> tuple[list[int], bool] | None:
-    """(token ids, truncated) of a prompt's text after max_prompt_tokens (its last tokens kept), or None where
-    prompt_overflow: skip drops it."""
+def tokenized(tokenizer, text: str, cfg: DatasetConfig, context: int | None = None
+              ) -> tuple[list[int] | None, bool, bool]:
+    """(token ids, truncated, over the target's context) of a prompt's text after max_prompt_tokens or `context` (the
+    prompt tokens the target's positions leave room for), whichever is less: its last tokens kept, or None where
+    prompt_overflow: skip drops it. Over the context: that limit is the context's, and the text went past it."""
     ids = tokenizer(text, add_special_tokens=not _has_bos_in_template(tokenizer, text))["input_ids"]
-    if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
-        if cfg.prompt_overflow == "skip":
-            return None
-        return ids[-cfg.max_prompt_tokens:], True  # keep the end, where the question is asked
-    return ids, False
+    limit = min((n for n in (cfg.max_prompt_tokens, context) if n is not None), default=None)
+    if limit is None or len(ids) <= limit:
+        return ids, False, False
+    over = limit == context
+    if cfg.prompt_overflow == "skip":
+        return None, False, over
+    return ids[-limit:], True, over  # keep the end, where the question is asked
+
+
+def context_note(prompt_set: PromptSet, cfg: DatasetConfig) -> str | None:
+    """The report's note on the prompts longer than the target's context (PromptSet.over_context), per turn."""
+    if not prompt_set.over_context:
+        return None
+    count = sum(prompt_set.over_context.values())
+    turns = ", ".join(f"turn {turn}: {n}" for turn, n in sorted(prompt_set.over_context.items()) if turn is not None)
+    done = ("skipped (a conversation ends at its first turn skipped)" if cfg.prompt_overflow == "skip" else
+            f"truncated to their last {prompt_set.context} tokens")
+    return (f"dataset: {count} prompt{'s' if count != 1 else ''}{f' ({turns})' if turns else ''} longer than the "
+            f"target's context less generation.max_new_tokens ({prompt_set.context} tokens) {done} "
+            f"(dataset.prompt_overflow: {cfg.prompt_overflow})")
 
 
 def prompts_digest(prompt_set: PromptSet) -> str:
@@ -322,12 +341,13 @@ def expand_conversations(prompt_set: PromptSet, cfg: DatasetConfig, tokenizer, a
                 continue
             c.answers.append(answer(last[c.sample_id].token_ids))
             text = conversation_text(tokenizer, cfg, c.turns, c.answers)
-            made = tokenized(tokenizer, text, cfg)
-            if made is None:
+            ids, truncated, over = tokenized(tokenizer, text, cfg, prompt_set.context)
+            if over:
+                prompt_set.over_context[turn] += 1
+            if ids is None:
                 prompt_set.skipped_too_long += 1
                 del last[c.sample_id]
                 continue
-            ids, truncated = made
             prompt_set.truncated += truncated
             prompt = Prompt(c.sample_id + (turn - 1) * span, text, ids, None, truncated,
                             turn_group(cfg, c.group, turn), c.sample_id, turn)
@@ -356,7 +376,10 @@ def apply_chat_template(tokenizer, text: str, cfg: DatasetConfig) -> str:
     return chat_text(tokenizer, cfg, [text], [])
 
 
-def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
+def load_prompts(cfg: DatasetConfig, tokenizer, context: int | None = None) -> PromptSet:
+    """The rows' prompts (a conversation's first turns; expand_conversations adds its later ones). context: the most
+    prompt tokens the target's positions leave room for (its max_position_embeddings less generation.max_new_tokens;
+    None: no limit known): a longer prompt, of any turn, is truncated or dropped as by max_prompt_tokens."""
     rows, source = load_rows(cfg)
     fields = list(rows.column_names)
     field_name, guessed = prompt_field(cfg, fields)
@@ -376,7 +399,7 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
         available = len(rows)
     if cfg.num_samples is not None:
         rows = rows.select(range(min(cfg.num_samples, available)))
-    result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed)
+    result = PromptSet([], source=source, fields=fields, field_name=field_name, guessed_field=guessed, context=context)
     left_out = Counter()  # the entries of the rows run that turns_of passed over, by why
     for index, row in zip(row_ids, rows):
         passed = Counter()
@@ -385,11 +408,12 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
             result.skipped_empty += 1
             continue
         text = apply_chat_template(tokenizer, INSTRUCTIONS.get(cfg.preset, "") + turns[0], cfg)
-        made = tokenized(tokenizer, text, cfg)
-        if made is None:
+        ids, truncated, over = tokenized(tokenizer, text, cfg, context)
+        if over:
+            result.over_context[1 if cfg.turns != 1 else None] += 1
+        if ids is None:
             result.skipped_too_long += 1
             continue
-        ids, truncated = made
         result.truncated += truncated
         if not ids:  # text the tokenizer makes nothing of is as empty as no text
             result.skipped_empty += 1
@@ -410,8 +434,12 @@ def load_prompts(cfg: DatasetConfig, tokenizer) -> PromptSet:
                            f"'{field_name}'")
             fixes.append("point dataset.prompt_field at the field that holds the prompts, or fill it in")
         if result.skipped_too_long:
-            reasons.append(f"{result.skipped_too_long} longer than max_prompt_tokens={cfg.max_prompt_tokens}")
-            fixes.append("raise dataset.max_prompt_tokens or use prompt_overflow: truncate")
+            limit = min(n for n in (cfg.max_prompt_tokens, context) if n is not None)
+            reasons.append(f"{result.skipped_too_long} longer than {limit} tokens (" + (
+                f"max_prompt_tokens={cfg.max_prompt_tokens}" if limit != context else
+                "the target's context less generation.max_new_tokens") + ")")
+            fixes.append("raise dataset.max_prompt_tokens or use prompt_overflow: truncate" if limit != context else
+                         "use prompt_overflow: truncate, lower generation.max_new_tokens or shorten the prompts")
         raise DataError(f"dataset: no prompts left from {cfg.path} ({', '.join(reasons) or 'no rows'}); "
                         f"{'; or '.join(fixes) or 'give a file with at least one row'}")
     if cfg.num_samples is not None and cfg.num_samples > available:  # fewer prompts than asked: say so

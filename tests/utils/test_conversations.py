@@ -252,3 +252,73 @@ def test_a_prompt_that_is_not_text_is_refused_in_one_line(tmp_path):
     path.write_text(yaml.safe_dump(config))
     assert_one_clean_line(run_launch(["--config", path, "--output-dir", tmp_path / "out"]),
                           "row 1 of " + str(data) + ", 'turns': 42 (int) is not text")
+
+
+@pytest.mark.parametrize("overflow, max_prompt_tokens", [("truncate", None), ("skip", None), ("truncate", 4)])
+def test_a_turn_longer_than_the_targets_context_is_cut_or_dropped_and_counted(tmp_path, overflow, max_prompt_tokens):
+    """Room for 6 prompt tokens. Row 0's turn 2 holds its long answer: 10 tokens; row 1's conversation stays short;
+    row 2's first turn is 7 tokens, and its turn 2 longer still. truncate keeps each one's last 6 tokens, skip drops
+    it (and the rest of its conversation); each is counted per turn. With max_prompt_tokens 4, under the room, that
+    limit cuts them, as before, and none is over the context."""
+    from utils.data import context_note
+
+    rows = [{"turns": ["w3 w4", "w5 w6"]}, {"turns": ["w7", "w8"]}, {"turns": ["w10 w11 w12 w13 w14 w15 w16", "w18"]}]
+    cfg = DatasetConfig(path=str(write_rows(tmp_path / "c.jsonl", rows)), prompt_field="turns", turns="all",
+                        chat_template=False, prompt_overflow=overflow, max_prompt_tokens=max_prompt_tokens)
+    tok = tokenizer(False)
+    prompts = load_prompts(cfg, tok, context=6)
+    long = tuple(tok("w3 w4")["input_ids"])
+    prompts = expand_conversations(prompts, cfg, tok, lambda ids: "w41 w42 w43 w44 w45 w46" if tuple(ids) == long
+                                   else "w9")
+    texts = {(p.conversation, p.turn): tok.decode(p.token_ids) for p in prompts.prompts}
+    if max_prompt_tokens == 4:
+        assert texts == {(0, 1): "w3 w4", (1, 1): "w7", (2, 1): "w13 w14 w15 w16", (0, 2): "w45 w46 w5 w6",
+                         (1, 2): "w7 w9 w8", (2, 2): "w15 w16 w9 w18"}
+        assert not prompts.over_context and context_note(prompts, cfg) is None and prompts.truncated == 3
+        return
+    if overflow == "truncate":
+        assert texts == {(0, 1): "w3 w4", (1, 1): "w7", (2, 1): "w11 w12 w13 w14 w15 w16",
+                         (0, 2): "w43 w44 w45 w46 w5 w6", (1, 2): "w7 w9 w8", (2, 2): "w13 w14 w15 w16 w9 w18"}
+        assert (prompts.over_context, prompts.truncated, prompts.skipped_too_long) == ({1: 1, 2: 2}, 3, 0)
+        assert context_note(prompts, cfg) == (
+            "dataset: 3 prompts (turn 1: 1, turn 2: 2) longer than the target's context less "
+            "generation.max_new_tokens (6 tokens) truncated to their last 6 tokens (dataset.prompt_overflow: truncate)")
+    else:
+        assert texts == {(0, 1): "w3 w4", (1, 1): "w7", (1, 2): "w7 w9 w8"}
+        assert (prompts.over_context, prompts.truncated, prompts.skipped_too_long) == ({1: 1, 2: 1}, 0, 2)
+        assert context_note(prompts, cfg) == (
+            "dataset: 2 prompts (turn 1: 1, turn 2: 1) longer than the target's context less "
+            "generation.max_new_tokens (6 tokens) skipped (a conversation ends at its first turn skipped) "
+            "(dataset.prompt_overflow: skip)")
+
+
+def test_the_room_for_a_prompt_is_the_targets_positions_less_the_new_tokens():
+    from types import SimpleNamespace
+
+    from runner.loading import prompt_room
+    from tiny_models import tiny_model
+    from utils import ConfigError
+
+    target = SimpleNamespace(model=tiny_model("llama", seed=1, layers=1))  # max_position_embeddings 512
+    assert prompt_room(SimpleNamespace(generation=SimpleNamespace(max_new_tokens=12)), target) == 500
+    with pytest.raises(ConfigError, match="^generation.max_new_tokens: 512 leaves no room for a prompt in the "
+                                          "target's context of 512 positions"):
+        prompt_room(SimpleNamespace(generation=SimpleNamespace(max_new_tokens=512)), target)
+
+
+def test_a_later_turn_past_the_targets_context_runs_cut_to_it_and_the_report_says_so(tmp_path):
+    """The tiny target has 512 positions; at 4 new tokens a prompt has room for 508. Turn 2 quotes 600 words: it runs
+    as its last 508 tokens, and the report's notes count it."""
+    target, draft = save_tiny_pair(tmp_path)
+    data = write_rows(tmp_path / "talk.jsonl", [{"turns": ["w3 w4", " ".join(f"w{3 + i % 90}" for i in range(600))]}])
+    config = base_config(target, draft, data, methods=["baseline"], batch_size=[1], warmup=0,
+                         generation={"max_new_tokens": 4})
+    config["dataset"].update(prompt_field="turns", turns="all")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_launch(["--config", path, "--output-dir", tmp_path / "out"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    samples = read_jsonl(tmp_path / "out" / "samples.jsonl")
+    assert sorted((s["turn"], s["prompt_tokens"]) for s in samples) == [(1, 2), (2, 508)]
+    assert ("dataset: 1 prompt (turn 2: 1) longer than the target's context less generation.max_new_tokens (508 "
+            "tokens) truncated to their last 508 tokens") in (tmp_path / "out" / "summary.md").read_text()
