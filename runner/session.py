@@ -382,6 +382,7 @@ class Session:
         """Every point of the unit's comparison on the unit's batch (a serving unit: its requests, arriving on its
         schedule), back to back, in the unit's order (order_of). done: batch keys already on disk (not rerun).
         on_point(point, outcome): called after each point."""
+        self.context.repeat = unit.repeat  # before the warmup too: it reads the repeat's suffix cache
         state = self.prepare(unit.comparison)
         batch = self.prompts_of(unit)
         ids, mask = self.batch_tensors(batch)

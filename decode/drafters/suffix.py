@@ -9,12 +9,13 @@ node's tokens (its occurrences). Two of them answer a row:
 
 - the row's own trie: its prompt (padding dropped) and every token it commits, extended token by token;
 - the earlier outputs (`SuffixCache`): the output tokens of finished requests, at most `max_tokens` tokens of them,
-  the oldest dropped first (their counts taken out again). Kept per process and per sweep point (RunContext.memory):
-  shared by every row of every later batch of the point, never by the rows of the static batch that is running (a
-  row's output joins when its batch ends; served under a load, a request's joins as it finishes, and every request
-  in flight or admitted later reads it: decode/methods/suffix.py generate_remembering), never filled by the untimed
-  warmup, and a prompt that runs again (a repeat) first has its own earlier output taken out, so that no request
-  drafts from its own answer.
+  the oldest dropped first (their counts taken out again). Kept per process, per sweep point and per repeat
+  (RunContext.memory; decode/methods/suffix.py cache_for: a repeat starts an empty one, so that repeats are alike and
+  no conversation drafts from the answers to its own later turns): shared by every row of every later batch of the
+  point, never by the rows of the static batch that is running (a row's output joins when its batch ends; served
+  under a load, a request's joins as it finishes, and every request in flight or admitted later reads it:
+  generate_remembering), never filled by the untimed warmup, and a prompt that runs again (requests that cycle
+  through the prompts) first has its own earlier output taken out, so that no request drafts from its own answer.
 
 Speculation (`SuffixTrie.speculate`): for each match length m = 1 .. max_depth, the node of the tail's last m tokens;
 from it the draft grows greedily by the child with the largest count, each token's estimated probability the product

@@ -23,6 +23,7 @@ class RunContext:
     load: object = None  # decode/serving.py Load: a serving run's arrivals and concurrency; None: a fixed batch
     warming_up: bool = False  # the untimed warmup runs (a shorter max_new_tokens): learn nothing about lengths
     groups: dict = field(default_factory=dict)  # a prompt's token ids (tuple) -> its group (dataset.group_by), if any
+    repeat: int = 0  # the repeat running (runner/session.py): the suffix cache is kept per repeat (methods/suffix.py)
 
 
 @dataclass(frozen=True)

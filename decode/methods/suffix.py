@@ -6,11 +6,18 @@ MAX_DEPTH, MIN_PROB, CACHE_TOKENS = 8, 0.1, 16384  # speculative.suffix_* option
 
 
 def cache_for(ctx, point, trie_depth: int):
-    """The point's cache of earlier outputs (per process, RunContext.memory), shared by its later batches."""
+    """The point's cache of earlier outputs (per process, RunContext.memory), shared by its later batches of the same
+    repeat. A repeat starts an empty one, so that repeats are alike: a conversation's turn 1 would draft, in repeat 1,
+    from the answers to its own turns 2 and 3 that repeat 0 left (they re-emit its answer), and a prompt from every
+    other prompt's answer where repeat 0 had only those before it."""
     from decode.drafters.suffix import SuffixCache
 
-    return ctx.memory.setdefault(("suffix_cache", point.key),
-                                 SuffixCache(trie_depth, ctx.options.get("suffix_cache_tokens") or CACHE_TOKENS))
+    repeat = getattr(ctx, "repeat", 0)
+    held = ctx.memory.get(("suffix_cache", point.key))
+    if held is None or held[0] != repeat:
+        held = ctx.memory[("suffix_cache", point.key)] = (
+            repeat, SuffixCache(trie_depth, ctx.options.get("suffix_cache_tokens") or CACHE_TOKENS))
+    return held[1]
 
 
 def options(ctx) -> tuple[int, float]:
@@ -49,12 +56,13 @@ def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, ge
 
 
 MEMORY = ("its cache of earlier outputs (a suffix trie of at most speculative.suffix_cache_tokens tokens, the oldest "
-          "dropped first) belongs to the point, in each process (a Ray worker, a resumed run: its own), and is shared by all its requests: a static batch's outputs join it when "
-          "the batch ends, a served request's when it finishes (the last request of its prompt, where requests cycle "
-          "through the prompts), so every request admitted after it, of the same "
+          "dropped first) belongs to the point and the repeat (each repeat starts an empty one, so repeats are alike), "
+          "in each process (a Ray worker, a resumed run: its own), and is shared by all its requests: a static "
+          "batch's outputs join it when the batch ends, a served request's when it finishes (the last request of its "
+          "prompt, where requests cycle through the prompts), so every request admitted after it, of the same "
           "conversation or another, drafts from it; a request never drafts from its own earlier output (a prompt that "
-          "runs again, in a repeat or a cycle of requests, takes its own out first), and the untimed warmup adds "
-          "nothing. A conversation's earlier turns and answers are also in its prompt: the row's own trie reads them")
+          "runs again in a cycle of requests takes its own out first), and the untimed warmup adds nothing. A "
+          "conversation's earlier turns and answers are also in its prompt: the row's own trie reads them")
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):

@@ -208,7 +208,7 @@ def test_served_suffix_drafts_from_a_request_that_finished_before_it_was_admitte
         point = SimpleNamespace(gamma=4, key=("suffix",), tree=None)
         with torch.inference_mode():
             records = run(ctx, point, ids, mask, generation, None)
-        return records, ctx.memory[("suffix_cache", point.key)]
+        return records, ctx.memory[("suffix_cache", point.key)][1]  # (repeat, cache)
 
     def accepted(record):
         return sum(r["accepted"] for r in record.rounds)
@@ -224,6 +224,44 @@ def test_served_suffix_drafts_from_a_request_that_finished_before_it_was_admitte
     again, cache = served([first, first], Load([0.0, 0.0], 1))
     assert [r.rounds for r in again] == [again[0].rounds, again[0].rounds]
     assert cache.outputs == {tuple(first): answer}
+
+
+def test_a_repeat_drafts_as_the_first_did_not_from_its_conversations_later_turns():
+    """An edit loop in miniature: turn 2's prompt is turn 1's plus the first 3 tokens of its answer, so greedy, turn
+    2's answer goes on as turn 1's did (a later turn re-emits the code). Repeat 0 runs turn 1, then turn 2, each a
+    batch of the point; repeat 1 runs turn 1 again. Repeat 0's turn 2 answer must not be in the point's cache then
+    (turn 1 would copy its own answer from it): a repeat starts an empty cache, and drafts, accepts and forwards as
+    repeat 0 did; within a repeat a later batch still draws on an earlier one."""
+    from types import SimpleNamespace
+
+    from decode.methods.suffix import run
+    from runner.plan import left_pad
+
+    target = tiny_model("llama", seed=2, layers=2)
+    generation = Generation(max_new_tokens=16)
+    first = [5, 17, 9, 33, 12, 40]
+    with torch.inference_mode():
+        answer = generate_baseline(target, torch.tensor([first]), torch.ones(1, len(first), dtype=torch.long),
+                                   generation)[0].output_ids
+    ctx = SimpleNamespace(target=target, clock=None, load=None, warming_up=False, memory={},
+                          options={"suffix_max_depth": 4}, repeat=0)
+    point = SimpleNamespace(gamma=4, key=("suffix",), tree=None)
+
+    def turn(prompt, repeat):
+        ctx.repeat = repeat
+        ids, mask = left_pad([prompt], 0, "cpu")
+        with torch.inference_mode():
+            return run(ctx, point, ids, mask, generation, None)[0]
+
+    def accepted(record):
+        return sum(r["accepted"] for r in record.rounds)
+
+    before = turn(first, 0)
+    second = turn(first + answer[:3], 0)
+    assert second.output_ids[:len(answer) - 3] == answer[3:] and accepted(second) >= 8  # from turn 1's, in the cache
+    again = turn(first, 1)
+    assert (again.rounds, again.target_forwards) == (before.rounds, before.target_forwards)
+    assert accepted(again) == accepted(before) <= 2
 
 
 def test_hybrid_gates_each_free_candidate_by_the_evidence_of_its_strength_and_drafts_past_gamma():

@@ -322,3 +322,25 @@ def test_a_later_turn_past_the_targets_context_runs_cut_to_it_and_the_report_say
     assert sorted((s["turn"], s["prompt_tokens"]) for s in samples) == [(1, 2), (2, 508)]
     assert ("dataset: 1 prompt (turn 2: 1) longer than the target's context less generation.max_new_tokens (508 "
             "tokens) truncated to their last 508 tokens") in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_an_edit_loops_repeat_drafts_as_its_first_repeat_did(tmp_path):
+    """repeats: 2 of HumanEval edit loops: in repeat 1 a task's turn 1 must not draft from the answers to its own
+    turns 2 and 3 (which re-emit turn 1's code) that repeat 0 left in the point's suffix cache: every suffix record of
+    repeat 1, turn 1 first, has repeat 0's target forwards and accepted tokens."""
+    target, draft = save_tiny_pair(tmp_path)
+    rows = [{"task_id": f"t/{i}", "prompt": f"w{3 + i} w{20 + i} w{3 + i} w{20 + i}", "entry_point": "f",
+             "canonical_solution": "", "test": ""} for i in range(2)]
+    config = base_config(target, draft, write_rows(tmp_path / "h.jsonl", rows), methods=["baseline", "suffix"],
+                         batch_size=[1], warmup=0, repeats=2, speculative={"gamma": [4]},
+                         generation={"max_new_tokens": 16})
+    config["dataset"].update(preset="humaneval_edit", turns="all", prompt_field=None)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_launch(["--config", path, "--output-dir", tmp_path / "out"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = {(s["repeat"], s["turn"], s["conversation"]): (s["target_forwards"], sum(r["accepted"] for r in s["rounds"]))
+            for s in read_jsonl(tmp_path / "out" / "samples.jsonl") if s["method"] == "suffix"}
+    assert len(runs) == 12
+    assert [runs[(1, turn, c)] for turn in (1, 2, 3) for c in (0, 1)] == \
+        [runs[(0, turn, c)] for turn in (1, 2, 3) for c in (0, 1)]
