@@ -163,6 +163,7 @@ def test_config_file_that_is_not_a_yaml_mapping(tmp_path, text, fragment):
     (["--config", "/nonexistent.yaml"], "does not exist"),
     ([], "--config"),
     (["--config", "X", "--bogus"], "unrecognized"),
+    (["--resume", "X", "--output-dir", "Y"], "drop --output-dir"),
 ])
 def test_bad_command_line(args, fragment):
     assert_one_clean_line(run_launch(args), fragment)

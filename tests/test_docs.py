@@ -102,3 +102,20 @@ def test_relative_links_reach_a_file_and_heading():
 def test_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 260, f"README.md has {len(lines)} lines; keep it under 260 and move reference into docs/"
+
+
+def test_the_bad_input_page_names_real_tests_and_every_config_case():
+    """docs/bad-input.md: every test a row names exists (its file, its function, its case id), and every malformed
+    config of tests/test_bad_input.py is on the page."""
+    page = (ROOT / "docs" / "bad-input.md").read_text()
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)(?:\[(.+?)\])?`", page)
+    assert len(named) > 80
+    for file, test, case in named:
+        source = (ROOT / file).read_text()
+        assert f"def {test}(" in source, f"docs/bad-input.md names {file}::{test}, which does not exist"
+        if case:
+            assert case in source, f"{file}::{test}[{case}]: no such case"
+    from test_bad_input import CASES
+
+    for case in CASES:
+        assert f"::test_malformed_config[{case[0]}]`" in page, f"docs/bad-input.md lacks the config case {case[0]}"
