@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.stats import between
+from utils import UserError
 
 FORMAT = "speculate-cost-profile"
 VERSION = 1
@@ -37,8 +38,52 @@ def draft_model(label: str) -> str:
     return f"draft:{label}"
 
 
-class ProfileError(ValueError):
-    """A file that is not a cost profile this version reads: one line saying what is wrong."""
+class ProfileError(UserError, ValueError):
+    """A file that is not a cost profile this version reads: one line saying what is wrong (bad input: exit 2)."""
+
+
+LONGEST_S = 24 * 3600.0  # a step or prefill timed at more than a day is no measurement of one (1e300 s priced 15x)
+AGAIN = "profile the device again (python -m runner.profile), or mend that value"
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_time(x, key: str, where: str, fix: str = AGAIN) -> None:
+    """A time of the profile: a finite number of seconds above 0 (and at most LONGEST_S); a bool or a string is none."""
+    if not (_number(x) and math.isfinite(x) and 0 < x <= LONGEST_S):
+        raise ProfileError(f"{where}: {key} is {x!r}, not a time: every time is a finite number of seconds above 0 "
+                           f"(at most {LONGEST_S:.0f}); {fix}")
+
+
+def check_count(x, key: str, where: str, least: int = 1, fix: str = AGAIN) -> None:
+    """Rows, tokens, a width or a cache length: an integer of at least `least` (1.7 rows is not a batch)."""
+    if not (isinstance(x, int) and not isinstance(x, bool) and x >= least):
+        raise ProfileError(f"{where}: {key} is {x!r}, not an integer >= {least}; {fix}")
+
+
+def check_point(p, key: str, where: str, counts: tuple[str, ...], fix: str = AGAIN) -> None:
+    """One point of the profile ({model, counts..., s, reps_s}), each value as the profile holds it: refused in one
+    line naming its key."""
+    if not isinstance(p, dict):
+        raise ProfileError(f"{where}: {key} is {p!r}, not a point (an object); {fix}")
+    for name in ("model", *counts, "s"):
+        if name not in p:
+            raise ProfileError(f"{where}: {key} has no {name}; {fix}")
+    if not (isinstance(p["model"], str) and (p["model"] == TARGET or p["model"].startswith("draft:"))):
+        raise ProfileError(f"{where}: {key}.model is {p['model']!r}, neither {TARGET!r} nor 'draft:<label>'; {fix}")
+    for name in counts:
+        check_count(p[name], f"{key}.{name}", where, 0 if name == "kv" else 1, fix)
+    check_time(p["s"], f"{key}.s", where, fix)
+    reps = p.get("reps_s")
+    if reps is not None and not isinstance(reps, list):
+        raise ProfileError(f"{where}: {key}.reps_s is {reps!r}, not a list of times; {fix}")
+    for index, x in enumerate(reps or []):
+        check_time(x, f"{key}.reps_s[{index}]", where, fix)
+
+
+STEP_COUNTS, PREFILL_COUNTS = ("rows", "width", "kv"), ("rows", "tokens")
 
 
 @dataclass
@@ -146,23 +191,18 @@ class Profile:
         if data.get("version") != VERSION:
             raise ProfileError(f"{where} is a version {data.get('version')} cost profile; this speculate reads "
                                f"version {VERSION}: profile the device again with python -m runner.profile")
-        try:
-            steps = [{"model": str(p["model"]), "rows": int(p["rows"]), "width": int(p["width"]),
-                      "kv": int(p["kv"]), "s": float(p["s"]), "reps_s": list(p.get("reps_s") or [])}
-                     for p in data.get("steps") or []]
-            prefills = [{"model": str(p["model"]), "rows": int(p["rows"]), "tokens": int(p["tokens"]),
-                         "s": float(p["s"]), "reps_s": list(p.get("reps_s") or [])}
-                        for p in data.get("prefills") or []]
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise ProfileError(f"{where}: a point is malformed ({error!r}); profile the device again") from error
-        bad = [p for p in steps + prefills if not (math.isfinite(p["s"]) and p["s"] >= 0 and p["rows"] >= 1
-                                                   and p.get("kv", 0) >= 0 and p.get("width", 1) >= 1)]
-        if bad:
-            raise ProfileError(f"{where}: a point has a time that is not a finite number of seconds >= 0, or rows, "
-                               f"width or cache out of range ({bad[0]}); profile the device again")
+        parts = {}
+        for part, counts in (("steps", STEP_COUNTS), ("prefills", PREFILL_COUNTS)):
+            points = data.get(part) or []
+            if not isinstance(points, list):
+                raise ProfileError(f"{where}: {part} is not a list of points; {AGAIN}")
+            for index, p in enumerate(points):
+                check_point(p, f"{part}[{index}]", where, counts)
+            parts[part] = [{"model": p["model"], **{name: p[name] for name in counts}, "s": float(p["s"]),
+                            "reps_s": [float(x) for x in p.get("reps_s") or []]} for p in points]
         if not isinstance(data.get("meta") or {}, dict):
             raise ProfileError(f"{where}: its meta is not an object; profile the device again")
-        return cls(meta=dict(data.get("meta") or {}), steps=steps, prefills=prefills)
+        return cls(meta=dict(data.get("meta") or {}), **parts)
 
     @classmethod
     def load(cls, path) -> "Profile":
@@ -222,16 +262,29 @@ def _along(kvs: list[tuple[float, float]], kv: float | None) -> float:
 
 
 
-def run_costs(progress: dict, env: dict, config: dict | None) -> Profile:
+def run_costs(progress: dict, env: dict, config: dict | None, where: str = "progress.json") -> Profile:
     """A run's profile: the points its probes measured (progress.json's costs: each batch size's, every process's),
-    with its machine (env.json) and its models, dtype and compile mode (config.yaml)."""
+    with its machine (env.json) and its models, dtype and compile mode (config.yaml). As strict as a profile's file:
+    a probe's time that is no time is refused in one line naming its key (ProfileError)."""
     from eval.records import OLD_COST_KEYS, CostProbe, per_process
 
+    fix = "mend or delete that probe (the replay then lacks its batch size), or rerun the point"
+    costs = progress.get("costs") or {}
+    if not isinstance(costs, dict) or not all(isinstance(k, str) and k.isdigit() and int(k) > 0 for k in costs):
+        shown = list(costs)[:5] if isinstance(costs, dict) else costs
+        raise ProfileError(f"{where}: costs is not keyed by batch size ({shown!r}); {fix}")
     steps, prefills = [], []
-    for size, entry in sorted((progress.get("costs") or {}).items(), key=lambda kv: int(kv[0])):
-        for row in per_process(entry, OLD_COST_KEYS).values():
-            probe = CostProbe.from_json(row)
+    for size, entry in sorted(costs.items(), key=lambda kv: int(kv[0])):
+        if entry is not None and not isinstance(entry, dict):
+            raise ProfileError(f"{where}: costs.{size} is {entry!r}, not its processes' probes; {fix}")
+        for process, row in per_process(entry, OLD_COST_KEYS).items():
+            key = f"costs.{size}" + (f".{process}" if process in (entry or {}) else "")
+            try:
+                probe = CostProbe.from_json(row)
+            except (AttributeError, TypeError, ValueError) as error:
+                raise ProfileError(f"{where}: {key} is not a cost probe ({error}); {fix}") from None
             if probe is not None:
+                check_probe(probe, key, where, fix)
                 more_steps, more_prefills = from_probe(probe, int(size))
                 steps += more_steps
                 prefills += more_prefills
@@ -243,6 +296,54 @@ def run_costs(progress: dict, env: dict, config: dict | None) -> Profile:
                 target_model=target.get("model"),
                 draft_labels=sorted({p["model"].removeprefix("draft:") for p in steps if p["model"] != TARGET}))
     return Profile(meta=meta, steps=steps, prefills=prefills)
+
+
+def check_probe(probe, key: str, where: str, fix: str) -> None:
+    """A run's cost probe (eval/records.py CostProbe) held to a profile's rules: its repetitions times, its cache
+    length an integer >= 0, its prefills points."""
+    named = [(f"target_reps_s.{w}", reps) for w, reps in probe.target_reps_s.items()]
+    named += [(f"draft_reps_s.{label}", reps) for label, reps in probe.draft_reps_s.items()]
+    for name, reps in named:
+        if not isinstance(reps, list):
+            raise ProfileError(f"{where}: {key}.{name} is {reps!r}, not a list of times; {fix}")
+        for index, x in enumerate(reps):
+            check_time(x, f"{key}.{name}[{index}]", where, fix)
+    if probe.context_tokens is not None:
+        check_count(probe.context_tokens, f"{key}.context_tokens", where, 0, fix)
+    for index, p in enumerate(probe.prefills):
+        check_point(p, f"{key}.prefills[{index}]", where, PREFILL_COUNTS, fix)
+
+
+def read_progress(folder: Path) -> dict:
+    """A report folder's progress.json ({} where it has none); one that is not a JSON object: UserError."""
+    return _read_object(Path(folder) / "progress.json", "JSON", "restore it, or delete it to rebuild from "
+                        "samples.jsonl alone (without the probes' costs, the failures and the plan)")
+
+
+def read_config(folder: Path) -> dict:
+    """A report folder's config.yaml as saved ({} where it has none); one that is not a YAML mapping: UserError."""
+    return _read_object(Path(folder) / "config.yaml", "YAML", "mend it, or restore the config the run was "
+                        "launched with")
+
+
+def _read_object(path: Path, kind: str, fix: str) -> dict:
+    import yaml
+
+    if not path.exists():
+        return {}
+    try:
+        text = path.read_text()
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as error:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        mark = getattr(error, "problem_mark", None)  # YAML's: its problem and where, not its whole excerpt
+        detail = f"{error.problem} at line {mark.line + 1}" if mark is not None and getattr(error, "problem", None) \
+            else " ".join(str(error).split())[:200]
+        raise UserError(f"{path} is not readable as {kind} ({detail}); {fix}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a {type(data).__name__}, not a {kind} object of keys; {fix}")
+    return data
 
 
 def read_env(folder: Path) -> dict:

@@ -13,19 +13,18 @@ arrivals and rounds, another cap or grouping): a prediction without a measuremen
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from decode.methods import REGISTRY
-from eval.costs import Profile, ProfileError, read_env, run_costs
+from eval.costs import Profile, read_config, read_env, read_progress, run_costs
 from eval.records import Point
 from eval.replay import MissingCost, part_times, prediction_off, static_prediction
 from eval.serving import load_prediction, replayed_figures
 from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
-from utils import positive_ints
+from utils import UserError, positive_ints
 from utils.io import read_jsonl, write_json
 
 
@@ -33,7 +32,7 @@ def run_profile(folder: Path, progress: dict) -> Profile:
     """The run's own profile: costs.json where the run wrote one, else its probes in progress.json."""
     if (folder / "costs.json").exists():
         return Profile.load(folder / "costs.json")
-    return run_costs(progress, read_env(folder), None)
+    return run_costs(progress, read_env(folder), None, where=str(folder / "progress.json"))
 
 
 # ---- measured and predicted ------------------------------------------------------------------------------------
@@ -107,15 +106,6 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
     return sorted(out, key=lambda r: (r["serving"], r.get("concurrency") or 0, r.get("batch_size") or 0, r["label"]))
 
 
-def read_config(folder: Path) -> dict:
-    import yaml
-
-    try:
-        return yaml.safe_load((folder / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
-
-
 def _fmt(x, f="{:.2f}") -> str:
     return "-" if x is None else f.format(x)
 
@@ -178,15 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         concurrency, sizes = args.concurrency, args.batch_size
-        progress = json.loads((folder / "progress.json").read_text()) if (folder / "progress.json").exists() else {}
+        progress, config = read_progress(folder), read_config(folder)
         profile = Profile.load(args.costs) if args.costs else run_profile(folder, progress)
-    except json.JSONDecodeError as error:
-        print(f"error: {folder / 'progress.json'} is not JSON ({error}); give --costs PROFILE.json", file=sys.stderr)
-        return 2
-    except ProfileError as error:
+        samples = read_jsonl(folder / "samples.jsonl")
+    except UserError as error:  # ProfileError too
         print(f"error: {error}", file=sys.stderr)
         return 2
-    rows = predict_run(read_jsonl(folder / "samples.jsonl"), profile, concurrency, sizes)
+    rows = predict_run(samples, profile, concurrency, sizes)
     if not rows:
         print(f"error: {folder} has no speculative point of our engine with its baseline to replay (another engine's "
               "points, or no baseline, or no records)", file=sys.stderr)
@@ -195,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     substituted = sorted({r["draft_priced_as"] for r in rows if r.get("draft_priced_as")})
     if substituted:
         text += f"\n\nthe draft model priced as the profile's {', '.join(substituted)} (the profile's only draft)"
-    run_target = (read_config(folder).get("target") or {}).get("model")
+    run_target = (config.get("target") or {}).get("model")
     if profile.meta.get("target_model") and run_target and profile.meta["target_model"] != run_target:
         text += (f"\nthe profile is of {profile.meta['target_model']}, the run of {run_target}: the prediction holds as "
                  "far as their steps cost the same (the same shapes: docs/predict.md)")

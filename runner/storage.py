@@ -17,7 +17,7 @@ import yaml
 from eval.summary import engines_of, summarize
 from eval.flags import old_readings
 from eval.records import OLD_COST_KEYS, OLD_DRIFT_KEYS, batch_key, per_process
-from eval.costs import write_run_costs
+from eval.costs import read_config, read_progress, run_costs, write_run_costs
 from eval.report import write_report
 from utils import UserError
 from utils.io import append_jsonl, read_jsonl, write_atomic, write_json
@@ -119,12 +119,13 @@ class ReportFolder:
         saved = self.path / "config.yaml"
         if not saved.is_file():
             raise UserError(f"--resume {self.path}: no config.yaml there; is it a report folder of this tool?")
-        if not self._same_config(yaml.safe_load(saved.read_text())):
+        if not self._same_config(read_config(self.path)):
             raise UserError(f"--resume {self.path}: the config differs from the one this run started with; "
                             "resume with the same config and --set values (or none: the saved one is used)")
         progress = self.path / "progress.json"
         if progress.is_file():
-            saved_progress = json.loads(progress.read_text())
+            saved_progress = read_progress(self.path)
+            run_costs(saved_progress, {}, None, where=str(progress))  # its probes as strict as a profile's, or refused
             for key in ("costs", "drift", "numerics", "workers", "processes", "prompts"):
                 setattr(self.progress, key, saved_progress.get(key) or {})
             self.progress.engine_info = engines_of(saved_progress)

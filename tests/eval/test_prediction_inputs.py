@@ -1,0 +1,119 @@
+"""What the predictions read (#57): a cost profile (--costs, costs.json, progress.json's probes), config.yaml,
+env.json and samples.jsonl. A bad one is one line naming the file, the key and the fix, and exit 2, in
+python -m eval.predict and python -m eval; what a profile and a run differ in is said beside the prediction."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from eval.predict import main as predict
+from helpers import ROOT, assert_one_clean_line
+from sample_records import record
+
+ROUNDS = [{"drafted": 2, "accepted": 2, "emitted": 3}, {"drafted": 2, "accepted": 0, "emitted": 1}]
+
+
+def samples() -> list[dict]:
+    """Two batches of one row at batch size 1: the method's two rounds (5 tokens), the baseline's 5 tokens."""
+    return [r for unit in range(2) for r in (record("baseline", unit, unit, tokens=5, latency=2.6),
+                                              record("speculative", unit, unit, tokens=5, rounds=ROUNDS, latency=3.0))]
+
+
+def probe() -> dict:
+    """progress.json's probe at batch size 1: the target's step 1.0 s, its 3-token verification 1.5 s, the draft's
+    0.3 s; prefills 0.1 s (target) and 0.05 s (draft) of one 5-token prompt."""
+    return {"1": {"p1": {"c_by_draft": {"d": 0.3}, "v": {"2": 1.5}, "target_forward_s": 1.0,
+                         "target_reps_s": {"1": [1.0, 1.0, 1.0], "3": [1.5, 1.5, 1.5]},
+                         "draft_reps_s": {"d": [0.3, 0.3, 0.3]}, "context_tokens": 10,
+                         "prefills": [{"model": "target", "rows": 1, "tokens": 5, "s": 0.1},
+                                      {"model": "draft:d", "rows": 1, "tokens": 5, "s": 0.05}]}}}
+
+
+def profile(**meta) -> dict:
+    """The same costs as a profile's file."""
+    steps = [("target", 1, 1.0), ("target", 3, 1.5), ("draft:d", 1, 0.3)]
+    return {"format": "speculate-cost-profile", "version": 1, "meta": meta,
+            "steps": [{"model": m, "rows": 1, "width": w, "kv": 10, "s": s, "reps_s": [s, s, s]} for m, w, s in steps],
+            "prefills": [{"model": "target", "rows": 1, "tokens": 5, "s": 0.1},
+                         {"model": "draft:d", "rows": 1, "tokens": 5, "s": 0.05}]}
+
+
+def folder(tmp_path, rows=None, costs=None, config=None, env=None):
+    """A report folder: samples.jsonl, progress.json with the probe, config.yaml and env.json of a CPU fp32 run."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (rows or samples())))
+    (tmp_path / "progress.json").write_text(json.dumps({"costs": probe() if costs is None else costs}))
+    (tmp_path / "config.yaml").write_text(config if config is not None else
+                                          "name: run\ntarget: {model: m, dtype: float32, quantization: none}\n"
+                                          "engine: {compile: false}\n")
+    (tmp_path / "env.json").write_text(json.dumps(env or {"device": "cpu", "device_name": "Some CPU"}))
+    return tmp_path
+
+
+def one_line(capsys, fragment):
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], err
+
+
+def mended(change) -> dict:
+    data = profile()
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    (mended(lambda p: p["steps"][0].update(reps_s=[1.0, -1.0, 1.0])), "steps[0].reps_s[1] is -1.0"),
+    (mended(lambda p: p["steps"][1].update(reps_s=[1.5, float("nan")])), "steps[1].reps_s[1] is nan"),
+    (mended(lambda p: p["steps"][2].update(reps_s=["0.3", "0.3"])), "steps[2].reps_s[0] is '0.3'"),
+    (mended(lambda p: p["prefills"][0].update(tokens=0)), "prefills[0].tokens is 0"),
+    (mended(lambda p: p["steps"][0].update(s=0, reps_s=[])), "steps[0].s is 0"),
+    (mended(lambda p: p["steps"][0].update(s=1e300, reps_s=[])), "steps[0].s is 1e+300"),
+    (mended(lambda p: p["steps"][2].update(s=True, reps_s=[])), "steps[2].s is True"),
+    (mended(lambda p: p["steps"][2].update(s="0.05", reps_s=[])), "steps[2].s is '0.05'"),
+    (mended(lambda p: p["steps"][0].update(rows=1.7)), "steps[0].rows is 1.7"),
+], ids=["negative-rep", "nan-rep", "string-reps", "prefill-0-tokens", "zero-s", "s-1e300", "bool-s", "string-s",
+        "fractional-rows"])
+def test_a_profile_with_a_time_that_is_no_time_is_one_line_and_exit_2(tmp_path, capsys, bad, fragment):
+    run = folder(tmp_path / "run")
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert predict([str(run), "--costs", str(tmp_path / "bad.json")]) == 2
+    one_line(capsys, f"bad.json: {fragment}")
+    assert predict([str(run), "--costs", str(tmp_path / "ok.json")]) == 2  # the same folder, a missing profile
+    capsys.readouterr()
+    (tmp_path / "ok.json").write_text(json.dumps(profile()))
+    assert predict([str(run), "--costs", str(tmp_path / "ok.json")]) == 0  # and with a sound one, a prediction
+
+
+@pytest.mark.parametrize("spoil, fragment", [
+    (lambda d: (d / "progress.json").write_text(json.dumps({"costs": {"1": {"p1": dict(
+        probe()["1"]["p1"], target_reps_s={"1": [1.0, -1.0, 1.0], "3": [1.5]})}}})),
+     "progress.json: costs.1.p1.target_reps_s.1[1] is -1.0"),
+    (lambda d: (d / "progress.json").write_text('{"costs": {"1": '), "progress.json is not readable as JSON"),
+    (lambda d: (d / "config.yaml").write_text("name: [run\n"), "config.yaml is not readable as YAML"),
+], ids=["negative-probe-rep", "torn-progress", "bad-yaml"])
+def test_a_bad_input_of_the_rebuild_and_the_prediction_is_one_line_and_exit_2(tmp_path, capsys, spoil, fragment):
+    run = folder(tmp_path)
+    spoil(run)
+    assert predict([str(run)]) == 2
+    one_line(capsys, fragment)
+    result = subprocess.run([sys.executable, "-m", "eval", str(run)], capture_output=True, text=True, cwd=ROOT,
+                            timeout=120)
+    assert_one_clean_line(result, fragment)
+
+
+def test_resume_refuses_a_torn_or_impossible_progress_json_in_one_line(tmp_path):
+    import yaml
+
+    from runner.storage import ReportFolder
+    from utils import UserError
+
+    run = folder(tmp_path)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "progress.json").write_text('{"costs": ')
+    with pytest.raises(UserError, match="progress.json is not readable as JSON"):
+        ReportFolder(run, config, "run", None, False).reopen()
+    (run / "progress.json").write_text(json.dumps({"costs": {"1": {"p1": dict(probe()["1"]["p1"], context_tokens=-3)}}}))
+    with pytest.raises(UserError, match=r"costs.1.p1.context_tokens is -3"):
+        ReportFolder(run, config, "run", None, False).reopen()
