@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from utils import UserError
+
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over path."""
@@ -60,19 +62,30 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
-    """Every complete line; a torn last line (a kill mid-write) is skipped, and cut off with repair=True."""
+    """Every complete line; a torn last line (a kill mid-write) is skipped, and cut off with repair=True. A broken
+    line before the last is no kill's (a write appends whole lines): UserError naming it, rather than drop the lines
+    after it. Blank lines are skipped."""
     path = Path(path)
     if not path.exists():
         return []
     raw = path.read_bytes()
     rows, good_until = [], 0
-    for line in raw.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
+    lines = raw.splitlines(keepends=True)
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            good_until += len(line)
+            continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+            row = json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+            row = None
+        if not isinstance(row, dict):
+            if number == last:
+                break
+            raise UserError(f"{path}: line {number} is not a JSON record, and lines follow it "
+                            f"(only a torn last line is a kill's); mend or delete line {number}")
+        rows.append(row)
         good_until += len(line)
     if repair and good_until < len(raw):
         with open(path, "r+b") as handle:

@@ -86,13 +86,19 @@ def test_a_profile_with_a_time_that_is_no_time_is_one_line_and_exit_2(tmp_path, 
     assert predict([str(run), "--costs", str(tmp_path / "ok.json")]) == 0  # and with a sound one, a prediction
 
 
+def torn_middle(path):
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + '{"method": "bas\n' + "".join(lines[1:]))
+
+
 @pytest.mark.parametrize("spoil, fragment", [
     (lambda d: (d / "progress.json").write_text(json.dumps({"costs": {"1": {"p1": dict(
         probe()["1"]["p1"], target_reps_s={"1": [1.0, -1.0, 1.0], "3": [1.5]})}}})),
      "progress.json: costs.1.p1.target_reps_s.1[1] is -1.0"),
     (lambda d: (d / "progress.json").write_text('{"costs": {"1": '), "progress.json is not readable as JSON"),
     (lambda d: (d / "config.yaml").write_text("name: [run\n"), "config.yaml is not readable as YAML"),
-], ids=["negative-probe-rep", "torn-progress", "bad-yaml"])
+    (lambda d: torn_middle(d / "samples.jsonl"), "samples.jsonl: line 2 is not a JSON record"),
+], ids=["negative-probe-rep", "torn-progress", "bad-yaml", "corrupt-middle-line"])
 def test_a_bad_input_of_the_rebuild_and_the_prediction_is_one_line_and_exit_2(tmp_path, capsys, spoil, fragment):
     run = folder(tmp_path)
     spoil(run)
@@ -117,3 +123,12 @@ def test_resume_refuses_a_torn_or_impossible_progress_json_in_one_line(tmp_path)
     (run / "progress.json").write_text(json.dumps({"costs": {"1": {"p1": dict(probe()["1"]["p1"], context_tokens=-3)}}}))
     with pytest.raises(UserError, match=r"costs.1.p1.context_tokens is -3"):
         ReportFolder(run, config, "run", None, False).reopen()
+
+
+def test_a_torn_last_line_of_samples_is_still_skipped(tmp_path, capsys):
+    run = folder(tmp_path)
+    with open(run / "samples.jsonl", "a") as handle:
+        handle.write('{"method": "basel')
+    assert predict([str(run)]) == 0
+    # both batches replayed: the method 0.1 + 0.05 + 2 x (2 x 0.3 + 1.5) = 4.35 s, the baseline 0.1 + 4 x 1.0
+    assert "| 0.87 | 0.94 | 0.92 |" in capsys.readouterr().out
