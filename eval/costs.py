@@ -94,17 +94,23 @@ class Profile:
 
     # ---- the costs -------------------------------------------------------------------------------------------
 
-    def step_s(self, model: str, rows: int, width: int, kv: float | None = None) -> float | None:
+    def step_s(self, model: str, rows: int, width: int, kv: float | None = None,
+               beyond: set | None = None) -> float | None:
         """Seconds of one step of `model` over `rows` rows of `width` tokens at a cache of `kv` tokens; None outside
-        the measured rows or widths."""
+        the measured rows or widths. beyond: kv is added to it where a cache line that prices the step was
+        extrapolated past its profiled caches (_along), so that the prediction can say so."""
         table = self._tables().get(model, {})
 
         def at_rows(r: int) -> float | None:
             by_width = {w: _along(kvs, kv) for w, kvs in table[r].items()}
             return between(by_width, width)
 
-        known = {r: at_rows(r) for r in table}
-        return between({r: s for r, s in known.items() if s is not None}, rows)
+        known = {r: s for r, s in ((r, at_rows(r)) for r in table) if s is not None}
+        s = between(known, rows)
+        if s is not None and beyond is not None and kv is not None:
+            if any(_outside(table[r][w], kv) for r in _neighbours(known, rows) for w in _neighbours(table[r], width)):
+                beyond.add(kv)
+        return s
 
     def _tables(self) -> dict:
         """model -> rows -> width -> its (kv, seconds) points, sorted; built once (a profile is not changed after it
@@ -174,6 +180,10 @@ class Profile:
     def widths_measured(self, model: str = TARGET) -> list[int]:
         return sorted({int(p["width"]) for p in self.steps if p["model"] == model})
 
+    def caches(self) -> list[int]:
+        """The cache lengths the profile's steps were timed at."""
+        return sorted({int(p["kv"]) for p in self.steps})
+
     def drafts(self) -> list[str]:
         return sorted({p["model"].removeprefix("draft:") for p in self.steps if p["model"].startswith("draft:")})
 
@@ -242,8 +252,10 @@ def from_probe(probe, rows: int) -> tuple[list[dict], list[dict]]:
 
 
 def _along(kvs: list[tuple[float, float]], kv: float | None) -> float:
-    """The step's seconds at cache `kv` from its (kv, seconds) points: linear through the nearest two (beyond
-    them too: a longer cache costs more attention, linearly), the median without kv or with one point."""
+    """The step's seconds at cache `kv` from its (kv, seconds) points: linear between the nearest two; beyond them,
+    the line through the nearest two with its slope at least 0 (a longer cache costs more attention, linearly, never
+    less: a probe that timed a longer cache cheaper is noise, not a trend to 0 s), never below the cheapest point, as
+    the prefill's line (prefill_s); the median without kv or with one point."""
     distinct = sorted({k for k, _ in kvs})
     if kv is None or len(distinct) == 1:
         return statistics.median(s for _, s in kvs)
@@ -252,14 +264,26 @@ def _along(kvs: list[tuple[float, float]], kv: float | None) -> float:
     above = [k for k in distinct if k >= kv]
     if below and above:
         lo, hi = below[-1], above[0]
-    elif below:
-        lo, hi = distinct[-2], distinct[-1]
-    else:
-        lo, hi = distinct[0], distinct[1]
-    if lo == hi:
-        return at[lo]
-    return max(at[lo] + (at[hi] - at[lo]) * (kv - lo) / (hi - lo), 0.0)
+        return at[lo] if lo == hi else at[lo] + (at[hi] - at[lo]) * (kv - lo) / (hi - lo)
+    lo, hi = (distinct[-2], distinct[-1]) if below else (distinct[0], distinct[1])
+    near = hi if below else lo
+    slope = max((at[hi] - at[lo]) / (hi - lo), 0.0)
+    return max(at[near] + slope * (kv - near), min(at.values()))
 
+
+def _outside(kvs: list[tuple[float, float]], kv: float) -> bool:
+    """Whether _along prices `kv` beyond its line's profiled caches (with one cache there is no line: a step costs
+    the same at every cache)."""
+    distinct = {k for k, _ in kvs}
+    return len(distinct) > 1 and not min(distinct) <= kv <= max(distinct)
+
+
+def _neighbours(keys, x) -> list:
+    """The keys `between` prices x from: x itself, or the nearest below and above."""
+    if x in keys:
+        return [x]
+    return [k for k in (max((k for k in keys if k < x), default=None), min((k for k in keys if k > x), default=None))
+            if k is not None]
 
 
 def run_costs(progress: dict, env: dict, config: dict | None, where: str = "progress.json") -> Profile:

@@ -20,7 +20,7 @@ from pathlib import Path
 from decode.methods import REGISTRY
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
 from eval.records import Point
-from eval.replay import MissingCost, part_times, prediction_off, static_prediction
+from eval.replay import MissingCost, beyond_note, part_times, prediction_off, static_prediction
 from eval.serving import load_prediction, replayed_figures
 from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
@@ -138,6 +138,9 @@ def table(rows: list[dict], profile: Profile, costs: Path | None = None) -> str:
            f"{r['prediction_off']}" for r in rows if r.get("prediction_off")]
     if off:
         lines += ["", "prediction_off (docs/predict.md):", *off]
+    beyond = [(r["predicted"] or {}).get("caches_priced_beyond") for r in rows]
+    if any(beyond):
+        lines += ["", beyond_note([span for span in beyond if span], profile.caches())]
     within = [r["measured_over_predicted"] for r in rows if r.get("measured_over_predicted") is not None]
     if within:
         inside = sum(0.95 <= x <= 1.05 for x in within)

@@ -47,7 +47,8 @@ class Pricer:
     """A schedule's costs from a profile: the target's steps and prefills, and the draft model's when the method
     drafts with one (draft: its label in the profile). clamp_rows: a step at fewer rows than any profiled takes the
     smallest profiled rows' cost (a static batch's tail, when its rows leave, where the run probed its full size
-    only): the rows so priced are kept in `clamped`, and the prediction says so.
+    only): the rows so priced are kept in `clamped`, and the prediction says so. The caches priced beyond the
+    profiled ones (Profile.step_s) are kept in `beyond`, and the prediction says so too.
 
     A compiled profile (meta "compile") prices the steps the compiled engine runs (decode/static_kv.py): a batch
     keeps its capacity (the smallest profiled rows holding it) until its last row ends, finished rows running as dead
@@ -59,6 +60,7 @@ class Pricer:
         self.draft = None if draft is None else draft_model(draft)
         self.compiled = bool(profile.meta.get("compile"))
         self.clamped: set[int] = set()
+        self.beyond: set[float] = set()
         self._memo: dict[tuple, float | None] = {}
 
     def rows(self, in_flight: int, peak: int) -> int:
@@ -76,11 +78,11 @@ class Pricer:
         return self._memo[key]
 
     def _priced(self, model: str, rows: int, width: int, kv: float) -> float | None:
-        s = self.profile.step_s(model, rows, width, kv)
+        s = self.profile.step_s(model, rows, width, kv, self.beyond)
         if s is None and self.clamp_rows:
             above = [r for r in self.profile.rows_measured(model) if r > rows]
             if above:
-                s = self.profile.step_s(model, above[0], width, kv)
+                s = self.profile.step_s(model, above[0], width, kv, self.beyond)
                 if s is not None:
                     self.clamped.add(rows)
         return s
@@ -366,7 +368,21 @@ def static_prediction(samples: list[dict], baseline: list[dict], profile, draft:
             "decode_speedup_ci95": joint_interval(replays, decode=True) if decode and replays else None,
             "tok_s": ratio(sum(c[0] for c in clusters), sum(c[1] for c in clusters)),
             "prefill_s": sum(s["prefill_s"] + s["draft_prefill_s"] for s in mine), "parts_s": part_times(mine, theirs),
-            "rows_priced_above": sorted(pricer.clamped | base.clamped)}, None
+            "rows_priced_above": sorted(pricer.clamped | base.clamped),
+            "caches_priced_beyond": beyond_caches(pricer, base)}, None
+
+
+def beyond_note(spans: list[list[int]], caches: list[int]) -> str:
+    """What a prediction says of its steps priced beyond the profiled caches (their [shortest, longest])."""
+    return (f"steps at caches of {min(s[0] for s in spans)} to {max(s[1] for s in spans)} tokens priced beyond the "
+            f"profiled caches ({', '.join(map(str, caches))} tokens): along the line through the nearest two, never "
+            "falling (a profile with longer caches prices them as measured)")
+
+
+def beyond_caches(*pricers: Pricer) -> list[int]:
+    """The shortest and the longest cache the pricers priced beyond the profiled ones (Pricer.beyond), [] if none."""
+    kvs = set().union(*(p.beyond for p in pricers))
+    return [int(min(kvs)), int(max(kvs))] if kvs else []
 
 
 def load_resamples(samples: list[dict], baseline: list[dict], resamples: int = PREDICTION_RESAMPLES,

@@ -22,8 +22,8 @@ from eval.groups import groups_of, in_group
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
-from eval.replay import (MissingCost, Pricer, load_resamples, part_times, prediction_off, profile_resamples,
-                          replay_load)
+from eval.replay import (MissingCost, Pricer, beyond_caches, beyond_note, load_resamples, part_times, prediction_off,
+                         profile_resamples, replay_load)
 from eval.sources import acceptance_by_source
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, ratio, ratio_of_totals, strict
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -354,11 +354,13 @@ def load_prediction(samples: list[dict], baseline: list[dict], profile, draft: s
     replay of paired resamples of the requests (eval/replay.py load_resamples), each priced by a resample of the
     profile's repetitions (profile_resamples: the probes' timing spread), the expanded percentile interval as the
     measured one's. Raises MissingCost where the profile lacks a cost."""
-    def replayed(mine, theirs, costs=profile) -> dict:
-        return replayed_figures(replay_load(mine, Pricer(costs, draft), True, concurrency),
-                                replay_load(theirs, Pricer(costs), False, concurrency))
+    def replayed(mine, theirs, costs=profile, pricers=None) -> dict:
+        pricers = pricers or (Pricer(costs, draft), Pricer(costs))
+        return replayed_figures(replay_load(mine, pricers[0], True, concurrency),
+                                replay_load(theirs, pricers[1], False, concurrency))
 
-    figures = replayed(samples, baseline)
+    pricers = Pricer(profile, draft), Pricer(profile)
+    figures = dict(replayed(samples, baseline, pricers=pricers), caches_priced_beyond=beyond_caches(*pricers))
     draws = load_resamples(samples, baseline)
     speedups = [replayed(a, b, costs)["speedup"] for (a, b), costs in zip(draws, profile_resamples(profile, len(draws)))]
     speedups = [x for x in speedups if x is not None]
@@ -633,6 +635,7 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
     profile = run_costs(progress, {}, None)
     runs, notes, gaps, flagged, capped, synthetic = [], [], defaultdict(list), {}, {}, []
     unreplayed = defaultdict(list)  # why the replay could not price a point -> those points
+    beyond = {}  # label -> the caches its replay priced beyond the profiled ones
     for point in sorted(set(by_point) | set(failures), key=order):  # a load point's methods together, loads rising
         samples, failed = by_point.get(point, []), failures.get(point, [])
         error = "; ".join(dict.fromkeys(f.get("error") or f.get("status") for f in failed)) or None
@@ -692,9 +695,13 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
             gaps[gap].append(point.label)
         if metrics.get("replay_missing"):
             unreplayed[metrics["replay_missing"]].append(point.label)
+        if (metrics.get("replay") or {}).get("caches_priced_beyond"):
+            beyond[point.label] = metrics["replay"]["caches_priced_beyond"]
     for reason, labels in unreplayed.items():
         notes.append(f"no replayed prediction under load for {'; '.join(labels)}: {reason} (python -m eval.predict "
                      "FOLDER --costs PROFILE.json replays it with a profile of the device)")
+    if beyond:
+        notes.append(f"{'; '.join(beyond)}: the replay's {beyond_note(list(beyond.values()), profile.caches())}")
     for label, (requests, most) in capped.items():
         notes.append(f"{label}: its concurrency exceeds the load point's {requests} requests: at most {requests} could "
                      f"be in flight (the most measured: {most}), and its costs were probed at {requests} rows; a "

@@ -16,6 +16,7 @@ from eval.leviathan import predicted_speedup
 from eval.legend import LEGEND
 from eval.axes import comparison_axes, point_axes, sort_key
 from eval.costs import run_costs
+from eval.replay import beyond_note
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
 from eval.serving import SERVING_LEGEND, serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
@@ -145,6 +146,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     if unknown:
         notes.append(f"records of methods this version does not know were left out: {', '.join(unknown)}")
     gaps: dict[str, list[str]] = defaultdict(list)  # why a prediction is null -> labels
+    beyond: dict[str, list[int]] = {}  # label -> the caches its replay priced beyond the profiled ones
     flagged: dict[tuple, list[str]] = {}  # (code, message) -> labels of the overall runs: one note for all of them
     costs_by_label: dict[str, CostProbe | None] = {}
     profile = run_costs(progress, {}, config)  # the run's probes as a cost profile: what the replay prices with
@@ -175,6 +177,8 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         gap = prediction_gap(point, overall["metrics"], costs) if REGISTRY[point.method].has_rounds else None
         if gap:
             gaps[gap].append(point.label)
+        if (overall["metrics"].get("replay") or {}).get("caches_priced_beyond"):
+            beyond[point.label] = overall["metrics"]["replay"]["caches_priced_beyond"]
         said = {f["code"] for f in overall["flags"]}  # a group's flag already explained overall is not said again
         for run in per_group:
             for flag in run["flags"]:
@@ -197,6 +201,8 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
                      + f": {shown}. A group's ratio from so few prompt batches is a reading, not an estimate")
     for reason, labels in gaps.items():
         notes.append(f"predicted speedup and efficiency are null for {'; '.join(labels)}: {reason}")
+    if beyond:
+        notes.append(f"{'; '.join(beyond)}: the replay's {beyond_note(list(beyond.values()), profile.caches())}")
     serving = None
     if serving_points or serving_failures:
         serving, serving_notes = serving_section(

@@ -112,3 +112,15 @@ def test_the_replay_interval_holds_the_probes_timing_spread():
     assert 3.8 / 4.08 - 1e-9 <= low <= high <= 4.6 / 4.92 + 1e-9
     low, high = interval([0.9, 1.0, 1.1], [1.6, 1.5, 1.4], [0.35, 0.3, 0.25])
     assert 3.8 / 4.9 <= low < 4.2 / 4.5 - 0.02 and 4.2 / 4.5 + 0.02 < high <= 4.6 / 4.1
+
+
+def test_steps_priced_beyond_the_probed_caches_are_said_in_the_notes():
+    costs = probe_at_two_rows()
+    costs["2"]["p2"] = dict(costs["2"]["p1"], context_tokens=30)  # another process's probe: a cache of 30, as dear
+    summary = summarize(batches(4.6, 4.2), {"costs": costs})
+    m = run(summary, "speculative", batch_size=2)["metrics"]
+    assert m["predicted_speedup_replay"] == pytest.approx(4.2 / 4.5)  # a flat line: as with the one cache
+    # the rows' caches, their 5-token prompts and the tokens since, 6 to 9: below the probed 10 and 30
+    assert m["replay"]["caches_priced_beyond"] == [6, 9]
+    assert "speculative draft=d gamma=2 constant batch=2 greedy: the replay's steps at caches of 6 to 9 tokens priced " \
+           "beyond the profiled caches (10, 30 tokens)" in " ".join(summary["notes"])

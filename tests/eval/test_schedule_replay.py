@@ -282,3 +282,30 @@ def test_a_deferred_draft_prefill_is_priced_in_the_round_that_drafts_first():
     eager = hybrid([free, drafted])
     eager["rounds"] = [{k: v for k, v in r.items() if k != "catch_up"} for r in eager["rounds"]]
     assert simulate([eager], 1, Pricer(profile(), "d"))[0]["finish_s"] == pytest.approx(4.4)
+
+
+def test_a_cache_line_beyond_its_profiled_caches_never_falls_and_the_prediction_says_so():
+    # a probe that timed the longer cache cheaper (noise): the target's step 1.0 s at a cache of 16, 0.5 s at 40; its
+    # 3-token verification 1.5 and 0.75; the draft's step 0.3 and 0.15. Prefills 0.01 s a target token, 0.005 a draft's
+    falling = [(TARGET, 1, 16, 1.0), (TARGET, 1, 40, 0.5), (TARGET, 3, 16, 1.5), (TARGET, 3, 40, 0.75),
+               (draft_model("d"), 1, 16, 0.3), (draft_model("d"), 1, 40, 0.15)]
+    p = profile()
+    p.steps = [{"model": m, "rows": 1, "width": w, "kv": kv, "s": s, "reps_s": [s]} for m, w, kv, s in falling]
+    assert p.step_s(TARGET, 1, 1, kv=28) == pytest.approx(0.75)  # between the caches: the line
+    # beyond them the nearest cache's time, not the line on to 0 s (reached at a cache of 64); below, not above 1.0
+    assert p.step_s(TARGET, 1, 1, kv=70) == pytest.approx(0.5) and p.step_s(TARGET, 1, 1, kv=8) == pytest.approx(1.0)
+    rising = Profile(steps=[{"model": TARGET, "rows": 1, "width": 1, "kv": kv, "s": s} for kv, s in ((16, 0.5), (40, 1.0))])
+    # a longer cache costs more, on along the line; a shorter one never less than the cheapest point
+    assert rising.step_s(TARGET, 1, 1, kv=64) == pytest.approx(1.5) and rising.step_s(TARGET, 1, 1, kv=4) == 0.5
+    # a batch of one 60-token prompt: the method's prefills 0.6 + 0.3, two rounds of 2 x 0.15 + 0.75 at caches of 61
+    # and 64: 3.0 s; the baseline's 0.6 + 4 x 0.5 = 2.6 s
+    samples = [sample("speculative", 0, [(2, 2), (2, 0)], batch_size=1, prompt_tokens=60),
+               sample("baseline", 0, new_tokens=5, batch_size=1, prompt_tokens=60)]
+    row, = predict_run(samples, p)
+    assert row["predicted"]["speedup"] == pytest.approx(2.6 / 3.0)
+    assert row["predicted"]["caches_priced_beyond"] == [61, 64]
+    from eval.predict import table
+    assert "steps at caches of 61 to 64 tokens priced beyond the profiled caches (16, 40 tokens)" in table([row], p)
+    # within the profiled caches nothing is said
+    within = predict_run([dict(s, prompt_tokens=20) for s in samples], p)[0]
+    assert within["predicted"]["caches_priced_beyond"] == [] and "beyond" not in table([within], p)
