@@ -46,15 +46,16 @@ class MissingCost(LookupError):
 class Pricer:
     """A schedule's costs from a profile: the target's steps and prefills, and the draft model's when the method
     drafts with one (draft: its label in the profile). clamp_rows: a step at fewer rows than any profiled takes the
-    smallest profiled rows' cost (a static batch's tail, when its rows leave, where the run probed its full size
-    only): the rows so priced are kept in `clamped`, and the prediction says so. The caches priced beyond the
+    smallest profiled rows' cost where those are at most clamp_rows, the batch's size (a static batch's tail, when
+    its rows leave, where the run probed its full size only; a batch size not profiled is missing, not priced at
+    another): the rows so priced are kept in `clamped`, and the prediction says so. The caches priced beyond the
     profiled ones (Profile.step_s) are kept in `beyond`, and the prediction says so too.
 
     A compiled profile (meta "compile") prices the steps the compiled engine runs (decode/static_kv.py): a batch
     keeps its capacity (the smallest profiled rows holding it) until its last row ends, finished rows running as dead
     rows, its prefill included; a step runs at the smallest profiled width holding its tokens (width_for)."""
 
-    def __init__(self, profile, draft: str | None = None, clamp_rows: bool = False):
+    def __init__(self, profile, draft: str | None = None, clamp_rows: int = 0):
         from eval.costs import TARGET, draft_model
         self.profile, self.target, self.clamp_rows = profile, TARGET, clamp_rows
         self.draft = None if draft is None else draft_model(draft)
@@ -81,7 +82,7 @@ class Pricer:
         s = self.profile.step_s(model, rows, width, kv, self.beyond)
         if s is None and self.clamp_rows:
             above = [r for r in self.profile.rows_measured(model) if r > rows]
-            if above:
+            if above and above[0] <= self.clamp_rows:
                 s = self.profile.step_s(model, above[0], width, kv, self.beyond)
                 if s is not None:
                     self.clamped.add(rows)
@@ -348,11 +349,14 @@ def joint_interval(replays: list[tuple[list, list]], decode: bool = False,
 def static_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,
                       batch_size: int | None = None, clamp_rows: bool = True) -> tuple[dict | None, str | None]:
     """A static point's batches and the baseline's replayed with the profile (a batch's tail priced at the
-    smallest profiled rows above it where fewer were not profiled: Pricer clamp_rows): the predicted speedup and
-    decode speedup as the measured ones are computed (paired batches, ratio of totals) and their 95% intervals
-    (joint_interval: the probes' timing spread and the acceptance's spread over prompts). (figures, None) or
-    (None, what the profile lacks). batch_size: the rows regrouped into batches of that size (a what-if)."""
-    clamp_rows = clamp_rows and batch_size is None  # a what-if's rows are priced where profiled, or not at all
+    smallest profiled rows above it, up to the point's batch size, where fewer were not profiled: Pricer
+    clamp_rows): the predicted speedup and decode speedup as the measured ones are computed (paired batches, ratio
+    of totals) and their 95% intervals (joint_interval: the probes' timing spread and the acceptance's spread over
+    prompts). (figures, None) or (None, what the profile lacks). batch_size: the rows regrouped into batches of
+    that size (a what-if)."""
+    # a what-if's rows are priced where profiled, or not at all; a measured batch's tail at most at its batch size
+    clamp_rows = max([int(s["batch_size"]) for s in samples if s.get("batch_size")]
+                     + [len(rows) for rows in units(samples).values()]) if clamp_rows and batch_size is None else 0
     try:
         mine, theirs, pricer, base = _static_replays(samples, baseline, profile, draft, batch_size, clamp_rows)
     except MissingCost as error:

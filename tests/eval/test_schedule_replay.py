@@ -309,3 +309,18 @@ def test_a_cache_line_beyond_its_profiled_caches_never_falls_and_the_prediction_
     # within the profiled caches nothing is said
     within = predict_run([dict(s, prompt_tokens=20) for s in samples], p)[0]
     assert within["predicted"]["caches_priced_beyond"] == [] and "beyond" not in table([within], p)
+
+
+def test_a_profile_without_the_runs_batch_size_is_missing_not_priced_at_another():
+    only_two = profile([(TARGET, 2, 1, 1.0), (TARGET, 2, 3, 1.5), (draft_model("d"), 2, 1, 0.3)])
+    # a batch-1 run on a profile of 2 rows: no step at 1 row (not every step at 2 rows' cost)
+    ones = [sample("speculative", 0, [(2, 2), (2, 0)], batch_size=1), sample("baseline", 0, new_tokens=5, batch_size=1)]
+    row, = predict_run(ones, only_two)
+    assert row["predicted"] is None
+    assert row["missing"].startswith("the profile lacks the draft model's step at 1 rows (profiled: rows [2])")
+    # a batch of 2 whose row leaves: its tail priced at 2 rows, said (prefill 0.2 + 0.1, a round over both 2.1 -> 2.4,
+    # A's second round alone at 2 rows' 2.1 -> 4.5; the baseline 0.2 + 2 x 1.0 and A's 2 more -> 4.2)
+    twos = [sample("speculative", 0, [(2, 2), (2, 0)]), sample("speculative", 1, [(2, 1)]),
+            sample("baseline", 0, new_tokens=5), sample("baseline", 1, new_tokens=3)]
+    row, = predict_run(twos, only_two)
+    assert row["predicted"]["speedup"] == pytest.approx(4.2 / 4.5) and row["predicted"]["rows_priced_above"] == [1]
