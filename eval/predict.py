@@ -35,6 +35,39 @@ def run_profile(folder: Path, progress: dict) -> Profile:
     return run_costs(progress, read_env(folder), None, where=str(folder / "progress.json"))
 
 
+def differences(profile: dict, run: dict) -> list[str]:
+    """What the profile's meta and the run's (eval/costs.py run_costs: its config.yaml and env.json) both say and
+    say otherwise, in words: the target, its dtype and quantization, the compile mode, the device."""
+    def known(meta: dict, key: str):
+        value = meta.get(key)
+        if key == "device" and isinstance(value, str):
+            value = value.split(":")[0]  # cuda:0 and cuda are one kind of device
+        return None if value in (None, "auto", "") else value
+
+    both = {key: (known(profile, key), known(run, key)) for key in
+            ("target_model", "dtype", "quantization", "compile", "device", "device_name")}
+    said = {key: pair for key, pair in both.items() if None not in pair and pair[0] != pair[1]}
+    out = []
+    if "target_model" in said:
+        out.append(f"the profile is of {said['target_model'][0]}, the run of {said['target_model'][1]}: the prediction "
+                   "holds as far as their steps cost the same (the same shapes: docs/predict.md)")
+    numerics = [f"{key} {said[key][0]} against the run's {said[key][1]}" for key in ("dtype", "quantization")
+                if key in said]
+    if numerics:
+        out.append(f"the profile's {' and '.join(numerics)}: the steps are priced in the profile's, the rounds are "
+                   "the run's, and rounds do not transfer across dtypes or quantization (their kernels move logits "
+                   "near ties: docs/predict.md)")
+    if "compile" in said:
+        out.append(f"the profile is of the {'compiled' if said['compile'][0] else 'eager'} engine, the run "
+                   f"{'compiled' if said['compile'][1] else 'eager'}: its steps are priced as the profile's engine "
+                   "runs them (a compiled batch keeps its rows to its end)")
+    if "device" in said or "device_name" in said:
+        out.append(f"the profile is of {profile.get('device')} ({profile.get('device_name') or '?'}), the run of "
+                   f"{run.get('device')} ({run.get('device_name') or '?'}): the run's rounds priced on the profile's "
+                   "device (where that transfer holds: docs/predict.md)")
+    return out
+
+
 # ---- measured and predicted ------------------------------------------------------------------------------------
 
 def static_measured(samples: list[dict], baseline: list[dict]) -> dict:
@@ -186,10 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     substituted = sorted({r["draft_priced_as"] for r in rows if r.get("draft_priced_as")})
     if substituted:
         text += f"\n\nthe draft model priced as the profile's {', '.join(substituted)} (the profile's only draft)"
-    run_target = (config.get("target") or {}).get("model")
-    if profile.meta.get("target_model") and run_target and profile.meta["target_model"] != run_target:
-        text += (f"\nthe profile is of {profile.meta['target_model']}, the run of {run_target}: the prediction holds as "
-                 "far as their steps cost the same (the same shapes: docs/predict.md)")
+    for difference in differences(profile.meta, run_costs({}, read_env(folder), config).meta):
+        text += f"\n{difference}"
     print(text)
     out = args.out or folder / "prediction.json"
     try:

@@ -132,3 +132,23 @@ def test_a_torn_last_line_of_samples_is_still_skipped(tmp_path, capsys):
     assert predict([str(run)]) == 0
     # both batches replayed: the method 0.1 + 0.05 + 2 x (2 x 0.3 + 1.5) = 4.35 s, the baseline 0.1 + 4 x 1.0
     assert "| 0.87 | 0.94 | 0.92 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("meta, said", [
+    ({"dtype": "bfloat16"}, "the profile's dtype bfloat16 against the run's float32"),
+    ({"quantization": "4bit"}, "the profile's quantization 4bit against the run's none"),
+    ({"compile": True}, "the profile is of the compiled engine, the run eager"),
+    ({"device": "cuda", "device_name": "NVIDIA H200"}, "the profile is of cuda (NVIDIA H200), the run of cpu (Some CPU)"),
+    ({"device_name": "Other CPU"}, "the profile is of cpu (Other CPU), the run of cpu (Some CPU)"),
+    ({"target_model": "other"}, "the profile is of other, the run of m"),
+], ids=["dtype", "quantization", "compile", "device", "device-name", "target"])
+def test_what_the_profile_and_the_run_differ_in_is_said(tmp_path, capsys, meta, said):
+    run = folder(tmp_path / "run")
+    same = {"dtype": "float32", "quantization": "none", "compile": False, "device": "cpu", "device_name": "Some CPU",
+            "target_model": "m"}
+    for name, values, expected in (("same.json", same, None), ("other.json", dict(same, **meta), said)):
+        (tmp_path / name).write_text(json.dumps(dict(profile(), meta=values)))
+        assert predict([str(run), "--costs", str(tmp_path / name)]) == 0
+        out = capsys.readouterr().out
+        assert ("the profile is" in out or "the profile's" in out) == (expected is not None), out
+        assert expected is None or expected in out
