@@ -225,10 +225,10 @@ def replay_figures(point: Point, samples: list[dict], baseline: list[dict], prof
     if profile is None or not profile.steps:
         return None, "no cost profile (no probe ran)"
     draft = point.draft if REGISTRY[point.method].needs_draft else None
-    figures, missing = static_prediction(samples, baseline, profile, draft)
+    figures, missing = static_prediction(samples, baseline, profile, draft, whose="the run's cost profile")
     if figures is not None and all(s.get("prefill_s") is not None for s in samples):
         figures["prefill_measured_s"] = sum(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0) for s in samples)
-    return figures, None if missing is None else f"the run's cost profile lacks {missing}"
+    return figures, missing
 
 
 def with_replay(out: dict, metrics: dict) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 from decode.methods import REGISTRY
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
 from eval.records import Point
-from eval.replay import MissingCost, beyond_note, part_times, prediction_off, static_prediction
+from eval.replay import MissingCost, beyond_note, lacking, part_times, prediction_off, static_prediction
 from eval.serving import load_prediction, replayed_figures
 from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
@@ -123,14 +123,14 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
                 try:
                     row["predicted"] = load_prediction(rows, baseline, profile, draft, what_if)
                 except MissingCost as error:
-                    row["missing"] = f"the profile lacks {error}"
+                    row["missing"] = lacking(error)
             else:
                 row["batch_size"] = what_if or point.batch_size
                 if what_if is None:
                     row["measured"] = static_measured(rows, baseline)
                 row["predicted"], missing = static_prediction(rows, baseline, profile, draft, what_if)
                 if missing:
-                    row["missing"] = f"the profile lacks {missing}"
+                    row["missing"] = missing
             if row["measured"] and row["predicted"]:
                 row["measured_over_predicted"] = ratio(row["measured"]["speedup"], row["predicted"]["speedup"])
                 row["prediction_off"] = prediction_off(row["measured"]["speedup"], row["predicted"],
@@ -206,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         concurrency, sizes = args.concurrency, args.batch_size
         progress, config = read_progress(folder), read_config(folder)
         profile = Profile.load(args.costs) if args.costs else run_profile(folder, progress)
+        if not profile.steps:
+            raise UserError(f"{args.costs} has no steps: give a profile with steps (python -m runner.profile)"
+                            if args.costs else f"no profile: {folder} has no costs.json and progress.json holds no "
+                            "probe; give --costs PROFILE.json (python -m runner.profile writes one)")
         samples = read_jsonl(folder / "samples.jsonl")
     except UserError as error:  # ProfileError too
         print(f"error: {error}", file=sys.stderr)

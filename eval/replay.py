@@ -43,6 +43,15 @@ class MissingCost(LookupError):
     """The profile lacks a cost the schedule needs: what is missing, in words."""
 
 
+class MissingRecord(MissingCost):
+    """The records lack what the replay needs (not the profile): the reason whole, in words."""
+
+
+def lacking(error: MissingCost, whose: str = "the profile") -> str:
+    """Why no replay, in words: what `whose` profile lacks, or what the records lack."""
+    return str(error) if isinstance(error, MissingRecord) else f"{whose} lacks {error}"
+
+
 class Pricer:
     """A schedule's costs from a profile: the target's steps and prefills, and the draft model's when the method
     drafts with one (draft: its label in the profile). clamp_rows: a step at fewer rows than any profiled takes the
@@ -241,13 +250,13 @@ def _rounds(s: dict):
 
 
 def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
-    """A record as the replay's request; MissingCost where the record cannot say what its decode did (no prompt
+    """A record as the replay's request; MissingRecord where the record cannot say what its decode did (no prompt
     length; a speculative row whose rounds emit fewer tokens than it has after its first)."""
     if s.get("prompt_tokens") is None:
-        raise MissingCost("the records' prompt lengths (prompt_tokens)")
+        raise MissingRecord("the records lack their prompt lengths (prompt_tokens; written by runs since the replay)")
     rounds = (_rounds(s) or []) if speculative else None
     if rounds is not None and sum(r["emitted"] for r in rounds) < int(s["new_tokens"]) - 1:
-        raise MissingCost("the records' rounds (a row's rounds emit fewer tokens than it has)")
+        raise MissingRecord("the records lack rounds: a row's rounds emit fewer tokens than it has")
     window = s.get("draft_context")  # the draft's prefill: the prompt's last draft_context tokens
     prompt = int(s["prompt_tokens"])
     return {"arrival_s": arrival, "prompt_tokens": prompt, "new_tokens": int(s["new_tokens"]),
@@ -347,20 +356,21 @@ def joint_interval(replays: list[tuple[list, list]], decode: bool = False,
 
 
 def static_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,
-                      batch_size: int | None = None, clamp_rows: bool = True) -> tuple[dict | None, str | None]:
+                      batch_size: int | None = None, clamp_rows: bool = True,
+                      whose: str = "the profile") -> tuple[dict | None, str | None]:
     """A static point's batches and the baseline's replayed with the profile (a batch's tail priced at the
     smallest profiled rows above it, up to the point's batch size, where fewer were not profiled: Pricer
     clamp_rows): the predicted speedup and decode speedup as the measured ones are computed (paired batches, ratio
     of totals) and their 95% intervals (joint_interval: the probes' timing spread and the acceptance's spread over
-    prompts). (figures, None) or (None, what the profile lacks). batch_size: the rows regrouped into batches of
-    that size (a what-if)."""
+    prompts). (figures, None) or (None, why not: what `whose` profile or the records lack). batch_size: the rows
+    regrouped into batches of that size (a what-if)."""
     # a what-if's rows are priced where profiled, or not at all; a measured batch's tail at most at its batch size
     clamp_rows = max([int(s["batch_size"]) for s in samples if s.get("batch_size")]
                      + [len(rows) for rows in units(samples).values()]) if clamp_rows and batch_size is None else 0
     try:
         mine, theirs, pricer, base = _static_replays(samples, baseline, profile, draft, batch_size, clamp_rows)
     except MissingCost as error:
-        return None, str(error)
+        return None, lacking(error, whose)
     clusters, decode = paired_clusters(mine, theirs), paired_clusters(mine, theirs, decode=True)
     if not clusters:
         return None, "no batch both ran"

@@ -22,8 +22,8 @@ from eval.groups import groups_of, in_group
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.axes import axis as axis_named, label_of
 from eval.records import Comparison, CostProbe, Point
-from eval.replay import (MissingCost, Pricer, beyond_caches, beyond_note, load_resamples, part_times, prediction_off,
-                         profile_resamples, replay_load)
+from eval.replay import (MissingCost, Pricer, beyond_caches, beyond_note, lacking, load_resamples, part_times,
+                         prediction_off, profile_resamples, replay_load)
 from eval.sources import acceptance_by_source
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, ratio, ratio_of_totals, strict
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -344,7 +344,7 @@ def replay_prediction(point: Point, samples: list[dict], baseline: list[dict], p
     try:
         return load_prediction(samples, baseline, profile, draft), None
     except MissingCost as error:
-        return None, f"the run's cost profile lacks {error}"
+        return None, lacking(error, "the run's cost profile")
 
 
 def load_prediction(samples: list[dict], baseline: list[dict], profile, draft: str | None,

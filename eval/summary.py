@@ -146,6 +146,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     if unknown:
         notes.append(f"records of methods this version does not know were left out: {', '.join(unknown)}")
     gaps: dict[str, list[str]] = defaultdict(list)  # why a prediction is null -> labels
+    unreplayed: dict[str, list[str]] = defaultdict(list)  # why the replay is null -> labels
     beyond: dict[str, list[int]] = {}  # label -> the caches its replay priced beyond the profiled ones
     flagged: dict[tuple, list[str]] = {}  # (code, message) -> labels of the overall runs: one note for all of them
     costs_by_label: dict[str, CostProbe | None] = {}
@@ -177,6 +178,8 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         gap = prediction_gap(point, overall["metrics"], costs) if REGISTRY[point.method].has_rounds else None
         if gap:
             gaps[gap].append(point.label)
+        if overall["metrics"].get("replay_missing"):
+            unreplayed[overall["metrics"]["replay_missing"]].append(point.label)
         if (overall["metrics"].get("replay") or {}).get("caches_priced_beyond"):
             beyond[point.label] = overall["metrics"]["replay"]["caches_priced_beyond"]
         said = {f["code"] for f in overall["flags"]}  # a group's flag already explained overall is not said again
@@ -201,6 +204,8 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
                      + f": {shown}. A group's ratio from so few prompt batches is a reading, not an estimate")
     for reason, labels in gaps.items():
         notes.append(f"predicted speedup and efficiency are null for {'; '.join(labels)}: {reason}")
+    for reason, labels in unreplayed.items():
+        notes.append(f"no replayed prediction for {'; '.join(labels)}: {reason}")
     if beyond:
         notes.append(f"{'; '.join(beyond)}: the replay's {beyond_note(list(beyond.values()), profile.caches())}")
     serving = None

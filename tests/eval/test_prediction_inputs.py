@@ -134,6 +134,34 @@ def test_a_torn_last_line_of_samples_is_still_skipped(tmp_path, capsys):
     assert "| 0.87 | 0.94 | 0.92 |" in capsys.readouterr().out
 
 
+def test_without_a_profile_it_says_give_costs(tmp_path, capsys):
+    run = folder(tmp_path, costs={})
+    assert predict([str(run)]) == 2
+    one_line(capsys, "no profile")
+    (run / "progress.json").unlink()
+    assert predict([str(run)]) == 2
+    one_line(capsys, "give --costs PROFILE.json")
+
+
+def test_records_that_cannot_be_replayed_say_the_records_lack_it(tmp_path, capsys):
+    rows = [{k: v for k, v in r.items() if k != "prompt_tokens"} for r in samples()]
+    assert predict([str(folder(tmp_path, rows))]) == 0
+    out = capsys.readouterr().out
+    assert "the records lack their prompt lengths" in out and "the profile lacks" not in out
+    prediction = json.loads((tmp_path / "prediction.json").read_text())["points"][0]
+    assert prediction["predicted"] is None and prediction["missing"].startswith("the records lack")
+
+
+def test_a_static_points_missing_replay_is_in_the_summarys_notes():
+    from eval.summary import summarize
+
+    costs = probe()
+    del costs["1"]["p1"]["prefills"]
+    notes = summarize(samples(), {"costs": costs})["notes"]
+    assert "no replayed prediction for speculative draft=d gamma=2 constant batch=1 greedy: the run's cost profile " \
+           "lacks the target's prefill (no prefill profiled)" in notes
+
+
 @pytest.mark.parametrize("meta, said", [
     ({"dtype": "bfloat16"}, "the profile's dtype bfloat16 against the run's float32"),
     ({"quantization": "4bit"}, "the profile's quantization 4bit against the run's none"),
