@@ -8,7 +8,7 @@ from eval.costs import read_config, read_progress, run_costs, write_run_costs
 from eval.summary import summarize
 from eval.report import write_report
 from utils import UserError
-from utils.io import read_jsonl
+from utils.io import lock_holder, read_jsonl
 
 
 def rebuild(folder: Path) -> dict:
@@ -28,6 +28,11 @@ def rebuild(folder: Path) -> dict:
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or not (Path(argv[0]) / "samples.jsonl").exists():
         print("usage: python -m eval REPORT_DIR (a folder with samples.jsonl)", file=sys.stderr)
+        return 2
+    holder = lock_holder(Path(argv[0]))
+    if holder:  # its run rewrites these files as it goes: a rebuild beside it would be overwritten, or overwrite
+        print(f"error: {argv[0]} is in use by a live run ({holder}); rebuild it once that run has ended",
+              file=sys.stderr)
         return 2
     try:
         rebuild(Path(argv[0]))

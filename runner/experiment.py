@@ -16,7 +16,7 @@ from eval.report import print_table
 from runner.display import Display
 from runner.engines import ENGINES, HOME, Engine
 from runner.plan import Unit, comparisons, num_units, points_of, units_of
-from runner.load import request_count
+from runner.load import follows_of, request_count, requests_of
 from runner.probes import PROCESS, environment
 from runner.session import UnitResult
 from runner.storage import ReportFolder
@@ -28,7 +28,7 @@ from utils.models import check_model_config, resolve_device
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 SUMMARY_EVERY_S = 30.0
-WARN_ARRIVALS_S = 3600.0  # a run whose load points' arrivals alone take longer is warned of
+WARN_WAITED_S = 3600.0  # a run whose load points' arrivals and think times alone take longer is warned of
 
 
 def preflight(config: Config) -> torch.device:
@@ -125,6 +125,13 @@ class Experiment:
         try:
             self._run(device)
         except KeyboardInterrupt:
+            if not self.folder.samples:  # nothing measured (loading the models, the warmup, the probes): nothing to report
+                with _interrupts_held():
+                    self.record_memory(device)
+                    self.progress.status = "interrupted"
+                    self.progress.notes.append("interrupted before any measurement")
+                    self.folder.save_progress()
+                raise
             # the report of what finished is written as at the normal finish below: with interrupts held off
             with _interrupts_held():
                 self.record_memory(device)
@@ -209,25 +216,31 @@ class Experiment:
         self.progress.notes = list(session.notes)
         self.progress.numerics = session.numerics
         if self.config.load:
-            self.check_load(len(prompts.prompts))
+            self.check_load(prompts.prompts)
         self.folder.save_progress()
 
-    def check_load(self, num_prompts: int) -> None:
-        """A load of one request per prompt, bounded as load.requests is (utils/config.py check_scale); and a warning
-        where the arrivals alone, waited for in real time by every method of every load point, take over an hour."""
+    def check_load(self, prompts: list) -> None:
+        """A load bounded as load.requests is (utils/config.py check_scale), now that its requests and their first turns
+        are known; and a warning where waiting alone (the arrivals at load.request_rate, and a conversation's think
+        times), in real time for every method, load point and repeat, takes over an hour."""
         config = self.config
-        requests = request_count(config, num_prompts)
-        if config.load.requests is None:
-            try:
-                config.load.check_scale(requests, given=f"one per prompt of the dataset, {num_prompts}")
-            except ValueError as error:
-                raise UserError(f"load: {error}") from None
-        waited = sum(requests / c.request_rate * len(points_of(config, c))
-                     for c in comparisons(config, requests) if c.request_rate) * config.max_repeats_planned
-        if waited > WARN_ARRIVALS_S:
-            note = (f"load: the arrivals alone take {waited / 3600:.1f} h ({requests} requests per load point at "
-                    f"load.request_rate, for every method and repeat), before any decoding; raise load.request_rate "
-                    "or lower load.requests for a shorter run")
+        requests = requests_of(prompts, request_count(config, len(prompts)))
+        starts = sum(f is None for f in follows_of(requests))  # the requests that arrive at the rate
+        try:
+            config.load.check_scale(len(requests), starts, given="load.requests" if config.load.requests else
+                                    f"one per prompt of the dataset, {len(prompts)}")
+        except ValueError as error:
+            raise UserError(f"load: {error}") from None
+        # the turns after a conversation's first wait think_s each after the previous answer (turns count from 1)
+        thinking = config.load.think_s * max(((getattr(r, "turn", None) or 1) - 1 for r in requests), default=0)
+        waited = sum(((starts / c.request_rate) if c.request_rate else 0.0) + thinking
+                     for c in comparisons(config, len(requests)) for _ in points_of(config, c))
+        waited *= config.max_repeats_planned
+        if waited > WARN_WAITED_S:
+            note = (f"load: waiting alone takes {waited / 3600:.1f} h ({starts} arrivals per load point at "
+                    f"load.request_rate{' and the turns think_s apart' if thinking else ''}, for every method and "
+                    "repeat), before any decoding; raise load.request_rate (or lower load.think_s) or lower "
+                    "load.requests for a shorter run")
             self.console.print(f"[yellow]warning: {note}[/yellow]")
             self.progress.notes.append(note)
 

@@ -4,11 +4,7 @@ this module writes the folder."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import os
-import socket
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,7 +16,7 @@ from eval.records import OLD_COST_KEYS, OLD_DRIFT_KEYS, batch_key, per_process
 from eval.costs import read_config, read_progress, run_costs, write_run_costs
 from eval.report import write_report
 from utils import UserError
-from utils.io import append_jsonl, read_jsonl, write_atomic, write_json
+from utils.io import append_jsonl, folder_lock, read_jsonl, write_atomic, write_json
 
 
 @dataclass
@@ -46,34 +42,6 @@ class Progress:
     engine_info: dict = field(default_factory=dict)  # engine name -> its info (Engine.info: version, pairing, order ...)
 
 
-LOCK_FILE = ".lock"
-
-
-def _flock(fd: int) -> bool:
-    """An exclusive lock on fd without waiting: False if another process holds it; True where the file system cannot
-    lock at all (nothing to guard with there)."""
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-            return True
-        raise
-    return True
-
-
-def _holder(lock: Path) -> str:
-    """Who holds the lock, as its holder wrote it (it may not have written it yet)."""
-    try:
-        held = json.loads(lock.read_text())
-        return f"pid {held['pid']} on {held['host']}, since {held['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "it has just started"
-
-
 class ReportFolder:
     def __init__(self, path: Path, raw_config: dict, title: str, summary_copy: str | None, plots: bool):
         self.path = Path(path)
@@ -85,27 +53,13 @@ class ReportFolder:
     # -- opening ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def held(self, resume: bool = False):
-        """The folder for this process alone while the run lives: an exclusive lock on DIR/.lock (flock), taken before
-        anything is written there. A second run on the folder (--output-dir or --resume) is refused in one line. The
-        kernel frees the lock when its holder exits however it exits (SIGKILL included), so a killed run's lock file
-        is stale by construction: the next run takes it. The file stays (deleting it would race a waiting opener)."""
+        """The folder for this process alone while the run lives (utils/io.py folder_lock), taken before anything is
+        written there: a second run on it (--output-dir or --resume) is refused in one line."""
         if resume and not self.path.is_dir():
             yield  # reopen() says the folder is not a report folder
             return
-        self.path.mkdir(parents=True, exist_ok=True)
-        lock = self.path / LOCK_FILE
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if not _flock(fd):
-                raise UserError(f"{self.path} is in use by another run ({_holder(lock)}); a folder holds one run at a "
-                                f"time: wait for it to end (then --resume {self.path} if it was stopped), or pick "
-                                "another --output-dir")
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                     "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode())
+        with folder_lock(self.path, "--resume" if resume else "--output-dir"):
             yield
-        finally:
-            os.close(fd)  # frees the lock
 
     def create(self) -> None:
         if self.samples_path.exists():

@@ -94,12 +94,15 @@ CASES = [
     ("load-requests-float", "load", {"concurrency": 2, "requests": 2.0}, "load.requests must be an integer"),
     ("load-requests-huge", "load", {"concurrency": 2, "requests": 100_000_000}, "at most 10000"),
     ("load-requests-absurd", "load", {"concurrency": 2, "requests": 10**12}, "at most 10000"),
-    ("load-rate-1e-300", "load", {"request_rate": 1.0e-300, "requests": 6}, "may span at most 24 h"),
-    ("load-rate-1e-6", "load", {"concurrency": 2, "request_rate": 1.0e-6, "requests": 6}, "over 69.4 days"),
+    ("load-rate-1e-300", "load", {"request_rate": 1.0e-300, "requests": 6}, "may span at most 86400 s (24 h"),
+    ("load-rate-1e-6", "load", {"concurrency": 2, "request_rate": 1.0e-6, "requests": 6}, "over 6000000 s"),
     ("load-rate-1e-300-per-prompt", "__LOAD_PER_PROMPT__", {"request_rate": 1.0e-300},
      "6 requests (one per prompt of the dataset"),  # known once the dataset is read
     ("load-rate-uncapped", "load", {"request_rate": 5.0, "requests": 5000}, "give load.concurrency <= 1024"),
     ("load-concurrency-huge", "load", {"concurrency": 5000, "requests": 5000}, "at most 1024"),
+    ("load-think-huge", "load", {"concurrency": 1, "think_s": 1.0e300}, "load.think_s"),
+    ("turns-bool", "dataset.turns", True, "turns must be a whole number >= 1 or 'all'"),
+    ("turns-float", "dataset.turns", 2.0, "turns must be a whole number >= 1 or 'all'"),
 ]
 
 
@@ -176,7 +179,9 @@ def test_bad_command_line(args, fragment):
     ("generation.top_p=[unclosed", "not valid YAML"),
     ("draft[3].kind=medusa", "'draft' is not a list, cannot index it"),  # a single draft is draft[0]
     ("draft[].kind=medusa", "malformed key 'draft[]'"),
-    ("dataset.turns=many", "should be a valid integer or 'all' (got 'many')"),
+    ("dataset.turns=many", "turns must be a whole number >= 1 or 'all', got 'many'"),
+    ("newkey[1]=4", "'newkey' is not set in the config, so it has no item 1"),
+    ("draft[0][0].kind=x", "'draft[0]' is not a list, cannot index it"),
     ("speculative.suffix_max_depth=0", "speculative.suffix_max_depth"),
     ("speculative.suffix_min_prob=true", "speculative.suffix_min_prob"),
 ])

@@ -99,10 +99,10 @@ class DatasetConfig(Strict):
                                                        "chat template over the earlier turns and the target's greedy "
                                                        "answers to them, generated once before timing (docs/models-and-data.md#conversations)")
 
-    @field_validator("turns")
+    @field_validator("turns", mode="before")
     @classmethod
     def _turns(cls, value):
-        if value != "all" and (isinstance(value, bool) or value < 1):
+        if value != "all" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"turns must be a whole number >= 1 or 'all', got {value!r}")
         return value
     enable_thinking: bool | None = Field(None, description="passed to the chat template (Qwen3 thinks unless false); "
@@ -339,6 +339,7 @@ class SloConfig(Strict):
 MAX_REQUESTS = 10_000  # a load point's requests
 MAX_IN_FLIGHT = 1024  # requests in flight at once (the largest batches serving engines usually run)
 MAX_ARRIVALS_S = 24 * 3600  # a load point's arrivals, waited for in real time
+MAX_THINK_S = 3600.0  # a conversation's wait before each later turn, in real time
 
 
 class LoadConfig(Strict):
@@ -358,7 +359,7 @@ class LoadConfig(Strict):
     requests: int | None = Field(None, ge=1, description="requests per load point (at most 10,000; at most 1,024 in "
                                                          "flight); default: the dataset's prompts (more cycle through "
                                                          "them)")
-    think_s: float = Field(0.0, ge=0, allow_inf_nan=False,
+    think_s: float = Field(0.0, ge=0, le=MAX_THINK_S, allow_inf_nan=False,
                            description="conversations (dataset.turns): a turn arrives this many seconds after its "
                                        "previous turn's last token (closed loop per conversation); request_rate then "
                                        "paces the conversations' first turns")
@@ -400,14 +401,14 @@ class LoadConfig(Strict):
         if self.concurrency is None and self.request_rate is None:
             raise ValueError("load needs concurrency (a closed loop of C requests in flight) or request_rate "
                              "(requests per second), e.g. load: {concurrency: [1, 4]}")
-        if self.requests is not None:
-            self.check_scale(self.requests)
         return self
 
-    def check_scale(self, requests: int, given: str = "load.requests") -> None:
+    def check_scale(self, requests: int, starts: int | None, given: str = "load.requests") -> None:
         """The bounds of a load point, before anything runs (ValueError naming the bound and why): its requests are
         held and written as records per method; every request that may be in flight is one row of the probes' and the
-        warmup's batch; its arrivals are waited for in real time. given: where `requests` came from."""
+        warmup's batch; its arrivals, `starts` of them at request_rate (the requests that follow none: with
+        conversations, the first turns; None: not known yet), are waited for in real time. given: where `requests`
+        came from."""
         if requests > MAX_REQUESTS:
             raise ValueError(f"{given}: {requests} requests per load point; at most {MAX_REQUESTS} (each request is "
                              "held in memory and written as a record, for every method and load point): lower "
@@ -419,12 +420,14 @@ class LoadConfig(Strict):
             raise ValueError(f"{cap} may be in flight at once, {in_flight} rows; at most {MAX_IN_FLIGHT} (the most "
                              "that can be in flight is one batch of the warmup and the cost probes, its KV cache held "
                              f"for every row): give load.concurrency <= {MAX_IN_FLIGHT}")
-        for rate in self.request_rate or []:
-            if rate != "inf" and requests / rate > MAX_ARRIVALS_S:
-                raise ValueError(f"load.request_rate {rate:g}/s spreads {requests} requests ({given}) over "
-                                 f"{requests / rate / 86400:.3g} days; a load point's arrivals may span at most "
-                                 f"{MAX_ARRIVALS_S // 3600} h (they are waited for in real time): raise "
-                                 "load.request_rate or lower load.requests")
+        for rate in self.request_rate or [] if starts is not None else []:
+            if rate != "inf" and starts / rate > MAX_ARRIVALS_S:
+                what = f"{starts} requests ({given})" if starts == requests else \
+                    f"the {starts} conversations' first turns of {requests} requests ({given})"
+                raise ValueError(f"load.request_rate {rate:g}/s spreads {what} over {starts / rate:.10g} s "
+                                 f"({starts / rate / 3600:.3g} h); a load point's arrivals may span at most "
+                                 f"{MAX_ARRIVALS_S} s ({MAX_ARRIVALS_S // 3600} h: they are waited for in real time): "
+                                 "raise load.request_rate or lower load.requests")
 
     def points(self, requests: int) -> list[tuple[int, float | None]]:
         """The load points as (concurrency, rate): rate None = all at once (inf); no concurrency given = no cap
@@ -595,6 +598,9 @@ class Config(Strict):
     def _check_load(self) -> None:
         """A serving run: every method must take requests that arrive and leave."""
         from decode.methods import REGISTRY
+
+        if self.load.requests is not None:  # the first turns among them are known once the dataset is read
+            self.load.check_scale(self.load.requests, self.load.requests if self.dataset.turns == 1 else None)
 
         fixed = [m for m in self.methods if not REGISTRY[m].serves]
         if fixed:
@@ -791,7 +797,7 @@ def apply_override(raw: dict, assignment: str) -> None:
         where = _shown(keys[:depth + 1])
         last = depth == len(keys) - 1
         if isinstance(key, int):
-            if isinstance(node, dict) and key == 0:  # a single draft written as a mapping: its item 0
+            if isinstance(node, dict) and key == 0 and isinstance(keys[depth - 1], str):  # a mapping: its item 0
                 if last:
                     raise ConfigError(f"--set {path}: '{_shown(keys[:depth])}' is a mapping; set its keys")
                 continue
@@ -812,7 +818,10 @@ def apply_override(raw: dict, assignment: str) -> None:
             break
         child = node.get(key)
         if child is None:
-            child = node[key] = [] if isinstance(keys[depth + 1], int) and keys[depth + 1] != 0 else {}
+            if isinstance(keys[depth + 1], int):
+                raise ConfigError(f"--set {path}: '{where}' is not set in the config, so it has no item "
+                                  f"{keys[depth + 1]}; set it whole (e.g. --set {where}=[...])")
+            child = node[key] = {}
         node = child
 
 
@@ -827,19 +836,6 @@ def _location(error: dict) -> str:
     """The config key an error is about, without the union members' tags pydantic adds (dataset.turns.int)."""
     return ".".join(str(p) for p in error["loc"]
                     if not (isinstance(p, str) and ("[" in p or p.startswith("function-") or p in _UNION_TAGS)))
-
-
-def _union_message(errors: list[dict], where: str) -> str | None:
-    """A value that fits no member of a union (turns: an integer or 'all'): every member said in one message."""
-    same = [e for e in errors if _location(e) == where and e["type"] not in ("extra_forbidden", "missing")]
-    if len(same) < 2:
-        return None
-    wanted = []
-    for e in same:
-        msg = e["msg"].removeprefix("Value error, ")
-        wanted.append(msg.removeprefix("Input should be ").split(", unable to")[0] if msg.startswith("Input should be")
-                      else msg)
-    return "should be " + " or ".join(dict.fromkeys(wanted))
 
 
 def _model_at(path: list[str]):
@@ -880,9 +876,6 @@ def validate(raw: Any) -> Config:
         if first["type"] == "missing":
             raise ConfigError(f"config key '{where}' is required; see the config reference in README.md") from None
         message = first["msg"].removeprefix("Value error, ")
-        union = _union_message(error.errors(), where)
-        if union:
-            first, message = {**first, "type": "union"}, union
         if not where:
             raise ConfigError(f"config: {message}") from None
         got = first.get("input")

@@ -1,6 +1,8 @@
 """Files that survive a kill at any moment: whole-file writes are atomic, JSONL grows by whole lines."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -91,3 +93,64 @@ def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
         with open(path, "r+b") as handle:
             handle.truncate(good_until)
     return rows
+
+
+LOCK_FILE = ".lock"  # a report folder's: held by the run writing it (runner/storage.py ReportFolder.held)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, what: str):
+    """An exclusive lock on FOLDER/.lock (flock) for the life of the block, for this process alone; UserError if
+    another process holds it, or if the folder cannot be made or locked (`what` names the option that gave it). The
+    kernel frees the lock when its holder exits however it exits (SIGKILL included), so a killed run's lock file is
+    stale by construction. The file stays (deleting it would race a waiting opener)."""
+    import fcntl
+    import socket
+    import time
+
+    folder = Path(folder)
+    lock = folder / LOCK_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise UserError(f"{what} {folder}: cannot make the report folder and its lock file {lock} there "
+                        f"({error.strerror or error}); pick another folder") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UserError(f"{folder} is in use by another run ({lock_holder(folder)}); a folder holds one run "
+                                f"at a time: wait for it to end (then --resume {folder} if it was stopped), or pick "
+                                "another --output-dir") from None
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # else a file system without locks
+                raise UserError(f"{what} {folder}: cannot lock {lock} ({error.strerror}); pick another folder") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode())
+        yield
+    finally:
+        os.close(fd)  # frees the lock
+
+
+def lock_holder(folder: Path) -> str | None:
+    """Who holds FOLDER/.lock now, as its holder wrote it; None where nobody does (or there is no lock file)."""
+    import fcntl
+
+    lock = Path(folder) / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except OSError:
+        try:
+            held = json.loads(lock.read_text())
+            return f"pid {held['pid']} on {held['host']}, since {held['since']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "it has just started"
+    finally:
+        os.close(fd)

@@ -76,3 +76,36 @@ def test_a_conversations_later_turns_follow_their_previous_turn_and_the_schedule
 
     with pytest.raises(ConfigError, match="think_s: 1.0 paces a conversation's turns"):
         validate({**VALID, "load": {"concurrency": [2], "think_s": 1.0}})
+
+
+def test_the_bounds_count_the_arrivals_at_the_rate_and_the_warning_adds_the_think_times():
+    """Conversations: only first turns arrive at request_rate. 2 conversations x 2 turns at 1/1000 per second: 2,000 s of
+    arrivals and one think time of 30 s a load point, for baseline and prompt_lookup: 4,060 s, 1.1 h (over the hour:
+    warned); at 1/600 per second, 2 x (1,200 + 30) = 2,460 s (not)."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from runner.experiment import Experiment
+    from runner.storage import Progress
+
+    bound = validate({**VALID, "methods": ["baseline", "prompt_lookup"], "dataset": {**VALID["dataset"], "turns": 2},
+                      "load": {"concurrency": 1, "request_rate": 3.0e-5}}).load
+    bound.check_scale(4, 2)  # 66,667 s: inside 24 h
+    with pytest.raises(ValueError, match=r"spreads 4 requests \(load.requests\) over 133333.3333 s \(37 h\)"):
+        bound.check_scale(4, 4)  # were every turn an arrival: 133,333 s
+    with pytest.raises(ValueError, match=r"spreads the 3 conversations' first turns of 8 requests \(load.requests\) "
+                                         r"over 100000 s \(27.8 h\)"):
+        bound.check_scale(8, 3)
+
+    prompts = [SimpleNamespace(conversation=c, turn=t) for t in (1, 2) for c in (0, 1)]
+    for rate, warned in [(0.001, "waiting alone takes 1.1 h"), (1 / 600, None)]:
+        config = validate({**VALID, "methods": ["baseline", "prompt_lookup"],
+                           "dataset": {**VALID["dataset"], "turns": 2},
+                           "load": {"concurrency": 1, "request_rate": rate, "think_s": 30.0}})
+        run = Experiment.__new__(Experiment)
+        run.config, run.console, run.folder = config, Console(file=io.StringIO()), SimpleNamespace(progress=Progress())
+        run.check_load(prompts)
+        notes = run.folder.progress.notes
+        assert (notes and warned in notes[0]) if warned else not notes, notes

@@ -116,7 +116,7 @@ def test_a_load_whose_arrivals_take_hours_is_warned_of_and_sigterm_keeps_its_fol
 
     def warned() -> bool:
         try:
-            return any("the arrivals alone take 1.4 h" in note
+            return any("waiting alone takes 1.4 h" in note
                        for note in json.loads((out / "progress.json").read_text())["notes"])
         except (OSError, ValueError):
             return False
@@ -125,5 +125,56 @@ def test_a_load_whose_arrivals_take_hours_is_warned_of_and_sigterm_keeps_its_fol
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, (process.returncode, err)
-    assert "warning: load: the arrivals alone take 1.4 h" in " ".join(err.split()), err
+    assert "warning: load: waiting alone takes 1.4 h" in " ".join(err.split()), err
     assert json.loads((out / "progress.json").read_text())["status"] == "interrupted"
+
+
+def test_an_interrupt_while_the_models_load_reports_nothing_measured(config, tmp_path, monkeypatch, capsys):
+    """Ctrl-C or SIGTERM once the folder is open, before the first batch (loading the models, the warmup, the probes):
+    "interrupted before any measurement", the folder marked so, and no report of nothing (no summary, no plots)."""
+    import launch
+    from runner.experiment import Experiment
+
+    def loaded_then_interrupted(self, engine):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Experiment, "describe", loaded_then_interrupted)  # right after the home engine loads
+    out = tmp_path / "run"
+    assert launch.main(["--config", str(config), "--output-dir", str(out)]) == 130
+    stdout, stderr = capsys.readouterr()
+    assert stderr.strip().splitlines() == ["interrupted before any measurement"] and not stdout.strip()
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["status"] == "interrupted" and "interrupted before any measurement" in progress["notes"]
+    assert not (out / "summary.json").exists() and not list(out.glob("*.png"))
+
+
+@pytest.mark.parametrize("place", ["lock-is-a-folder", "output-dir-is-a-file", "output-dir-under-a-file"])
+def test_a_folder_that_cannot_be_made_or_locked_is_one_line(config, tmp_path, place):
+    out = tmp_path / "run"
+    if place == "lock-is-a-folder":
+        (out / ".lock").mkdir(parents=True)
+    else:
+        out.write_text("x")
+        out = out / "sub" if place == "output-dir-under-a-file" else out
+    result = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", str(config), "--output-dir",
+                             str(out)], capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"error: --output-dir {out}: cannot make the report folder"), lines[0]
+
+
+def test_python_m_eval_refuses_a_live_runs_folder(tmp_path, capsys):
+    """A run rewrites its summary as it goes: a rebuild beside it is refused while another process holds the lock."""
+    from eval.__main__ import main
+
+    (tmp_path / "samples.jsonl").write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1])\n"
+                               "from utils.io import folder_lock\nwith folder_lock(sys.argv[2], 'test'):\n"
+                               "    print('held', flush=True); sys.stdin.readline()", str(ROOT), str(tmp_path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main([str(tmp_path)]) == 2
+        assert f"is in use by a live run (pid {holder.pid} on " in capsys.readouterr().err
+    finally:
+        holder.communicate("\n", timeout=30)
