@@ -7,7 +7,7 @@ from decode.methods import ENGINE_TEXTS, REGISTRY
 from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
-from eval.replay import PART_OFF, prediction_off_reason, static_prediction
+from eval.replay import PART_OFF, part_times, prediction_off_reason, static_prediction
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
 from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
@@ -228,6 +228,7 @@ def replay_figures(point: Point, samples: list[dict], baseline: list[dict], prof
     figures, missing = static_prediction(samples, baseline, profile, draft, whose="the run's cost profile")
     if figures is not None and all(s.get("prefill_s") is not None for s in samples):
         figures["prefill_measured_s"] = sum(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0) for s in samples)
+        figures["parts_measured_s"] = part_times(samples, baseline)
     return figures, missing
 
 
@@ -257,9 +258,16 @@ def static_prediction_off(metrics: dict, out: dict) -> str | None:
         ("the draft's steps (c_run / c)", out.get("draft_cost_ratio_c_run"), out.get("draft_cost_ratio_c")),
         ("the verifications (v_run / v)", out.get("verify_cost_ratio_v_run"), out.get("verify_cost_ratio_v")))
         if got is not None and want and abs(got / want - 1) > PART_OFF]
-    prefill, replayed = out["replay"].get("prefill_measured_s"), out["replay"].get("prefill_s")
-    if prefill is not None and replayed and abs(prefill / replayed - 1) > PART_OFF:
-        parts.append(f"the prefills took {prefill / replayed:.2f}x the replay's")
+    replay = out["replay"]
+    prefill, replayed = replay.get("prefill_measured_s"), replay.get("prefill_s")
+    # in units of the baseline's steps (measured over replayed), as c_run / c is of the target's forward: a machine
+    # uniformly slower than its probes names no part (eval/replay.py parts_off, as under load)
+    measured_parts, replayed_parts = replay.get("parts_measured_s"), replay.get("parts_s")
+    pace = ratio(measured_parts["baseline_steps_s"], replayed_parts["baseline_steps_s"]) \
+        if measured_parts and replayed_parts else None
+    if prefill is not None and replayed and pace and abs(prefill / replayed / pace - 1) > PART_OFF:
+        parts.append(f"the prefills took {prefill / replayed / pace:.2f}x the replay's in units of the baseline's "
+                     f"steps (which ran {pace:.2f}x the replay's)")
     return f"{verdict}: " + ("; ".join(parts) or "no single part is off by more than 10%: the sum of small ones")
 
 

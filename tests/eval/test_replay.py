@@ -124,3 +124,15 @@ def test_steps_priced_beyond_the_probed_caches_are_said_in_the_notes():
     assert m["replay"]["caches_priced_beyond"] == [6, 9]
     assert "speculative draft=d gamma=2 constant batch=2 greedy: the replay's steps at caches of 6 to 9 tokens priced " \
            "beyond the profiled caches (10, 30 tokens)" in " ".join(summary["notes"])
+
+
+def test_a_machine_uniformly_slower_than_its_probes_names_the_same_prefills():
+    """Every time of every record 3x (a machine 3x slower than its probes): the prefills are named as on the machine of
+    the probes, in units of the baseline's steps (which ran 3x the replay's there), not hidden at 1.00x the replay's."""
+    slow = [{**s, **{k: s[k] * 3 for k in ("latency_s", "prefill_s", "target_s", "draft_s", "draft_prefill_s")}}
+            for s in batches(6.0, 4.2)]
+    messages = [next(f for f in run(summarize(samples, {"costs": probe_at_two_rows()}), "speculative",
+                                    batch_size=2)["flags"] if f["code"] == "prediction_off")["message"]
+                for samples in (batches(6.0, 4.2), slow)]
+    for message in messages:
+        assert "the prefills took 0.33x the replay's in units of the baseline's steps" in message, message
