@@ -17,7 +17,7 @@ import torch
 from decode.drafters.base import Drafter, Proposal
 from decode.hidden import CompiledTap, HiddenTap
 from decode.kv import COMPILED_JOIN, KVState, host_to_device, joined
-from decode.serving import Load, Queue
+from decode.serving import Load, Queue, RequestTimes
 from decode.static_kv import compiled_of, new_state
 from decode.sampling import (accept_greedy, accept_sampled, accept_synthetic, accept_tree_greedy, accept_tree_sampled,
                              logits_to_probs, sample)
@@ -39,8 +39,9 @@ class Clock:
 
 
 @dataclass
-class RowRecord:
-    """What happened to one prompt: its new tokens and where time and forwards went."""
+class RowRecord(RequestTimes):
+    """What happened to one prompt: its new tokens and where time and forwards went; served under a Load, its
+    request's times (RequestTimes)."""
     output_ids: list[int] = field(default_factory=list)
     stop_reason: str = ""  # "eos" | "length"
     prefill_s: float = 0.0  # time to first token (served: first_token_s - arrival_s, the queue's wait included)
@@ -54,14 +55,6 @@ class RowRecord:
     # greedy baseline only: per new token, its top-1 minus top-2 fp32 logit. A method's token that differs at
     # step k can be a rounding flip only if this gap is within the logits' drift (eval/flags.py possible_bug)
     top2_gaps: list[float] = field(default_factory=list)
-    # served under a Load (decode/serving.py) only, else None; seconds from the serving loop's start: when the request
-    # arrived, when its prefill began (it waited in the queue before), its first and its last token, and each time it
-    # received tokens, (time_s, tokens): the first token, then per round its accepted drafts and the target's token
-    arrival_s: float | None = None
-    admitted_s: float | None = None
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    emits: list[tuple[float, int]] | None = None
 
     @property
     def new_tokens(self) -> int:

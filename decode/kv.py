@@ -167,8 +167,36 @@ def sliding_window_of(config) -> int | None:
     return int(window)
 
 
+class TreeRounds:
+    """A KV state's token-tree round (forward_tree), shared by the eager (KVState) and compiled (StaticKVState)
+    states: `_tree` is the round under way, its region the columns from _tree["start"] to `length`, else None."""
+
+    @property
+    def region_width(self) -> int:
+        """Columns of the tree round under way (0: none)."""
+        return 0 if self._tree is None else self.length - self._tree["start"]
+
+    def _end_round(self, keep: np.ndarray, rows: int) -> tuple[dict, np.ndarray]:
+        """keep_region's start: the round under way, ended, and keep as host bool, which must be [rows, R] (the
+        live rows, the region's columns)."""
+        if self._tree is None:
+            raise ValueError("keep_region without a tree round")
+        tree, self._tree = self._tree, None
+        keep = np.asarray(keep, dtype=bool)
+        region = self.length - tree["start"]
+        if keep.shape != (rows, region):
+            raise ValueError(f"keep_region: keep has shape {keep.shape}, the region is {(rows, region)}")
+        return tree, keep
+
+
+def kept_width(kept: np.ndarray) -> int:
+    """Of a region's columns kept [B, R] (host bool), how many to keep: up to the last one that any row keeps."""
+    columns = np.flatnonzero(kept.any(axis=0))
+    return int(columns[-1]) + 1 if columns.size else 0
+
+
 @dataclass
-class KVState:
+class KVState(TreeRounds):
     cache: DynamicCache = field(default_factory=DynamicCache)
     mask: torch.Tensor | None = None  # [B, L] long on the engine's device, 1 = slot belongs to the row
     _host: tuple | None = field(default=None, repr=False)  # (mask, its copy [B, L] on the host)
@@ -290,24 +318,14 @@ class KVState:
         self._check_layout()
         return to_device(out.logits, engine).float()
 
-    @property
-    def region_width(self) -> int:
-        """Columns of the tree round under way (0: none)."""
-        return 0 if self._tree is None else self.length - self._tree["start"]
-
     def keep_region(self, keep: np.ndarray) -> None:
         """End a tree round: of its region's columns keep those with keep [B, R] (host bool: the accepted path),
         mask the rest, crop the columns after the last kept one, compact as after any rollback."""
-        if self._tree is None:
-            raise ValueError("keep_region without a tree round")
-        start, self._tree = self._tree["start"], None
-        keep = np.asarray(keep, dtype=bool)
+        tree, keep = self._end_round(keep, 0 if self.mask is None else self.mask.shape[0])
+        start = tree["start"]
         region = self.length - start
-        if keep.shape != (self.mask.shape[0], region):
-            raise ValueError(f"keep_region: keep has shape {keep.shape}, the region is {(self.mask.shape[0], region)}")
         new_host = self.mask_host[:, start:] * keep
-        kept_columns = np.flatnonzero(new_host.any(axis=0))
-        end = int(kept_columns[-1]) + 1 if kept_columns.size else 0
+        end = kept_width(new_host)
         new_mask = self.mask[:, start:] * host_to_device(keep.astype(np.int64), self.mask.device)
         self._set_mask(torch.cat([self.mask[:, :start], new_mask[:, :end]], dim=1),
                        np.concatenate([self.mask_host[:, :start], new_host[:, :end]], axis=1))

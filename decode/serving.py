@@ -13,6 +13,20 @@ import math
 from dataclasses import dataclass
 
 
+@dataclass(kw_only=True)
+class RequestTimes:
+    """A served request's times (decode/generate.py RowRecord, a line of samples.jsonl: eval/records.py
+    SampleRecord), in seconds from the serving loop's start: when it arrived, when its prefill began (it waited in the
+    queue between the two), its first token and its last; emits: (time_s, tokens) per time it received tokens (the
+    first token, then per round its accepted drafts and the target's token, which come at once; [time_s, tokens] in
+    JSON). None: not served (a fixed batch)."""
+    arrival_s: float | None = None
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    emits: list[tuple[float, int]] | None = None
+
+
 @dataclass(frozen=True)
 class Load:
     """Request i (row i of the prompts) arrives at arrivals[i] seconds after the start; at most `concurrency`

@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from decode.kv import (KVState, TreeUnsupported, grow_tree, host_to_device, layer_masks, sliding_window_of,
-                       tree_support_problem)
+from decode.kv import (KVState, TreeRounds, TreeUnsupported, grow_tree, host_to_device, kept_width, layer_masks,
+                       sliding_window_of, tree_support_problem)
 
 
 class CompileRefused(ValueError):
@@ -391,7 +391,7 @@ def new_state(model):
     return StaticKVState(compiled) if compiled is not None else KVState()
 
 
-class StaticKVState:
+class StaticKVState(TreeRounds):
     """KVState's interface (decode/kv.py) over a CompiledModel's static buffers, token trees included
     (forward_tree, keep_region, region_width).
 
@@ -532,27 +532,16 @@ class StaticKVState:
         self.forwards += 1
         return logits[self.rows, :num_nodes]
 
-    @property
-    def region_width(self) -> int:
-        """Columns of the tree round under way (0: none)."""
-        return 0 if self._tree is None else self.length - self._tree["start"]
-
     def keep_region(self, keep: np.ndarray) -> None:
         """End a tree round: of its region's columns keep those with keep [B, R] (host bool: the accepted path),
         the rest become holes; the columns after the last one kept are freed."""
-        if self._tree is None:
-            raise ValueError("keep_region without a tree round")
-        tree, self._tree = self._tree, None
-        start, region = tree["start"], self.length - tree["start"]
-        keep = np.asarray(keep, dtype=bool)
-        if keep.shape != (len(self.rows), region):
-            raise ValueError(f"keep_region: keep has shape {keep.shape}, the region is {(len(self.rows), region)}")
+        tree, keep = self._end_round(keep, 0 if self.rows is None else len(self.rows))
+        start = tree["start"]
         window = self.buffers.valid[self.rows, start: self.length] & host_to_device(keep, self.rows.device,
                                                                                      dtype=torch.bool)
         self.buffers.valid[self.rows, start: self.length] = window
         self.count[self.rows] = tree["base"][self.rows] + window.sum(dim=1)
-        kept_columns = np.flatnonzero(keep.any(axis=0))
-        self.length = start + (int(kept_columns[-1]) + 1 if kept_columns.size else 0)
+        self.length = start + kept_width(keep)
 
     def keep_prefix_of_last(self, num_new: int, kept: torch.Tensor, max_kept: int, kept_host=None) -> None:
         """Of the last num_new columns keep the first kept[b] for each live row [B]; the rest become holes."""

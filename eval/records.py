@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from decode.serving import RequestTimes
 from eval.axes import AXES, Axis, comparison_axes, label_of
 from eval.stats import between
 
@@ -120,9 +121,9 @@ class Comparison(AxisValues):
 
 
 @dataclass
-class SampleRecord:
-    """One line of samples.jsonl: its point's axis fields (eval/axes.py, a field each), then these. Times in seconds;
-    None = not measured by this method."""
+class SampleRecord(RequestTimes):
+    """One line of samples.jsonl: its point's axis fields (eval/axes.py, a field each), a served request's times
+    (RequestTimes), then these. Times in seconds; None = not measured by this method."""
     point: Point
     # where it ran
     sample_id: int
@@ -151,17 +152,10 @@ class SampleRecord:
     process: str | None = None  # the OS process that measured it (runner/probes.py PROCESS)
     # the greedy baseline: per new token its top-1 minus top-2 logit (4 significant digits), else None
     top2_gaps: list[float] | None = None
-    # a serving point's request, in seconds from the load point's start: when it arrived, when its prefill began (it
-    # waited in the queue between the two), its first token and its last; emits: [time_s, tokens] per time it got
-    # tokens (a round's accepted drafts and the target's token come at once). latency_s is then finish - arrival and
-    # prefill_s first token - arrival (raw facts, the client's wait for a slot included); the report's TTFT and E2E
+    # a serving point's request, its times those of RequestTimes (decode/serving.py). latency_s is then finish - arrival
+    # and prefill_s first token - arrival (raw facts, the client's wait for a slot included); the report's TTFT and E2E
     # start at the request's slot instead, derived from these times (eval/serving.py with_slots). None: a fixed batch
     request: int | None = None  # a serving point's request index (request i is prompt i, cycling): with sample_id, the row
-    arrival_s: float | None = None
-    admitted_s: float | None = None
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    emits: list[list[float]] | None = None
     # a conversation (dataset.turns): its first turn's sample_id, and this prompt's turn in it (1, 2, ...)
     conversation: int | None = None
     turn: int | None = None

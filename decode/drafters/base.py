@@ -125,3 +125,28 @@ class Drafter(ABC):
     @abstractmethod
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only these rows [B'] (a CPU tensor: reading it costs no sync) from now on."""
+
+
+class HostTextDrafter(Drafter):
+    """A drafter without a model whose rows are host texts (prompt lookup's NgramIndex, suffix decoding's
+    SuffixSource: each `extend`s with committed tokens). `propose` keeps its drafts for `commit`: last_drafts, each
+    row's chain, or last_tree, each row's (tokens, parents) of a tree round (None: a chain round)."""
+
+    rows: list
+    last_drafts: list[list[int]]
+    last_tree: list | None = None
+
+    def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
+        if path_host is not None:  # a tree round: the accepted path's tokens join the text
+            for row, path in enumerate(path_host):
+                self.rows[row].extend([self.last_tree[row][0][node] for node in path])
+            return
+        if self.last_tree is not None:  # a tree round in which no row matched (G = 0): nothing was accepted
+            return
+        for row, accepted in enumerate(accepted_len_host):
+            self.rows[row].extend(self.last_drafts[row][:accepted])
+
+    def select_rows(self, rows):
+        kept = rows.tolist()
+        self.rows = [self.rows[r] for r in kept]
+        self._keep_observed(kept)

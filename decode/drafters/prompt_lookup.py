@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import Drafter, Proposal
+from decode.drafters.base import HostTextDrafter, Proposal
 from decode.kv import host_to_device
 from decode.tree_layout import TreeLayout
 
@@ -116,7 +116,7 @@ def lookup(history: list[int], ngram_max: int, ngram_min: int, max_tokens: int) 
     return NgramIndex(history).propose(ngram_max, ngram_min, max_tokens)
 
 
-class PromptLookupDrafter(Drafter):
+class PromptLookupDrafter(HostTextDrafter):
     """Deterministic drafts (q a point mass: probs None). Each row's text lives on the host: the prompt without
     padding, then each round's last token (the correction or bonus token, or the prefill's token) when it
     arrives with `propose`, then the drafts `commit` says were accepted. `forwards` stays 0: no model."""
@@ -170,21 +170,6 @@ class PromptLookupDrafter(Drafter):
         if not any(tokens for tokens, _ in trees):
             self.last_drafts = [[] for _ in trees]
         return tree_proposal(trees, self.device)
-
-    def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
-        if path_host is not None:  # a tree round: the accepted path's tokens join the text
-            for row, path in enumerate(path_host):
-                self.rows[row].extend([self.last_tree[row][0][node] for node in path])
-            return
-        if self.last_tree is not None:  # a tree round in which no row matched (G = 0): nothing was accepted
-            return
-        for row, accepted in enumerate(accepted_len_host):
-            self.rows[row].extend(self.last_drafts[row][:accepted])
-
-    def select_rows(self, rows):
-        kept = rows.tolist()
-        self.rows = [self.rows[r] for r in kept]
-        self._keep_observed(kept)
 
 
 def tree_proposal(trees: list[tuple[list[int], list[int]]], device) -> Proposal:

@@ -32,7 +32,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from decode.drafters.base import Drafter, Proposal, unpadded  # noqa: F401  (unpadded: also imported from here)
+from decode.drafters.base import HostTextDrafter, Proposal, unpadded  # noqa: F401  (unpadded: also imported from here)
 from decode.drafters.prompt_lookup import tree_proposal
 from decode.kv import host_to_device
 
@@ -230,7 +230,7 @@ class SuffixSource:
         return tokens, parents
 
 
-class SuffixDrafter(Drafter):
+class SuffixDrafter(HostTextDrafter):
     """Suffix decoding's drafts (point masses: probs None), a chain of at most gamma or, with `budget`, a tree of at
     most `budget` nodes. Rows of a static batch learn nothing from each other while it runs; `cache` (SuffixCache or
     None) is what earlier batches (served: earlier requests) left. `forwards` stays 0: no model."""
@@ -276,21 +276,6 @@ class SuffixDrafter(Drafter):
         trees = [source.propose_tree(min(max_tokens, limit), self.budget) for source, limit in zip(self.rows, limits)]
         self.last_tree = trees
         return tree_proposal(trees, self.device)
-
-    def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
-        if path_host is not None:
-            for row, path in enumerate(path_host):
-                self.rows[row].extend([self.last_tree[row][0][node] for node in path])
-            return
-        if self.last_tree is not None:  # a tree round with no match anywhere (G = 0)
-            return
-        for row, accepted in enumerate(accepted_len_host):
-            self.rows[row].extend(self.last_drafts[row][:accepted])
-
-    def select_rows(self, rows):
-        kept = rows.tolist()
-        self.rows = [self.rows[r] for r in kept]
-        self._keep_observed(kept)
 
 
 def remember_outputs(cache: SuffixCache | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, records) -> None:
