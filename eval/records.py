@@ -175,7 +175,12 @@ class SampleRecord(RequestTimes):
         return batch_key(self.to_json())
 
     def to_json(self) -> dict:
-        return {**self.point.values(), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "point"}}
+        """The point's axes, then the fields in their order, a served request's times right after `request` (where
+        they stood before RequestTimes held them)."""
+        times = [f.name for f in fields(RequestTimes)]
+        names = [f.name for f in fields(self) if f.name != "point" and f.name not in times]
+        names[names.index("request") + 1:names.index("request") + 1] = times
+        return {**self.point.values(), **{name: getattr(self, name) for name in names}}
 
     @classmethod
     def from_json(cls, row: dict) -> "SampleRecord":
