@@ -41,9 +41,12 @@ def catches_sigterm(pid: int) -> bool:
 
 
 def wait_for(condition, process, seconds=120.0):
+    """Until condition() holds; a run that ends or hangs first fails the test, and is killed (none is left behind)."""
     deadline = time.time() + seconds
     while not condition():
-        assert process.poll() is None and time.time() < deadline, "the run ended (or hung) before the moment came"
+        if process.poll() is not None or time.time() > deadline:
+            process.kill()
+            raise AssertionError("the run ended (or hung) before the moment came")
         time.sleep(0.005)
 
 
