@@ -72,12 +72,16 @@ def test_a_live_run_refuses_a_second_and_a_resume_then_frees_the_folder(config, 
     wait_for(lambda: (out / ".lock").is_file() and (out / ".lock").read_text() and (out / "config.yaml").is_file(),
              first)
     first.send_signal(signal.SIGSTOP)  # alive, holding the folder, for as long as the others take to start
-    for args in (["--config", config, "--output-dir", out], ["--resume", out]):
-        second = subprocess.run([sys.executable, str(ROOT / "launch.py"), *map(str, args)], capture_output=True,
-                                text=True, timeout=120)
-        lines = second.stderr.strip().splitlines()
-        assert second.returncode == 2 and len(lines) == 1, (second.returncode, second.stderr)
-        assert "in use by another run" in lines[0] and f"pid {first.pid}" in lines[0], lines[0]
+    try:
+        for args in (["--config", config, "--output-dir", out], ["--resume", out]):
+            second = subprocess.run([sys.executable, str(ROOT / "launch.py"), *map(str, args)], capture_output=True,
+                                    text=True, timeout=120)
+            lines = second.stderr.strip().splitlines()
+            assert second.returncode == 2 and len(lines) == 1, (second.returncode, second.stderr)
+            assert "in use by another run" in lines[0] and f"pid {first.pid}" in lines[0], lines[0]
+    except BaseException:
+        first.kill()
+        raise
     first.send_signal(signal.SIGCONT)
     assert first.wait(timeout=300) == 0, first.stderr.read()
     again = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--resume", str(out)], capture_output=True,
