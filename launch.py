@@ -29,7 +29,9 @@ def saved_records(folder: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM is Ctrl-C from the start (the imports below take seconds): never a silent death with 143
-    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    from utils import raise_interrupt
+
+    previous_term = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         return _main(argv)
     except KeyboardInterrupt:  # during the imports, before the run's own handling of it
@@ -37,10 +39,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous_term)
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _main(argv: list[str] | None) -> int:

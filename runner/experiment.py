@@ -20,7 +20,7 @@ from runner.load import follows_of, request_count, requests_of
 from runner.probes import PROCESS, environment
 from runner.session import UnitResult
 from runner.storage import ReportFolder
-from utils import UserError
+from utils import UserError, raise_interrupt
 from utils.config import Config
 from utils.data import prompts_digest, resolve_path
 from utils.memory import PeakSampler
@@ -56,10 +56,6 @@ def preflight(config: Config) -> torch.device:
 
         check_ray(config)
     return device
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -110,27 +106,30 @@ class Experiment:
         self.progress.ci_target = self.config.ci_target
         self.folder.save_progress()
 
+    def _nothing_measured(self, device: torch.device | None = None) -> None:
+        """An interrupt before the first batch: the folder says so (with the run's memory, where it was sampled), and
+        holds no report of nothing; launch.py says "interrupted before any measurement"."""
+        with _interrupts_held():
+            if device is not None:
+                self.record_memory(device)
+            self.progress.status = "interrupted"
+            self.progress.notes.append("interrupted before any measurement")
+            self.folder.save_progress()
+
     def _run_held(self, device: torch.device) -> int:
         try:
             self._open(device)
-            previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt)}
+            previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, raise_interrupt)}
             self.memory = PeakSampler().start()
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (launch.py) before the run started: a new folder says so
             if not self.resume and (self.out_dir / "config.yaml").is_file():
-                self.progress.status = "interrupted"
-                self.progress.notes.append("interrupted before any measurement")
-                with _interrupts_held():
-                    self.folder.save_progress()
+                self._nothing_measured()
             raise
         try:
             self._run(device)
         except KeyboardInterrupt:
             if not self.folder.samples:  # nothing measured (loading the models, the warmup, the probes): nothing to report
-                with _interrupts_held():
-                    self.record_memory(device)
-                    self.progress.status = "interrupted"
-                    self.progress.notes.append("interrupted before any measurement")
-                    self.folder.save_progress()
+                self._nothing_measured(device)
                 raise
             # the report of what finished is written as at the normal finish below: with interrupts held off
             with _interrupts_held():
@@ -233,9 +232,9 @@ class Experiment:
             raise UserError(f"load: {error}") from None
         # the turns after a conversation's first wait think_s each after the previous answer (turns count from 1)
         thinking = config.load.think_s * max(((getattr(r, "turn", None) or 1) - 1 for r in requests), default=0)
-        waited = sum(((starts / c.request_rate) if c.request_rate else 0.0) + thinking
-                     for c in comparisons(config, len(requests)) for _ in points_of(config, c))
-        waited *= config.max_repeats_planned
+        waited = config.max_repeats_planned * sum(
+            ((starts / c.request_rate if c.request_rate else 0.0) + thinking) * len(points_of(config, c))
+            for c in comparisons(config, len(requests)))
         if waited > WARN_WAITED_S:
             note = (f"load: waiting alone takes {waited / 3600:.1f} h ({starts} arrivals per load point at "
                     f"load.request_rate{' and the turns think_s apart' if thinking else ''}, for every method and "

@@ -12,6 +12,11 @@ class ConfigError(UserError):
     """Bad input in the config, naming the key."""
 
 
+def raise_interrupt(signum, frame):
+    """A signal handler that makes SIGTERM what Ctrl-C is: KeyboardInterrupt, so a run stops as it does on Ctrl-C."""
+    raise KeyboardInterrupt
+
+
 def positive_ints(text: str) -> list[int]:
     """A command line's '1,2,4' -> [1, 2, 4], each a positive integer, each once, in order; an argparse type
     (ArgumentTypeError names the part that is not one)."""

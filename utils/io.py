@@ -121,7 +121,7 @@ def folder_lock(folder: Path, what: str):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UserError(f"{folder} is in use by another run ({lock_holder(folder)}); a folder holds one run "
+                raise UserError(f"{folder} is in use by another run ({_written_holder(lock)}); a folder holds one run "
                                 f"at a time: wait for it to end (then --resume {folder} if it was stopped), or pick "
                                 "another --output-dir") from None
             if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # else a file system without locks
@@ -147,10 +147,15 @@ def lock_holder(folder: Path) -> str | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except OSError:
-        try:
-            held = json.loads(lock.read_text())
-            return f"pid {held['pid']} on {held['host']}, since {held['since']}"
-        except (OSError, ValueError, KeyError, TypeError):
-            return "it has just started"
+        return _written_holder(lock)
     finally:
         os.close(fd)
+
+
+def _written_holder(lock: Path) -> str:
+    """The holder of a lock held now, as it wrote itself into the lock file (it may not have written yet)."""
+    try:
+        held = json.loads(lock.read_text())
+        return f"pid {held['pid']} on {held['host']}, since {held['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it has just started"
