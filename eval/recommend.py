@@ -1,0 +1,511 @@
+"""What to deploy (#55): for each load and context length asked, every method and K the run measured, and "off" (the
+target alone), predicted by the replay of the run's own schedule (eval/predict.py, eval/replay.py) on a cost profile;
+the best named with its margin over the runner-up, a tie said as a tie, and its settings for vLLM, SGLang and
+llama.cpp (eval/deploy.py).
+
+    python -m eval.recommend RUN_DIR [--costs PROFILE.json] [--batch 1,4] [--concurrency 1,2,4] [--rate 2.0]
+                             [--context 512,4096] [--out FILE]
+    python -m eval.recommend --acceptance FILE --costs PROFILE.json [--batch ...] [--prompt-tokens N] [--new-tokens N]
+
+A K the run did not measure is a candidate only where the per-position acceptance supports it: below a measured K
+of a draft model's chain (derived_rounds). --context re-prices each request at that context length with the rounds
+measured near it (at_context). --acceptance reads vLLM's synthetic form or specdec_bench's speculation_profile.json
+(eval/acceptance_io.py) instead of a run's rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from decode.methods import REGISTRY
+from eval import acceptance_io, deploy
+from eval.axes import comparison_axes
+from eval.costs import Profile, read_config, read_progress
+from eval.predict import draft_label, run_profile
+from eval.records import Point
+from eval.replay import OFF_BY, MissingCost, Pricer, lacking, replay_load, replay_static, static_prediction
+from eval.serving import load_prediction, replayed_figures
+from eval.stats import MIN_PROMPTS
+from utils import UserError, positive_ints
+from utils.io import read_jsonl, write_json
+
+MIN_BIN_ROUNDS = 30  # a context bin with fewer rounds is not its own acceptance: the point's rounds are used instead
+LOAD_AXES = tuple(axis.name for axis in comparison_axes())
+OFF = "off"
+
+
+# ---- candidates: the run's speculative points, by what they are (their point axes), at every load ---------------------
+
+def key_of(point: Point) -> tuple:
+    """A candidate: a point's values but its comparison axes (load, batch, temperature)."""
+    return tuple(sorted((k, v) for k, v in point.without(*LOAD_AXES).items() if v is not None))
+
+
+def label_of(key: tuple) -> str:
+    """The method, then its other axes as k=v (a schedule by its name)."""
+    values = dict(key)
+    return " ".join([str(values.get("method"))] + [str(v) if k == "schedule" else f"{k}={v}"
+                                                   for k, v in key if k != "method"])
+
+
+def chain(rows: list[dict]) -> bool:
+    """Every round a chain of the point's gamma (no tree, no sources, no fewer drafted): per-position acceptance means
+    one thing there."""
+    return all(r.get("drafted") == s.get("gamma") and "batch_nodes" not in r and "sources" not in r
+               for s in rows for r in s.get("rounds") or [])
+
+
+def matches(rounds: list[dict]) -> list[bool | None]:
+    """Per generated token after the first: did the draft, given the target's tokens so far, propose it? A chain
+    round of a draft model proposes each position from the target's own prefix as long as it was accepted: its
+    accepted drafts True, its first rejected False, and after a round that accepted every draft the next position
+    (the target's bonus token) None: never proposed."""
+    out: list[bool | None] = []
+    for r in rounds:
+        out += [True] * r["accepted"] + [False if r["accepted"] < r["drafted"] else None]
+    return out
+
+
+def derived_rounds(rounds: list[dict], k: int) -> tuple[list[dict], int]:
+    """The rounds a draft model's chain of k drafts runs on the same tokens (k below the measured gamma): each round
+    accepts the run of proposed positions from where it starts, at most k, and emits one more; a position never
+    proposed (None) counts as rejected, so the derived acceptance is a lower bound. (rounds, positions so counted)."""
+    seq, out, i, unknown = matches(rounds), [], 0, 0
+    while i < len(seq):
+        accepted = 0
+        while accepted < k and i + accepted < len(seq) and seq[i + accepted] is True:
+            accepted += 1
+        if accepted < k and i + accepted < len(seq) and seq[i + accepted] is None:
+            unknown += 1
+        emitted = min(accepted + 1, len(seq) - i)
+        out.append({"drafted": k, "accepted": emitted - 1 if emitted <= accepted else accepted, "emitted": emitted})
+        i += emitted
+    return out, unknown
+
+
+def derived(rows: list[dict], k: int) -> tuple[list[dict], int]:
+    out, unknown = [], 0
+    for s in rows:
+        rounds, u = derived_rounds(s.get("rounds") or [], k)
+        out.append(dict(s, gamma=k, rounds=rounds))
+        unknown += u
+    return out, unknown
+
+
+def candidates(samples: list[dict]) -> tuple[dict, dict, list[str], set]:
+    """(candidate key -> its points -> their rows, comparison -> the baseline's rows, notes, the derived keys): every
+    speculative point of our engine with rounds, and below each draft model chain's measured gamma every K it did not
+    measure (derived)."""
+    by_point: dict[Point, list[dict]] = defaultdict(list)
+    for s in samples:
+        if s.get("method") in REGISTRY:
+            by_point[Point.of(s)].append(s)
+    references = {p.comparison: rows for p, rows in by_point.items()
+                  if REGISTRY[p.method].is_reference and REGISTRY[p.method].engine == "ours"}
+    out: dict[tuple, dict] = defaultdict(dict)
+    for point, rows in by_point.items():
+        spec = REGISTRY[point.method]
+        if spec.has_rounds and spec.engine == "ours" and point.comparison in references and \
+                not point.synthetic_acceptance:
+            out[key_of(point)][point] = rows
+    notes, measured = [], set(out)
+    for key, points in list(out.items()):
+        values = dict(key)
+        if not (REGISTRY[values["method"]].needs_draft and values.get("gamma") and values.get("tree") is None
+                and all(chain(rows) for rows in points.values())):
+            continue
+        for k in range(1, values["gamma"]):
+            new = tuple(sorted({**values, "gamma": k}.items()))
+            if new in measured or new in out:
+                continue
+            unknown, derived_points = 0, {}
+            for point, rows in points.items():
+                derived_points[point], u = derived(rows, k)
+                unknown += u
+            out[new] = derived_points
+            notes.append(f"{label_of(new)}: not measured, derived from gamma={values['gamma']}'s rounds (a draft "
+                         f"model's chain proposes the same first {k} tokens); {unknown} positions never proposed "
+                         "counted as rejected (a lower bound)")
+    return dict(out), references, notes, set(out) - measured
+
+
+# ---- context length -----------------------------------------------------------------------------------------------
+
+def round_contexts(s: dict) -> list[int]:
+    """Each round's context: the prompt and the tokens generated before it (the first from the prefill)."""
+    out, so_far = [], int(s["prompt_tokens"]) + 1
+    for r in s.get("rounds") or []:
+        out.append(so_far)
+        so_far += r["emitted"]
+    return out
+
+
+def nearest(context: int, asked: list[int]) -> int:
+    """The asked context length nearest a round's, in ratio (a bin spans from the geometric mean with the one
+    below to that with the one above)."""
+    return min(asked, key=lambda c: (abs(math.log(max(context, 1) / c)), c))
+
+
+def bin_rounds(rows: list[dict], asked: list[int]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {c: [] for c in asked}
+    for s in sorted(rows, key=lambda s: (s.get("repeat", 0), s.get("request") or 0, s.get("sample_id") or 0)):
+        for r, context in zip(s.get("rounds") or [], round_contexts(s)):
+            out[nearest(context, asked)].append(r)
+    return out
+
+
+def dealt(rows: list[dict], pool: list[dict]) -> list[dict]:
+    """Each row's rounds re-dealt from `pool` in order (cycling), as many as its tokens need; the last round cut to
+    the tokens left."""
+    out, cursor = [], 0
+    for s in rows:
+        need, rounds = int(s["new_tokens"]) - 1, []
+        while need > 0:
+            r = pool[cursor % len(pool)]
+            cursor += 1
+            emitted = min(r["emitted"], need)
+            rounds.append(dict(r, emitted=emitted, accepted=min(r["accepted"], emitted - 1) if emitted < r["emitted"]
+                               else r["accepted"]))
+            need -= emitted
+        out.append(dict(s, rounds=rounds))
+    return out
+
+
+def at_context(rows: list[dict], baseline: list[dict], context: int, binned: dict[int, list[dict]]
+               ) -> tuple[list[dict], list[dict], str | None]:
+    """The rows and the baseline's at a context length: each request's prompt that long (the cache the steps are
+    priced at), its rounds dealt from those measured near that context (bin_rounds); a bin with fewer than
+    MIN_BIN_ROUNDS rounds: the point's own rounds, and a note saying so."""
+    pool, note = binned[context], None
+    if len(pool) < MIN_BIN_ROUNDS:
+        note = (f"context {context}: {len(pool)} rounds measured near it (fewer than {MIN_BIN_ROUNDS}): the point's "
+                "rounds at every context are used")
+        pool = [r for s in rows for r in s.get("rounds") or []]
+    mine = dealt([dict(s, prompt_tokens=context) for s in rows], pool) if pool else rows
+    return mine, [dict(s, prompt_tokens=context) for s in baseline], note
+
+
+# ---- one load's prediction of every candidate ----------------------------------------------------------------------
+
+def load_name(kind: str, value) -> str:
+    return {"batch": "batch={}", "concurrency": "conc={}", "rate": "rate={}/s"}[kind].format(value)
+
+
+def measured_at(points: dict, kind: str, value) -> tuple[Point, int | None] | None:
+    """The candidate's point a load is predicted from, and the what-if (None: the point measured it): a static batch
+    size from a static point, a concurrency from a load point, a rate only from a point at that rate."""
+    static = sorted((p for p in points if p.concurrency is None), key=lambda p: p.batch_size or 0)
+    served = sorted((p for p in points if p.concurrency is not None), key=lambda p: (p.concurrency, p.request_rate or 0))
+    if kind == "batch":
+        same = [p for p in static if p.batch_size == value]
+        return (same[0], None) if same else (static[0], value) if static else None
+    if kind == "concurrency":
+        same = [p for p in served if p.concurrency == value]
+        return (same[0], None) if same else (served[0], value) if served else None
+    same = [p for p in served if p.request_rate == value]
+    return (same[0], None) if same else None
+
+
+def predicted(kind: str, rows: list[dict], baseline: list[dict], profile: Profile, draft: str | None,
+              what_if: int | None) -> tuple[dict | None, dict | None, str | None]:
+    """(the candidate's figures, the baseline's, why not): speedup with its interval, tok/s with the speedup's
+    interval carried to it, and latency (a static batch: the mean request's seconds; a load: TTFT P50, TPOT, E2E
+    P50), both sides replayed alike."""
+    if kind == "batch":
+        figures, missing = static_prediction(rows, baseline, profile, draft, what_if)
+        if figures is None:
+            return None, None, missing
+        clamp = 0 if what_if is not None else max(int(s.get("batch_size") or 1) for s in rows)
+        mine = replay_static(rows, Pricer(profile, draft, clamp_rows=clamp), True, what_if)
+        theirs = replay_static(baseline, Pricer(profile, clamp_rows=clamp), False, what_if)
+        speedup = figures["speedup"]
+        base_tok_s = figures["tok_s"] / speedup if speedup else None
+        spec = {"speedup": speedup, "speedup_ci95": figures["speedup_ci95"], "tok_s": figures["tok_s"],
+                "latency_s": sum(s["latency_s"] for s in mine) / len(mine)}
+        base = {"tok_s": base_tok_s, "latency_s": sum(s["latency_s"] for s in theirs) / len(theirs)}
+    else:
+        try:
+            figures = load_prediction(rows, baseline, profile, draft, what_if)
+            base_figures = replayed_figures(*[replay_load(baseline, Pricer(profile), False, what_if)] * 2)
+        except MissingCost as error:
+            return None, None, lacking(error)
+        spec = {k: figures.get(k) for k in ("speedup", "speedup_ci95", "tok_s", "ttft_p50_s", "tpot_mean_ms",
+                                            "e2e_p50_s")}
+        base = {k: base_figures.get(k) for k in ("tok_s", "ttft_p50_s", "tpot_mean_ms", "e2e_p50_s")}
+    interval = spec.get("speedup_ci95")
+    spec["tok_s_ci95"] = ([base["tok_s"] * interval[0], base["tok_s"] * interval[1]]
+                          if interval and base.get("tok_s") else None)
+    return spec, base, None
+
+
+def tied(a: dict, b: dict) -> bool:
+    """Two predictions tie where their 95% intervals overlap; where either has none (fewer than MIN_PROMPTS prompt
+    batches or requests), where they are within OFF_BY of each other ("off" is exactly 1, its interval [1, 1])."""
+    ia, ib = a.get("speedup_ci95"), b.get("speedup_ci95")
+    if ia and ib:
+        return ia[0] <= ib[1] and ib[0] <= ia[1]
+    return abs(a["speedup"] / b["speedup"] - 1) <= OFF_BY
+
+
+def choose(rows: list[dict]) -> dict:
+    """The best by predicted speedup (the same baseline: by throughput), its margin over the runner-up (best's
+    speedup over runner-up's), and every candidate tied with it."""
+    ranked = sorted(rows, key=lambda r: (-r["speedup"], r["candidate"] != OFF, r["candidate"]))
+    best = ranked[0]
+    runner = ranked[1] if len(ranked) > 1 else None
+    return {"best": best["candidate"], "runner_up": runner and runner["candidate"],
+            "margin": best["speedup"] / runner["speedup"] if runner else None,
+            "tie": bool(runner and tied(best, runner)),
+            "tied_with": [r["candidate"] for r in ranked[1:] if tied(best, r)]}
+
+
+def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, value,
+                   context: int | None, asked_contexts: list[int]) -> dict:
+    """One load (and context length): every candidate and "off" predicted, and the choice."""
+    rows, notes, base = [], [], None
+    for key, points in sorted(cands.items(), key=lambda kv: label_of(kv[0])):
+        where = measured_at(points, kind, value)
+        if where is None:
+            continue
+        point, what_if = where
+        mine, theirs = points[point], references[point.comparison]
+        if context is not None:
+            mine, theirs, note = at_context(mine, theirs, context, bin_rounds(mine, asked_contexts))
+            if note and note not in notes:
+                notes.append(note)
+        draft = draft_label(point, profile)
+        spec, baseline, missing = predicted(kind, mine, theirs, profile, draft, what_if)
+        if spec is None or spec["speedup"] is None:
+            notes.append(f"{label_of(key)}: {missing or 'no prediction'}")
+            continue
+        values = dict(key)
+        rows.append({"candidate": label_of(key), "method": values["method"], "gamma": values.get("gamma"),
+                     "draft": values.get("draft"), "measured_at": point.label,
+                     "what_if": what_if is not None, **spec})
+        base = base or baseline
+    if base is None:
+        return {"load": load_name(kind, value), "context": context, "candidates": [], "notes": notes}
+    rows.append({"candidate": OFF, "method": None, "gamma": None, "draft": None, "speedup": 1.0,
+                 "speedup_ci95": [1.0, 1.0], **base, "tok_s_ci95": [base["tok_s"]] * 2 if base.get("tok_s") else None})
+    return {"load": load_name(kind, value), "context": context, "candidates": rows, **choose(rows), "notes": notes}
+
+
+def recommend(samples: list[dict], profile: Profile, loads: list[tuple[str, object]],
+              contexts: list[int] | None = None) -> tuple[list[dict], list[str]]:
+    """Every load x context length's recommendation, and the notes on the candidates. UserError where the run has no
+    candidate, or a load no candidate (nor off) can be priced at."""
+    cands, references, notes, _ = candidates(samples)
+    if not cands:
+        raise UserError("the run has no speculative point of our engine with rounds and its baseline: give a run "
+                        "that measured one")
+    out = []
+    for kind, value in loads:
+        for context in contexts or [None]:
+            result = recommend_load(cands, references, profile, kind, value, context, contexts or [])
+            if not result["candidates"]:
+                why = "; ".join(result["notes"]) or "no candidate was measured at such a load"
+                raise UserError(f"{load_name(kind, value)} cannot be priced ({why}): give a profile with those "
+                                "steps (python -m runner.profile), or another load")
+            out.append(result)
+    return out, notes
+
+
+def default_loads(samples: list[dict]) -> list[tuple[str, object]]:
+    """The loads the run measured: each static batch size, each load point's concurrency."""
+    static = sorted({int(s["batch_size"]) for s in samples if s.get("concurrency") is None and s.get("batch_size")})
+    served = sorted({int(s["concurrency"]) for s in samples if s.get("concurrency") is not None})
+    return [("batch", b) for b in static] + [("concurrency", c) for c in served]
+
+
+def check_loads(samples: list[dict], loads: list[tuple[str, object]]) -> None:
+    """A load kind the run has no point of, or a rate it did not measure: UserError."""
+    static = any(s.get("concurrency") is None for s in samples)
+    rates = sorted({s["request_rate"] for s in samples if s.get("request_rate") is not None})
+    for kind, value in loads:
+        if kind == "batch" and not static:
+            raise UserError("--batch needs static points and the run has load points only: give --concurrency")
+        if kind == "concurrency" and not any(s.get("concurrency") is not None for s in samples):
+            raise UserError("--concurrency needs load points and the run has static batches only: give --batch")
+        if kind == "rate" and value not in rates:
+            raise UserError(f"--rate {value}: the run measured rates {rates or 'none'}; a rate not measured is not "
+                            "predicted (its arrivals are drawn by the runner): give a measured one, or --concurrency")
+
+
+# ---- acceptance from a file: records made from its rates -------------------------------------------------------------
+
+def imported_samples(rates: list[float], profile: Profile, prompt_tokens: int, new_tokens: int,
+                     loads: list[tuple[str, object]]) -> list[dict]:
+    """A run's records made from an acceptance (eval/acceptance_io.py): MIN_PROMPTS x the largest batch asked
+    requests of prompt_tokens and new_tokens, each a static batch of one (regrouped to the batches asked) and a load
+    point whose requests all arrive at 0 (at the concurrencies asked), their rounds dealt in order from the rates'
+    pool; the baseline's the same. The draft: the profile's only draft model."""
+    drafts = profile.drafts()
+    if len(drafts) != 1:
+        raise UserError(f"--acceptance prices a draft model's chain: the profile has drafts {drafts or 'none'}; give a "
+                        "profile of one draft model")
+    widest = max([int(v) for k, v in loads if k != "rate"] + [1])
+    n, k = MIN_PROMPTS * widest, len(rates)
+    pool = acceptance_io.synthetic_rounds(rates)
+    out = []
+    for served in (False, True):
+        rows = []
+        for i in range(n):
+            row = {"method": "baseline", "sample_id": i, "repeat": 0, "batch_index": i, "batch_size": 1,
+                   "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "draft": None, "gamma": None}
+            if served:
+                row.update(batch_size=None, concurrency=n, request=i, arrival_s=0.0)
+            rows.append(row)
+        spec = dealt([dict(r, method="speculative", draft=drafts[0], gamma=k, schedule="constant") for r in rows], pool)
+        out += rows + spec
+    return out
+
+
+# ---- the command --------------------------------------------------------------------------------------------------
+
+def _fmt(x, f="{:.2f}") -> str:
+    return "-" if x is None else f.format(x)
+
+
+def _interval(x, interval, f="{:.2f}") -> str:
+    return _fmt(x, f) + (f" [{f.format(interval[0])}, {f.format(interval[1])}]" if interval else "")
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| load | context | candidate | speedup [95% CI] | tok/s [95% CI] | latency | choice |",
+             "|---|---|---|---|---|---|---|"]
+    for result in results:
+        for r in result["candidates"]:
+            latency = (f"{r['latency_s']:.2f} s/request" if r.get("latency_s") is not None else
+                       f"TTFT {_fmt(r.get('ttft_p50_s'))} s, TPOT {_fmt(r.get('tpot_mean_ms'), '{:.0f}')} ms, "
+                       f"E2E {_fmt(r.get('e2e_p50_s'))} s")
+            if r["candidate"] == result["best"]:
+                choice = (f"tie with {', '.join(result['tied_with'])}" if result["tie"] else
+                          f"best, {result['margin']:.3f}x {result['runner_up']}" if result["runner_up"] else "best")
+            else:
+                choice = ""
+            what_if = " (what-if)" if r.get("what_if") else ""
+            lines.append(f"| {result['load']} | {result['context'] or 'as measured'} | {r['candidate']}{what_if} | "
+                         f"{_interval(r['speedup'], r.get('speedup_ci95'))} | "
+                         f"{_interval(r.get('tok_s'), r.get('tok_s_ci95'), '{:.1f}')} | {latency} | {choice} |")
+    return "\n".join(lines)
+
+
+def settings_of(results: list[dict], config: dict) -> dict:
+    drafts, options = deploy.drafts_of(config), config.get("speculative") or {}
+    by_load = []
+    for result in results:
+        best = next(r for r in result["candidates"] if r["candidate"] == result["best"])
+        choice = None if best["candidate"] == OFF else {k: best[k] for k in ("method", "gamma", "draft")}
+        name = result["load"] + (f" ctx={result['context']}" if result["context"] else "")
+        by_load.append((name, deploy.settings(choice, drafts, options if isinstance(options, dict) else {})))
+    return deploy.emitted(by_load)
+
+
+def exported(samples: list[dict], folder: Path) -> dict:
+    """Each measured chain candidate's per-position acceptance in both forms, written under folder/acceptance/."""
+    cands, _, _, derived_keys = candidates(samples)
+    out = {}
+    for key, points in cands.items():
+        values = dict(key)
+        if key in derived_keys:
+            continue
+        rows = [s for p, r in points.items() for s in r]
+        if not values.get("gamma") or not chain(rows) or any(s.get("gamma") != values["gamma"] for s in rows):
+            continue
+        rates = acceptance_io.position_rates([r for s in rows for r in s.get("rounds") or []], values["gamma"])
+        if rates is None:
+            continue
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label_of(key))
+        for form, name in ((acceptance_io.VLLM_FORM, f"{slug}.vllm.json"),
+                           (acceptance_io.SPECDEC_FORM, f"{slug}.speculation_profile.json")):
+            write_json(folder / "acceptance" / name, acceptance_io.export(rates, form))
+            out.setdefault(label_of(key), {})[form] = str(folder / "acceptance" / name)
+    return out
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, as every bad input
+        print(f"error: {message}; see python -m eval.recommend --help", file=sys.stderr)
+        sys.exit(2)
+
+
+def positive_floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers such as 1.5,3") from None
+    if not all(math.isfinite(x) and x > 0 for x in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every rate is a number above 0")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="python -m eval.recommend", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, nargs="?", help="a report folder of our engine's run")
+    parser.add_argument("--costs", type=Path, help="a cost profile (python -m runner.profile); default: the run's")
+    parser.add_argument("--batch", type=positive_ints, help="static batch sizes, e.g. 1,4")
+    parser.add_argument("--concurrency", type=positive_ints, help="concurrencies, e.g. 1,2,4")
+    parser.add_argument("--rate", type=positive_floats, help="request rates the run measured, e.g. 2.0")
+    parser.add_argument("--context", type=positive_ints, help="context lengths in tokens, e.g. 512,4096")
+    parser.add_argument("--acceptance", type=Path, help="vLLM's synthetic form or specdec_bench's "
+                        "speculation_profile.json instead of a run's rounds (needs --costs)")
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="with --acceptance: each request's prompt")
+    parser.add_argument("--new-tokens", type=int, default=128, help="with --acceptance: each request's new tokens")
+    parser.add_argument("--out", type=Path, help="where to write it (default RUN_DIR/recommend.json)")
+    args = parser.parse_args(argv)
+    loads = ([("batch", b) for b in args.batch or []] + [("concurrency", c) for c in args.concurrency or []]
+             + [("rate", r) for r in args.rate or []])
+    try:
+        if args.acceptance is not None:
+            if args.costs is None:
+                raise UserError("--acceptance needs --costs PROFILE.json: the acceptance says how many tokens a round "
+                                "accepts, the profile what each step costs")
+            if args.prompt_tokens < 1 or args.new_tokens < 2:
+                raise UserError("--prompt-tokens is at least 1 and --new-tokens at least 2")
+            if any(kind == "rate" for kind, _ in loads):
+                raise UserError("--rate needs a run's measured arrivals: with --acceptance give --batch or --concurrency")
+            rates, _ = acceptance_io.read(args.acceptance)
+            profile = Profile.load(args.costs)
+            loads = loads or [("batch", 1)]
+            samples = imported_samples(rates, profile, args.prompt_tokens, args.new_tokens, loads)
+            config, folder = {}, None
+        else:
+            folder = args.run_dir
+            if folder is None or not (folder / "samples.jsonl").exists():
+                raise UserError(f"{folder or 'no RUN_DIR'} has no samples.jsonl: give a report folder of a run (or "
+                                "--acceptance FILE --costs PROFILE.json)")
+            progress, config = read_progress(folder), read_config(folder)
+            profile = Profile.load(args.costs) if args.costs else run_profile(folder, progress)
+            samples = read_jsonl(folder / "samples.jsonl")
+            loads = loads or default_loads(samples)
+            check_loads(samples, loads)
+        if not profile.steps:
+            raise UserError(f"{args.costs or folder} has no steps: give --costs PROFILE.json (python -m runner.profile)")
+        results, notes = recommend(samples, profile, loads, args.context)
+    except UserError as error:  # ProfileError and AcceptanceError too
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    emitted = settings_of(results, config)
+    acceptance = exported(samples, folder) if folder is not None else {}
+    print("\n".join([table(results), "", "settings, ready to paste:", *deploy.lines(emitted)]
+                    + ([""] + [f"- {n}" for n in notes + [n for r in results for n in r["notes"]]]
+                       if notes or any(r["notes"] for r in results) else [])))
+    out = args.out or (folder / "recommend.json" if folder is not None else Path("recommend.json"))
+    try:
+        write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes",
+                         "acceptance": str(args.acceptance) if args.acceptance else None,
+                         "profile_meta": profile.meta, "loads": results, "settings": emitted,
+                         "exported_acceptance": acceptance, "notes": notes})
+    except OSError as error:
+        print(f"error: cannot write {out} ({error.strerror or error}); give a writable --out FILE", file=sys.stderr)
+        return 2
+    print(f"\nwritten: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
