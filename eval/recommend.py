@@ -409,6 +409,7 @@ def exported(samples: list[dict], folder: Path) -> dict:
     """Each measured chain candidate's per-position acceptance in both forms, written under folder/acceptance/."""
     cands, _, _, derived_keys = candidates(samples)
     out = {}
+    (folder / "acceptance").mkdir(exist_ok=True)
     for key, points in cands.items():
         values = dict(key)
         if key in derived_keys:
@@ -490,11 +491,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     emitted = settings_of(results, config)
-    acceptance = exported(samples, folder) if folder is not None else {}
+    out = args.out or (folder / "recommend.json" if folder is not None else Path("recommend.json"))
+    try:
+        acceptance = exported(samples, folder) if folder is not None else {}
+    except OSError as error:
+        print(f"error: cannot write {folder / 'acceptance'} ({error.strerror or error}); make the run folder "
+              "writable", file=sys.stderr)
+        return 2
     print("\n".join([table(results), "", "settings, ready to paste:", *deploy.lines(emitted)]
                     + ([""] + [f"- {n}" for n in notes + [n for r in results for n in r["notes"]]]
                        if notes or any(r["notes"] for r in results) else [])))
-    out = args.out or (folder / "recommend.json" if folder is not None else Path("recommend.json"))
     try:
         write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None,

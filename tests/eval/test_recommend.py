@@ -1,0 +1,228 @@
+"""python -m eval.recommend (#55) against choices worked out by hand: two K at two static loads with given step costs
+and rounds, "off" where speculation is slower, a tie; K derived below a measured one; rounds binned by context; the
+emitted settings parsed back; an acceptance exported and read back giving the same prediction; bad input in one
+line."""
+import argparse
+import json
+import shlex
+from types import SimpleNamespace
+
+import pytest
+
+from eval import acceptance_io, deploy
+from eval import recommend as rec
+from eval.costs import Profile, TARGET, draft_model
+
+# Target steps (seconds) at 1 and 2 rows by width (tokens a row feeds); the draft's step; prefills 0.01 s a target
+# token-row and 0.005 s a draft token-row. The kv axis is flat (one cache).
+STEPS = {1: {1: 0.8, 2: 0.9, 3: 1.0}, 2: {1: 1.0, 2: 1.5, 3: 2.4}}
+
+
+def profile(draft=0.1, steps=None) -> Profile:
+    steps = steps or STEPS
+    points = [(TARGET, rows, width, s) for rows, by in steps.items() for width, s in by.items()]
+    points += [(draft_model("d"), rows, 1, draft) for rows in steps]
+    prefills = [(TARGET, 1, 10, 0.1), (TARGET, 2, 10, 0.2), (draft_model("d"), 1, 10, 0.05),
+                (draft_model("d"), 2, 10, 0.1)]
+    return Profile(steps=[{"model": m, "rows": r, "width": w, "kv": 100, "s": s, "reps_s": [s]} for m, r, w, s in points],
+                   prefills=[{"model": m, "rows": r, "tokens": t, "s": s, "reps_s": [s]} for m, r, t, s in prefills])
+
+
+def row(method, index, gamma=None, rounds=None, prompt=10, new_tokens=7):
+    """A static record at batch size 2 (two rows a batch): 7 tokens, 6 after the first."""
+    r = {"method": method, "batch_size": 2, "draft": "d" if gamma else None, "gamma": gamma,
+         "schedule": "constant" if gamma else None, "sample_id": index, "repeat": 0, "batch_index": index // 2,
+         "prompt_tokens": prompt, "new_tokens": new_tokens, "latency_s": 5.0, "prefill_s": 0.1}
+    if rounds is not None:
+        r["rounds"] = [{"drafted": d, "accepted": a, "emitted": a + 1} for d, a in rounds]
+    return r
+
+
+def run(requests=4) -> list[dict]:
+    """Four requests: the baseline; gamma 1 accepting every draft (3 rounds of 2 tokens); gamma 2 accepting every
+    draft (2 rounds of 3 tokens)."""
+    return ([row("baseline", i) for i in range(requests)] + [row("speculative", i, 1, [(1, 1)] * 3) for i in range(requests)]
+            + [row("speculative", i, 2, [(2, 2)] * 2) for i in range(requests)])
+
+
+G1, G2 = "speculative draft=d gamma=1 constant", "speculative draft=d gamma=2 constant"
+
+
+def by_candidate(result) -> dict:
+    return {c["candidate"]: c for c in result["candidates"]}
+
+
+def test_two_ks_at_two_loads_by_hand():
+    results, _ = rec.recommend(run(), profile(), [("batch", 1), ("batch", 2)])
+    one, two = results
+    # batch 1, a request alone: prefill 0.1 (+ the draft's 0.05), then
+    #   baseline 6 steps x 0.8 = 4.9 s; gamma 1: 3 rounds x (0.1 + 0.9) -> 3.15 s; gamma 2: 2 x (0.2 + 1.0) -> 2.55 s
+    assert {k: c["speedup"] for k, c in by_candidate(one).items()} == pytest.approx(
+        {G1: 4.9 / 3.15, G2: 4.9 / 2.55, rec.OFF: 1.0})
+    assert (one["best"], one["runner_up"], one["tie"]) == (G2, G1, False)
+    assert one["margin"] == pytest.approx(3.15 / 2.55)  # 1.235
+    assert by_candidate(one)[G2]["latency_s"] == pytest.approx(2.55)
+    assert by_candidate(one)[rec.OFF]["tok_s"] == pytest.approx(28 / 19.6)  # 4 x 7 tokens in 4 x 4.9 s
+    # batch 2, two rows a batch: prefill 0.2 (+ 0.1), then baseline 6 x 1.0 -> 6.2 s; gamma 1: 3 x (0.1 + 1.5) -> 5.1 s;
+    # gamma 2: 2 x (0.2 + 2.4) -> 5.5 s: the wider verification costs more at 2 rows, and K flips
+    assert {k: c["speedup"] for k, c in by_candidate(two).items()} == pytest.approx(
+        {G1: 6.2 / 5.1, G2: 6.2 / 5.5, rec.OFF: 1.0})
+    assert (two["best"], two["runner_up"], two["tie"]) == (G1, G2, False)
+    assert two["margin"] == pytest.approx(5.5 / 5.1)  # 1.078: above the 5% a prediction without interval ties within
+    # K differs by batch size: one setting per batch size, each with its own K
+    emitted = rec.settings_of(results, {"draft": {"model": "org/draft-0.5b"}})
+    assert {load: s["vllm"]["num_speculative_tokens"] for load, s in emitted.items()} == {"batch=1": 2, "batch=2": 1}
+
+
+def test_off_where_speculation_is_slower():
+    results, _ = rec.recommend(run(), profile(draft=2.0), [("batch", 1), ("batch", 2)])
+    # batch 1: gamma 1 0.15 + 3 x (2.0 + 0.9) = 8.85 s, gamma 2 0.15 + 2 x (4.0 + 1.0) = 10.15 s, off 4.9 s
+    # batch 2: gamma 1 0.3 + 3 x (2.0 + 1.5) = 10.8 s, gamma 2 0.3 + 2 x (4.0 + 2.4) = 13.1 s, off 6.2 s
+    assert [(r["best"], r["runner_up"]) for r in results] == [(rec.OFF, G1), (rec.OFF, G1)]
+    assert [r["margin"] for r in results] == pytest.approx([8.85 / 4.9, 10.8 / 6.2])
+    emitted = rec.settings_of(results, {})
+    assert emitted == {"all": {"vllm": None, "sglang": [], "llama_cpp": [], "notes": []}}
+
+
+def test_a_tie_is_said_as_a_tie():
+    steps = {1: {1: 0.8, 2: 0.9, 3: 1.325}, 2: STEPS[2]}
+    results, _ = rec.recommend(run(), profile(steps=steps), [("batch", 1)])
+    # gamma 1: 3.15 s as above; gamma 2: 0.15 + 2 x (0.2 + 1.325) = 3.2 s: within 5% of each other, no interval (4 batches)
+    (one,) = results
+    assert (one["best"], one["tie"], one["tied_with"]) == (G1, True, [G2])
+    assert one["margin"] == pytest.approx(3.2 / 3.15)
+    assert "tie with " + G2 in rec.table(results)
+
+
+@pytest.mark.parametrize("a, b, tie", [([1.1, 1.3], [1.25, 1.4], True), ([1.1, 1.2], [1.21, 1.4], False),
+                                       ([0.9, 1.02], [1.0, 1.0], True), ([1.03, 1.2], [1.0, 1.0], False)])
+def test_intervals_that_overlap_tie(a, b, tie):
+    assert rec.tied({"speedup": sum(a) / 2, "speedup_ci95": a}, {"speedup": sum(b) / 2, "speedup_ci95": b}) is tie
+
+
+def test_a_k_not_measured_is_derived_below_a_measured_one():
+    # gamma 3: accepts 3 (4 tokens), then 1 (2 tokens): positions T T T ? T F (? the bonus, never proposed)
+    rounds = [{"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 1, "emitted": 2}]
+    assert rec.matches(rounds) == [True, True, True, None, True, False]
+    # K 2: T T (bonus at 3) | ? counted rejected (1 token) | T F (2 tokens)
+    assert rec.derived_rounds(rounds, 2) == ([{"drafted": 2, "accepted": 2, "emitted": 3},
+                                              {"drafted": 2, "accepted": 0, "emitted": 1},
+                                              {"drafted": 2, "accepted": 1, "emitted": 2}], 1)
+    # K 1: T (bonus) | T (bonus) | T (bonus): 3 rounds, nothing unknown
+    assert rec.derived_rounds(rounds, 1) == ([{"drafted": 1, "accepted": 1, "emitted": 2}] * 3, 0)
+    samples = [row("baseline", 0)] + [dict(row("speculative", 0, 3), rounds=rounds)]
+    cands, _, notes, derived = rec.candidates(samples)
+    assert sorted(rec.label_of(k) for k in derived) == ["speculative draft=d gamma=1 constant",
+                                                        "speculative draft=d gamma=2 constant"]
+    assert any("gamma=2" in n and "1 positions never proposed" in n for n in notes)
+
+
+def test_rounds_are_binned_by_context(monkeypatch):
+    # A: prompt 10, rounds at contexts 11 (3 tokens) and 14; B: prompt 40, rounds at 41 and 43
+    a = row("speculative", 0, 2, [(2, 2), (2, 0)], prompt=10, new_tokens=5)
+    b = row("speculative", 1, 2, [(2, 1), (2, 1)], prompt=40, new_tokens=5)
+    assert rec.round_contexts(a) == [11, 14] and rec.round_contexts(b) == [41, 43]
+    binned = rec.bin_rounds([a, b], [16, 64])  # the bins meet at 32, the geometric mean
+    assert [r["accepted"] for r in binned[16]] == [2, 0] and [r["accepted"] for r in binned[64]] == [1, 1]
+    monkeypatch.setattr(rec, "MIN_BIN_ROUNDS", 2)
+    base = [row("baseline", 0, new_tokens=5), row("baseline", 1, new_tokens=5)]
+    mine, theirs, note = rec.at_context([a, b], base, 64, binned)
+    # at 64 both requests take B's rounds (2 tokens each), prompts 64 wide; the baseline's prompts too
+    assert note is None and [[r["accepted"] for r in s["rounds"]] for s in mine] == [[1, 1], [1, 1]]
+    assert [s["prompt_tokens"] for s in mine + theirs] == [64] * 4
+    monkeypatch.setattr(rec, "MIN_BIN_ROUNDS", 3)
+    _, _, note = rec.at_context([a, b], base, 64, binned)
+    assert "2 rounds measured near it" in note
+
+
+def test_the_emitted_settings_parse_back():
+    drafts = deploy.drafts_of({"draft": [{"model": "org/draft-0.5b"}, {"model": "/heads/e3", "kind": "eagle3",
+                                                                         "label": "head"}]})
+    s = deploy.settings({"method": "speculative", "gamma": 3, "draft": "draft-0.5b"}, drafts)
+    text = "\n".join(deploy.lines({"all": s}))
+    vllm_line = next(line for line in text.splitlines() if "vLLM:" in line)
+    words = shlex.split(vllm_line.split("vLLM:", 1)[1])
+    assert words[0] == "--speculative-config"
+    assert json.loads(words[1]) == {"method": "draft_model", "model": "org/draft-0.5b", "num_speculative_tokens": 3}
+    sglang = argparse.ArgumentParser()
+    for flag in ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+                 "--speculative-eagle-topk", "--speculative-num-draft-tokens"):
+        sglang.add_argument(flag)
+    line = next(line for line in text.splitlines() if "SGLang:" in line)
+    parsed = sglang.parse_args(shlex.split(line.split("SGLang:", 1)[1]))
+    assert vars(parsed) == {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "org/draft-0.5b",
+                            "speculative_num_steps": "3", "speculative_eagle_topk": "1",
+                            "speculative_num_draft_tokens": "4"}
+    llama = argparse.ArgumentParser()
+    for flag in ("--model-draft", "--draft-max", "--draft-min", "--draft-p-min"):
+        llama.add_argument(flag)
+    line = next(line for line in text.splitlines() if "llama.cpp:" in line)
+    assert vars(llama.parse_args(shlex.split(line.split("llama.cpp:", 1)[1]))) == {
+        "model_draft": "org/draft-0.5b", "draft_max": "3", "draft_min": "3", "draft_p_min": "0"}
+    # prompt lookup: vLLM's n-gram, SGLang's NGRAM, no llama.cpp draft model
+    lookup = deploy.settings({"method": "prompt_lookup", "gamma": 4, "draft": None}, drafts, {"ngram_max": 2})
+    assert lookup["vllm"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                              "prompt_lookup_max": 2}
+    assert lookup["sglang"][:2] == ["--speculative-algorithm", "NGRAM"] and lookup["llama_cpp"] is None
+
+
+def folder(tmp_path, samples, prof=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (prof or profile()).save(tmp_path / "costs.json")
+    (tmp_path / "config.yaml").write_text("draft: {model: org/draft-0.5b, label: d}\n")
+    return tmp_path
+
+
+def test_the_command_and_an_exported_acceptance_read_back(tmp_path, capsys):
+    # gamma 2 over 4 requests of 6 tokens: 12 rounds, 4 accepting 2, 4 accepting 1, 4 none: r1 = 8/12, r2 = 4/12
+    samples = [row("baseline", i) for i in range(4)] + [
+        row("speculative", i, 2, rounds) for i, rounds in enumerate([[(2, 2), (2, 2)], [(2, 2), (2, 2)],
+                                                                     [(2, 1)] * 3, [(2, 1)] + [(2, 0)] * 4])]
+    run_dir = folder(tmp_path / "run", samples)
+    assert rec.main([str(run_dir), "--batch", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "settings, ready to paste:" in out and "--speculative-config" in out
+    written = json.loads((run_dir / "recommend.json").read_text())
+    assert [r["load"] for r in written["loads"]] == ["batch=1", "batch=2"]
+    files = written["exported_acceptance"]["speculative draft=d gamma=2 constant"]
+    vllm = json.loads(open(files["vllm"]).read())
+    assert vllm == {"rejection_sample_method": "synthetic", "num_speculative_tokens": 2,
+                    "synthetic_acceptance_rates": [0.666667, 0.333333]}
+    specdec = json.loads(open(files["specdec_bench"]).read())
+    assert specdec == {"num_speculative_tokens": 2, "acceptance_rates": [0.666667, 0.5], "acceptance_length": 2.0}
+    # each file read back, with the profile, gives the same prediction as the rates in memory
+    expected, _ = rec.recommend(rec.imported_samples([2 / 3, 1 / 3], profile(), 10, 7, [("batch", 2)]), profile(),
+                                [("batch", 2)])
+    for form in ("vllm", "specdec_bench"):
+        out_file = tmp_path / f"{form}.json"
+        assert rec.main(["--acceptance", files[form], "--costs", str(run_dir / "costs.json"), "--batch", "2",
+                         "--prompt-tokens", "10", "--new-tokens", "7", "--out", str(out_file)]) == 0
+        loads = json.loads(out_file.read_text())["loads"]
+        assert [(c["candidate"], c["speedup"]) for c in loads[0]["candidates"]] == \
+            [(c["candidate"], pytest.approx(c["speedup"])) for c in expected[0]["candidates"]]
+    # the pool the rates are laid out as has their shares (to 4 decimals): 0.3333 accept none, 0.3334 one, 0.3333 two
+    pool = acceptance_io.synthetic_rounds([2 / 3, 1 / 3])
+    assert [sum(r["accepted"] == j for r in pool) for j in range(3)] == [3333, 3334, 3333]
+
+
+def bad_runs(tmp_path):
+    return {"no folder": [str(tmp_path / "absent")],
+            "no speculative point": [str(folder(tmp_path / "base", [row("baseline", i) for i in range(2)]))],
+            "a load not priced": [str(folder(tmp_path / "r3", run())), "--batch", "3"],
+            "concurrency of a static run": [str(folder(tmp_path / "r4", run())), "--concurrency", "2"],
+            "acceptance without costs": ["--acceptance", str(tmp_path / "a.json")],
+            "not an acceptance": ["--acceptance", str(tmp_path / "bad.json"), "--costs", str(tmp_path / "p.json")]}
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("no folder", "has no samples.jsonl"), ("no speculative point", "no speculative point"),
+    ("a load not priced", "batch=3 cannot be priced"), ("concurrency of a static run", "needs load points"),
+    ("acceptance without costs", "needs --costs"), ("not an acceptance", "neither synthetic_acceptance_rates")])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, fragment):
+    (tmp_path / "bad.json").write_text(json.dumps({"rates": [0.5]}))
+    profile().save(tmp_path / "p.json")
+    code = rec.main(bad_runs(tmp_path)[case])
+    err = capsys.readouterr().err
+    from helpers import assert_one_clean_line
+    assert_one_clean_line(SimpleNamespace(returncode=code, stderr=err), fragment)
