@@ -36,13 +36,17 @@ def vllm_config(method: str, gamma: int, draft: str | None, drafts: dict, option
     point = SimpleNamespace(gamma=gamma, draft=draft)
     counterpart = next((spec for spec in REGISTRY.values() if spec.engine == "vllm" and spec.counterpart == method
                         and spec.engine_config), None)
-    known = drafts.get(draft) if draft else None
-    if counterpart is not None and (draft is None or known is not None):
-        return counterpart.engine_config(point, drafts, options or {}), None
+    note = None
+    if draft and draft not in drafts:  # a run's config.yaml without it, or an acceptance file: the label stands for it
+        drafts = dict(drafts, **{draft: SimpleNamespace(kind="model", vllm_model=draft, model=draft)})
+        note = f"the draft's model is not known here: its label {draft!r} stands for it; put its path there"
+    if counterpart is not None:
+        return counterpart.engine_config(point, drafts, options or {}), note
     config = {"method": method, "num_speculative_tokens": gamma}
     if draft:
-        config["model"] = known.vllm_model if known else draft
-    return config, f"vLLM runs no counterpart of {method} in this benchmark: its method name here is assumed"
+        config["model"] = drafts[draft].vllm_model
+    return config, "; ".join(filter(None, [note, f"vLLM runs no counterpart of {method} in this benchmark: its "
+                                                 "method name here is assumed"]))
 
 
 def sglang_flags(vllm: dict) -> list[str] | None:

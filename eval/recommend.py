@@ -498,9 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot write {folder / 'acceptance'} ({error.strerror or error}); make the run folder "
               "writable", file=sys.stderr)
         return 2
+    said = list(dict.fromkeys(notes + [n for r in results for n in r["notes"]]))
     print("\n".join([table(results), "", "settings, ready to paste:", *deploy.lines(emitted)]
-                    + ([""] + [f"- {n}" for n in notes + [n for r in results for n in r["notes"]]]
-                       if notes or any(r["notes"] for r in results) else [])))
+                    + ([""] + [f"- {n}" for n in said] if said else [])))
     try:
         write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None,

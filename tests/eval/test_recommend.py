@@ -226,3 +226,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, fragment):
     err = capsys.readouterr().err
     from helpers import assert_one_clean_line
     assert_one_clean_line(SimpleNamespace(returncode=code, stderr=err), fragment)
+
+
+def test_a_concurrency_of_one_replays_the_requests_one_after_another():
+    # the records of run() served (all arriving at 0, measured at concurrency 2): at concurrency 1 each request runs
+    # alone, as at batch 1 (gamma 2: 2.55 s a request, the baseline 4.9 s), so the speedups are the batch-1 ones;
+    # at 2 the pairs run together, as at batch 2 (5.5 s and 6.2 s a pair)
+    served = [dict(s, batch_size=None, concurrency=2, request=s["sample_id"], arrival_s=0.0) for s in run()]
+    results, _ = rec.recommend(served, profile(), [("concurrency", 1), ("concurrency", 2)])
+    one, two = results
+    assert {k: c["speedup"] for k, c in by_candidate(one).items()} == pytest.approx(
+        {G1: 4.9 / 3.15, G2: 4.9 / 2.55, rec.OFF: 1.0})
+    assert by_candidate(one)[G2]["what_if"] and not by_candidate(two)[G2]["what_if"]
+    # E2E from each request's slot (its clock starts when the one before it leaves): 2.55 s each, 4.9 s off
+    assert (by_candidate(one)[G2]["e2e_p50_s"], by_candidate(one)[rec.OFF]["e2e_p50_s"]) == pytest.approx((2.55, 4.9))
+    assert {k: c["speedup"] for k, c in by_candidate(two).items()} == pytest.approx(
+        {G1: 6.2 / 5.1, G2: 6.2 / 5.5, rec.OFF: 1.0})
+    assert (one["best"], two["best"]) == (G2, G1)
