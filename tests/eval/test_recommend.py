@@ -211,6 +211,9 @@ def bad_runs(tmp_path):
             "no speculative point": [str(folder(tmp_path / "base", [row("baseline", i) for i in range(2)]))],
             "a load not priced": [str(folder(tmp_path / "r3", run())), "--batch", "3"],
             "concurrency of a static run": [str(folder(tmp_path / "r4", run())), "--concurrency", "2"],
+            "a rate not measured": [str(folder(tmp_path / "r5", [dict(s, batch_size=None, concurrency=2, request_rate=2.0,
+                                                                       request=s["sample_id"], arrival_s=0.0)
+                                                                  for s in run()])), "--rate", "3"],
             "acceptance without costs": ["--acceptance", str(tmp_path / "a.json")],
             "not an acceptance": ["--acceptance", str(tmp_path / "bad.json"), "--costs", str(tmp_path / "p.json")]}
 
@@ -218,7 +221,7 @@ def bad_runs(tmp_path):
 @pytest.mark.parametrize("case, fragment", [
     ("no folder", "has no samples.jsonl"), ("no speculative point", "no speculative point"),
     ("a load not priced", "batch=3 cannot be priced"), ("concurrency of a static run", "needs load points"),
-    ("acceptance without costs", "needs --costs"), ("not an acceptance", "neither synthetic_acceptance_rates")])
+    ("a rate not measured", "--rate 3.0: the run measured rates [2.0]"), ("acceptance without costs", "needs --costs"), ("not an acceptance", "neither synthetic_acceptance_rates")])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, fragment):
     (tmp_path / "bad.json").write_text(json.dumps({"rates": [0.5]}))
     profile().save(tmp_path / "p.json")
