@@ -33,13 +33,19 @@ class AcceptanceError(UserError, ValueError):
 
 
 def position_rates(rounds: list[dict], gamma: int) -> list[float] | None:
-    """Unconditional per-position rates of chain rounds drafting `gamma` (r_i: the rounds with at least i accepted
-    over the rounds); rounds drafting fewer (a lookup that found less) count as not accepted beyond what they drafted.
-    None without a round."""
+    """Unconditional per-position rates of chain rounds drafting `gamma` (r_i: the share of rounds whose first i
+    drafts were accepted), as the product of the conditional rates c_i = (rounds accepting at least i) / (rounds
+    accepting at least i - 1 that drafted at least i): a round that drafted fewer (capped by the tokens left) says
+    nothing of the positions it did not draft. None without a round."""
     rounds = [r for r in rounds if r.get("drafted")]
     if not rounds or not gamma:
         return None
-    return [sum(r["accepted"] >= i for r in rounds) / len(rounds) for i in range(1, gamma + 1)]
+    out, rate = [], 1.0
+    for i in range(1, gamma + 1):
+        tried = sum(r["accepted"] >= i - 1 and r["drafted"] >= i for r in rounds)
+        rate *= sum(r["accepted"] >= i for r in rounds) / tried if tried else 0.0
+        out.append(rate)
+    return out
 
 
 def to_vllm(rates: list[float]) -> dict:

@@ -53,47 +53,38 @@ def label_of(key: tuple) -> str:
 
 
 def chain(rows: list[dict]) -> bool:
-    """Every round a chain of the point's gamma (no tree, no sources, no fewer drafted): per-position acceptance means
-    one thing there."""
-    return all(r.get("drafted") == s.get("gamma") and "batch_nodes" not in r and "sources" not in r
-               for s in rows for r in s.get("rounds") or [])
+    """Every round a chain of the point's gamma (no tree, no sources, a constant schedule), fewer drafted only where
+    the tokens left cap it (left - 1: a row's last rounds): per-position acceptance means one thing there."""
+    def capped(s: dict) -> bool:
+        left = int(s.get("new_tokens") or 0) - 1
+        for r in s.get("rounds") or []:
+            if r.get("drafted") not in (s.get("gamma"), left - 1) or "batch_nodes" in r or "sources" in r:
+                return False
+            left -= r["emitted"]
+        return True
+    return all(s.get("schedule") in (None, "constant") and capped(s) for s in rows)
 
 
-def matches(rounds: list[dict]) -> list[bool | None]:
-    """Per generated token after the first: did the draft, given the target's tokens so far, propose it? A chain
-    round of a draft model proposes each position from the target's own prefix as long as it was accepted: its
-    accepted drafts True, its first rejected False, and after a round that accepted every draft the next position
-    (the target's bonus token) None: never proposed."""
-    out: list[bool | None] = []
-    for r in rounds:
-        out += [True] * r["accepted"] + [False if r["accepted"] < r["drafted"] else None]
+def derived_rounds(rounds: list[dict], k: int) -> list[dict]:
+    """The rounds a draft model's chain of k drafts (k below the measured gamma) runs: each measured round, as its
+    first k drafts, accepts min(accepted, k) and emits one more; cycled until they cover the row's tokens (the last
+    cut to the tokens left). It takes acceptance at a position as the same wherever a round starts; the target's
+    bonus tokens, never proposed by the draft, are not counted as rejected (that made a lower bound far below the
+    measured K's)."""
+    need = sum(r["emitted"] for r in rounds)
+    pool = [{"drafted": min(r["drafted"], k), "accepted": min(r["accepted"], k),
+             "emitted": min(r["accepted"], k) + 1} for r in rounds]
+    out, i = [], 0
+    while need > 0 and pool:
+        r = pool[i % len(pool)]
+        emitted = min(r["emitted"], need)
+        out.append(dict(r, emitted=emitted, accepted=min(r["accepted"], emitted - 1)))
+        need, i = need - emitted, i + 1
     return out
 
 
-def derived_rounds(rounds: list[dict], k: int) -> tuple[list[dict], int]:
-    """The rounds a draft model's chain of k drafts runs on the same tokens (k below the measured gamma): each round
-    accepts the run of proposed positions from where it starts, at most k, and emits one more; a position never
-    proposed (None) counts as rejected, so the derived acceptance is a lower bound. (rounds, positions so counted)."""
-    seq, out, i, unknown = matches(rounds), [], 0, 0
-    while i < len(seq):
-        accepted = 0
-        while accepted < k and i + accepted < len(seq) and seq[i + accepted] is True:
-            accepted += 1
-        if accepted < k and i + accepted < len(seq) and seq[i + accepted] is None:
-            unknown += 1
-        emitted = min(accepted + 1, len(seq) - i)
-        out.append({"drafted": k, "accepted": emitted - 1 if emitted <= accepted else accepted, "emitted": emitted})
-        i += emitted
-    return out, unknown
-
-
-def derived(rows: list[dict], k: int) -> tuple[list[dict], int]:
-    out, unknown = [], 0
-    for s in rows:
-        rounds, u = derived_rounds(s.get("rounds") or [], k)
-        out.append(dict(s, gamma=k, rounds=rounds))
-        unknown += u
-    return out, unknown
+def derived(rows: list[dict], k: int) -> list[dict]:
+    return [dict(s, gamma=k, rounds=derived_rounds(s.get("rounds") or [], k)) for s in rows]
 
 
 def candidates(samples: list[dict]) -> tuple[dict, dict, list[str], set]:
@@ -122,14 +113,10 @@ def candidates(samples: list[dict]) -> tuple[dict, dict, list[str], set]:
             new = tuple(sorted({**values, "gamma": k}.items()))
             if new in measured or new in out:
                 continue
-            unknown, derived_points = 0, {}
-            for point, rows in points.items():
-                derived_points[point], u = derived(rows, k)
-                unknown += u
-            out[new] = derived_points
-            notes.append(f"{label_of(new)}: not measured, derived from gamma={values['gamma']}'s rounds (a draft "
-                         f"model's chain proposes the same first {k} tokens); {unknown} positions never proposed "
-                         "counted as rejected (a lower bound)")
+            out[new] = {point: derived(rows, k) for point, rows in points.items()}
+            notes.append(f"{label_of(new)}: not measured, derived from gamma={values['gamma']}'s rounds (each "
+                         f"accepting the first {k} of what it accepted; acceptance taken as the same wherever a round "
+                         "starts): a prediction from another K, marked (derived)")
     return dict(out), references, notes, set(out) - measured
 
 
@@ -264,7 +251,7 @@ def choose(rows: list[dict]) -> dict:
 
 
 def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, value,
-                   context: int | None, asked_contexts: list[int]) -> dict:
+                   context: int | None, asked_contexts: list[int], derived_keys: frozenset = frozenset()) -> dict:
     """One load (and context length): every candidate and "off" predicted, and the choice."""
     rows, notes, base = [], [], None
     for key, points in sorted(cands.items(), key=lambda kv: label_of(kv[0])):
@@ -285,7 +272,10 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
         values = dict(key)
         rows.append({"candidate": label_of(key), "method": values["method"], "gamma": values.get("gamma"),
                      "draft": values.get("draft"), "measured_at": point.label,
-                     "what_if": what_if is not None, **spec})
+                     "what_if": what_if is not None, "derived": key in derived_keys, **spec})
+        if spec.get("speedup_ci95") is None:
+            notes.append(f"{load_name(kind, value)}: {label_of(key)} has no interval (fewer than {MIN_PROMPTS} prompt "
+                         "batches or requests): it ties within 5% of another")
         base = base or baseline
     if base is None:
         return {"load": load_name(kind, value), "context": context, "candidates": [], "notes": notes}
@@ -298,14 +288,15 @@ def recommend(samples: list[dict], profile: Profile, loads: list[tuple[str, obje
               contexts: list[int] | None = None) -> tuple[list[dict], list[str]]:
     """Every load x context length's recommendation, and the notes on the candidates. UserError where the run has no
     candidate, or a load no candidate (nor off) can be priced at."""
-    cands, references, notes, _ = candidates(samples)
+    cands, references, notes, derived_keys = candidates(samples)
     if not cands:
         raise UserError("the run has no speculative point of our engine with rounds and its baseline: give a run "
                         "that measured one")
     out = []
     for kind, value in loads:
         for context in contexts or [None]:
-            result = recommend_load(cands, references, profile, kind, value, context, contexts or [])
+            result = recommend_load(cands, references, profile, kind, value, context, contexts or [],
+                                    frozenset(derived_keys))
             if not result["candidates"]:
                 why = "; ".join(result["notes"]) or "no candidate was measured at such a load"
                 raise UserError(f"{load_name(kind, value)} cannot be priced ({why}): give a profile with those "
@@ -387,7 +378,7 @@ def table(results: list[dict]) -> str:
                           f"best, {result['margin']:.3f}x {result['runner_up']}" if result["runner_up"] else "best")
             else:
                 choice = ""
-            what_if = " (what-if)" if r.get("what_if") else ""
+            what_if = (" (what-if)" if r.get("what_if") else "") + (" (derived)" if r.get("derived") else "")
             lines.append(f"| {result['load']} | {result['context'] or 'as measured'} | {r['candidate']}{what_if} | "
                          f"{_interval(r['speedup'], r.get('speedup_ci95'))} | "
                          f"{_interval(r.get('tok_s'), r.get('tok_s_ci95'), '{:.1f}')} | {latency} | {choice} |")

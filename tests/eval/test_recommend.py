@@ -101,20 +101,35 @@ def test_intervals_that_overlap_tie(a, b, tie):
 
 
 def test_a_k_not_measured_is_derived_below_a_measured_one():
-    # gamma 3: accepts 3 (4 tokens), then 1 (2 tokens): positions T T T ? T F (? the bonus, never proposed)
+    # gamma 3: accepts 3 (4 tokens), then 1 (2 tokens): 6 tokens
     rounds = [{"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 1, "emitted": 2}]
-    assert rec.matches(rounds) == [True, True, True, None, True, False]
-    # K 2: T T (bonus at 3) | ? counted rejected (1 token) | T F (2 tokens)
-    assert rec.derived_rounds(rounds, 2) == ([{"drafted": 2, "accepted": 2, "emitted": 3},
-                                              {"drafted": 2, "accepted": 0, "emitted": 1},
-                                              {"drafted": 2, "accepted": 1, "emitted": 2}], 1)
-    # K 1: T (bonus) | T (bonus) | T (bonus): 3 rounds, nothing unknown
-    assert rec.derived_rounds(rounds, 1) == ([{"drafted": 1, "accepted": 1, "emitted": 2}] * 3, 0)
+    # K 2: each accepts min(accepted, 2): 2 (3 tokens), 1 (2 tokens), then the first again, cut to the 1 token left
+    assert rec.derived_rounds(rounds, 2) == [{"drafted": 2, "accepted": 2, "emitted": 3},
+                                             {"drafted": 2, "accepted": 1, "emitted": 2},
+                                             {"drafted": 2, "accepted": 0, "emitted": 1}]
+    # K 1: both accept 1 (2 tokens each): 3 rounds cover the 6 tokens
+    assert rec.derived_rounds(rounds, 1) == [{"drafted": 1, "accepted": 1, "emitted": 2}] * 3
     samples = [row("baseline", 0)] + [dict(row("speculative", 0, 3), rounds=rounds)]
     cands, _, notes, derived = rec.candidates(samples)
     assert sorted(rec.label_of(k) for k in derived) == ["speculative draft=d gamma=1 constant",
                                                         "speculative draft=d gamma=2 constant"]
-    assert any("gamma=2" in n and "1 positions never proposed" in n for n in notes)
+    assert any("gamma=2" in n and "derived from gamma=3" in n for n in notes)
+
+
+def test_a_round_capped_by_the_tokens_left_is_still_a_chain():
+    # 7 tokens, 6 after the first: gamma 3 accepts 3 (4 tokens), then 2 tokens are left: the engine drafts 1 (it
+    # accepts it, 2 tokens). Before, such a row was no chain: no K derived and no acceptance exported on any real run.
+    capped = row("speculative", 0, 3, [(3, 3), (1, 1)])
+    assert rec.chain([capped])
+    assert not rec.chain([row("speculative", 0, 3, [(3, 3), (2, 1)])])  # 2 drafted with 2 left: not the cap
+    assert not rec.chain([dict(capped, schedule="cost_model")])  # K chosen per round: no one K's acceptance
+    _, _, _, derived = rec.candidates([row("baseline", 0), capped])
+    assert len(derived) == 2
+    # the capped round says nothing of positions 2 and 3: r = [2/2, 1/1, 1/1], not [1, 1/2, 1/2]
+    assert acceptance_io.position_rates(capped["rounds"], 3) == [1.0, 1.0, 1.0]
+    two = [{"drafted": 2, "accepted": 2}, {"drafted": 2, "accepted": 0}, {"drafted": 1, "accepted": 1}]
+    # c1 = 2/3, c2 = 1 / 1 (only the first round drafted a second and had its first accepted): r = [2/3, 2/3]
+    assert acceptance_io.position_rates(two, 2) == pytest.approx([2 / 3, 2 / 3])
 
 
 def test_rounds_are_binned_by_context(monkeypatch):
