@@ -31,14 +31,34 @@ def drafts_of(config: dict) -> dict:
     return out
 
 
+# our method -> the vLLM method of this benchmark that runs the same speculation, where its spec names no counterpart
+VLLM_OF = {"eagle3": "vllm_eagle", "suffix": "vllm_suffix"}
+# why an engine has no equivalent of our method (engine -> method -> reason)
+NO_EQUIVALENT = {
+    "vllm": {"hybrid": "hybrid switches per row and round between lookup, suffix, the draft model and trees; vLLM has "
+                       "no such switch",
+             "early_exit": "vLLM drafts with no layers of the target itself"},
+    "sglang": {"hybrid": "SGLang has no per-round switch between drafters",
+               "early_exit": "SGLang drafts with no layers of the target itself",
+               "suffix": "SGLang has no suffix decoding", "medusa": "SGLang has no Medusa heads"},
+    "llama_cpp": {"hybrid": "llama.cpp has no per-round switch between drafters",
+                  "early_exit": "llama.cpp drafts with no layers of the target itself",
+                  "suffix": "llama.cpp has no suffix trie (ngram-cache keeps n-gram counts, another drafter)",
+                  "medusa": "llama.cpp has no Medusa heads",
+                  "eagle3": "llama.cpp's EAGLE-3 (--spec-type draft-eagle3) loads its own GGUF conversion of the "
+                            "head: not emitted"},
+}
+
+
 def vllm_config(method: str, gamma: int, draft: str | None, drafts: dict, options: dict | None = None) -> tuple[dict, str | None]:
     """(speculative_config, a note where the name is our method's own)."""
     point = SimpleNamespace(gamma=gamma, draft=draft)
     counterpart = next((spec for spec in REGISTRY.values() if spec.engine == "vllm" and spec.counterpart == method
-                        and spec.engine_config), None)
+                        and spec.engine_config), None) or REGISTRY.get(VLLM_OF.get(method, ""))
     note = None
     if draft and draft not in drafts:  # a run's config.yaml without it, or an acceptance file: the label stands for it
-        drafts = dict(drafts, **{draft: SimpleNamespace(kind="model", vllm_model=draft, model=draft)})
+        drafts = dict(drafts, **{draft: SimpleNamespace(kind=method if method in ("eagle3", "medusa") else "model",
+                                                        vllm_model=draft, model=draft)})
         note = f"the draft's model is not known here: its label {draft!r} stands for it; put its path there"
     if counterpart is not None:
         return counterpart.engine_config(point, drafts, options or {}), note
@@ -64,23 +84,50 @@ def sglang_flags(vllm: dict) -> list[str] | None:
 
 
 def llama_cpp_flags(vllm: dict) -> list[str] | None:
-    """llama.cpp server's flags for a draft model: K drafts every round as measured (--draft-min K, and
-    --draft-p-min 0 so that no draft is cut short by its confidence). None for a method without a draft model."""
-    if vllm.get("method") != "draft_model":
-        return None
+    """llama-server's flags (build b11434: --draft-max and --draft-min were removed there, and refuse to start): a
+    draft model drafting K every round as measured (--spec-draft-n-min K, --spec-draft-p-min 0 so that no draft is
+    cut short by its confidence); prompt lookup as ngram-simple, its closest: a lookup n-gram of prompt_lookup_max
+    tokens, a draft of K. None for the rest."""
     k = str(vllm["num_speculative_tokens"])
-    return ["--model-draft", vllm["model"], "--draft-max", k, "--draft-min", k, "--draft-p-min", "0"]
+    if vllm.get("method") == "draft_model":
+        return ["--spec-type", "draft-simple", "--model-draft", vllm["model"], "--spec-draft-n-max", k,
+                "--spec-draft-n-min", k, "--spec-draft-p-min", "0"]
+    if vllm.get("method") == "ngram":
+        return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(vllm.get("prompt_lookup_max", 3)),
+                "--spec-ngram-simple-size-m", k]
+    return None
 
 
 def settings(choice: dict | None, drafts: dict, options: dict | None = None) -> dict:
-    """One choice ({method, gamma, draft}; None: off) as each engine's settings: vllm (the dict, or None: no
-    speculative_config), sglang and llama_cpp (argument lists, [] for off, None where the engine has no equivalent)
-    and notes."""
+    """One choice ({method, gamma, draft, and its other axes: tree, schedule, ...}; None: off) as each engine's
+    settings: vllm (the dict, or None), sglang and llama_cpp (argument lists, [] for off), no_equivalent (engine ->
+    why it has none: its setting None) and notes."""
     if choice is None:
-        return {"vllm": None, "sglang": [], "llama_cpp": [], "notes": []}
-    vllm, note = vllm_config(choice["method"], choice["gamma"], choice.get("draft"), drafts, options)
-    return {"vllm": vllm, "sglang": sglang_flags(vllm), "llama_cpp": llama_cpp_flags(vllm),
-            "notes": [note] if note else []}
+        return {"vllm": None, "sglang": [], "llama_cpp": [], "no_equivalent": {}, "notes": []}
+    method, notes, why = choice["method"], [], {}
+    if choice.get("tree") is not None:
+        reason = (f"a tree of drafts (tree={choice['tree']}): the settings here are one chain of K, and a tree's "
+                  "settings were not checked against ours")
+        return {"vllm": None, "sglang": None, "llama_cpp": None,
+                "no_equivalent": {e: reason for e in ("vllm", "sglang", "llama_cpp")}, "notes": []}
+    if choice.get("schedule") not in (None, "constant"):
+        notes.append(f"schedule {choice['schedule']} picks K per round up to {choice['gamma']}: the engines draft a "
+                     "fixed K, here that most")
+    if choice.get("draft_context") is not None:
+        notes.append(f"draft_context={choice['draft_context']}: the engines' drafts read the whole context")
+    vllm = None
+    if method in NO_EQUIVALENT["vllm"]:
+        why["vllm"] = NO_EQUIVALENT["vllm"][method]
+    else:
+        vllm, note = vllm_config(method, choice["gamma"], choice.get("draft"), drafts, options)
+        notes += [note] if note else []
+    out = {"vllm": vllm, "sglang": None, "llama_cpp": None}
+    for engine, flags in (("sglang", sglang_flags), ("llama_cpp", llama_cpp_flags)):
+        reason = NO_EQUIVALENT[engine].get(method)
+        out[engine] = None if reason or vllm is None else flags(vllm)
+        if out[engine] is None:
+            why[engine] = reason or f"no {engine} form of {method} here"
+    return {**out, "no_equivalent": why, "notes": notes}
 
 
 def emitted(by_load: list[tuple[str, dict]]) -> dict:
@@ -97,12 +144,14 @@ def lines(emitted_settings: dict) -> list[str]:
     """The printed settings, ready to paste."""
     out = []
     for load, s in emitted_settings.items():
+        why = s.get("no_equivalent") or {}
         out.append(f"{'every load' if load == 'all' else load}:")
-        out.append("  vLLM:      " + ("no speculative_config (speculation off)" if s["vllm"] is None else
+        out.append("  vLLM:      " + (f"no equivalent: {why['vllm']}" if "vllm" in why else
+                                      "no speculative_config (speculation off)" if s["vllm"] is None else
                                       f"--speculative-config {shlex.quote(json.dumps(s['vllm']))}"))
         for name, key in (("SGLang", "sglang"), ("llama.cpp", "llama_cpp")):
             flags = s[key]
-            out.append(f"  {name + ':':<10} " + ("no equivalent" if flags is None else
+            out.append(f"  {name + ':':<10} " + (f"no equivalent: {why.get(key, '')}" if flags is None else
                                                  "no speculation flags (off)" if not flags else shlex.join(flags)))
         out += [f"  note: {n}" for n in s["notes"]]
     return out

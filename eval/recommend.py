@@ -272,7 +272,7 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
         values = dict(key)
         rows.append({"candidate": label_of(key), "method": values["method"], "gamma": values.get("gamma"),
                      "draft": values.get("draft"), "measured_at": point.label,
-                     "what_if": what_if is not None, "derived": key in derived_keys, **spec})
+                     "what_if": what_if is not None, "derived": key in derived_keys, "axes": values, **spec})
         if spec.get("speedup_ci95") is None:
             notes.append(f"{load_name(kind, value)}: {label_of(key)} has no interval (fewer than {MIN_PROMPTS} prompt "
                          "batches or requests): it ties within 5% of another")
@@ -390,7 +390,7 @@ def settings_of(results: list[dict], config: dict) -> dict:
     by_load = []
     for result in results:
         best = next(r for r in result["candidates"] if r["candidate"] == result["best"])
-        choice = None if best["candidate"] == OFF else {k: best[k] for k in ("method", "gamma", "draft")}
+        choice = None if best["candidate"] == OFF else best["axes"]
         name = result["load"] + (f" ctx={result['context']}" if result["context"] else "")
         by_load.append((name, deploy.settings(choice, drafts, options if isinstance(options, dict) else {})))
     return deploy.emitted(by_load)

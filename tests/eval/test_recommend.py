@@ -81,7 +81,7 @@ def test_off_where_speculation_is_slower():
     assert [(r["best"], r["runner_up"]) for r in results] == [(rec.OFF, G1), (rec.OFF, G1)]
     assert [r["margin"] for r in results] == pytest.approx([8.85 / 4.9, 10.8 / 6.2])
     emitted = rec.settings_of(results, {})
-    assert emitted == {"all": {"vllm": None, "sglang": [], "llama_cpp": [], "notes": []}}
+    assert emitted == {"all": {"vllm": None, "sglang": [], "llama_cpp": [], "no_equivalent": {}, "notes": []}}
 
 
 def test_a_tie_is_said_as_a_tie():
@@ -168,17 +168,46 @@ def test_the_emitted_settings_parse_back():
     assert vars(parsed) == {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "org/draft-0.5b",
                             "speculative_num_steps": "3", "speculative_eagle_topk": "1",
                             "speculative_num_draft_tokens": "4"}
+    # llama-server b11434's own flag names (common/arg.cpp); --draft-max and --draft-min were removed there
     llama = argparse.ArgumentParser()
-    for flag in ("--model-draft", "--draft-max", "--draft-min", "--draft-p-min"):
+    for flag in ("--spec-type", "--model-draft", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
+                 "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"):
         llama.add_argument(flag)
     line = next(line for line in text.splitlines() if "llama.cpp:" in line)
-    assert vars(llama.parse_args(shlex.split(line.split("llama.cpp:", 1)[1]))) == {
-        "model_draft": "org/draft-0.5b", "draft_max": "3", "draft_min": "3", "draft_p_min": "0"}
-    # prompt lookup: vLLM's n-gram, SGLang's NGRAM, no llama.cpp draft model
+    assert {k: v for k, v in vars(llama.parse_args(shlex.split(line.split("llama.cpp:", 1)[1]))).items() if v} == {
+        "spec_type": "draft-simple", "model_draft": "org/draft-0.5b", "spec_draft_n_max": "3",
+        "spec_draft_n_min": "3", "spec_draft_p_min": "0"}
+    # prompt lookup: vLLM's n-gram, SGLang's NGRAM, llama.cpp's ngram-simple (a 2-token lookup, 4 drafted)
     lookup = deploy.settings({"method": "prompt_lookup", "gamma": 4, "draft": None}, drafts, {"ngram_max": 2})
     assert lookup["vllm"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
                               "prompt_lookup_max": 2}
-    assert lookup["sglang"][:2] == ["--speculative-algorithm", "NGRAM"] and lookup["llama_cpp"] is None
+    assert lookup["sglang"][:2] == ["--speculative-algorithm", "NGRAM"]
+    assert {k: v for k, v in vars(llama.parse_args(lookup["llama_cpp"])).items() if v} == {
+        "spec_type": "ngram-simple", "spec_ngram_simple_size_n": "2", "spec_ngram_simple_size_m": "4"}
+
+
+@pytest.mark.parametrize("choice, vllm, sglang, llama_cpp", [
+    # hybrid: no engine has it (before: vLLM's config with an invented method "hybrid")
+    ({"method": "hybrid", "gamma": 4, "draft": "draft-0.5b"}, None, None, None),
+    # a tree: not one chain of K (before: emitted as a chain, its tree dropped)
+    ({"method": "speculative", "gamma": 4, "draft": "draft-0.5b", "tree": "2x2"}, None, None, None),
+    # EAGLE-3: vLLM's eagle3 with the head, SGLang's EAGLE3; llama.cpp's needs its own GGUF of the head
+    ({"method": "eagle3", "gamma": 3, "draft": "head"}, {"method": "eagle3", "model": "/heads/e3",
+                                                         "num_speculative_tokens": 3}, "EAGLE3", None),
+    # suffix: vLLM's suffix (Arctic Inference); neither SGLang nor llama.cpp has it
+    ({"method": "suffix", "gamma": 5, "draft": None}, {"method": "suffix", "num_speculative_tokens": 5}, None, None),
+    ({"method": "early_exit", "gamma": 2, "draft": None}, None, None, None),
+])
+def test_each_method_gets_its_settings_or_no_equivalent_with_a_reason(choice, vllm, sglang, llama_cpp):
+    drafts = deploy.drafts_of({"draft": [{"model": "org/draft-0.5b"}, {"model": "/heads/e3", "kind": "eagle3",
+                                                                         "label": "head"}]})
+    s = deploy.settings(choice, drafts)
+    assert s["vllm"] == vllm and (s["sglang"] or [None, None])[1] == sglang and s["llama_cpp"] == llama_cpp
+    assert sorted(s["no_equivalent"]) == sorted(e for e, v in (("vllm", vllm), ("sglang", sglang),
+                                                               ("llama_cpp", llama_cpp)) if v is None)
+    assert all(s["no_equivalent"].values())
+    text = "\n".join(deploy.lines({"all": s}))
+    assert "speculation off" not in text and text.count("no equivalent: ") == len(s["no_equivalent"])
 
 
 def folder(tmp_path, samples, prof=None):
