@@ -8,6 +8,8 @@ all accepted (r_1 >= r_2 >= ... >= r_K). Two forms carry it:
 - vLLM's synthetic acceptance mode, a speculative_config fragment: {"rejection_sample_method": "synthetic",
   "num_speculative_tokens": K, "synthetic_acceptance_rates": [r_1, ..., r_K]} (vLLM's SpeculativeConfig: entry i
   is the marginal probability that the first i + 1 drafts are accepted; non-increasing; K entries).
+- llama.cpp's synthetic acceptance (llama-server b11434, benchmarking only): `--spec-draft-n-max K
+  --spec-synth-rates r_1,...,r_K`, the same unconditional rates, non-increasing.
 - specdec_bench's speculation_profile.json. Its exact shape was not found in any reference at hand; assumed here:
   {"num_speculative_tokens": K, "acceptance_rates": [c_1, ..., c_K], "acceptance_length": 1 + sum(r)}, c_i the
   conditional rate P(draft i accepted | drafts 1..i-1 were) = r_i / r_(i-1). Read back as written.
@@ -23,8 +25,9 @@ from pathlib import Path
 
 from utils import UserError
 
-VLLM_FORM, SPECDEC_FORM = "vllm", "specdec_bench"
-FORMS = (VLLM_FORM, SPECDEC_FORM)
+VLLM_FORM, SPECDEC_FORM, LLAMA_FORM = "vllm", "specdec_bench", "llama_cpp"
+FORMS = (VLLM_FORM, SPECDEC_FORM, LLAMA_FORM)
+SYNTH_FLAG = "--spec-synth-rates"
 POOL = 10_000  # rounds a read-back acceptance is laid out as: its rates to 4 decimals
 
 
@@ -59,8 +62,36 @@ def to_specdec(rates: list[float]) -> dict:
             "acceptance_length": round(1 + sum(rates), 6)}
 
 
-def export(rates: list[float], form: str) -> dict:
-    return to_vllm(rates) if form == VLLM_FORM else to_specdec(rates)
+def to_llama(rates: list[float]) -> str:
+    """llama-server's synthetic acceptance (b11434, benchmarking only): K unconditional non-increasing rates, as
+    many as --spec-draft-n-max."""
+    return f"--spec-draft-n-max {len(rates)} {SYNTH_FLAG} " + ",".join(f"{round(r, 6):g}" for r in rates)
+
+
+def export(rates: list[float], form: str) -> dict | str:
+    return to_vllm(rates) if form == VLLM_FORM else to_llama(rates) if form == LLAMA_FORM else to_specdec(rates)
+
+
+def parse_llama(text: str, where: str) -> list[float]:
+    """llama.cpp's form: `--spec-synth-rates P0,P1,...` among its flags (with --spec-draft-n-max K, as many), or
+    the bare list."""
+    words = text.split()
+    value, k = (words[0] if len(words) == 1 else None), None
+    for flag, following in zip(words, words[1:]):
+        value = following if flag == SYNTH_FLAG else value
+        k = following if flag == "--spec-draft-n-max" else k
+    try:
+        rates = [float(x) for x in (value or "").split(",") if x.strip()]
+    except ValueError:
+        rates = None
+    rates = _rates(rates, SYNTH_FLAG, where)
+    if any(b > a for a, b in zip(rates, rates[1:])):
+        raise AcceptanceError(f"{where}: {SYNTH_FLAG} rises ({rates}); llama.cpp's rates are unconditional, each at "
+                              "most the one before")
+    if k is not None and k != str(len(rates)):
+        raise AcceptanceError(f"{where}: --spec-draft-n-max is {k} but it has {len(rates)} rates; one rate per draft "
+                              "position")
+    return rates
 
 
 def _rates(values, key: str, where: str) -> list[float]:
@@ -96,12 +127,20 @@ def parse(data, where: str = "the acceptance file") -> tuple[list[float], str]:
 
 
 def read(path: Path) -> tuple[list[float], str]:
+    """Either JSON form, or llama.cpp's flags (a file not starting with `{`)."""
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
     except FileNotFoundError:
         raise AcceptanceError(f"{path} does not exist: give an acceptance file (python -m eval.recommend RUN "
-                              "--export-acceptance writes one)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                              "writes them to RUN/acceptance/)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise AcceptanceError(f"{path} cannot be read ({error}); give vLLM's synthetic form, specdec_bench's "
+                              "speculation_profile.json or llama.cpp's --spec-synth-rates") from None
+    if not text.lstrip().startswith("{"):
+        return parse_llama(text, str(path)), LLAMA_FORM
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
         raise AcceptanceError(f"{path} is not JSON ({error}); give vLLM's synthetic form or specdec_bench's "
                               "speculation_profile.json") from None
     return parse(data, str(path))

@@ -413,8 +413,13 @@ def exported(samples: list[dict], folder: Path) -> dict:
             continue
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label_of(key))
         for form, name in ((acceptance_io.VLLM_FORM, f"{slug}.vllm.json"),
-                           (acceptance_io.SPECDEC_FORM, f"{slug}.speculation_profile.json")):
-            write_json(folder / "acceptance" / name, acceptance_io.export(rates, form))
+                           (acceptance_io.SPECDEC_FORM, f"{slug}.speculation_profile.json"),
+                           (acceptance_io.LLAMA_FORM, f"{slug}.llama_cpp.args")):
+            data = acceptance_io.export(rates, form)
+            if isinstance(data, str):
+                (folder / "acceptance" / name).write_text(data + "\n")
+            else:
+                write_json(folder / "acceptance" / name, data)
             out.setdefault(label_of(key), {})[form] = str(folder / "acceptance" / name)
     return out
 

@@ -238,7 +238,8 @@ def test_the_command_and_an_exported_acceptance_read_back(tmp_path, capsys):
     # each file read back, with the profile, gives the same prediction as the rates in memory
     expected, _ = rec.recommend(rec.imported_samples([2 / 3, 1 / 3], profile(), 10, 7, [("batch", 2)]), profile(),
                                 [("batch", 2)])
-    for form in ("vllm", "specdec_bench"):
+    assert open(files["llama_cpp"]).read() == "--spec-draft-n-max 2 --spec-synth-rates 0.666667,0.333333\n"
+    for form in ("vllm", "specdec_bench", "llama_cpp"):
         out_file = tmp_path / f"{form}.json"
         assert rec.main(["--acceptance", files[form], "--costs", str(run_dir / "costs.json"), "--batch", "2",
                          "--prompt-tokens", "10", "--new-tokens", "7", "--out", str(out_file)]) == 0
@@ -273,6 +274,28 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, fragment):
     err = capsys.readouterr().err
     from helpers import assert_one_clean_line
     assert_one_clean_line(SimpleNamespace(returncode=code, stderr=err), fragment)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"synthetic_acceptance_rates": [1.2, 0.5]}', "not a list of rates in [0, 1]"),
+    ('{"synthetic_acceptance_rates": [0.5, 0.7]}', "rise"),
+    ('{"synthetic_acceptance_rates": []}', "not a list of rates"),
+    ('{"acceptance_rates": [0.9, 1.5]}', "not a list of rates in [0, 1]"),
+    ("", "not a list of rates"),
+    ("--spec-synth-rates 0.5,0.7", "rises"),
+    ("--spec-draft-n-max 3 --spec-synth-rates 0.8,0.6", "--spec-draft-n-max is 3 but it has 2 rates"),
+    ("--spec-synth-rates 0.8,x", "not a list of rates"),
+])
+def test_a_bad_acceptance_file_is_one_line_and_exit_2(tmp_path, capsys, text, fragment):
+    (tmp_path / "a").write_text(text)
+    profile().save(tmp_path / "p.json")
+    code = rec.main(["--acceptance", str(tmp_path / "a"), "--costs", str(tmp_path / "p.json")])
+    from helpers import assert_one_clean_line
+    assert_one_clean_line(SimpleNamespace(returncode=code, stderr=capsys.readouterr().err), fragment)
+
+
+def test_llama_cpps_bare_rates_read_back():
+    assert acceptance_io.parse_llama("0.8,0.6\n", "f") == [0.8, 0.6]
 
 
 def test_a_concurrency_of_one_replays_the_requests_one_after_another():
