@@ -24,8 +24,8 @@ from pathlib import Path
 from decode.methods import REGISTRY
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
-from eval.costs import Profile, read_config, read_progress
-from eval.predict import draft_label, run_profile
+from eval.costs import Profile, read_config, read_env, read_progress, run_costs
+from eval.predict import differences, draft_label, run_profile
 from eval.records import Point
 from eval.replay import OFF_BY, MissingCost, Pricer, lacking, replay_load, replay_static, static_prediction
 from eval.serving import load_prediction, replayed_figures
@@ -253,7 +253,7 @@ def choose(rows: list[dict]) -> dict:
 def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, value,
                    context: int | None, asked_contexts: list[int], derived_keys: frozenset = frozenset()) -> dict:
     """One load (and context length): every candidate and "off" predicted, and the choice."""
-    rows, notes, base = [], [], None
+    rows, notes, base, no_interval = [], [], None, []
     for key, points in sorted(cands.items(), key=lambda kv: label_of(kv[0])):
         where = measured_at(points, kind, value)
         if where is None:
@@ -274,9 +274,11 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
                      "draft": values.get("draft"), "measured_at": point.label,
                      "what_if": what_if is not None, "derived": key in derived_keys, "axes": values, **spec})
         if spec.get("speedup_ci95") is None:
-            notes.append(f"{load_name(kind, value)}: {label_of(key)} has no interval (fewer than {MIN_PROMPTS} prompt "
-                         "batches or requests): it ties within 5% of another")
+            no_interval.append(label_of(key))
         base = base or baseline
+    if no_interval:
+        notes.append(f"{load_name(kind, value)}: no interval for {', '.join(no_interval)} (fewer than {MIN_PROMPTS} "
+                     f"prompt batches or requests): a tie is within {OFF_BY:.0%}")
     if base is None:
         return {"load": load_name(kind, value), "context": context, "candidates": [], "notes": notes}
     rows.append({"candidate": OFF, "method": None, "gamma": None, "draft": None, "speedup": 1.0,
@@ -303,6 +305,39 @@ def recommend(samples: list[dict], profile: Profile, loads: list[tuple[str, obje
                                 "steps (python -m runner.profile), or another load")
             out.append(result)
     return out, notes
+
+
+def model_name(name) -> str | None:
+    """A model's name as compared across profiles: its last path component, lower case, without synthetic: and the
+    synthetic shape's options (synthetic:qwen3-4b?layers=6 is qwen3-4b)."""
+    if not name:
+        return None
+    return str(name).removeprefix("synthetic:").split("?")[0].rstrip("/").split("/")[-1].lower() or None
+
+
+def check_target(profile_meta: dict, run_meta: dict, costs: Path) -> None:
+    """A --costs profile of another target than the run's: UserError. The same where one name begins the other (a
+    profile of synthetic shapes names the architecture, qwen2.5-coder-1.5b for qwen2.5-coder-1.5b-instruct)."""
+    mine, theirs = model_name(profile_meta.get("target_model")), model_name(run_meta.get("target_model"))
+    if mine and theirs and not (mine.startswith(theirs) or theirs.startswith(mine)):
+        raise UserError(f"{costs} profiles the target {profile_meta['target_model']}, the run measured "
+                        f"{run_meta['target_model']}: its steps do not price this run's; give a profile of "
+                        f"{run_meta['target_model']} (python -m runner.profile)")
+
+
+def context_notes(profile: Profile, contexts: list[int] | None) -> list[str]:
+    """What the profile's caches say of each context asked: a profile timed at one cache prices every context's
+    steps alike; a context outside its caches is extrapolated along their line (eval/costs.py _along)."""
+    caches = profile.caches()
+    if not contexts or not caches:
+        return []
+    if len(caches) == 1:
+        return [f"the profile timed its steps at one cache ({caches[0]} tokens): at every --context the steps cost "
+                "the same; only the acceptance and the prefill change (profile longer caches: python -m runner.profile)"]
+    return [f"context {c}: outside the profile's caches ({caches[0]}-{caches[-1]} tokens): its steps are extrapolated "
+            f"along their line, {c / caches[-1]:.1f}x the longest" if c > caches[-1] else
+            f"context {c}: below the profile's caches ({caches[0]}-{caches[-1]} tokens): its steps are extrapolated"
+            for c in contexts if not caches[0] <= c <= caches[-1]]
 
 
 def default_loads(samples: list[dict]) -> list[tuple[str, object]]:
@@ -456,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     loads = ([("batch", b) for b in args.batch or []] + [("concurrency", c) for c in args.concurrency or []]
              + [("rate", r) for r in args.rate or []])
+    said_first: list[str] = []
     try:
         if args.acceptance is not None:
             if args.costs is None:
@@ -477,12 +513,17 @@ def main(argv: list[str] | None = None) -> int:
                                 "--acceptance FILE --costs PROFILE.json)")
             progress, config = read_progress(folder), read_config(folder)
             profile = Profile.load(args.costs) if args.costs else run_profile(folder, progress)
+            if args.costs:
+                run_meta = run_costs({}, read_env(folder), config).meta
+                check_target(profile.meta, run_meta, args.costs)
+                said_first += differences(profile.meta, run_meta)
             samples = read_jsonl(folder / "samples.jsonl")
             loads = loads or default_loads(samples)
             check_loads(samples, loads)
         if not profile.steps:
             raise UserError(f"{args.costs or folder} has no steps: give --costs PROFILE.json (python -m runner.profile)")
         results, notes = recommend(samples, profile, loads, args.context)
+        notes = said_first + context_notes(profile, args.context) + notes
     except UserError as error:  # ProfileError and AcceptanceError too
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -298,6 +298,33 @@ def test_llama_cpps_bare_rates_read_back():
     assert acceptance_io.parse_llama("0.8,0.6\n", "f") == [0.8, 0.6]
 
 
+def test_a_profile_of_another_target_is_refused(tmp_path, capsys):
+    run_dir = folder(tmp_path / "run", run())
+    (run_dir / "config.yaml").write_text("target: {model: org/Qwen2.5-1.5B-Instruct}\ndraft: {model: d}\n")
+    other = profile()
+    other.meta = {"target_model": "synthetic:qwen3-4b?layers=6"}
+    other.save(tmp_path / "other.json")
+    code = rec.main([str(run_dir), "--batch", "1", "--costs", str(tmp_path / "other.json")])
+    from helpers import assert_one_clean_line
+    assert_one_clean_line(SimpleNamespace(returncode=code, stderr=capsys.readouterr().err),
+                          "profiles the target synthetic:qwen3-4b?layers=6, the run measured org/Qwen2.5-1.5B-Instruct")
+    # synthetic shapes of the same architecture, or the same model elsewhere, are the same target
+    for name in ("synthetic:qwen2.5-1.5b", "/models/qwen2.5-1.5b-instruct"):
+        rec.check_target({"target_model": name}, {"target_model": "org/Qwen2.5-1.5B-Instruct"}, tmp_path)
+
+
+def test_a_context_the_profile_did_not_time_is_said():
+    # the tests' profile times every step at one cache (100 tokens): no context changes a step's cost
+    assert "one cache (100 tokens)" in rec.context_notes(profile(), [512])[0]
+    two = profile()
+    two.steps += [dict(s, kv=400) for s in two.steps]  # caches 100 and 400
+    assert rec.context_notes(two, [100, 400]) == []
+    assert rec.context_notes(two, [50, 1600]) == [
+        "context 50: below the profile's caches (100-400 tokens): its steps are extrapolated",
+        "context 1600: outside the profile's caches (100-400 tokens): its steps are extrapolated along their line, "
+        "4.0x the longest"]
+
+
 def test_a_concurrency_of_one_replays_the_requests_one_after_another():
     # the records of run() served (all arriving at 0, measured at concurrency 2): at concurrency 1 each request runs
     # alone, as at batch 1 (gamma 2: 2.55 s a request, the baseline 4.9 s), so the speedups are the batch-1 ones;
