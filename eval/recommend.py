@@ -421,13 +421,30 @@ def table(results: list[dict]) -> str:
 
 
 def settings_of(results: list[dict], config: dict) -> dict:
+    """Each load's choice as each engine's settings. Where an engine has no equivalent of the choice, that engine
+    gets the best candidate it runs ("off" included), said in a note."""
     drafts, options = deploy.drafts_of(config), config.get("speculative") or {}
+    options = options if isinstance(options, dict) else {}
+
+    def of(r: dict) -> dict:
+        return deploy.settings(None if r["candidate"] == OFF else r["axes"], drafts, options)
+
     by_load = []
     for result in results:
-        best = next(r for r in result["candidates"] if r["candidate"] == result["best"])
-        choice = None if best["candidate"] == OFF else best["axes"]
+        ranked = sorted(result["candidates"], key=lambda r: (-r["speedup"], r["candidate"] != OFF, r["candidate"]))
+        best = next(r for r in ranked if r["candidate"] == result["best"])
+        s = of(best)
+        for engine, why in list(s["no_equivalent"].items()):
+            for r in ranked:
+                other = of(r) if r is not best else s
+                if engine not in other["no_equivalent"]:
+                    s[engine] = other[engine]
+                    del s["no_equivalent"][engine]
+                    s["notes"].append(f"{engine}: {best['candidate']} has no equivalent ({why}): the best it runs, "
+                                      f"{r['candidate']} ({r['speedup']:.2f}x against {best['speedup']:.2f}x)")
+                    break
         name = result["load"] + (f" ctx={result['context']}" if result["context"] else "")
-        by_load.append((name, deploy.settings(choice, drafts, options if isinstance(options, dict) else {})))
+        by_load.append((name, s))
     return deploy.emitted(by_load)
 
 

@@ -298,6 +298,23 @@ def test_llama_cpps_bare_rates_read_back():
     assert acceptance_io.parse_llama("0.8,0.6\n", "f") == [0.8, 0.6]
 
 
+def test_an_engine_without_the_choice_gets_the_best_it_runs():
+    # hybrid 1.5x (no engine runs it), prompt lookup 1.3x (vLLM and SGLang run it, llama.cpp as ngram-simple),
+    # eagle3 1.4x (vLLM and SGLang; not llama.cpp), off
+    def cand(name, method, speedup, gamma=4, draft=None):
+        return {"candidate": name, "speedup": speedup,
+                "axes": {"method": method, "gamma": gamma, "draft": draft} if method else None}
+    result = {"load": "batch=1", "context": None, "best": "hybrid",
+              "candidates": [cand("hybrid", "hybrid", 1.5, draft="d"), cand("eagle3", "eagle3", 1.4, 3, "head"),
+                             cand("lookup", "prompt_lookup", 1.3), cand(rec.OFF, None, 1.0)]}
+    config = {"draft": [{"model": "org/d", "label": "d"}, {"model": "/heads/e3", "kind": "eagle3", "label": "head"}]}
+    s = rec.settings_of([result], config)["all"]
+    assert s["vllm"]["method"] == "eagle3" and s["sglang"][1] == "EAGLE3"  # the next best, 1.4x
+    assert s["llama_cpp"][:2] == ["--spec-type", "ngram-simple"]  # llama.cpp runs no eagle3 here: lookup, 1.3x
+    assert s["no_equivalent"] == {} and len(s["notes"]) == 3
+    assert "llama_cpp: hybrid has no equivalent" in s["notes"][2] and "lookup (1.30x against 1.50x)" in s["notes"][2]
+
+
 def test_a_profile_of_another_target_is_refused(tmp_path, capsys):
     run_dir = folder(tmp_path / "run", run())
     (run_dir / "config.yaml").write_text("target: {model: org/Qwen2.5-1.5B-Instruct}\ndraft: {model: d}\n")
