@@ -9,8 +9,8 @@ llama.cpp (eval/deploy.py).
 
 A K the run did not measure is a candidate only where the per-position acceptance supports it: below a measured K
 of a draft model's chain (derived_rounds). --context re-prices each request at that context length with the rounds
-measured near it (at_context). --acceptance reads vLLM's synthetic form or specdec_bench's speculation_profile.json
-(eval/acceptance_io.py) instead of a run's rounds.
+measured near it (at_context). --acceptance reads vLLM's synthetic form, llama.cpp's --spec-synth-rates or
+specdec_bench's speculation_profile.json (eval/acceptance_io.py) instead of a run's rounds.
 """
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def test_test_files_have_unique_names():
 # Each is a citation of vLLM as prior art, not a dependency on the engine.
 VLLM_CITED = {
     "decode/drafters/prompt_lookup.py": (2, "the lookup matches vLLM's ngram proposer's choice of occurrence"),
-    "eval/acceptance_io.py": (11, "acceptance is written and read in vLLM's synthetic acceptance form"),
+    "eval/acceptance_io.py": (12, "acceptance is written and read in vLLM's synthetic acceptance form"),
     "eval/deploy.py": (42, "the recommendation is emitted as vLLM's speculative_config, and why an engine has none"),
     "eval/recommend.py": (4, "it says which engines' settings and acceptance forms it emits"),
     "eval/legend.py": (1, "MAT is what vLLM and SGLang call acceptance length"),
