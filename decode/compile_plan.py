@@ -24,13 +24,13 @@ def compile_widths(points, tree_top_k: int, auto_nodes) -> dict:
       eager beside the compiled target: it has no widths.
     """
     from decode.drafters.draft_tree import AutoTree, trim_depth
-    from decode.methods import REGISTRY
+    from decode.methods import ENGINE_CAPS, REGISTRY
     from decode.tree_layout import AUTO, branching_or_budget, static_parents, tree_nodes
 
     target_chain, target_tree, drafts, rounds = {1}, set(), {}, [1]
     for point in points:
         spec = REGISTRY[point.method]
-        if spec.engine != "ours" or spec.peer or not spec.has_rounds:
+        if not ENGINE_CAPS[spec.engine].compiles or spec.peer or not spec.has_rounds:
             continue
         label = getattr(point, "tree", None)
         compiled_draft = spec.needs_draft and "model" in spec.draft_kinds  # a draft model (a head stays eager)

@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from decode.methods import HOME_ENGINE
 from eval.stats import between
 from utils import UserError
 
@@ -315,7 +316,7 @@ def run_costs(progress: dict, env: dict, config: dict | None, where: str = "prog
     config = config or {}
     target = config.get("target") or {}
     meta = {k: env.get(k) for k in ("device", "device_name", "torch", "transformers", "cpu_count", "git_commit")}
-    meta.update(source="the run's probes", engine="ours", dtype=target.get("dtype"),
+    meta.update(source="the run's probes", engine=HOME_ENGINE, dtype=target.get("dtype"),
                 quantization=target.get("quantization"), compile=(config.get("engine") or {}).get("compile"),
                 target_model=target.get("model"),
                 draft_labels=sorted({p["model"].removeprefix("draft:") for p in steps if p["model"] != TARGET}))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-from decode.methods import ENGINE_TEXTS, REGISTRY
+from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
 from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
@@ -189,9 +189,9 @@ def cost_figures(point: Point, metrics: dict, costs: CostProbe | None, samples: 
                          "replay_decode_efficiency", "replay", "replay_missing", "prediction_off"])
     tree = tree_of(point)
     spec = REGISTRY[point.method]
-    if spec.has_rounds and spec.engine == "ours" and tree is None and point.draft is not None and point.gamma:
+    if spec.has_rounds and caps_of(point.method).times_forwards and tree is None and point.draft is not None and point.gamma:
         out["draft_cost_ratio_c_run"], out["verify_cost_ratio_v_run"] = run_step_costs(samples, baseline)
-    if spec.has_rounds and spec.engine == "ours" and baseline and profile is not None:
+    if spec.has_rounds and caps_of(point.method).times_forwards and baseline and profile is not None:
         out["replay"], out["replay_missing"] = replay_figures(point, samples, baseline, profile)
     if not spec.has_rounds or costs is None or (point.gamma is None and tree is None):
         return with_replay(out, metrics)
@@ -276,7 +276,7 @@ def prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) -> str 
     no-rounds note says so)."""
     if metrics.get("predicted_speedup") is not None or metrics.get("acceptance_rate") is None:
         return None
-    if REGISTRY[point.method].engine != "ours":
+    if not caps_of(point.method).times_forwards:
         return ENGINE_TEXTS[REGISTRY[point.method].engine].no_prediction
     if tree_of(point) is not None:
         return tree_prediction_gap(point, metrics, costs)
@@ -347,7 +347,7 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
     if spec.has_rounds:
         metrics.update(speculation_figures(samples, point.gamma, tree_of(point), spec.draft_sources))
         metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies)) \
-            if spec.engine == "ours" else None  # another engine does not time its drafter apart
+            if caps_of(point.method).times_forwards else None  # an engine that does not time its drafter apart
     metrics.update(dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"]))
     if baseline:
         clusters = paired_clusters(samples, baseline)

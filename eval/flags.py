@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import ENGINE_TEXTS, REGISTRY
+from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY
 from decode.tree_layout import tree_nodes
 from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process
 from eval.stats import MIN_PROMPTS, spread
@@ -64,7 +64,7 @@ def ci_verdict(speedup: float | None, interval: list | None, prompts: int, ci_ta
     return None
 
 
-def probe_drift(progress: dict, batch_size: int, engine: str = "ours") -> float | None:
+def probe_drift(progress: dict, batch_size: int, engine: str = HOME_ENGINE) -> float | None:
     """How far the drift probe (a 1-token target forward, the same work every time) moved during this batch size's
     points, within each process that ran them (a resumed run's processes, a Ray run's workers: each its own
     machine and its own readings): the largest max / min - 1. Another engine's probe processes are keyed
@@ -73,7 +73,7 @@ def probe_drift(progress: dict, batch_size: int, engine: str = "ours") -> float 
     entry = per_process((progress.get("drift") or {}).get(str(batch_size)), OLD_DRIFT_KEYS)
     moved = []
     for process, readings in entry.items():
-        if (process.split("/", 1)[1].split(" ", 1)[0] if "/" in process else "ours") != engine:
+        if (process.split("/", 1)[1].split(" ", 1)[0] if "/" in process else HOME_ENGINE) != engine:
             continue
         readings = [r for r in old_readings(readings) if r > 0]
         if len(readings) >= 2:
@@ -245,7 +245,7 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
     moved = machine.get("probe_drift")
     if moved is not None and moved > DRIFT_LIMIT:
         engine = REGISTRY[point.method].engine
-        probe = "1-token target forward" if engine == "ours" else ENGINE_TEXTS[engine].drift_probe
+        probe = ENGINE_TEXTS[engine].drift_probe if engine in ENGINE_TEXTS else "1-token target forward"
         flags.append({"code": "drift", "message": f"the machine changed speed during this batch size's points: the same "
                       f"{probe}, timed by the same probe, moved by {moved:.0%} (max / min), so batches "
                       "measured at different times are not alike"})

@@ -17,7 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from decode.methods import REGISTRY
+from decode.methods import REGISTRY, caps_of
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
 from eval.records import Point
 from eval.replay import MissingCost, beyond_note, lacking, part_times, prediction_off, static_prediction
@@ -97,11 +97,11 @@ def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | 
         if s.get("method") in REGISTRY:
             by_point[Point.of(s)].append(s)
     references = {p.comparison: rows for p, rows in by_point.items()
-                  if REGISTRY[p.method].is_reference and REGISTRY[p.method].engine == "ours"}
+                  if REGISTRY[p.method].is_reference and caps_of(p.method).times_forwards}
     out = []
     for point, rows in by_point.items():
         spec = REGISTRY[point.method]
-        if not spec.has_rounds or spec.engine != "ours":
+        if not spec.has_rounds or not caps_of(point.method).times_forwards:
             continue
         baseline = references.get(point.comparison)
         if baseline is None:

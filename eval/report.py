@@ -6,7 +6,7 @@ import io
 import math
 from pathlib import Path
 
-from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
+from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY, reference_method
 from eval.axes import AXES, label_of, names as axis_names
 from eval.records import Comparison, Point
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
@@ -230,7 +230,7 @@ def synthetic_lines(runs: list[dict]) -> list[str]:
 
 def reference_name(summary: dict) -> str:
     """What the speedups of a plot are against: the baseline, or each engine's own reference where another ran."""
-    if any(REGISTRY[r["method"]].engine != "ours" for r in summary["runs"] if r["method"] in REGISTRY):
+    if any(REGISTRY[r["method"]].engine != HOME_ENGINE for r in summary["runs"] if r["method"] in REGISTRY):
         return "each engine's reference (baseline; " + "; ".join(
             f"{reference_method(e)} for {t.methods}" for e, t in ENGINE_TEXTS.items()) + ")"
     return "baseline"

@@ -14,7 +14,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from decode.methods import ENGINE_TEXTS, REGISTRY, reference_method
+from decode.methods import ENGINE_CAPS, ENGINE_TEXTS, REGISTRY, caps_of, reference_method
 from eval.costs import run_costs
 from eval.figures import constant_draft_length, exact_match
 from eval.flags import CI_WIDE, flags_of
@@ -429,7 +429,7 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
             metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
                            cost_batch_sizes=at["probed"],
                            predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
-    if spec.has_rounds and spec.engine == "ours" and baseline:  # synthetic points too: their rounds are real
+    if spec.has_rounds and caps_of(point.method).times_forwards and baseline:  # synthetic points too: their rounds are real
         metrics["replay"], metrics["replay_missing"] = replay_prediction(point, samples, baseline, profile)
         if metrics["replay"] is not None and metrics["replay"]["speedup"] is not None:
             metrics["predicted_speedup_replay"] = metrics["replay"]["speedup"]
@@ -455,7 +455,7 @@ def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) ->
 
 
 def leviathan_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) -> str | None:
-    if REGISTRY[point.method].engine != "ours":
+    if not caps_of(point.method).times_forwards:
         return ENGINE_TEXTS[REGISTRY[point.method].engine].no_prediction_load
     if tree_of(point) is not None:
         return "the prediction under load is Leviathan's, of a chain; a tree has none here"
@@ -655,7 +655,7 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         status = "partial" if failed or (expected is not None and done < expected) else "ok"
         baseline = baselines.get((engine, point.comparison))
         probes = {b: costs_of(progress, Point(method=point.method, batch_size=b), samples) for b in batch_sizes} \
-            if engine == "ours" else {}
+            if ENGINE_CAPS[engine].times_forwards else {}
         probes = {b: p for b, p in probes.items() if p is not None}
         metrics = serving_metrics(point, samples, baseline, probes, slo, profile)
         by_group = group_figures(point, samples, baseline, progress.get("group_by"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import ENGINES, REGISTRY, reference_method
+from decode.methods import ENGINE_CAPS, ENGINES, HOME_ENGINE, REGISTRY, caps_of, reference_method
 from eval.groups import TURN, group_text, groups_of, in_group, natural
 from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
@@ -157,21 +157,21 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         engine = REGISTRY[point.method].engine
         baseline = baselines.get((engine, point.comparison))
         # c and v are timed forwards of our engine's models: nothing times another engine's forward alone
-        costs = costs_by_label[point.label] = costs_of(progress, point, by_point.get(point, [])) if engine == "ours" \
-            else None
+        costs = costs_by_label[point.label] = costs_of(progress, point, by_point.get(point, [])) \
+            if ENGINE_CAPS[engine].times_forwards else None
         missing = missing_costs(progress, point, by_point.get(point, []), costs)
         if missing:
             notes.append(missing)
         machine = {"costs": costs, "profile": profile, "probe_drift": probe_drift(progress, point.batch_size, engine),
                    "baseline_drift": baseline_repeat_drift(baseline) if baseline else None,
-                   "numerics": numerics if engine == "ours" else {},
+                   "numerics": numerics if ENGINE_CAPS[engine].probes_numerics else {},
                    "ci_target": progress.get("ci_target") or CI_WIDE}
         overall, *per_group = point_runs(point, by_point.get(point, []), failures.get(point, []),
                                          planned.get(point.label), baseline, costs, machine, group_by)
         runs += [overall, *per_group]
         if overall["status"] in ("failed", "skipped"):
             continue
-        notes.extend(run_notes(overall, point, overall["metrics"], numerics if engine == "ours" else {},
+        notes.extend(run_notes(overall, point, overall["metrics"], numerics if ENGINE_CAPS[engine].probes_numerics else {},
                                reference_method(engine)))
         for flag in overall["flags"]:
             flagged.setdefault((flag["code"], flag["message"]), []).append(point.label)
@@ -214,7 +214,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
             serving_points, serving_failures, progress, slo_of(config), costs_of, point_order,
             lambda point, costs: {"costs": costs, "probe_drift": probe_drift(progress, point.batch_size,
                                                                              REGISTRY[point.method].engine),
-                                  "numerics": numerics if REGISTRY[point.method].engine == "ours" else {},
+                                  "numerics": numerics if caps_of(point.method).probes_numerics else {},
                                   "ci_target": progress.get("ci_target") or CI_WIDE})
         notes.extend(serving_notes)
     measured = {r["label"] for r in runs + (serving["runs"] if serving else [])}
@@ -261,8 +261,8 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
     rows = []
     for (engine, comparison), theirs in sorted(baselines.items(), key=lambda item: (  # engine, then as the runs
             item[0][0], sort_key(item[0][1].values(), comparison_axes()[::-1]))):
-        ours = baselines.get(("ours", comparison))
-        if engine == "ours" or not ours:
+        ours = baselines.get((HOME_ENGINE, comparison))
+        if engine == HOME_ENGINE or not ours:
             continue
         clusters = paired_clusters(theirs, ours)
         their_ref = next(p for p in by_point if by_point[p] is theirs)

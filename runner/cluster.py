@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from decode.methods import HOME_ENGINE
 from utils import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +197,7 @@ class RayExecutor:
             while queue and idle:
                 worker, unit = idle.pop(0), queue.pop(0)
                 keys = {p.key + (unit.repeat, unit.batch_index) for p in points_of(self.config, unit.comparison,
-                                                                                   engine="ours")}
+                                                                                   engine=HOME_ENGINE)}
                 ref = self.workers[worker].run_unit.remote(unit, done & keys)
                 running[ref] = (worker, unit)
             ready, _ = ray.wait(list(running), num_returns=1)

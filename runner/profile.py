@@ -26,6 +26,7 @@ import time
 import warnings
 from pathlib import Path
 
+from decode.methods import HOME_ENGINE
 from utils import positive_ints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +133,7 @@ def our_points(config) -> list:
     from runner.plan import comparisons, points_of
 
     requests = (config.load.requests or 1) if config.load is not None else None
-    return [p for c in comparisons(config, requests) for p in points_of(config, c, engine="ours")]
+    return [p for c in comparisons(config, requests) for p in points_of(config, c, engine=HOME_ENGINE)]
 
 
 def speculative_widths(config) -> tuple[list[int], set[int]]:
@@ -238,7 +239,7 @@ def run(config, args, command: str, console):
             "quantizations": {name: m.quantization for name, m in _named(target, drafts).items()},
             "kernels": {name: m.kernels for name, m in _named(target, drafts).items()},
             "attention": {name: m.attn_implementation for name, m in _named(target, drafts).items()},
-            "engine": "ours", "compile": bool(config.engine.compile), "compile_mode": config.engine.compile_mode,
+            "engine": HOME_ENGINE, "compile": bool(config.engine.compile), "compile_mode": config.engine.compile_mode,
             "compile_backend": config.engine.compile_backend,
             "models": _model_ids(config, drafts), "target_model": config.target.model,
             "draft_labels": list(drafts), "config": str(args.config), "config_name": config.name,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decode import Clock, Generation, Sampling
-from decode.methods import REGISTRY, RunContext
+from decode.methods import HOME_ENGINE, REGISTRY, RunContext
 from decode.serving import Load
 from eval.records import Comparison, CostProbe, Point, SampleRecord
 from runner import loading
@@ -131,7 +131,7 @@ class Session:
         self._released = False
         config = self.config
         torch.manual_seed(config.seed)
-        if not any(REGISTRY[m].engine == "ours" for m in config.methods):
+        if not any(REGISTRY[m].engine == HOME_ENGINE for m in config.methods):
             return self.load_prompts_only()
         self.target, self.drafts, self.clock = loading.load_models(config, self.device, self._loading)
         self.tokenizer = self.target.tokenizer
@@ -185,7 +185,7 @@ class Session:
 
     def _points(self) -> list[Point]:
         """Every point of our engine in the run."""
-        return [p for c in self._comparisons() for p in points_of(self.config, c, engine="ours")]
+        return [p for c in self._comparisons() for p in points_of(self.config, c, engine=HOME_ENGINE)]
 
     def _numerics_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Two of the prompts, of different lengths (a ragged batch), for the numerics probe; with engine.compile at
@@ -288,7 +288,7 @@ class Session:
         many as can be in flight, as a fixed batch: probe_batch), then measure c and v there (once per comparison)."""
         if comparison in self.prepared:
             return self.prepared[comparison]
-        points = points_of(self.config, comparison, engine="ours")
+        points = points_of(self.config, comparison, engine=HOME_ENGINE)
         self.context.load = None  # the warmup and the probes run a fixed batch
         state = Prepared(points=points, costs=known_costs)
         for point in points:

@@ -127,3 +127,28 @@ def test_only_the_engine_package_names_its_engine():
     assert "runner/experiment.py" in _python_files()  # the listing found the repository
     wrong = [hit for path, hits in found.items() if len(hits) > VLLM_CITED.get(path, (0,))[0] for hit in hits]
     assert not wrong, "vllm named outside its engine package:\n" + "\n".join(wrong)
+
+
+# Where the literal "ours" may appear outside runner/engines/ours/ and decode/methods/: a file -> (how many, why).
+OURS_KEPT = {
+    "eval/summary.py": (2, "the engine comparison's keys theirs / ours: summary.json's format, not the engine's name"),
+    "eval/report.py": (1, "the engine comparison's table reads that key"),
+}
+
+
+def _string_literals(path: str, value: str) -> list[int]:
+    """The lines of `path` with a string constant equal to `value` (an f-string's parts and docstrings aside)."""
+    tree = ast.parse((ROOT / path).read_text())
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value == value]
+
+
+def test_only_the_home_engine_names_itself():
+    """Everything else asks an engine's capabilities (decode.methods ENGINE_CAPS, Engine.caps) or names the home
+    engine through the registry (HOME_ENGINE): runner/engines/ours/ and the method files alone spell "ours" (tests,
+    benchmarks and docs aside)."""
+    mine = re.compile(r"^(runner/engines/ours/|decode/methods/|tests/|benchmarks/|docs/)")
+    found = {path: _string_literals(path, "ours") for path in _python_files() if not mine.match(path)}
+    assert "eval/summary.py" in found  # the listing found the repository
+    wrong = [f"{path}:{line}" for path, lines in found.items() if len(lines) > OURS_KEPT.get(path, (0,))[0]
+             for line in lines]
+    assert not wrong, 'the engine "ours" named outside its package (ask its capabilities):\n' + "\n".join(wrong)

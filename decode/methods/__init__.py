@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from decode.methods.base import MethodSpec, RunContext
+from decode.methods.base import EngineCaps, MethodSpec, RunContext
 from decode.methods import baseline, eagle3, early_exit, hf, hybrid, medusa, prompt_lookup, speculative, suffix
 
 
@@ -41,6 +41,14 @@ ENGINES = tuple(dict.fromkeys(spec.engine for spec in REGISTRY.values()))  # the
 #   runner/engines packages, as progress.json's engine_info keys them
 ENGINE_TEXTS = {spec.engine: spec.engine_text for spec in REGISTRY.values() if spec.engine_text}  # what the report
 #   says of each engine other than ours
+ENGINE_CAPS = {engine: next((s.engine_caps for s in REGISTRY.values() if s.engine == engine and s.engine_caps),
+                            EngineCaps()) for engine in ENGINES}  # what each engine can do, as its reference declares
+HOME_ENGINE = next(engine for engine, caps in ENGINE_CAPS.items() if caps.home)  # the engine of this process
+
+
+def caps_of(method: str) -> EngineCaps:
+    """What the engine that runs `method` can do."""
+    return ENGINE_CAPS[REGISTRY[method].engine]
 
 
 def __getattr__(name: str):
@@ -63,4 +71,5 @@ def reference_method(engine: str = "ours") -> str:
     return next(name for name, s in REGISTRY.items() if s.is_reference and s.engine == engine)
 
 
-__all__ = ["ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "REGISTRY", "MethodSpec", "RunContext", "reference_method", "spec"]
+__all__ = ["ENGINE_CAPS", "ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "HOME_ENGINE", "REGISTRY", "EngineCaps", "MethodSpec",
+           "RunContext", "caps_of", "reference_method", "spec"]

@@ -40,6 +40,19 @@ class EngineText:
 
 
 @dataclass(frozen=True)
+class EngineCaps:
+    """What an engine can do, declared once by its reference method (MethodSpec.engine_caps) and asked wherever the
+    answer differs between engines (decode/methods/__init__.py ENGINE_CAPS, runner/engines/base.py Engine.caps):
+    nothing outside an engine's own files compares its name."""
+    home: bool = False  # runs its methods in this process (runner/session.py Session) and loads the prompts and
+    #   tokenizer every engine takes; its points are the run's own (the cost probes, the profile, the prediction)
+    times_forwards: bool = False  # times a draft and a target forward apart: c, v, the cost probes, the replay's
+    #   prediction and the draft time share apply to its points
+    probes_numerics: bool = False  # probes the numerics of its models (progress.json numerics)
+    compiles: bool = False  # engine.compile applies to its methods (decode/compile_plan.py)
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     name: str
     description: str  # one line, for the README and the report legend
@@ -61,6 +74,8 @@ class MethodSpec:
     engine_package: str | None = None  # a package another engine needs for it (checked in its environment before
     #   the run)
     engine_text: EngineText | None = None  # on another engine's reference method: what the report says of it
+    engine_caps: EngineCaps | None = None  # on an engine's reference method: what the engine can do (None: nothing
+    #   of EngineCaps)
     memory: str = ""  # what it learns across requests and shares between them (the report's notes say it)
     tree_auto: bool = False  # takes `tree: auto` (its drafter drafts a tree a depth per draft forward, priced by its
     #   measured c: decode/drafters/draft_tree.py AutoTree)

@@ -1,5 +1,5 @@
 """The target alone, one forward per token: the reference every ratio is computed against."""
-from decode.methods.base import MethodSpec
+from decode.methods.base import EngineCaps, MethodSpec
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
@@ -8,4 +8,5 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
                              load=ctx.load)
 
 
-SPEC = MethodSpec("baseline", "the target alone, autoregressive (our engine)", axes=(), run=run, is_reference=True)
+SPEC = MethodSpec("baseline", "the target alone, autoregressive (our engine)", axes=(), run=run, is_reference=True,
+                  engine_caps=EngineCaps(home=True, times_forwards=True, probes_numerics=True, compiles=True))

@@ -1,6 +1,6 @@
 """vLLM serving the target alone: the reference of every vLLM point (its ratios are against this, never against
 our engine's baseline). Runs in a vLLM worker process (runner/engines/vllm/engine.py), not here."""
-from decode.methods.base import EngineText, MethodSpec
+from decode.methods.base import EngineCaps, EngineText, MethodSpec
 
 
 def speculative_config(point, drafts, options):
@@ -34,4 +34,4 @@ TEXT = EngineText(
 RANK = 0  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("vllm_generate", "vLLM, the target alone: the reference of the vllm_* points", axes=(), run=None,
                   is_reference=True, per_row_timing=False, engine="vllm", counterpart="baseline", engine_config=speculative_config,
-                  engine_text=TEXT)
+                  engine_text=TEXT, engine_caps=EngineCaps())  # it times no forward apart, probes no numerics

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from decode.methods import REGISTRY, reference_method
+from decode.methods import ENGINE_CAPS, REGISTRY, EngineCaps, reference_method
 
 if TYPE_CHECKING:
     import torch
@@ -23,10 +23,23 @@ if TYPE_CHECKING:
     from utils.config import Config
 
 
+class _Declared:
+    """Engine.caps and Engine.home, read from the engine's reference method (decode.methods ENGINE_CAPS): declared
+    there once, for eval (which reads no runner/) and the runner alike."""
+
+    def __init__(self, field: str | None = None):
+        self.field = field
+
+    def __get__(self, engine, cls) -> EngineCaps | bool:
+        caps = ENGINE_CAPS.get(cls.name, EngineCaps())
+        return caps if self.field is None else getattr(caps, self.field)
+
+
 class Engine(ABC):
     name: ClassVar[str]  # the MethodSpec.engine of its methods
     title: ClassVar[str]  # how notes and the status line name it
-    home: ClassVar[bool] = False  # loads the prompts and tokenizer (start(None)); runs first in each repeat
+    caps = _Declared()  # what it can do (EngineCaps: times its forwards, probes numerics, compiles ...)
+    home = _Declared("home")  # loads the prompts and tokenizer (start(None)); runs first in each repeat
     exclusive: ClassVar[bool] = False  # loads its own copies of the models: the other engines release theirs first
 
     def __init__(self, config: Config, device: torch.device, out_dir: Path, raw_config: dict, status=None):

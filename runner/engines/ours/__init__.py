@@ -49,7 +49,7 @@ class LocalExecutor:
 
 
 class OurEngine(Engine):
-    name, title, home = "ours", "our engine", True
+    name, title = "ours", "our engine"
     executor: LocalExecutor | None = None  # or runner/cluster.py's RayExecutor (no release: never beside another engine)
 
     def start(self, session) -> None:
