@@ -5,6 +5,7 @@ import statistics
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
 from decode.tree_layout import tree_depth, tree_nodes
+from eval.figure_table import STATIC, computed
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
 from eval.replay import PART_OFF, part_times, prediction_off_reason, static_prediction
@@ -372,4 +373,5 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
     if point.synthetic_acceptance is not None:
         metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
         metrics["efficiency_ci95"] = efficiency_interval(metrics)
+    metrics.update(computed(STATIC, point, samples, baseline, metrics))  # the table's own figures (eval/figure_table.py)
     return metrics

@@ -8,27 +8,12 @@ from pathlib import Path
 
 from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY, reference_method
 from eval.axes import AXES, label_of, names as axis_names
+from eval.figure_table import columns, csv_fields, served_csv_fields
 from eval.records import Comparison, Point
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
 from utils.io import write_atomic, write_json
 
-COLUMNS = [  # (header, metric path, format); between status and tok/s come the axes' own columns (columns_for)
-    ("point", "label", "{}"), ("status", "status", "{}"),
-    ("tok/s", "throughput_tok_s", "{:.2f}"), ("speedup [95% CI]", "speedup", "{:.2f}"),
-    ("dec speedup [95% CI]", "decode_speedup", "{:.2f}"),
-    ("nodes/rd", "drafted_per_round", "{:.2f}"), ("accept", "acceptance_rate", "{:.3f}"),
-    ("tau", "block_efficiency", "{:.3f}"),
-    ("MAT", "mean_accepted_tokens", "{:.3f}"), ("alpha", "alpha", "{:.3f}"),
-    ("c", "draft_cost_ratio_c", "{:.3f}"), ("bytes", "weight_bytes_ratio", "{:.3f}"),
-    ("v", "verify_cost_ratio_v", "{:.3f}"),
-    ("pred", "predicted_speedup", "{:.3f}"), ("eff", "efficiency", "{:.3f}"), ("dec eff", "decode_efficiency", "{:.3f}"),
-    ("replay [95% CI]", "predicted_speedup_replay", "{:.3f}"), ("replay eff", "replay_efficiency", "{:.3f}"),
-    ("lat p50 s", "latency_s.p50", "{:.3f}"), ("lat p90 s", "latency_s.p90", "{:.3f}"),
-    ("TTFT s", "ttft_s.mean", "{:.3f}"), ("prefill %", "prefill_share", "{:.0%}"), ("TPOT ms", "tpot_s.mean", "{:.1f}"),
-    ("exact", "exact_match", "{:.3f}"), ("acc", "accuracy", "{:.3f}"),
-]
-TREE_COLUMNS = ("nodes/rd",)  # shown in a table that has a tree point
 
 
 def run_keys() -> tuple[str, ...]:
@@ -84,7 +69,8 @@ def columns_for(runs: list[dict]) -> list[tuple]:
     shown = [(axis.column, axis.name, "{}") for axis in AXES
              if axis.column and any(run.get(axis.name) is not None for run in runs)]
     trees = any(run.get("tree") is not None for run in runs)
-    return COLUMNS[:2] + shown + [column for column in COLUMNS[2:] if trees or column[0] not in TREE_COLUMNS]
+    table = [(c.header, c.paths[0], c.fmt) for c in columns() if trees or not c.trees_only]
+    return table[:2] + shown + table[2:]
 
 
 def rows(runs: list[dict]) -> list[list[str]]:
@@ -293,8 +279,7 @@ def csv_text(summary: dict) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     keys = run_keys()
-    paths = list(keys) + [path for _, path, _ in COLUMNS if path not in keys] + ["speedup_ci95", "decode_speedup_ci95",
-                                                                                 "alpha_ci95"]
+    paths = list(keys) + [path for path in csv_fields() if path not in keys]
     writer.writerow(paths + ["flags", "error"])
     for run in summary["runs"]:
         writer.writerow([_value(run, p) for p in paths] + [";".join(f["code"] for f in run.get("flags") or []),
@@ -484,9 +469,6 @@ def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | N
         plots(summary, out_dir)
 
 
-TERMINAL = ["point", "status", "tok/s", "speedup [95% CI]", "accept", "tau", "pred", "replay [95% CI]", "lat p50 s", "exact", "acc"]
-
-
 def print_table(summary: dict, console) -> None:
     """The headline columns of the overall runs (summary.md has them all, and the per-group tables)."""
     from rich.table import Table
@@ -496,7 +478,7 @@ def print_table(summary: dict, console) -> None:
         if not summary["runs"]:
             return
     table = Table(title="speculate (all columns and groups in summary.md; ! = flagged, see its notes)")
-    chosen = [(h, p, f) for h, p, f in COLUMNS if h in TERMINAL]
+    chosen = [(c.header, c.paths[0], c.fmt) for c in columns() if c.terminal]
     for header, _, _ in chosen:
         table.add_column(header, justify="right" if header != "point" else "left", no_wrap=header != "point")
     for run in summary["runs"]:
@@ -507,26 +489,7 @@ def print_table(summary: dict, console) -> None:
 
 # ---- serving runs (config load:, eval/serving.py) ------------------------------------------------------------------
 
-SERVING_COLUMNS = [  # (header, metric paths, format): several paths share a cell, "a / b"
-    ("point", ("line",), "{}"), ("status", ("status",), "{}"), ("synthetic", ("synthetic_acceptance",), "{:g}"),
-    ("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}"), ("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}"),
-    ("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}"), ("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}"),
-    ("queue P50 / P99 s", ("queue_s.p50", "queue_s.p99"), "{:.3f}"),
-    ("tok/s", ("output_tok_s",), "{:.1f}"), ("req/s", ("requests_per_s",), "{:.2f}"),
-    ("goodput req/s", ("goodput_req_s",), "{:.2f}"), ("in flight", ("mean_in_flight",), "{:.2f}"),
-    ("accept pooled / per-req", ("acceptance_pooled", "acceptance_per_request"), "{:.3f}"),
-    ("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}"),
-    ("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}"), ("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}"),
-    ("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}"), ("pred", ("predicted_speedup",), "{:.2f}"),
-    ("replay [95% CI]", ("predicted_speedup_replay",), "{:.2f}"),
-    ("TTFT P50 s replay", ("replay.ttft_p50_s",), "{:.3f}"), ("TPOT ms replay", ("replay.tpot_mean_ms",), "{:.1f}"),
-    ("exact", ("exact_match",), "{:.3f}"),
-]
 MS_PATHS = ("tpot_s", "itl_s")  # shown in milliseconds
-SERVING_TERMINAL = ["point", "synthetic", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "tok/s", "speedup tput [95% CI]",
-                    "speedup TPOT [95% CI]", "pred", "replay [95% CI]"]
-
-
 def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
     if paths == ("line",):
         return line_label(run)
@@ -556,11 +519,12 @@ def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
     return text
 
 
-def serving_columns(runs: list[dict], names: list[str] | None = None) -> list[tuple]:
-    """The serving table's columns (names: those only); the synthetic one only where a run has a set alpha."""
+def serving_columns(runs: list[dict], terminal: bool = False) -> list[tuple]:
+    """The serving table's columns (terminal: the terminal's only); the synthetic one only where a run has a set
+    alpha."""
     synthetic = any(r.get("synthetic_acceptance") is not None for r in runs)
-    return [(h, p, f) for h, p, f in SERVING_COLUMNS if (names is None or h in names)
-            and (synthetic or p != ("synthetic_acceptance",))]
+    return [(c.header, c.paths, c.fmt) for c in columns(served=True) if (c.terminal or not terminal)
+            and (synthetic or c.paths != ("synthetic_acceptance",))]
 
 
 def serving_synthetic_lines(runs: list[dict]) -> list[str]:
@@ -646,23 +610,15 @@ def serving_lines(summary: dict) -> list[str]:
     return lines
 
 
-SERVING_CSV = ["requests", "output_tokens", "span_s"] + [f"{name}.{q}" for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s")
-                                                        for q in ("mean", "p50", "p90", "p99")] + [
-    "output_tok_s", "requests_per_s", "goodput_req_s", "slo_met", "mean_in_flight", "acceptance_pooled",
-    "acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request", "alpha",
-    "busy_in_flight", "max_in_flight", "queue_s.mean", "queue_s.p50", "queue_s.p90", "queue_s.p99", "alpha_rounds", "requests_paired", "speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95", "output_tok_s_ratio",
-    "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "predicted_speedup", "predicted_speedup_replay",
-    "predicted_speedup_replay_ci95", "replay.ttft_p50_s", "replay.tpot_mean_ms", "replay.e2e_p50_s", "exact_match"]
-
-
 def serving_csv(summary: dict) -> str:
     """serving.csv: a row per method and load point, its axes and metrics (summary.json's serving.runs)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     axes = [k for k in run_keys() if k != "group"]
-    writer.writerow(axes + SERVING_CSV + ["flags", "error"])
+    fields = served_csv_fields()
+    writer.writerow(axes + fields + ["flags", "error"])
     for run in summary["serving"]["runs"]:
-        writer.writerow([run.get(k) for k in axes] + [_value(run, p) for p in SERVING_CSV]
+        writer.writerow([run.get(k) for k in axes] + [_value(run, p) for p in fields]
                         + [";".join(f["code"] for f in run.get("flags") or []), run.get("error", "")])
     return buffer.getvalue()
 
@@ -671,7 +627,7 @@ def print_serving_table(summary: dict, console) -> None:
     """A table per load point, the headline columns (every column and the crossover: summary.md)."""
     from rich.table import Table
 
-    chosen = serving_columns(summary["serving"]["runs"], SERVING_TERMINAL)
+    chosen = serving_columns(summary["serving"]["runs"], terminal=True)
     by_load: dict[str, list] = {}
     for run in summary["serving"]["runs"]:
         by_load.setdefault(load_label(run), []).append(run)

@@ -17,6 +17,7 @@ from collections import defaultdict
 from decode.methods import ENGINE_CAPS, ENGINE_TEXTS, REGISTRY, caps_of, reference_method
 from eval.costs import run_costs
 from eval.figures import constant_draft_length, exact_match
+from eval.figure_table import SERVED, computed
 from eval.flags import CI_WIDE, flags_of
 from eval.groups import groups_of, in_group
 from eval.leviathan import predicted_speedup, solve_alpha
@@ -32,74 +33,6 @@ from eval.trees import acceptance_by_depth_rank, tree_of
 
 LOAD_AXES = ("concurrency", "request_rate")  # the crossover runs along each, the other held
 SLO_KEYS = ("ttft_s", "tpot_ms")
-
-SERVING_LEGEND = {
-    "serving": "a serving run (config load:): each load point (concurrency C: at most C requests in flight; "
-               "request_rate: arrivals per second, null = all at once; conversations: first turns per second, a later turn "
-               "arriving load.think_s after the turn before it ends) serves the same N requests on the same arrival "
-               "schedule for every method; summary.json's serving.runs holds one run per method and load point, "
-               "serving.crossovers the crossovers. Times per request from the load point's start: arrival, admission "
-               "(its prefill began), first token, finish; its clock starts at its slot: when it got one of the C "
-               "concurrency slots (vLLM bench serve's --max-concurrency semaphore), max(arrival, the earliest release "
-               "of a slot by a finishing request, in arrival order, then request order: a conversation's later turn arrives after its previous answer); with no cap binding, its arrival",
-    "ttft_s (load)": "time to first token = first token - slot: the prefill and any wait inside the engine for the "
-                     "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
-    "by_group": "per group of a load point's requests (dataset.group_by's values, and a conversation's turns: 'turn 1', "
-                "'turn 2', ...): its requests' TTFT, TPOT and E2E P50, pooled acceptance and MAT, and the TPOT speedup "
-                "against the same requests of the baseline, with its 95% paired bootstrap interval over those requests "
-                "(null below 8); no throughput, since every group's requests share the load point's span",
-    "queue_s": "the client's wait for a concurrency slot = slot - arrival (0 with no cap binding); not in TTFT, E2E or "
-               "the SLO, as in vLLM's bench serve",
-    "max_in_flight": "the most requests in flight (admitted, not finished) at once; where the concurrency exceeds the "
-                     "load point's requests the notes say that at most that many could be",
-    "tpot_s (load)": "time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
-                     "one-token request has none)",
-    "itl_s": "inter-token latency: the gaps between successive emissions of a request, pooled over requests; as in "
-             "vLLM a chunk of tokens emitted at once (a round's accepted drafts and its target token) is one gap, so "
-             "speculation has fewer, longer gaps: TPOT is the per-token figure",
-    "e2e_s": "end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
-             "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
-    "output_tok_s": "total new tokens / span, span = the last finish - the load point's start (t = 0: the serving "
-                    "benchmark duration, the first request's arrival gap in it; summed "
-                    "over repeats); requests_per_s likewise; goodput_req_s: requests meeting every limit of config "
-                    "load.slo (TTFT from the slot <= ttft_s, TPOT <= tpot_ms) / span, null when no SLO is set; slo_met: their share",
-    "mean_in_flight": "occupancy: the time average over the span of the requests between admission and finish = "
-                      "sum(finish - admitted) / span; busy_in_flight: the same over the time at least one was in "
-                      "flight (what a step sees: idle time between arrivals left out)",
-    "acceptance_pooled": "acceptance rate pooled over every round of every request, sum(accepted) / sum(drafted) (as "
-                         "vLLM's counters); acceptance_per_request: the mean over requests of each request's own (as "
-                         "specdec_bench); mean_accepted_tokens_pooled / _per_request: MAT = emitted / rounds, likewise; "
-                         "alpha from the chain rounds only (alpha_rounds of them; a tree round, hybrid's merged trees "
-                         "too, is described by acceptance_by_depth_rank); acceptance_by_source for a drafter of several "
-                         "sources, a source offered and never chosen with 0 rounds",
-    "speedup_tput": "(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
-                    "point and temperature: a per-request token rate. By Little's law a system's tok/s = L x (sum N / "
-                    "sum E2E), L the mean requests in the system (queued or in flight) over the span, so the ratio is "
-                    "the system throughput ratio where both keep the same L (a closed loop at C always full: L = C, E2E "
-                    "from the slot); where requests queue in the engine, L differs between methods and output_tok_s_ratio (method / baseline "
-                    "output_tok_s, a reading without interval) is the system's ratio",
-    "speedup_tpot": "mean TPOT of the baseline / the method's, over the requests both served with N > 1",
-    "speedup_tput_ci95": f"95% paired bootstrap over requests (request i of both, with all its repeats; a "
-                         f"conversation's turns together, dataset.turns; the expanded "
-                         f"percentile interval as speedup_ci95), speedup_tpot_ci95 likewise; fewer than {MIN_PROMPTS} "
-                         "requests: null and flagged few_samples. Requests of one load point share the batch, so the "
-                         "interval covers how the ratio varies from request to request on that schedule, not from "
-                         "run to run",
-    "predicted_speedup (load)": "Leviathan's (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v)) at the load point's "
-                                "measured alpha (pooled chain rounds), with c and v at its occupancy while busy "
-                                "(busy_in_flight, cost_rows): linear between the batch sizes probed around it "
-                                "(cost_batch_sizes; each load point probes at min(C, its requests) and at 1), the "
-                                "nearest within "
-                                "10% outside them, null farther (the notes say why). Per-row decoding only: no prefill, "
-                                "no queue, no joining request",
-    "crossovers": "per method line and sweep along one load axis (the other held): measured: where the throughput "
-                  "speedup's point estimate crosses 1 (the load where the straight line between the two loads around "
-                  "the crossing meets 1; null beside 'all at once'), the verdict 'above 1 at every load measured' or "
-                  "'below 1 at every load measured' where it never does, and highest_load_ci_above_1: the highest load "
-                  "whose interval lies wholly above 1; predicted: the same on the predicted speedups; tpot: on the TPOT "
-                  "speedup. A concurrency above a load point's requests is placed at the requests (no more can be in "
-                  "flight), and of several such caps the lowest stands for them",
-}
 
 
 # ---- per request ----------------------------------------------------------------------------------------------
@@ -444,6 +377,7 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
         metrics["efficiency"] = ratio(metrics["speedup_tput"], predicted)
         metrics["efficiency_ci95"] = efficiency_interval({"speedup_ci95": metrics["speedup_tput_ci95"],
                                                           "predicted_speedup": predicted})
+    metrics.update(computed(SERVED, point, samples, baseline, metrics))  # the table's own figures (eval/figure_table.py)
     return metrics
 
 

@@ -13,12 +13,12 @@ from eval.groups import TURN, group_text, groups_of, in_group, natural
 from eval.figures import exact_match, prediction_gap, run_metrics
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
-from eval.legend import LEGEND
+from eval.figure_table import legend
 from eval.axes import comparison_axes, point_axes, sort_key
 from eval.costs import run_costs
 from eval.replay import beyond_note
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
-from eval.serving import SERVING_LEGEND, serving_section, slo_of
+from eval.serving import serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
 from eval.totals import clusters_of, cross_process_pairs, paired_clusters, processes_of, units
 from eval.trees import tree_of
@@ -223,7 +223,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         notes.append(f"planned but not measured (the run stopped first): {'; '.join(missing)}")
     engines = engine_comparison(by_point, baselines, runs)
     fields = {r["group"]: r["group_field"] for r in runs if r["group"] is not None}
-    summary = {"runs": runs, "best": best_points(runs, costs_by_label), "legend": LEGEND, "notes": notes,
+    summary = {"runs": runs, "best": best_points(runs, costs_by_label), "legend": legend(), "notes": notes,
                "groups": sorted({r["group"] for r in runs if r["group"] is not None},
                                 key=lambda g: (fields[g] == TURN, natural(g))),
                "group_fields": fields}
@@ -231,7 +231,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         summary["engines"] = engines
     if serving:
         summary["serving"] = serving
-        summary["legend"] = {**LEGEND, **SERVING_LEGEND}
+        summary["legend"] = legend(served=True)
     for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "status", "group_by", "ci_target"):
         if progress.get(key) is not None and progress.get(key) != {}:
             summary[key] = progress[key]

@@ -97,9 +97,10 @@ VLLM_CITED = {
     "eval/acceptance_io.py": (12, "acceptance is written and read in vLLM's synthetic acceptance form"),
     "eval/deploy.py": (42, "the recommendation is emitted as vLLM's speculative_config, and why an engine has none"),
     "eval/recommend.py": (4, "it says which engines' settings and acceptance forms it emits"),
-    "eval/legend.py": (1, "MAT is what vLLM and SGLang call acceptance length"),
-    "eval/serving.py": (9, "ITL, percentiles, pooled acceptance and the request's clock (its concurrency slot) follow "
-                           "vLLM's benchmark definitions"),
+    "eval/figure_table.py": (6, "MAT is what vLLM and SGLang call acceptance length; ITL, percentiles, pooled "
+                                "acceptance and the request's clock (its concurrency slot) follow vLLM's benchmark "
+                                "definitions"),
+    "eval/serving.py": (4, "the same definitions, where the serving figures compute them"),
     "runner/load.py": (3, "arrivals are drawn and rescaled as vLLM's bench serve does"),
     "utils/config_doc.py": (2, "the load section says whose arrivals and timing it follows"),
     "utils/config.py": (1, "load.burstiness is vLLM's bench serve's"),

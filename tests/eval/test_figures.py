@@ -8,7 +8,7 @@ import pytest
 from decode.methods import REGISTRY
 from eval.figures import constant_draft_length
 from eval.leviathan import expected_accepted, predicted_speedup, solve_alpha
-from eval.legend import LEGEND
+from eval.figure_table import legend
 from eval.summary import summarize
 from eval.totals import throughput
 from sample_records import SPEC_LABEL, costs, paired_run, record, run
@@ -246,7 +246,7 @@ def test_a_group_of_a_shared_batch_takes_its_slowest_row():
     assert run(summary, "speculative", "a")["metrics"]["speedup"] == pytest.approx(2.0)  # 10/1 over 10/2
     assert run(summary, "speculative", "b")["metrics"]["speedup"] == pytest.approx(2 / 3)  # 10/3 over 10/2
     assert run(summary, "speculative")["metrics"]["speedup"] == pytest.approx(2 / 3)  # 20/3 over 20/2
-    assert "slowest row of that group" in LEGEND["group"]
+    assert "slowest row of that group" in legend()["group"]
     assert not summarize(samples, {})["groups"]  # no group_by: overall runs only
 
 

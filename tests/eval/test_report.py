@@ -10,7 +10,8 @@ import yaml
 
 from eval.groups import natural
 from eval.summary import summarize
-from eval.report import COLUMNS, cell, csv_text, markdown, write_report
+from eval.figure_table import columns
+from eval.report import cell, csv_text, markdown, write_report
 from sample_records import SPEC_LABEL, costs, paired_run, record, run
 from utils.io import write_json
 
@@ -22,7 +23,7 @@ def refuse(constant):
 
 
 def speedup_cell(r):
-    return cell(r, "speedup", next(fmt for _, path, fmt in COLUMNS if path == "speedup"))
+    return cell(r, "speedup", next(c.fmt for c in columns() if c.paths == ("speedup",)))
 
 
 def sweep() -> tuple[list[dict], dict]:

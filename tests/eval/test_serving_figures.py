@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from eval.records import CostProbe, Point
-from eval.report import SERVING_COLUMNS, markdown, serving_cell
+from eval.figure_table import columns
+from eval.report import markdown, serving_cell
 from eval.serving import costs_at, crossing, crossing_text, inter_token_gaps, tpot
 from eval.summary import summarize
 from sample_records import paired_run, record
@@ -122,7 +123,7 @@ def test_speedups_by_hand_with_too_few_requests():
     assert m["output_tok_s_ratio"] == pytest.approx(4 / 3)
     assert m["speedup_tput_ci95"] is None and m["speedup_tpot_ci95"] is None
     assert [f["code"] for f in m_run["flags"]] == ["few_samples"]
-    tput = next((paths, fmt) for header, paths, fmt in SERVING_COLUMNS if header.startswith("speedup tput"))
+    tput = next((c.paths, c.fmt) for c in columns(served=True) if c.header.startswith("speedup tput"))
     assert serving_cell(m_run, *tput) == "1.50 (n=2) !"
 
 

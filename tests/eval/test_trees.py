@@ -6,7 +6,7 @@ import json
 import pytest
 
 from eval.figures import prediction_gap, run_metrics
-from eval.legend import LEGEND
+from eval.figure_table import legend
 from eval.records import CostProbe, Point
 from eval.report import markdown
 from eval.trees import acceptance_by_depth_rank, expected_emitted
@@ -117,7 +117,7 @@ def test_the_report_shows_a_tree_point():
                 "label": point.label, "status": "ok", "flags": [], "metrics": m,
                 "batches": {"done": 8, "paired": 8, "planned": 8, "prompts": 8, "cross_process": 0}}
     chain_run = {**tree_run, "tree": None, "label": "chain", "metrics": {"drafted_per_round": 2.0}}
-    summary = {"runs": [tree_run, chain_run], "legend": LEGEND, "notes": []}
+    summary = {"runs": [tree_run, chain_run], "legend": legend(), "notes": []}
     text = markdown(json.loads(json.dumps(summary, allow_nan=False)))
     header = next(line for line in text.splitlines() if line.startswith("| point"))
     assert header.startswith("| point | status | tree | tok/s |") and "| nodes/rd | accept |" in header

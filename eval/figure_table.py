@@ -1,0 +1,460 @@
+"""The report's figures, declared once: this table is the only place that lists them, as eval/axes.py AXES is for the
+axes.
+
+A figure is a named value of a run's metrics (summary.json) with what the report says of it: its legend text, the
+columns of the fixed-batch table (summary.md, the terminal's headline columns) and of the serving table, its fields of
+summary.csv and serving.csv. Each column and CSV field carries its place among its table's columns (`at`): the tables'
+orders are not the legend's. A figure that run_metrics (eval/figures.py) or serving_metrics (eval/serving.py) does not
+compute in its own steps declares how it is computed: `static` for a fixed-batch point, `served` for a load point (None:
+it has no such form), and when it applies (from the method's MethodSpec and its engine's EngineCaps).
+
+Everything that lists figures derives from FIGURES: the legend (summary.json, legend()), the report's columns and CSVs
+(eval/report.py), and the figures run_metrics and serving_metrics add. A new figure is one entry (register(), or a line
+here); a test (tests/eval/test_figure_table.py) registers a toy figure and finds it in every output.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
+from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
+                        HOST_BOUND_MIN_C, NUMERICS_DRIFT)
+from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
+
+STATIC, SERVED = "static", "served"  # a fixed-batch point, a load point (config load:)
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str  # its header in the table
+    paths: tuple[str, ...]  # the metric paths ("latency_s.p50") its cell shows; several share a cell, "a / b"
+    fmt: str  # the format of each value
+    at: float = math.inf  # its place among its table's columns (default: after every other)
+    terminal: bool = False  # also one of the terminal's headline columns
+    trees_only: bool = False  # shown only in a table that has a tree point
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a figure's computation may read: the point, its records and its baseline's (None: none ran), and the
+    figures computed before it."""
+    point: object  # eval.records Point
+    samples: list
+    baseline: list | None
+    metrics: dict
+
+
+def _always(spec, caps) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str  # its key in the legend (and, where it computes one, in a run's metrics)
+    legend: str | None = None  # the legend's text; None: no legend entry (a column of another figure's entry)
+    served_only: bool = False  # its legend entry is a serving run's only (a figure of load points)
+    columns: tuple[Column, ...] = ()  # its columns of the fixed-batch table (summary.md; terminal ones in the terminal)
+    served_columns: tuple[Column, ...] = ()  # its columns of the serving table
+    csv: tuple[str, ...] = ()  # summary.csv fields besides its columns' paths, after every column's
+    served_csv: tuple[tuple[str, float], ...] = ()  # serving.csv fields, each (metric path, its place)
+    static: Callable | None = None  # (Inputs) -> {metric: value} at a fixed-batch point; None: run_metrics's own
+    #   steps compute it, or it has no fixed-batch form
+    served: Callable | None = None  # (Inputs) -> {metric: value} at a load point; None: likewise (serving_metrics)
+    applies: Callable = _always  # (MethodSpec, EngineCaps) -> whether the point's method and engine have it
+
+
+def register(figure: Figure) -> Figure:
+    """A figure added to the table (after the others): every output lists it from then on."""
+    if any(f.name == figure.name for f in FIGURES):
+        raise ValueError(f"figure {figure.name!r} is already in the table")
+    FIGURES.append(figure)
+    return figure
+
+
+def legend(served: bool = False) -> dict[str, str]:
+    """The legend of a summary: every figure's text, those of load points too where it has a serving section."""
+    return {f.name: f.legend for f in FIGURES if f.legend is not None and (served or not f.served_only)}
+
+
+def columns(served: bool = False) -> list[Column]:
+    """The columns of the fixed-batch table (served: of the serving table), in their places."""
+    found = [c for f in FIGURES for c in (f.served_columns if served else f.columns)]
+    return sorted(found, key=lambda c: c.at)
+
+
+def csv_fields() -> list[str]:
+    """summary.csv's metric paths: every column's, then the figures' own fields."""
+    return [c.paths[0] for c in columns()] + [field for f in FIGURES for field in f.csv]
+
+
+def served_csv_fields() -> list[str]:
+    """serving.csv's metric paths, in their places."""
+    return [path for path, _ in sorted((pair for f in FIGURES for pair in f.served_csv), key=lambda pair: pair[1])]
+
+
+def computed(form: str, point, samples: list, baseline: list | None, metrics: dict) -> dict:
+    """The figures of the table that declare a computation of this form (STATIC, SERVED) and apply to the point's
+    method and engine, computed after run_metrics's (serving_metrics's) own steps, in the table's order."""
+    spec, caps = REGISTRY[point.method], caps_of(point.method)
+    out: dict = {}
+    for figure in FIGURES:
+        compute = figure.static if form == STATIC else figure.served
+        if compute is not None and figure.applies(spec, caps):
+            out.update(compute(Inputs(point, samples, baseline, {**metrics, **out})))
+    return out
+
+
+FIGURES: list[Figure] = [
+    Figure("label", columns=(Column("point", ("label",), "{}", 0, terminal=True),), served_columns=(Column("point", ("line",), "{}", 0, terminal=True),)),
+    Figure("status", legend="ok: every planned batch measured; partial: fewer batches than planned (a failure or an interruption): "
+                            "marked 'partial done/planned' in the tables and hollow in the plots, its ratios pair only the batches "
+                            "it has, and it takes no part in best; failed / skipped: not measured (the error says why)",
+           columns=(Column("status", ("status",), "{}", 10, terminal=True),),
+           served_columns=(Column("status", ("status",), "{}", 10),)),
+    Figure("batches", legend="a batch is one (repeat, batch_index) of a point; done: measured, paired: also measured by the "
+                             "baseline (every ratio uses only these), planned: what the sweep planned (every repeat), prompts: the "
+                             "distinct prompt batches paired (what an interval rests on; a conversation's turns, with their batches, count "
+                             "once), cross_process: paired batches whose "
+                             "baseline another process measured (a resumed run, a restarted worker)"),
+    Figure("samples", legend="sequences measured (rows of samples.jsonl)"),
+    Figure("new_tokens", legend="N: generated tokens up to and including EOS, no prompt, no padding; counted alike for every method"),
+    Figure("throughput_tok_s", legend="sum(N) / sum(batch wall times), a batch's wall time being its slowest row's latency; "
+                                      "throughput_tok_s_repeats: the same per repeat, throughput_tok_s_std their standard deviation",
+           columns=(Column("tok/s", ("throughput_tok_s",), "{:.2f}", 20, terminal=True),)),
+    Figure("speedup", legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
+                             "temperature and run (the ratio of total tokens over total wall, not a mean of ratios)",
+           columns=(Column("speedup [95% CI]", ("speedup",), "{:.2f}", 30, terminal=True),)),
+    Figure("speedup_ci95", legend=f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement (the batches "
+                                  f"holding one conversation's turns together, dataset.turns: they are not independent), each carrying "
+                                  f"all its repeats of the point and of the baseline (tokens and wall, measured back to back), "
+                                  f"recompute the ratio of totals ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}: a rebuild "
+                                  "gives the same numbers) and take the expanded percentile interval (Hesterberg 2015: the tails cut "
+                                  "at Phi(-sqrt(n/(n-1)) t_(0.975, n-1)) instead of 2.5%, since the plain percentile interval covers "
+                                  "only ~85% of the time at 5 prompts and ~90% at 10). It covers how the ratio varies from prompt to "
+                                  "prompt, the question being 'on prompts like these'; repeats average each prompt's timing noise and "
+                                  f"do not narrow it by sqrt(repeats). Fewer than {MIN_PROMPTS} prompt batches: null and flagged "
+                                  "few_samples. Tables print 'speedup [lo, hi]' (or 'speedup (n=k)' with no interval), plots draw "
+                                  "error bars",
+           csv=("speedup_ci95",)),
+    Figure("decode_speedup", legend="the same over decode throughput = sum(N - 1) / sum(batch wall - target prefill - draft prefill), "
+                                    "the part speculation can speed up; decode_speedup_ci95 likewise; null for methods timed per "
+                                    "batch only (no prefill time). hybrid prefills its draft model in the first round that drafts "
+                                    "with it, if any: that prefill is decode time here",
+           columns=(Column("dec speedup [95% CI]", ("decode_speedup",), "{:.2f}", 40),),
+           csv=("decode_speedup_ci95",)),
+    Figure("latency_s", legend="per sequence: wall time from its batch's start to its last token, device synchronised; mean, p50, "
+                               "p90, p99",
+           columns=(Column("lat p50 s", ("latency_s.p50",), "{:.3f}", 180, terminal=True),
+                    Column("lat p90 s", ("latency_s.p90",), "{:.3f}", 190),)),
+    Figure("tpot_s", legend="time per output token: latency / N per sequence", columns=(Column('TPOT ms', ('tpot_s.mean',), '{:.1f}', 220),)),
+    Figure("ttft_s", legend="time to first token: the prefill", columns=(Column('TTFT s', ('ttft_s.mean',), '{:.3f}', 200),)),
+    Figure("prefill_share", legend="(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot "
+                                   "speed up",
+           columns=(Column("prefill %", ("prefill_share",), "{:.0%}", 210),)),
+    Figure("draft_time_share", legend="time spent drafting / latency, summed over samples"),
+    Figure("block_efficiency", legend="tau = N / target forwards, the prefill forward and its token included: mean tokens per "
+                                      "target call (baseline 1.0)",
+           columns=(Column("tau", ("block_efficiency",), "{:.3f}", 70, terminal=True),)),
+    Figure("mean_accepted_tokens", legend="MAT = sum(emitted e_r) / rounds R, the correction or bonus token included: what vLLM and "
+                                          "SGLang call acceptance length, Spec-Bench's #MAT (baseline 1.0); for a tree the same: its "
+                                          "accepted path length plus one, per round",
+           columns=(Column("MAT", ("mean_accepted_tokens",), "{:.3f}", 80),)),
+    Figure("tree", legend="the shape of a round's draft (config speculative.tree): null, a chain of gamma; '3-2-1-1', a static tree "
+                          "with 3 children at the root, 2 under each of those, ...; 'dynamic-N', EAGLE-2's dynamic tree keeping the "
+                          "best N nodes; 'auto', the shape the tree policy picks. A tree's round verifies all its nodes in one target "
+                          "forward and accepts one path from the root. The tables show the tree and nodes/rd columns where a point "
+                          "has a tree"),
+    Figure("rounds", legend="R: speculation rounds (target verification forwards after the prefill), all sequences"),
+    Figure("acceptance_rate", legend="sum(accepted a_r) / sum(drafted gamma_r) over all rounds of all sequences; rounds that "
+                                     "drafted nothing add nothing; null when no round drafted a token. For a tree: accepted path "
+                                     "length / nodes verified (besides the root), which falls as the tree widens whatever its "
+                                     "accepted path: compare trees by MAT and acceptance_by_depth_rank",
+           columns=(Column("accept", ("acceptance_rate",), "{:.3f}", 60, terminal=True),)),
+    Figure("acceptance_by_source", legend="hybrid: per draft source (lookup, suffix, draft), its accepted tokens / the tokens it "
+                                          "drafted, pooled over every round of every sequence in which it drafted (a token counts "
+                                          "as accepted when it lies on the round's accepted path); drafted, accepted and rounds "
+                                          "beside it; every source the method offers is listed, one never chosen with 0 rounds "
+                                          "(acceptance null); fixed batches and under load alike"),
+    Figure("acceptance_by_depth_rank", legend="p(d, r) = hits / trials per depth d (1: the root's children) and sibling rank r (0: "
+                                              "the drafter's first choice at its parent): hits = rounds whose accepted path's node at "
+                                              "depth d has rank r, trials = rounds that reached depth d (accepted the path to d - 1) "
+                                              "with more than r children there. Unconditional on the siblings before r: the chance "
+                                              "that the rank-r child is the one accepted once its parent is (Sequoia's positional "
+                                              "acceptance). A chain has rank 0 only and p(d, 0) = P(draft d accepted | drafts 1..d-1 "
+                                              "accepted). In summary.json a list per depth: {depth, p, hits, trials}, each list by "
+                                              "rank; the report prints 'd1: r0 p (trials), r1 ...' per tree point"),
+    Figure("per_position_acceptance", legend="P(draft i accepted) = rounds with a_r >= i / rounds that drafted at least i; "
+                                             "unconditional (not given that draft i-1 was accepted). With a constant draft length "
+                                             "and no round cut by max_new_tokens it is count_i / rounds. For a tree, i is a depth: "
+                                             "rounds whose accepted path reached depth i / rounds whose tree did"),
+    Figure("accepted_histogram", legend="rounds with a_r = 0, 1, ..., gamma, over the rounds that drafted at least one token"),
+    Figure("constant_draft_length", legend="true when the rounds drafted gamma: every round, but for rounds cut by the max_new_tokens "
+                                           "budget (the engine drafts at most max_new_tokens - generated - 1), and at least one round "
+                                           "drafted the full gamma: then Leviathan's model at gamma applies; null for a tree"),
+    Figure("drafted_per_round", legend="mean drafted tokens per round (a tree: nodes verified besides the root, the tables' nodes/rd); "
+                                       "zero_draft_rounds: share of rounds that drafted nothing (a plain target step)",
+           columns=(Column("nodes/rd", ("drafted_per_round",), "{:.2f}", 50, trees_only=True),)),
+    Figure("alpha", legend="Leviathan's alpha from the rounds, for every schedule: the alpha with sum_r E[a_r | gamma_r, alpha] = "
+                           "sum_r a_r over the rounds that drafted, E[a | g, alpha] = alpha (1 - alpha^g) / (1 - alpha); every draft "
+                           "accepted gives 1, none 0; null when no round drafted a token. Not solved from tau, which counts the "
+                           "prefill's forward and token and so reads low for short outputs. Null for a tree: Leviathan's model is "
+                           "of a chain (acceptance_by_depth_rank describes a tree); a chain point some of whose rounds were trees "
+                           "(hybrid's merged trees) solves it from its chain rounds only",
+           columns=(Column("alpha", ("alpha",), "{:.3f}", 90),)),
+    Figure("draft_cost_ratio_c", legend="one draft step / one baseline step, each timed as the run executes it (a draft step: its "
+                                        "1-token forward and its token's choice; a baseline step: the target's 1-token forward, its "
+                                        "token's choice, greedy its top-2 gap, and the host read), medians of interleaved repetitions "
+                                        "measured in the run at this batch size, on the first batch's prompt + max_new_tokens / 2 "
+                                        "tokens of cache",
+           columns=(Column("c", ("draft_cost_ratio_c",), "{:.3f}", 100),)),
+    Figure("verify_cost_ratio_v", legend="one chain verification of gamma+1 tokens (the target forward, the acceptance, the host read, "
+                                         "the rollback) / one baseline step, measured likewise; for a tree of n nodes besides its "
+                                         "root, v(n): one (n+1)-token target forward through the tree mask (null for auto, whose n "
+                                         "varies)",
+           columns=(Column("v", ("verify_cost_ratio_v",), "{:.3f}", 120),)),
+    Figure("draft_cost_ratio_c_run", legend="c as the run's records time it: the draft's time per draft forward after its prefill / "
+                                            "the baseline's decode time per step, over the batches both finished (chains with a "
+                                            "draft model, our engine); verify_cost_ratio_v_run: the target's time per round after "
+                                            "the prefill / the same step. Beside c and v they say whether a decode efficiency off 1 "
+                                            "comes from the probed costs (c, v unlike c_run, v_run) or from the tokens per round"),
+    Figure("verify_cost_by_nodes", legend="tree points: v(n) at every node count n measured at the point's batch size (the "
+                                          "verification of n nodes is an (n+1)-token forward; the run probes the n of each tree it "
+                                          "sweeps, and 1, 2, 3, 4, 6, 8, 12, 16, 24, 32 for auto); the prediction interpolates "
+                                          "linearly between them (v(0) = 1) and has none beyond the largest. The report's 'Costs of "
+                                          "the trees' prints it per batch size"),
+    Figure("weight_bytes_ratio", legend="the draft's weight bytes / the target's, as loaded (the tensors each model holds: "
+                                        "parameters, buffers, oneDNN-packed or bitsandbytes-quantized weights, a tied embedding "
+                                        "once): what c comes near where decoding is memory bound; the tables' 'bytes' column, "
+                                        "beside c",
+           columns=(Column("bytes", ("weight_bytes_ratio",), "{:.3f}", 110),)),
+    Figure("draft_busy_share", legend="CUDA only: the GPU's busy time (its kernels' time, from the profiler) in the draft's 1-token "
+                                      "forward / that forward's wall time; target_busy_share: the same for the target's; null on a "
+                                      "CPU"),
+    Figure("predicted_speedup", legend="(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma*c + v)); predicted_speedup_v1 uses v = 1 "
+                                       "(Leviathan et al. 2023, Thm 3.8). Only where the model applies: a constant draft length, a "
+                                       "draft model, c and v measured; else null and the notes say why. A tree: sum_r E[e_r] / "
+                                       "sum_r (D_r c + v(n_r)) over the point's rounds, E[e_r] = 1 + the sum over the round's nodes "
+                                       "of the product of p(depth, rank) (acceptance_by_depth_rank, the point's own) along the "
+                                       "node's path (Sequoia's expected accepted length; a (depth, rank) never tried counts 0), D_r "
+                                       "the round's draft forwards (its tree's depth unless the round records draft_forwards), each "
+                                       "priced as a 1-token draft forward c (0 for a drafter without a model), n_r the nodes the "
+                                       "round's target forward verified (the batch's widest tree, which a row with a smaller tree or "
+                                       "none waits for too; older records without it: the row's own); predicted_speedup_v1 uses "
+                                       "v(n) = 1",
+           columns=(Column("pred", ("predicted_speedup",), "{:.3f}", 130, terminal=True),)),
+    Figure("efficiency", legend="measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
+                                "decode_efficiency: decode speedup / predicted speedup",
+           columns=(Column("eff", ("efficiency",), "{:.3f}", 140),
+                    Column("dec eff", ("decode_efficiency",), "{:.3f}", 150),)),
+    Figure("predicted_speedup_replay", legend="the replay of the point's own schedule (eval/replay.py, docs/predict.md): its batches, "
+                                              "or under a load its requests at their arrivals, as the engine's loop runs them (admit, "
+                                              "round, evict), each request with its measured prompt length, new tokens and rounds, "
+                                              "each step priced by the run's cost profile (costs.json: the probes' steps by rows and "
+                                              "width, and the prefills), beside the baseline replayed the same way; the speedup of "
+                                              "the replayed schedules, computed as the measured one is. Every method of our engine "
+                                              "with rounds (draft model, prompt lookup, suffix, schedules, trees, hybrid). A static "
+                                              "batch's tail, once rows leave, is priced at the smallest probed rows above it where "
+                                              "fewer were not probed (replay.rows_priced_above). _ci95: 200 replays, each of the prompt "
+                                              "batches (requests under a load) drawn with replacement and priced by the probes' "
+                                              "repetitions drawn with replacement: the acceptance's spread over prompts and the "
+                                              "probes' timing spread. "
+                                              "predicted_decode_speedup_replay: after the prefills. replay: the replayed figures "
+                                              "(under a load also TTFT P50, TPOT and E2E P50); replay_missing: what the profile "
+                                              "lacks where it cannot run. replay_efficiency: speedup / it; replay_decode_efficiency: "
+                                              "decode speedup / the decode one",
+           columns=(Column("replay [95% CI]", ("predicted_speedup_replay",), "{:.3f}", 160, terminal=True),
+                    Column("replay eff", ("replay_efficiency",), "{:.3f}", 170),),
+           served_columns=(Column("replay [95% CI]", ("predicted_speedup_replay",), "{:.2f}", 180, terminal=True),
+                           Column("TTFT P50 s replay", ("replay.ttft_p50_s",), "{:.3f}", 190),
+                           Column("TPOT ms replay", ("replay.tpot_mean_ms",), "{:.1f}", 200),),
+           served_csv=(("predicted_speedup_replay", 460), ("predicted_speedup_replay_ci95", 470), ("replay.ttft_p50_s", 480), ("replay.tpot_mean_ms", 490), ("replay.e2e_p50_s", 500))),
+    Figure("exact_match", legend="greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
+                                 "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
+                                 "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "
+                                 "differ in length only); null for a synthetic-acceptance point (its output is not the target's)",
+           columns=(Column("exact", ("exact_match",), "{:.3f}", 230, terminal=True),),
+           served_columns=(Column("exact", ("exact_match",), "{:.3f}", 210),),
+           served_csv=(("exact_match", 510),)),
+    Figure("synthetic_acceptance", legend="config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
+                                          "real acceptance). Draft and target run their real forwards (gamma drafts, one verification "
+                                          "of gamma + 1 tokens), but draft i of a round is accepted iff drafts 1..i-1 were and an "
+                                          "independent Bernoulli(alpha) draw says yes (drawn on the device from the batch's seeded "
+                                          "generator: reproducible), whatever the tokens; the round then emits the target's own token "
+                                          "after the accepted prefix (its argmax, or a draw from p). The output mixes draft and target "
+                                          "tokens and is not the target's: exact_match is null and no exactness flag applies. What it "
+                                          "measures is the system's cost at that alpha on any pair (random weights included): its "
+                                          "speedup against the prediction from its measured alpha, c and v (efficiency) tests the cost "
+                                          "model. Marked 'synthetic=alpha' in its label, a 'synthetic' column in the tables and "
+                                          "summary.csv, metrics.synthetic true in summary.json, 'synthetic alpha=' in the plot legends; "
+                                          "it takes no part in best. The report's 'Synthetic acceptance' table: set alpha, estimated "
+                                          "alpha [95% CI], speedup [95% CI], predicted [at alpha's CI], c, v, measured / predicted [at the "
+                                          "speedup's CI]",
+           served_columns=(Column("synthetic", ("synthetic_acceptance",), "{:g}", 20, terminal=True),)),
+    Figure("alpha_ci95", legend=f"synthetic points: 95% bootstrap CI of alpha over prompts: resample the prompts with replacement, "
+                                f"each with all its repeats' rounds, solve alpha from the resample's rounds as alpha itself "
+                                f"({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}, the expanded percentile interval as "
+                                f"speedup_ci95's); a prompt, not a batch, is the unit, since each row draws its own acceptances; "
+                                f"fewer than {MIN_PROMPTS} prompts: null ('(n=k)' in the tables). alpha_minus_set: the estimate "
+                                "minus the set alpha; alpha_prompts: the prompts behind the interval. predicted_speedup_ci95: the "
+                                "prediction at the interval's ends, c and v as measured (their own spread is not in it); efficiency_ci95: "
+                                "the speedup's interval over the prediction (the prompts' spread alone)",
+           csv=("alpha_ci95",)),
+    Figure("accuracy", legend="GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
+                              "accuracy_cut: answers cut at max_new_tokens before '####' (of accuracy_graded); when more than half "
+                              "are cut the notes say the accuracy is not meaningful",
+           columns=(Column("acc", ("accuracy",), "{:.3f}", 240, terminal=True),)),
+    Figure("flags", legend=f"a figure that cannot be trusted as it is, kept and marked '!' in the tables and plots, the notes say "
+                           f"why: few_samples: fewer than {MIN_PROMPTS} prompt batches back the ratio, so it has no interval; "
+                           f"cross_process: some of its batches were paired with a baseline another process measured (a resumed "
+                           f"run, a restarted worker), not back to back; "
+                           f"ci_wide: the speedup's CI reaches beyond +-ci_target (config, default 10%) of it (repeats: auto stops "
+                           f"on this same rule); drift: the same 1-token target forward (timed by the same probe, within each "
+                           f"process) or the baseline's tok/s on the same batches in different repeats moved by more than "
+                           f"{DRIFT_LIMIT:.0%} (max / min - 1); cost_unstable: a cost probe this point uses has repetitions spread "
+                           f"over (max - min) / median > {COST_SPREAD_LIMIT:.0%}, or the workers that ran it measured c or v that far "
+                           f"apart; cost_implausible: v < 1 or c > 1; "
+                           f"host_bound: the draft's forward waits on the host (Python dispatching eager kernels one by one) more "
+                           f"than it computes: its GPU busy share below {HOST_BOUND_BUSY:.0%} where CUDA busy times exist, else c >= "
+                           f"{HOST_BOUND_EXCESS:g}x the weight bytes ratio and c >= {HOST_BOUND_MIN_C:g}; its speedups then measure "
+                           f"Python and kernel-launch overhead, not the memory-bound decoding that speculation exploits: the "
+                           f"compiled engine (engine.compile: true)"
+                           + "".join(f" or {t.title} (the {t.methods} methods)" for t in ENGINE_TEXTS.values()) +
+                           f" measure the models (compiled and still below it: the engine's host work around its graphs, seen "
+                           f"at 43% on an H100 for a 1B pair's draft); "
+                           f"possible_bug: a greedy output differs from the baseline's "
+                           f"where rounding cannot flip a token: at its first differing token the baseline's top-1 logit led its "
+                           f"top-2 by more than {FLIP_REACH:g} x the drift, the target's numerics probe's max |logit diff| (over "
+                           f"every verify width M the run uses, for a bf16 or quantized target; each logit moves by up to the drift), "
+                           f"or the outputs differ in length only, or no probe ran; records without the baseline's gaps (older "
+                           f"runs) flag any mismatch while the drift is at most {NUMERICS_DRIFT:g} (fp32 rounding is ~1e-5). A "
+                           f"mismatch within reach of the drift is explained in the notes instead; "
+                           f"int8_batch: an 8-bit target at batch > 1 is not exact by construction (LLM.int8 picks its outlier "
+                           f"columns over all rows of a batch, so a row's logits depend on its neighbours): greedy mismatches there "
+                           f"are expected (it replaces possible_bug), unless the point measured every sample equal; "
+                           f"prediction_off: the measured speedup falls outside the replay's predicted interval (without one, more "
+                           f"than 5% from it), whatever the measured speedup's own interval; the message names the parts of the "
+                           f"schedule that ran more than 10% from what the replay priced (the draft's steps as c_run / c, the "
+                           f"verifications as v_run / v, the prefills; under a load these three as the records time them, in units "
+                           f"of the baseline's steps: a machine uniformly slower than its probes names none)"),
+    Figure("group", legend="dataset.group_by's value, or a conversation's turn ('turn 1', 'turn 2', ...: runs of conversations "
+                           "give figures per turn besides group_by's; group_field says which); null: the overall run. At batch size 1 a group's figures are exact; at batch "
+                           "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
+                           "that group in the batch"),
+    Figure("engines", legend=" ".join(t.legend for t in ENGINE_TEXTS.values()) or None),
+    Figure("best", legend="per comparison (batch size or load point, and temperature): each method's point with the highest "
+                          "measured speedup among status ok points (flagged ones included and marked), and the gamma predicted "
+                          "best among the gammas swept: by the replay of each gamma's own schedule where every gamma has one "
+                          "(alpha_used null), else, for a constant draft length with measured costs, by Leviathan's model from "
+                          "the best point's alpha, c and v"),
+    Figure("serving", legend="a serving run (config load:): each load point (concurrency C: at most C requests in flight; "
+                             "request_rate: arrivals per second, null = all at once; conversations: first turns per second, a later turn "
+                             "arriving load.think_s after the turn before it ends) serves the same N requests on the same arrival "
+                             "schedule for every method; summary.json's serving.runs holds one run per method and load point, "
+                             "serving.crossovers the crossovers. Times per request from the load point's start: arrival, admission "
+                             "(its prefill began), first token, finish; its clock starts at its slot: when it got one of the C "
+                             "concurrency slots (vLLM bench serve's --max-concurrency semaphore), max(arrival, the earliest release "
+                             "of a slot by a finishing request, in arrival order, then request order: a conversation's later turn arrives after its previous answer); with no cap binding, its arrival",
+           served_only=True),
+    Figure("ttft_s (load)", legend="time to first token = first token - slot: the prefill and any wait inside the engine for the "
+                                   "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
+           served_only=True,
+           served_columns=(Column("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}", 30, terminal=True),),
+           served_csv=(("ttft_s.mean", 30), ("ttft_s.p50", 40), ("ttft_s.p90", 50), ("ttft_s.p99", 60))),
+    Figure("by_group", legend="per group of a load point's requests (dataset.group_by's values, and a conversation's turns: 'turn 1', "
+                              "'turn 2', ...): its requests' TTFT, TPOT and E2E P50, pooled acceptance and MAT, and the TPOT speedup "
+                              "against the same requests of the baseline, with its 95% paired bootstrap interval over those requests "
+                              "(null below 8); no throughput, since every group's requests share the load point's span",
+           served_only=True),
+    Figure("queue_s", legend="the client's wait for a concurrency slot = slot - arrival (0 with no cap binding); not in TTFT, E2E or "
+                             "the SLO, as in vLLM's bench serve",
+           served_only=True,
+           served_columns=(Column("queue P50 / P99 s", ("queue_s.p50", "queue_s.p99"), "{:.3f}", 70),),
+           served_csv=(("queue_s.mean", 310), ("queue_s.p50", 320), ("queue_s.p90", 330), ("queue_s.p99", 340))),
+    Figure("max_in_flight", legend="the most requests in flight (admitted, not finished) at once; where the concurrency exceeds the "
+                                   "load point's requests the notes say that at most that many could be",
+           served_only=True,
+           served_csv=(("max_in_flight", 300),)),
+    Figure("tpot_s (load)", legend="time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
+                                   "one-token request has none)",
+           served_only=True,
+           served_columns=(Column("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}", 40, terminal=True),),
+           served_csv=(("tpot_s.mean", 70), ("tpot_s.p50", 80), ("tpot_s.p90", 90), ("tpot_s.p99", 100))),
+    Figure("itl_s", legend="inter-token latency: the gaps between successive emissions of a request, pooled over requests; as in "
+                           "vLLM a chunk of tokens emitted at once (a round's accepted drafts and its target token) is one gap, so "
+                           "speculation has fewer, longer gaps: TPOT is the per-token figure",
+           served_only=True,
+           served_columns=(Column("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}", 50),),
+           served_csv=(("itl_s.mean", 110), ("itl_s.p50", 120), ("itl_s.p90", 130), ("itl_s.p99", 140))),
+    Figure("e2e_s", legend="end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
+                           "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
+           served_only=True,
+           served_columns=(Column("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}", 60),),
+           served_csv=(("e2e_s.mean", 150), ("e2e_s.p50", 160), ("e2e_s.p90", 170), ("e2e_s.p99", 180))),
+    Figure("output_tok_s", legend="total new tokens / span, span = the last finish - the load point's start (t = 0: the serving "
+                                  "benchmark duration, the first request's arrival gap in it; summed "
+                                  "over repeats); requests_per_s likewise; goodput_req_s: requests meeting every limit of config "
+                                  "load.slo (TTFT from the slot <= ttft_s, TPOT <= tpot_ms) / span, null when no SLO is set; slo_met: their share",
+           served_only=True,
+           served_columns=(Column("tok/s", ("output_tok_s",), "{:.1f}", 80, terminal=True),
+                           Column("req/s", ("requests_per_s",), "{:.2f}", 90),
+                           Column("goodput req/s", ("goodput_req_s",), "{:.2f}", 100),),
+           served_csv=(("requests", 0), ("output_tokens", 10), ("span_s", 20), ("output_tok_s", 190), ("requests_per_s", 200), ("goodput_req_s", 210), ("slo_met", 220))),
+    Figure("mean_in_flight", legend="occupancy: the time average over the span of the requests between admission and finish = "
+                                    "sum(finish - admitted) / span; busy_in_flight: the same over the time at least one was in "
+                                    "flight (what a step sees: idle time between arrivals left out)",
+           served_only=True,
+           served_columns=(Column("in flight", ("mean_in_flight",), "{:.2f}", 110),),
+           served_csv=(("mean_in_flight", 230), ("busy_in_flight", 290))),
+    Figure("acceptance_pooled", legend="acceptance rate pooled over every round of every request, sum(accepted) / sum(drafted) (as "
+                                       "vLLM's counters); acceptance_per_request: the mean over requests of each request's own (as "
+                                       "specdec_bench); mean_accepted_tokens_pooled / _per_request: MAT = emitted / rounds, likewise; "
+                                       "alpha from the chain rounds only (alpha_rounds of them; a tree round, hybrid's merged trees "
+                                       "too, is described by acceptance_by_depth_rank); acceptance_by_source for a drafter of several "
+                                       "sources, a source offered and never chosen with 0 rounds",
+           served_only=True,
+           served_columns=(Column("accept pooled / per-req", ("acceptance_pooled", "acceptance_per_request"), "{:.3f}", 120),
+                           Column("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}", 130),),
+           served_csv=(("acceptance_pooled", 240), ("acceptance_per_request", 250), ("mean_accepted_tokens_pooled", 260), ("mean_accepted_tokens_per_request", 270), ("alpha", 280), ("alpha_rounds", 350))),
+    Figure("speedup_tput", legend="(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
+                                  "point and temperature: a per-request token rate. By Little's law a system's tok/s = L x (sum N / "
+                                  "sum E2E), L the mean requests in the system (queued or in flight) over the span, so the ratio is "
+                                  "the system throughput ratio where both keep the same L (a closed loop at C always full: L = C, E2E "
+                                  "from the slot); where requests queue in the engine, L differs between methods and output_tok_s_ratio (method / baseline "
+                                  "output_tok_s, a reading without interval) is the system's ratio",
+           served_only=True,
+           served_columns=(Column("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}", 140, terminal=True),
+                           Column("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}", 160),),
+           served_csv=(("requests_paired", 360), ("speedup_tput", 370), ("output_tok_s_ratio", 410))),
+    Figure("speedup_tpot", legend="mean TPOT of the baseline / the method's, over the requests both served with N > 1",
+           served_only=True,
+           served_columns=(Column("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}", 150, terminal=True),),
+           served_csv=(("speedup_tpot", 390), ("speedup_tpot_ci95", 400))),
+    Figure("speedup_tput_ci95", legend=f"95% paired bootstrap over requests (request i of both, with all its repeats; a "
+                                       f"conversation's turns together, dataset.turns; the expanded "
+                                       f"percentile interval as speedup_ci95), speedup_tpot_ci95 likewise; fewer than {MIN_PROMPTS} "
+                                       "requests: null and flagged few_samples. Requests of one load point share the batch, so the "
+                                       "interval covers how the ratio varies from request to request on that schedule, not from "
+                                       "run to run",
+           served_only=True,
+           served_csv=(("speedup_tput_ci95", 380),)),
+    Figure("predicted_speedup (load)", legend="Leviathan's (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v)) at the load point's "
+                                              "measured alpha (pooled chain rounds), with c and v at its occupancy while busy "
+                                              "(busy_in_flight, cost_rows): linear between the batch sizes probed around it "
+                                              "(cost_batch_sizes; each load point probes at min(C, its requests) and at 1), the "
+                                              "nearest within "
+                                              "10% outside them, null farther (the notes say why). Per-row decoding only: no prefill, "
+                                              "no queue, no joining request",
+           served_only=True,
+           served_columns=(Column("pred", ("predicted_speedup",), "{:.2f}", 170, terminal=True),),
+           served_csv=(("draft_cost_ratio_c", 420), ("verify_cost_ratio_v", 430), ("cost_rows", 440), ("predicted_speedup", 450))),
+    Figure("crossovers", legend="per method line and sweep along one load axis (the other held): measured: where the throughput "
+                                "speedup's point estimate crosses 1 (the load where the straight line between the two loads around "
+                                "the crossing meets 1; null beside 'all at once'), the verdict 'above 1 at every load measured' or "
+                                "'below 1 at every load measured' where it never does, and highest_load_ci_above_1: the highest load "
+                                "whose interval lies wholly above 1; predicted: the same on the predicted speedups; tpot: on the TPOT "
+                                "speedup. A concurrency above a load point's requests is placed at the requests (no more can be in "
+                                "flight), and of several such caps the lowest stands for them",
+           served_only=True),
+]
