@@ -11,7 +11,7 @@ from eval.records import CostProbe, Point
 from eval.replay import PART_OFF, part_times, prediction_off_reason, static_prediction
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
-from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
+from eval.synthetic import not_the_targets, synthetic_prediction
 from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, unit_totals, units
 from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
 from utils.data import extract_gsm8k_answer
@@ -317,6 +317,12 @@ def per_request_times(samples: list[dict], keys: tuple[str, str]) -> tuple[list[
     return [e[latency] for e in extra], [e[ttft] for e in extra]
 
 
+def compares_outputs(point: Point) -> bool:
+    """Whether a point's output is held to its reference's (exact_match): greedy, not the reference itself, and not
+    synthetic (accepted at a set alpha, its output is not the target's); fixed batches and load points alike."""
+    return point.temperature is None and not REGISTRY[point.method].is_reference and point.synthetic_acceptance is None
+
+
 def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, costs: CostProbe | None,
                 profile=None) -> dict:
     """Every figure of one run (a point, overall or one group) against its baseline's samples (None: none ran)."""
@@ -358,7 +364,7 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
         # the baseline against itself is 1 by definition: no interval to claim
         metrics["speedup_ci95"] = None if spec.is_reference else bootstrap_ci(clusters)
         metrics["decode_speedup_ci95"] = None if spec.is_reference else bootstrap_ci(decode_clusters)
-        if point.temperature is None and not spec.is_reference and point.synthetic_acceptance is None:
+        if compares_outputs(point):
             paired_keys = set(units(samples)) & set(units(baseline))
             match = exact_match([s for s in samples if unit_of(s) in paired_keys], baseline)
             if match is not None:
@@ -366,12 +372,10 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
     if point.temperature is None and spec.is_reference:
         metrics["exact_match"], metrics["mismatches"] = 1.0, []
     if point.synthetic_acceptance is not None:  # its output is not the target's: no exact match to claim
-        metrics.update(exact_match=None, mismatches=None)
-        metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
+        metrics.update(not_the_targets(point, samples, metrics))
     metrics.update(gsm8k_figures(samples))
     metrics.update(cost_figures(point, metrics, costs, samples, baseline, profile))
     if point.synthetic_acceptance is not None:
-        metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
-        metrics["efficiency_ci95"] = efficiency_interval(metrics)
+        metrics.update(synthetic_prediction(point, metrics))
     metrics.update(computed(STATIC, point, samples, baseline, metrics))  # the table's own figures (eval/figure_table.py)
     return metrics

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from decode.methods import ENGINE_CAPS, ENGINE_TEXTS, REGISTRY, caps_of, reference_method
 from eval.costs import run_costs
-from eval.figures import constant_draft_length, exact_match
+from eval.figures import compares_outputs, constant_draft_length, exact_match
 from eval.figure_table import SERVED, computed
 from eval.flags import CI_WIDE, flags_of
 from eval.groups import groups_of, in_group
@@ -27,7 +27,7 @@ from eval.replay import (MissingCost, Pricer, beyond_caches, beyond_note, lackin
                          prediction_off, profile_resamples, replay_load)
 from eval.sources import acceptance_by_source
 from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, ratio, ratio_of_totals, strict
-from eval.synthetic import efficiency_interval, prediction_interval, synthetic_figures
+from eval.synthetic import not_the_targets, synthetic_prediction
 from eval.totals import cross_process_pairs
 from eval.trees import acceptance_by_depth_rank, tree_of
 
@@ -347,7 +347,7 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
             metrics["speedup_tput_ci95"] = bootstrap_ci(tput)
             metrics["speedup_tpot_ci95"] = bootstrap_ci(per_token)
         metrics["output_tok_s_ratio"] = ratio(metrics["output_tok_s"], load_figures(baseline, None)["output_tok_s"])
-        if point.temperature is None and not spec.is_reference and point.synthetic_acceptance is None:
+        if compares_outputs(point):
             mine, theirs = request_keys(samples), request_keys(baseline)
             # exact_match pairs on (repeat, sample_id): give each request its index as its id
             match = exact_match([dict(mine[k], sample_id=k[1:]) for k in mine if k in theirs],
@@ -370,13 +370,8 @@ def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | No
             metrics["prediction_off"] = prediction_off(metrics["speedup_tput"], metrics["replay"],
                                                        part_times(samples, baseline))
     if point.synthetic_acceptance is not None:  # accepted at a set alpha: its output is not the target's
-        metrics.update(exact_match=None, mismatches=None)
-        metrics.update(synthetic_figures(point.synthetic_acceptance, samples, metrics))
-        metrics["predicted_speedup_ci95"] = prediction_interval(point.gamma, metrics)
-        predicted = metrics.get("predicted_speedup")
-        metrics["efficiency"] = ratio(metrics["speedup_tput"], predicted)
-        metrics["efficiency_ci95"] = efficiency_interval({"speedup_ci95": metrics["speedup_tput_ci95"],
-                                                          "predicted_speedup": predicted})
+        metrics.update(not_the_targets(point, samples, metrics))
+        metrics.update(synthetic_prediction(point, metrics, speedup="speedup_tput"))
     metrics.update(computed(SERVED, point, samples, baseline, metrics))  # the table's own figures (eval/figure_table.py)
     return metrics
 

@@ -9,7 +9,7 @@ import random
 from collections import Counter
 
 from eval.leviathan import predicted_speedup
-from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval
+from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio
 
 BISECTION_STEPS = 50  # 2^-50: far below any alpha a run can resolve
 
@@ -99,3 +99,20 @@ def efficiency_interval(metrics: dict) -> list[float] | None:
     if not interval or not predicted:
         return None
     return [interval[0] / predicted, interval[1] / predicted]
+
+
+def not_the_targets(point, samples: list[dict], metrics: dict) -> dict:
+    """A synthetic point's figures in place of the exact match (its output is not the target's), at a fixed batch and
+    under load alike."""
+    return {"exact_match": None, "mismatches": None,
+            **synthetic_figures(point.synthetic_acceptance, samples, metrics)}
+
+
+def synthetic_prediction(point, metrics: dict, speedup: str = "speedup") -> dict:
+    """A synthetic point's test of the cost model: the prediction at the ends of alpha's interval, and measured /
+    predicted with its interval over the measured speedup's (speedup: its key, speedup_tput under load)."""
+    predicted = metrics.get("predicted_speedup")
+    return {"predicted_speedup_ci95": prediction_interval(point.gamma, metrics),
+            "efficiency": ratio(metrics.get(speedup), predicted),
+            "efficiency_ci95": efficiency_interval({"speedup_ci95": metrics.get(speedup + "_ci95"),
+                                                    "predicted_speedup": predicted})}
