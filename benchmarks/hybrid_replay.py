@@ -47,9 +47,11 @@ from decode.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from decode.drafters.hybrid import FREE, HybridDrafter, LengthRecord, plan_row  # noqa: E402
 from decode.drafters.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, prompt_key  # noqa: E402
-from decode.methods.suffix import CACHE_TOKENS, MAX_DEPTH, MIN_PROB  # noqa: E402
+from decode.methods.suffix import Options as SuffixOptions  # noqa: E402
 
 METHODS = ("speculative", "prompt_lookup", "suffix", "hybrid")
+MAX_DEPTH, MIN_PROB, CACHE_TOKENS = (SuffixOptions().suffix_max_depth, SuffixOptions().suffix_min_prob,
+                                     SuffixOptions().suffix_cache_tokens)  # the config's defaults
 
 
 class ReplayError(Exception):

@@ -168,7 +168,7 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
     # a row holds its prompt and its new tokens, plus one round's columns beyond them; the cost_model schedule's
     # draft prefill probe feeds the prompt twice (runner/probes.py draft_prefill_cost). Rounded up to 64
     needed = longest_prompt + config.generation.max_new_tokens + plan["round"] + 1
-    if any(p.schedule == "cost_model" for p in points):
+    if any(p.schedule in REGISTRY[p.method].measured_schedules for p in points):
         needed = max(needed, 2 * longest_prompt)
     max_length = -(-needed // 64) * 64
     mode = None if config.engine.compile_mode == "auto" else config.engine.compile_mode
@@ -218,9 +218,11 @@ def model_notes(config, target, drafts, prompt_set) -> list[str]:
         notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
                      "no TTFT or forward counts")
     notes += [f"{m}: {REGISTRY[m].memory}" for m in config.methods if REGISTRY[m].memory]
-    if "hybrid" in config.methods and config.speculative.hybrid_max_draft:
-        notes.append(f"hybrid: a round drafts up to max(gamma, {config.speculative.hybrid_max_draft}) tokens "
-                     "(speculative.hybrid_max_draft), each row's length chosen by expected tokens per cost")
+    for m in config.methods:
+        cap = REGISTRY[m].draft_cap and getattr(config.speculative, REGISTRY[m].draft_cap)
+        if cap:
+            notes.append(f"{m}: a round drafts up to max(gamma, {cap}) tokens (speculative.{REGISTRY[m].draft_cap}), "
+                         "each row's length chosen by expected tokens per cost")
     return notes
 
 

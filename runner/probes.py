@@ -487,14 +487,16 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
     gammas = sorted({p.gamma for p in spec_points if p.gamma})
     widths = verify_widths(spec_points)
     chains = verify_widths([p for p in spec_points if getattr(p, "tree", None) is None])
-    cost_model = any(p.schedule == "cost_model" for p in spec_points)
-    if cost_model:
+    measured = any(p.schedule in REGISTRY[p.method].measured_schedules for p in spec_points)
+    if measured:
         widths |= set(range(2, max(gammas) + 2))
         chains |= set(range(2, max(gammas) + 2))
-    hybrid = [p.gamma for p in spec_points if p.method == "hybrid"]
+    priced = [p for p in spec_points if REGISTRY[p.method].prices_rounds]
+    hybrid = [p.gamma for p in priced]
     if hybrid:
         hybrid_widths = set(range(2, 2 * max(hybrid) + 2))
-        longest = max(max(hybrid), config.speculative.hybrid_max_draft or 0)
+        caps = {REGISTRY[p.method].draft_cap for p in priced} - {None}
+        longest = max([max(hybrid), *(getattr(config.speculative, cap) or 0 for cap in caps)])
         if longest > max(hybrid):  # past gamma: a few widths up to a tree of two of the longest drafts
             hybrid_widths |= {longest + 1, (3 * longest) // 2 + 1, 2 * longest + 1}
         widths |= hybrid_widths
@@ -502,6 +504,6 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
         # a chain past the compiled chain widths (which would run in two steps)
         chains |= {w for w in hybrid_widths if not config.engine.compile or w <= max(hybrid) + 1}
     return measure_costs(target.model, drafts, ids, mask, sorted(widths), clock,
-                         draft_prefill=cost_model or bool(hybrid),
+                         draft_prefill=measured or bool(hybrid),
                          tree_widths=widths - chains, sampling=sampling, context=config.generation.max_new_tokens // 2,
                          target_vocab_size=target.vocab_size)

@@ -155,7 +155,7 @@ class Session:
         self.context = RunContext(target=self.target.model, tokenizer=self.tokenizer,
                                   drafts={label: d.model for label, d in self.drafts.items()},
                                   target_vocab_size=self.target.vocab_size, pad_id=self.pad_id, clock=self.clock,
-                                  options=config.speculative.model_dump(),
+                                  options=config.method_options,
                                   groups={tuple(p.token_ids): p.group for p in self.prompt_set.prompts
                                           if p.group is not None})
 
@@ -338,7 +338,7 @@ class Session:
                                f"{one_line(error)}); the batches {'it' if self.worker else 'this process'} runs get no "
                                "predicted speedup, and the cost_model schedule cannot run there")
             for point in spec_points:
-                if point.schedule == "cost_model":
+                if point.schedule in REGISTRY[point.method].measured_schedules:
                     state.fail(point, "failed", "cost probes failed: " + one_line(error))
             return None
 

@@ -75,6 +75,9 @@ CASES = [
     ("method-needs-draft", "draft", DELETE, "needs a draft model"),
     ("early-exit-without-layer", "methods", ["baseline", "early_exit"], "speculative.exit_layer"),
     ("schedule-unknown", "speculative.schedule", ["constant", "adaptive"], "speculative.schedule"),
+    ("option-unknown", "speculative.suffix_depth", 4, "is not known; did you mean 'suffix_max_depth'?"),
+    ("option-mistyped", "speculative.suffix_min_prob", "high", "speculative.suffix_min_prob"),
+    ("option-of-no-method-run", "speculative.ngram_max", 5, "speculative.ngram_max applies to prompt_lookup or hybrid"),
     ("temperature-zero-alone", "generation", {"do_sample": True, "temperature": 0}, "do_sample: false"),
     ("repeats-text", "repeats", "many", "repeats"),
     ("group-by-missing-field", "dataset", {"group_by": "category"}, "dataset.group_by"),
@@ -203,21 +206,22 @@ def test_hybrid_without_a_draft_model(tiny, tmp_path):
 
 def test_set_reaches_a_list_item_and_the_suffix_options(tiny, tmp_path):
     """--set draft[0].kind (and draft.0.kind) edits the item, where it was a key '' that was not known; suffix's options,
-    documented and read by the method, are settable."""
-    from decode.methods.suffix import options
+    documented and read by the method, are settable and reach it, typed (RunContext.options)."""
+    from decode.methods.suffix import Options
     from utils.config import load_config
 
     file = tmp_path / "config.yaml"
     config = good(tiny)
     config["draft"] = [config["draft"], {"model": config["draft"]["model"], "label": "second"}]
     file.write_text(yaml.safe_dump(config))
-    _, raw = load_config(file, ["draft[1].label=other", "draft.0.label=first", "speculative.gamma[0]=5",
-                                "speculative.suffix_max_depth=3", "speculative.suffix_min_prob=0.25"])
+    config["methods"] = ["baseline", "suffix", "hybrid"]
+    file.write_text(yaml.safe_dump(config))
+    loaded, raw = load_config(file, ["draft[1].label=other", "draft.0.label=first", "speculative.gamma[0]=5",
+                                     "speculative.suffix_max_depth=3", "speculative.suffix_min_prob=0.25",
+                                     "speculative.suffix_cache_tokens=100"])
     assert [d["label"] for d in raw["draft"]] == ["first", "other"] and raw["speculative"]["gamma"][0] == 5
     with pytest.raises(Exception, match=r"'draft' has 2 item\(s\), so draft\[2\] does not exist"):
         load_config(file, ["draft[2].label=x"])
-
-    class Context:
-        options = raw["speculative"]  # what a method gets (RunContext.options: the speculative section)
-
-    assert options(Context) == (3, 0.25)
+    assert loaded.method_options["suffix"] == Options(suffix_max_depth=3, suffix_min_prob=0.25, suffix_cache_tokens=100)
+    hybrid = loaded.method_options["hybrid"]  # hybrid's suffix source reads them too
+    assert (hybrid.suffix_max_depth, hybrid.suffix_min_prob, hybrid.suffix_cache_tokens) == (3, 0.25, 100)

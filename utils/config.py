@@ -168,7 +168,8 @@ def _sweep(value, key: str) -> list[int]:
     return values
 
 
-SCHEDULES = ("constant", "heuristic", "confidence", "cost_model")
+SCHEDULES = tuple(dict.fromkeys(s for spec in _METHODS.values() for s in spec.schedules))  # the methods' (their
+#   MethodSpec.schedules)
 
 
 def tree_labels(value) -> list[str | None]:
@@ -197,45 +198,25 @@ def tree_labels(value) -> list[str | None]:
     return labels
 
 
-class SpeculativeConfig(Strict):
+class SpeculativeAxes(Strict):
+    """speculative:'s sweeps; SpeculativeConfig adds the methods' options (MethodSpec.options)."""
     gamma: list[int] = Field([4], description="max draft tokens per round; a list is a sweep")
-    schedule: list[Literal["constant", "heuristic", "confidence", "cost_model"]] = Field(
+    schedule: list[Literal[SCHEDULES]] = Field(
         ["constant"], description="draft-length schedule of draft-model methods; a list is a sweep")
-    confidence: float = Field(0.4, gt=0, lt=1, description="confidence schedule, and hybrid's draft branch: a row "
-                                                            "stops drafting after the step whose top probability "
-                                                            "falls under this")
     exit_layer: list[int] | None = Field(None, description="early_exit: the target's first N layers draft, 1 <= N < "
                                                            "the target's layers (checked before the run where the "
                                                            "target's config is on disk, else at load); a list sweeps")
-    hybrid_max_draft: int | None = Field(None, ge=1, le=64,
-                                         description="hybrid: the longest draft a round may take from any source, "
-                                                     "each row's length chosen by expected tokens per cost (past gamma "
-                                                     "where acceptance stays high); null: gamma")
     draft_context: list[int | None] = Field(
         [None], description="speculative and hybrid: the draft model is prefilled with each prompt's last N tokens "
                             "only (a window: its prefill costs N tokens, not the prompt's; it drafts on what it saw "
                             "and on every token generated after), the target still reads the whole prompt; null: the "
                             "whole prompt; a list sweeps (null in a list: also the whole prompt)")
-    suffix_max_depth: int = Field(8, ge=1, le=64, strict=True,
-                                  description="suffix and hybrid: the longest tail of the text matched in the suffix "
-                                              "trie")
-    suffix_min_prob: float = Field(0.1, ge=0, le=1, strict=True, allow_inf_nan=False,
-                                   description="suffix and hybrid: a drafted token's least probability along its "
-                                               "path (the trie's counts)")
-    suffix_cache_tokens: int = Field(16384, ge=1, strict=True,
-                                     description="suffix: the tokens of earlier outputs its cache keeps (the oldest "
-                                                 "leave first)")
-    ngram_max: int = Field(3, ge=1, description="prompt_lookup: longest n-gram matched")
-    ngram_min: int = Field(1, ge=1, description="prompt_lookup: shortest n-gram matched; hf_prompt_lookup needs 1 "
-                                                "(transformers has no minimum)")
     tree: list[str | None] = Field(
         [None], description="token trees of speculative and prompt_lookup (decode/tree_layout.py): null (a chain of gamma), "
                             "a branching list [3, 2, 1, 1] (a static tree: every node at depth d-1 has k_d children; "
                             "its depth replaces gamma), {dynamic: N} (EAGLE-2's dynamic tree of N nodes, depth gamma) "
                             "or auto (the shape the cost model picks, depth at most gamma); a list of these sweeps "
                             "(a list of integers is one shape). At most 256 nodes; tree points take no schedule")
-    tree_top_k: int = Field(4, ge=1, le=16, description="dynamic trees: children per expanded node; prompt lookup's "
-                                                        "matches for a dynamic tree")
     synthetic_acceptance: list[float | None] = Field(
         [None], description="a set alpha in (0, 1), or a list of them (a sweep; null in a list: also the real "
                             "acceptance): draft and target run their real forwards, but each draft is accepted by a "
@@ -296,11 +277,29 @@ class SpeculativeConfig(Strict):
             raise ValueError(f"schedule list {values} repeats a value; list each once")
         return values
 
-    @model_validator(mode="after")
-    def _ngram(self):
-        if self.ngram_min > self.ngram_max:
-            raise ValueError(f"ngram_min ({self.ngram_min}) is above ngram_max ({self.ngram_max})")
-        return self
+
+def _option_fields() -> dict:
+    """Every method's options (MethodSpec.options, dataclasses of option(...) fields) as pydantic fields, once each:
+    a method that reads another's option inherits its declaration (hybrid: suffix's), so the two agree."""
+    import dataclasses
+    import typing
+
+    declared = {}
+    for spec in _METHODS.values():
+        if spec.options is None:
+            continue
+        hints = typing.get_type_hints(spec.options)
+        for f in dataclasses.fields(spec.options):
+            declared.setdefault(f.name, (hints[f.name], Field(f.default, description=f.metadata["description"],
+                                                               **f.metadata["bounds"])))
+    return declared
+
+
+OPTION_TAKERS = {name: [m for m, spec in _METHODS.items() if spec.options and name in spec.options.__dataclass_fields__]
+                 for name in _option_fields()}  # option -> the methods that read it
+SpeculativeConfig = create_model("SpeculativeConfig", __base__=SpeculativeAxes, __module__=__name__,
+                                 __doc__="speculative: its sweeps and the options of the methods (decode/methods: each "
+                                         "method's file declares the options it reads)", **_option_fields())
 
 
 class ClusterConfig(Strict):
@@ -521,8 +520,9 @@ class Config(Strict):
                                  f"without {reference} in methods: add {reference}, or set repeats to a number")
         for engine in sorted(engines & set(ENGINE_SECTIONS)):  # what each engine refuses of the config
             ENGINE_SECTIONS[engine].CHECK(self)
+        heads = {kind for m in self.methods for kind in REGISTRY[m].head_kinds}  # drafts our engine loads as heads
         for index, draft in enumerate(self.draft):
-            if draft.kind == "medusa" or (draft.kind == "eagle3" and "eagle3" in self.methods):
+            if draft.kind in heads:
                 for key, value, default in [("quantization", draft.quantization, "none"),
                                             ("device_map", draft.device_map, None), ("gguf_file", draft.gguf_file, None)]:
                     if value != default:
@@ -531,12 +531,7 @@ class Config(Strict):
         labels = [d.name for d in self.draft]
         if len(set(labels)) != len(labels):
             raise ValueError(f"draft labels {labels} repeat; give each draft its own label: ...")
-        if "hf_prompt_lookup" in self.methods and self.speculative.ngram_min != 1:
-            # transformers (5.23) tries n-grams from max_matching_ngram_size down to 1 and takes no minimum:
-            # its row would answer another question than prompt_lookup's
-            raise ValueError(f"speculative.ngram_min: {self.speculative.ngram_min} cannot apply to hf_prompt_lookup "
-                             "(transformers matches n-grams down to 1 and takes no minimum); set ngram_min: 1, or "
-                             "run hf_prompt_lookup in a run of its own")
+        self._check_options()
         self._check_trees()
         self._check_synthetic()
         self._check_draft_context()
@@ -545,6 +540,22 @@ class Config(Strict):
         if self.engine.compile:
             self._check_compilable()
         return self
+
+    def _check_options(self) -> None:
+        """Each method of the run gets its typed options (its own checks refuse what it cannot take); an option set
+        where no method of the run reads it is refused, as an axis is (its value would be dropped unseen)."""
+        for name in sorted(self.speculative.model_fields_set & set(OPTION_TAKERS)):
+            if not set(OPTION_TAKERS[name]) & set(self.methods):
+                raise ValueError(f"speculative.{name} applies to {' or '.join(OPTION_TAKERS[name])} only, and methods "
+                                 f"has none of them: add one, or leave {name} out")
+        self.method_options  # noqa: B018 (each method's own checks: ValueError)
+
+    @property
+    def method_options(self) -> dict:
+        """method -> its typed options (MethodSpec.options) for each method of the run that reads some: what the
+        runner hands it (RunContext.options)."""
+        values = self.speculative.model_dump()
+        return {m: _METHODS[m].typed_options(values) for m in self.methods if _METHODS[m].options}
 
     def _check_trees(self) -> None:
         """A tree applies to the methods whose axes have it (on either engine: engine.compile compiles its widths)."""
@@ -621,11 +632,11 @@ class Config(Strict):
 
     def _check_compilable(self) -> None:
         """engine.compile compiles plain torch modules on one device with a mask it builds: refuse what is not."""
-        longest = self.speculative.hybrid_max_draft
-        if "hybrid" in self.methods and longest and longest > min(self.speculative.gamma):
-            raise ValueError(f"speculative.hybrid_max_draft: {longest} drafts past gamma, and engine.compile sizes its "
-                             "static caches and graphs for gamma; set engine.compile: false, or leave hybrid_max_draft "
-                             "out")
+        for cap in {_METHODS[m].draft_cap for m in self.methods} - {None}:
+            longest = getattr(self.speculative, cap)
+            if longest and longest > min(self.speculative.gamma):
+                raise ValueError(f"speculative.{cap}: {longest} drafts past gamma, and engine.compile sizes its static "
+                                 f"caches and graphs for gamma; set engine.compile: false, or leave {cap} out")
         for role, model in [("target", self.target)] + [(f"draft[{i}]", d) for i, d in enumerate(self.draft)]:
             if role != "target" and model.kind != "model":
                 continue
@@ -645,9 +656,10 @@ class Config(Strict):
 
     @property
     def longest_draft(self) -> int:
-        """The most tokens a round of ours may draft: the largest gamma, or hybrid's speculative.hybrid_max_draft."""
-        cap = self.speculative.hybrid_max_draft if "hybrid" in self.methods else None
-        return max(max(self.speculative.gamma), cap or 0)
+        """The most tokens a round of ours may draft: the largest gamma, or a method's draft cap past it
+        (MethodSpec.draft_cap: hybrid's speculative.hybrid_max_draft)."""
+        caps = [getattr(self.speculative, _METHODS[m].draft_cap) or 0 for m in self.methods if _METHODS[m].draft_cap]
+        return max([max(self.speculative.gamma), *caps])
 
     @property
     def exit_layers(self) -> list[int]:
@@ -872,7 +884,10 @@ def validate(raw: Any) -> Config:
         if first["type"] == "extra_forbidden":
             parent = _model_at([str(p) for p in first["loc"][:-1] if not isinstance(p, int)])
             options = parent.model_fields if parent else {}
-            raise ConfigError(f"config key '{where}' is not known{_did_you_mean(str(first['loc'][-1]), options)}") from None
+            hint = _did_you_mean(str(first["loc"][-1]), options)
+            if parent is SpeculativeConfig and "did you mean" in hint:  # the axes and every method's options
+                hint += f" (speculative's keys: {', '.join(options)})"
+            raise ConfigError(f"config key '{where}' is not known{hint}") from None
         if first["type"] == "missing":
             raise ConfigError(f"config key '{where}' is required; see the config reference in README.md") from None
         message = first["msg"].removeprefix("Value error, ")

@@ -282,10 +282,12 @@ class MedusaDrafter(_HeadDrafter):
 def head_drafter(head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
                  tree=None):
     """The drafter of a head (decode/heads.py) by its kind, drafting `tree` where given (None: a chain)."""
-    kind = Eagle3Drafter if head.kind == "eagle3" else MedusaDrafter
+    kind = {"eagle3": Eagle3Drafter, "medusa": MedusaDrafter}[head.kind]  # decode/heads.py KINDS
     return kind(head, target_vocab_size, sampling, generator, tree=tree)
 
 
 def is_head(model) -> bool:
     """Whether a draft is a head (it reads the target's hidden states) rather than a causal LM."""
-    return getattr(model, "kind", None) in ("eagle3", "medusa")
+    from decode.heads import KINDS  # imported when asked: decode/heads.py loads transformers
+
+    return getattr(model, "kind", None) in KINDS

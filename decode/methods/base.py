@@ -5,7 +5,7 @@ else names a method.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 @dataclass
@@ -18,7 +18,8 @@ class RunContext:
     pad_id: int
     clock: object  # decode.Clock
     costs: object = None  # eval.records.CostProbe of this batch size (the cost_model schedule), None: not measured
-    options: dict = field(default_factory=dict)  # config.speculative as a dict (confidence, ngram sizes, ...)
+    options: dict = field(default_factory=dict)  # method -> its typed options (MethodSpec.options), as the config set
+    #   them: a method reads ctx.options[point.method]
     memory: dict = field(default_factory=dict)  # what a method learns across the batches of a point, by point
     load: object = None  # decode/serving.py Load: a serving run's arrivals and concurrency; None: a fixed batch
     warming_up: bool = False  # the untimed warmup runs (a shorter max_new_tokens): learn nothing about lengths
@@ -81,7 +82,33 @@ class MethodSpec:
     #   measured c: decode/drafters/draft_tree.py AutoTree)
     draft_sources: tuple[str, ...] = ()  # a drafter of several sources (hybrid): the sources it may draft from, each
     #   listed in the report's acceptance per source (a source never chosen: zero rows, not left out)
+    # what callers ask of a method instead of its name (tests/test_import_graph.py refuses a method's name elsewhere)
+    options: type | None = None  # a dataclass of the settings under speculative: it reads (not axes), each field an
+    #   option(...): the config types speculative: from the union of them and hands it an instance (RunContext.options)
+    schedules: tuple[str, ...] = ()  # the draft-length schedules its schedule axis takes
+    measured_schedules: tuple[str, ...] = ()  # those of them that read this run's measured c and v and the draft's
+    #   prefill cost (runner/probes.py times every draft length up to gamma, and the prefill)
+    draft_cap: str | None = None  # the option that lets a round draft past gamma (its value: the longest draft; None
+    #   or unset: gamma): the probes time those widths, engine.compile refuses it past gamma
+    prices_rounds: bool = False  # its drafter picks each round's source and length by the measured costs: the probes
+    #   time every chain up to its longest draft, trees of two chains, and the draft's prefill
+    head_kinds: tuple[str, ...] = ()  # the draft kinds it loads as a head on the target (a local folder, whole, in the
+    #   target's dtype: no quantization, device_map or gguf_file)
 
     @property
     def needs_draft(self) -> bool:
         return "draft" in self.axes
+
+    def typed_options(self, values: dict):
+        """Its options (an instance of `options`) from the speculative section's values; ValueError where its own
+        checks (the dataclass's __post_init__) refuse them. None: it reads none."""
+        if self.options is None:
+            return None
+        return self.options(**{f.name: values[f.name] for f in fields(self.options) if f.name in values})
+
+
+def option(default, description: str, **bounds):
+    """A field of a method's options dataclass: a setting under speculative: (the config's key is the field's name).
+    The config types it from this: its annotation, the default, the description (docs/config.md), and `bounds`, the
+    constraints pydantic's Field takes (ge, le, gt, lt, strict, allow_inf_nan). The registry loads without pydantic."""
+    return field(default=default, metadata={"description": description, "bounds": bounds})

@@ -2,6 +2,7 @@
 target's own hidden states at three layers, as a chain or a token tree (a draft of kind eagle3: the head's folder, in the speculators, EAGLE or
 SpecForge layout; decode/heads.py)."""
 from decode.methods.base import MethodSpec
+from decode.methods.speculative import Trees
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
@@ -18,4 +19,5 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 SPEC = MethodSpec("eagle3", "an EAGLE-3 head reads the target's hidden states at three layers and drafts up to gamma "
                   "tokens, a chain or a token tree (a draft of kind eagle3; our engine)",
                   axes=("draft", "gamma", "tree", "synthetic_acceptance"),
-                  run=run, has_rounds=True, draft_kinds=("eagle3",), tree_auto=True)
+                  run=run, has_rounds=True, draft_kinds=("eagle3",), tree_auto=True,
+                  options=Trees, head_kinds=("eagle3",))

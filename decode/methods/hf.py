@@ -4,7 +4,23 @@ Each peer gives one wall time per batch: no per-row latency, TTFT or forward cou
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from decode.methods.base import MethodSpec
+from decode.methods.prompt_lookup import Ngrams
+
+
+@dataclass(frozen=True)
+class LookupOptions(Ngrams):
+    """prompt_lookup's n-gram sizes, where transformers (5.23) tries n-grams from max_matching_ngram_size down to 1
+    and takes no minimum: a minimum above 1 would answer another question than prompt_lookup's."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.ngram_min != 1:
+            raise ValueError(f"speculative.ngram_min: {self.ngram_min} cannot apply to hf_prompt_lookup (transformers "
+                             "matches n-grams down to 1 and takes no minimum); set ngram_min: 1, or run "
+                             "hf_prompt_lookup in a run of its own")
 
 
 def generation_config(generation, pad_id: int, **assisted):
@@ -80,9 +96,9 @@ def run_assisted_default(ctx, point, prompt_ids, prompt_mask, generation, genera
 
 
 def run_prompt_lookup(ctx, point, prompt_ids, prompt_mask, generation, generator):
-    # n-grams of ngram_max down to 1: transformers takes no minimum, so the config refuses ngram_min > 1 with it
+    # n-grams of ngram_max down to 1: transformers takes no minimum, so LookupOptions refuses ngram_min > 1
     config = generation_config(generation, ctx.pad_id, prompt_lookup_num_tokens=point.gamma,
-                               max_matching_ngram_size=ctx.options.get("ngram_max", 2))
+                               max_matching_ngram_size=ctx.options[point.method].ngram_max)
     return _generate(ctx, prompt_ids, prompt_mask, generation, config)
 
 
@@ -94,4 +110,5 @@ ASSISTED_DEFAULT = MethodSpec("hf_assisted_default", "transformers' assisted gen
                               axes=("draft",), run=run_assisted_default, per_row_timing=False, max_batch_size=1,
                               peer=True, serves=False)
 PROMPT_LOOKUP = MethodSpec("hf_prompt_lookup", "transformers' prompt lookup decoding (prompt_lookup_num_tokens = gamma)",
-                           axes=("gamma",), run=run_prompt_lookup, per_row_timing=False, max_batch_size=1, peer=True, serves=False)
+                           axes=("gamma",), run=run_prompt_lookup, per_row_timing=False, max_batch_size=1, peer=True, serves=False,
+                           options=LookupOptions)

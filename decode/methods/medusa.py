@@ -3,9 +3,11 @@ ahead, up to min(gamma, K) a round, as a chain or a token tree (a draft of kind 
 decode/heads.py)."""
 from decode.methods.base import MethodSpec
 from decode.methods.eagle3 import run
+from decode.methods.speculative import Trees
 
 
 SPEC = MethodSpec("medusa", "Medusa heads on the target's last hidden state draft up to min(gamma, heads) tokens, "
                   "one per head, a chain or a token tree (a draft of kind medusa; our engine)",
                   axes=("draft", "gamma", "tree", "synthetic_acceptance"), run=run, has_rounds=True,
-                  draft_kinds=("medusa",), tree_auto=True)
+                  draft_kinds=("medusa",), tree_auto=True, options=Trees,
+                  head_kinds=("medusa",))

@@ -1,15 +1,38 @@
 """Speculative decoding with a draft model (Leviathan et al. 2023), our engine, with a draft-length
 schedule: constant, heuristic, confidence or cost_model (decode/drafters/schedules.py)."""
-from decode.methods.base import MethodSpec
+from dataclasses import dataclass
+
+from decode.methods.base import MethodSpec, option
+
+SCHEDULES = ("constant", "heuristic", "confidence", "cost_model")  # the draft-length schedules (decode/drafters/
+#   schedules.py SCHEDULES: a test keeps them equal)
+MEASURED = ("cost_model",)  # those that read the measured c and v and the draft's prefill cost
+
+
+@dataclass(frozen=True)
+class Trees:
+    tree_top_k: int = option(4, "dynamic trees: children per expanded node; prompt lookup's matches for a dynamic "
+                                "tree", ge=1, le=16)
+
+
+@dataclass(frozen=True)
+class Confidence:
+    confidence: float = option(0.4, "confidence schedule, and hybrid's draft branch: a row stops drafting after the "
+                                    "step whose top probability falls under this", gt=0, lt=1)
+
+
+@dataclass(frozen=True)
+class Options(Confidence, Trees):
+    pass
 
 
 def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None = None):
     """The point's schedule; cost_model reads the c and v measured in this run (runner/probes.py)."""
     from decode.drafters.schedules import make_schedule
 
-    name = point.schedule or "constant"
-    if name != "cost_model":
-        return make_schedule(name, point.gamma, confidence=ctx.options.get("confidence", 0.4))
+    name = point.schedule or SCHEDULES[0]
+    if name not in MEASURED:
+        return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run
     c = costs.c_for(draft_label) if costs else None
     if c is None or not costs.v:
@@ -42,7 +65,7 @@ def tree_for(ctx, point, sampling):
         return AutoTree.for_point(ctx, point, sampling)
     shape = branching_or_budget(label)
     if isinstance(shape, int):
-        return DynamicTree(shape, ctx.options.get("tree_top_k", 4), sampling)
+        return DynamicTree(shape, ctx.options[point.method].tree_top_k, sampling)
     return StaticTree(static_parents(shape), sampling)
 
 
@@ -66,4 +89,4 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 SPEC = MethodSpec("speculative", "a draft model proposes up to gamma tokens a round (its schedule decides how many), "
                   "the target verifies them in one forward (our engine)",
                   axes=("draft", "gamma", "schedule", "tree", "draft_context", "synthetic_acceptance"), run=run, has_rounds=True,
-                  tree_auto=True)
+                  tree_auto=True, options=Options, schedules=SCHEDULES, measured_schedules=MEASURED)

@@ -1,8 +1,18 @@
 """Suffix decoding (Oliaro et al. 2024): the most frequent continuation of the text's tail in a suffix trie of the
 prompt, the output so far and earlier requests' outputs drafts, no model (decode/drafters/suffix.py)."""
-from decode.methods.base import MethodSpec
+from dataclasses import dataclass
 
-MAX_DEPTH, MIN_PROB, CACHE_TOKENS = 8, 0.1, 16384  # speculative.suffix_* options where given
+from decode.methods.base import MethodSpec, option
+
+
+@dataclass(frozen=True)
+class Options:
+    suffix_max_depth: int = option(8, "suffix and hybrid: the longest tail of the text matched in the suffix trie",
+                                   ge=1, le=64, strict=True)
+    suffix_min_prob: float = option(0.1, "suffix and hybrid: a drafted token's least probability along its path (the "
+                                         "trie's counts)", ge=0, le=1, strict=True, allow_inf_nan=False)
+    suffix_cache_tokens: int = option(16384, "suffix: the tokens of earlier outputs its cache keeps (the oldest leave "
+                                             "first)", ge=1, strict=True)
 
 
 def cache_for(ctx, point, trie_depth: int):
@@ -16,15 +26,8 @@ def cache_for(ctx, point, trie_depth: int):
     held = ctx.memory.get(("suffix_cache", point.key))
     if held is None or held[0] != repeat:
         held = ctx.memory[("suffix_cache", point.key)] = (
-            repeat, SuffixCache(trie_depth, ctx.options.get("suffix_cache_tokens") or CACHE_TOKENS))
+            repeat, SuffixCache(trie_depth, ctx.options[point.method].suffix_cache_tokens))
     return held[1]
-
-
-def options(ctx) -> tuple[int, float]:
-    """(the longest tail matched, the least probability a drafted token may have): speculative.suffix_max_depth and
-    suffix_min_prob where given, else MAX_DEPTH and MIN_PROB."""
-    min_prob = ctx.options.get("suffix_min_prob")
-    return ctx.options.get("suffix_max_depth") or MAX_DEPTH, MIN_PROB if min_prob is None else min_prob
 
 
 def generate_remembering(ctx, drafter, cache, point, prompt_ids, prompt_mask, generation, generator, gamma=None):
@@ -70,7 +73,8 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
     from decode.tree_layout import tree_nodes
 
     label = getattr(point, "tree", None)
-    max_depth, min_prob = options(ctx)
+    options = ctx.options[point.method]
+    max_depth, min_prob = options.suffix_max_depth, options.suffix_min_prob
     depth = max_depth + point.gamma
     cache = cache_for(ctx, point, depth)
     drafter = SuffixDrafter(cache, max_depth=max_depth, min_prob=min_prob,
@@ -80,4 +84,4 @@ def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
 SPEC = MethodSpec("suffix", "suffix decoding: the most frequent continuation of the text's tail in a suffix trie of the "
                   "prompt, the output so far and earlier requests' outputs proposes up to gamma tokens (a tree: its "
                   "most probable continuations); no draft model (our engine)", axes=("gamma", "tree"), run=run,
-                  has_rounds=True, memory=MEMORY)
+                  has_rounds=True, memory=MEMORY, options=Options)

@@ -190,7 +190,7 @@ def test_served_suffix_drafts_from_a_request_that_finished_before_it_was_admitte
     prompt's answer (the second drafts exactly as the first did)."""
     from types import SimpleNamespace
 
-    from decode.methods.suffix import run
+    from decode.methods.suffix import Options, run
     from decode.serving import Load
     from runner.plan import left_pad
 
@@ -204,8 +204,8 @@ def test_served_suffix_drafts_from_a_request_that_finished_before_it_was_admitte
     def served(prompts, load):
         ids, mask = left_pad(prompts, 0, "cpu")
         ctx = SimpleNamespace(target=target, clock=None, load=load, warming_up=False, memory={},
-                              options={"suffix_max_depth": 4})
-        point = SimpleNamespace(gamma=4, key=("suffix",), tree=None)
+                              options={"suffix": Options(suffix_max_depth=4)})
+        point = SimpleNamespace(method="suffix", gamma=4, key=("suffix",), tree=None)
         with torch.inference_mode():
             records = run(ctx, point, ids, mask, generation, None)
         return records, ctx.memory[("suffix_cache", point.key)][1]  # (repeat, cache)
@@ -234,7 +234,7 @@ def test_a_repeat_drafts_as_the_first_did_not_from_its_conversations_later_turns
     repeat 0 did; within a repeat a later batch still draws on an earlier one."""
     from types import SimpleNamespace
 
-    from decode.methods.suffix import run
+    from decode.methods.suffix import Options, run
     from runner.plan import left_pad
 
     target = tiny_model("llama", seed=2, layers=2)
@@ -244,8 +244,8 @@ def test_a_repeat_drafts_as_the_first_did_not_from_its_conversations_later_turns
         answer = generate_baseline(target, torch.tensor([first]), torch.ones(1, len(first), dtype=torch.long),
                                    generation)[0].output_ids
     ctx = SimpleNamespace(target=target, clock=None, load=None, warming_up=False, memory={},
-                          options={"suffix_max_depth": 4}, repeat=0)
-    point = SimpleNamespace(gamma=4, key=("suffix",), tree=None)
+                          options={"suffix": Options(suffix_max_depth=4)}, repeat=0)
+    point = SimpleNamespace(method="suffix", gamma=4, key=("suffix",), tree=None)
 
     def turn(prompt, repeat):
         ctx.repeat = repeat
