@@ -153,3 +153,64 @@ def test_only_the_home_engine_names_itself():
     wrong = [f"{path}:{line}" for path, lines in found.items() if len(lines) > OURS_KEPT.get(path, (0,))[0]
              for line in lines]
     assert not wrong, 'the engine "ours" named outside its package (ask its capabilities):\n' + "\n".join(wrong)
+
+
+# files that compare a string that is also a method's name, and why that string is not the method there
+NAME_CITED = {
+    "decode/heads.py": (5, "eagle3 is a head kind of this module (KINDS) and the speculators format's model type, a "
+                           "draft's kind, not the method"),
+}
+
+
+def _method_comparisons(path: str, names: set[str]) -> list[str]:
+    """Each `x == "name"`, `!= "name"`, `"name" in x`, `x in ("a", "name")` of `path`, name a method's."""
+    def named(node) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value} & names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)} & names
+        return set()
+
+    hits = []
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            found = set().union(*(named(side) for side in [node.left, *node.comparators]))
+            if found:
+                hits.append(f"{path}:{node.lineno}: {', '.join(sorted(found))}: {ast.unparse(node)[:100]}")
+    return hits
+
+
+def test_no_method_is_asked_by_its_name_outside_its_own_file():
+    """What a caller needs of a method is a capability of its MethodSpec (decode/methods/base.py): options, schedules,
+    draft_cap, head_kinds, ...; a method's name is compared with in its own file only (tests, benchmarks and docs
+    aside), so a new method is its file and a registry line."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from decode.methods import REGISTRY
+
+    own = {}  # method -> the file that declares its spec
+    for spec in REGISTRY.values():
+        module = sys.modules[(spec.run or spec.engine_config).__module__]
+        own[spec.name] = Path(module.__file__).resolve().relative_to(ROOT).as_posix()
+    skip = re.compile(r"^(tests/|benchmarks/|docs/)")
+    wrong = []
+    for path in _python_files():
+        if skip.match(path):
+            continue
+        hits = [hit for hit in _method_comparisons(path, set(REGISTRY))
+                if not all(own[name] == path for name in hit.split(": ")[1].split(", "))]
+        if len(hits) > NAME_CITED.get(path, (0,))[0]:
+            wrong += hits
+    assert "runner/probes.py" in _python_files() and len(own) == len(REGISTRY)
+    assert not wrong, "a method asked by its name outside its own file:\n" + "\n".join(wrong)
+
+
+def test_the_name_check_sees_each_form_of_comparison(tmp_path):
+    """The check is no stub: each form of comparison with a method's name is found, other strings are not."""
+    path = tmp_path / "forms.py"
+    path.write_text('a == "hybrid"\nb != "suffix"\n"eagle3" in methods\nm in ("medusa", "x")\nm not in ["baseline"]\n'
+                    'c == "hybrid_max_draft"\nd = "hybrid"\n')
+    hits = _method_comparisons(str(path), {"hybrid", "suffix", "eagle3", "medusa", "baseline"})
+    assert [h.split(":")[1] for h in hits] == ["1", "2", "3", "4", "5"]

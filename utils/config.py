@@ -43,10 +43,9 @@ class ModelConfig(Strict):
                                                                "{0: 70GiB, 1: 70GiB, cpu: 100GiB}")
     kind: Literal["model", "eagle", "eagle3", "medusa"] = Field(
         "model", description="a draft: model (a causal LM of the target's vocabulary; every draft method), or a head "
-                             "for the target that reads its hidden states (a local folder): eagle ("
-                             + ", ".join(n for n, spec in _METHODS.items() if "eagle" in spec.draft_kinds) + "), eagle3 ("
-                             + ", ".join(n for n, spec in _METHODS.items() if "eagle3" in spec.draft_kinds) + "), medusa ("
-                             + ", ".join(n for n, spec in _METHODS.items() if "medusa" in spec.draft_kinds) + ")")
+                             "for the target that reads its hidden states (a local folder): "
+                             + ", ".join(f"{kind} ({', '.join(n for n, s in _METHODS.items() if kind in s.draft_kinds)})"
+                                         for kind in ("eagle", "eagle3", "medusa")))
 
     @field_validator("model")
     @classmethod
