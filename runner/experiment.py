@@ -3,7 +3,6 @@ its methods (runner/engines: ours here or on a Ray cluster, and the others), kee
 rebuild the report from the raw records."""
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from runner.load import follows_of, request_count, requests_of
 from runner.probes import PROCESS, environment
 from runner.session import UnitResult
 from runner.storage import ReportFolder
-from utils import UserError, raise_interrupt
+from utils import UserError, raise_interrupt, signals_held
 from utils.config import Config
 from utils.data import prompts_digest, resolve_path
 from utils.memory import PeakSampler
@@ -58,16 +57,8 @@ def preflight(config: Config) -> torch.device:
     return device
 
 
-@contextlib.contextmanager
-def _interrupts_held():
-    """Ctrl-C and SIGTERM ignored inside, while a report is written, and their handlers put back after: a second
-    interrupt in the middle of writing would leave a stale summary, plots missing and no folder printed."""
-    held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
+# Ctrl-C and SIGTERM are held off while a report is written (signals_held(deliver=False): dropped, not delivered
+# after): a second interrupt in the middle of writing would leave a stale summary, plots missing and no folder printed
 
 
 class Experiment:
@@ -109,7 +100,7 @@ class Experiment:
     def _nothing_measured(self, device: torch.device | None = None) -> None:
         """An interrupt before the first batch: the folder says so (with the run's memory, where it was sampled), and
         holds no report of nothing; launch.py says "interrupted before any measurement"."""
-        with _interrupts_held():
+        with signals_held(deliver=False):
             if device is not None:
                 self.record_memory(device)
             self.progress.status = "interrupted"
@@ -132,7 +123,7 @@ class Experiment:
                 self._nothing_measured(device)
                 raise
             # the report of what finished is written as at the normal finish below: with interrupts held off
-            with _interrupts_held():
+            with signals_held(deliver=False):
                 self.record_memory(device)
                 self.progress.status = "interrupted"
                 self.folder.save_progress()
@@ -155,7 +146,7 @@ class Experiment:
                 signal.signal(signum, handler)
         # every point is measured: a Ctrl-C now would only leave a stale summary, so the final report is
         # written with interrupts held off (it takes a moment)
-        with _interrupts_held():
+        with signals_held(deliver=False):
             self.record_memory(device)
             failed = any(f.get("status") == "failed" for f in self.progress.failures)
             self.progress.status = "finished with failures" if failed else "finished"

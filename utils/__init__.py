@@ -17,6 +17,49 @@ def raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def hold_signals() -> dict:
+    """Ctrl-C and SIGTERM deferred: a handler that only records them, so that what must not be cut (a report being
+    written, a worker's shutdown) is not. Returns what release_signals needs (nothing off the main thread, where
+    signals cannot be handled)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    return {"previous": previous, "caught": caught}
+
+
+def release_signals(held: dict, deliver: bool = True) -> None:
+    """The handlers back, then each signal that came meanwhile delivered to them (a deferred Ctrl-C still stops);
+    deliver False: dropped (a finished report is not an interrupted one)."""
+    import signal
+
+    if not held:
+        return
+    for sig, handler in held["previous"].items():
+        signal.signal(sig, handler)
+    for sig in dict.fromkeys(held["caught"]) if deliver else ():
+        signal.raise_signal(sig)
+
+
+class signals_held:  # noqa: N801 - a context manager, used as `with signals_held():`
+    """hold_signals ... release_signals around a block."""
+
+    def __init__(self, deliver: bool = True):
+        self.deliver = deliver
+
+    def __enter__(self):
+        self.held = hold_signals()
+        return self
+
+    def __exit__(self, *exc):
+        release_signals(self.held, self.deliver)
+        return False
+
+
 def positive_ints(text: str) -> list[int]:
     """A command line's '1,2,4' -> [1, 2, 4], each a positive integer, each once, in order; an argparse type
     (ArgumentTypeError names the part that is not one)."""

@@ -65,18 +65,18 @@ def test_a_ctrl_c_during_a_workers_shutdown_is_deferred_not_lost():
     import os
     import signal
 
-    from runner.engines.vllm.engine import _hold_signals, _release_signals
+    from utils import hold_signals, release_signals
 
     # Python's own Ctrl-C handler, as in launch.py: not whatever an earlier test in this process left installed
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        outer = _hold_signals()
+        outer = hold_signals()
         os.kill(os.getpid(), signal.SIGINT)  # while every engine is being stopped
-        inner = _hold_signals()
+        inner = hold_signals()
         os.kill(os.getpid(), signal.SIGINT)  # while one worker is being closed
-        _release_signals(inner)  # still inside the outer shutdown: nothing raised yet
+        release_signals(inner)  # still inside the outer shutdown: nothing raised yet
         with pytest.raises(KeyboardInterrupt):
-            _release_signals(outer)
+            release_signals(outer)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -127,11 +127,12 @@ def test_a_vllm_draft_in_another_dtype_than_the_engine_is_refused():
 def test_vllm_pairing_is_decided_when_vllm_runs_not_while_our_models_hold_memory(monkeypatch):
     """pairing auto weighs the free memory: read when run() starts (after the sweep released our models), not when
     the executor is built beside them."""
+    import runner.engines.process as process
     import runner.engines.vllm.engine as vllm_engine
 
     config = validate({**VALID, "methods": ["vllm_generate", "vllm_draft"], "vllm": {"pairing": "auto"}})
     free = {"bytes": 0}  # our models loaded: nothing free
-    monkeypatch.setattr(vllm_engine, "free_memory", lambda device: free["bytes"])
+    monkeypatch.setattr(process, "free_memory", lambda device: free["bytes"])
     monkeypatch.setattr(vllm_engine, "resident_bytes", lambda path, dtype: 2**20)
     executor = _executor(config)
     assert executor.pairing is None
