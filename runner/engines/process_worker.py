@@ -156,7 +156,7 @@ class ProcessWorker:
         self.batches += 1
         order = [f"speculate-{self.batches}-{i}" for i in range(len(prompts))]
         index_of = {rid: i for i, rid in enumerate(order)}
-        got = {rid: {"ids": [], "steps": [], "final": None, "times": {
+        got = {rid: {"ids": [], "steps": [], "final": None, "done": False, "times": {
             "arrival_s": arrivals[i], "admitted_s": None, "first_token_s": None, "finish_s": None, "emits": []}}
             for i, rid in enumerate(order)}
         before = self.counters()
@@ -196,20 +196,20 @@ class ProcessWorker:
                         if times["first_token_s"] is None:
                             times["first_token_s"] = now
                     if finished:
-                        entry["final"] = final
+                        entry["final"], entry["done"] = final, True
                         times["finish_s"] = now
                         flying.discard(rid)
                         for i in queue.finished(index_of[rid], now):  # the conversation's next turn arrives
                             got[order[i]]["times"]["arrival_s"] = queue.arrival[i]
         except BaseException:
             try:
-                self.abort([rid for rid in order if got[rid]["final"] is None and
+                self.abort([rid for rid in order if not got[rid]["done"] and
                             got[rid]["times"]["admitted_s"] is not None])
             except Exception:  # noqa: BLE001 - the engine may be dead; the error that matters is raised below
                 pass
             raise
         wall = clock()
-        missing = [rid for rid in order if got[rid]["final"] is None]
+        missing = [rid for rid in order if not got[rid]["done"]]
         if missing:
             raise RuntimeError(f"{len(missing)} request(s) did not finish")
         counters = self.counter_delta(before, self.counters()) if before is not None else None
