@@ -50,6 +50,12 @@ NO_EQUIVALENT = {
 }
 
 
+def head_kind(method: str) -> str:
+    """The kind of draft entry the method's draft axis takes: a head's kind (eagle3, medusa), else a draft model."""
+    kinds = REGISTRY[method].draft_kinds if method in REGISTRY else ()
+    return next((kind for kind in kinds if kind != "model"), "model")
+
+
 def vllm_config(method: str, gamma: int, draft: str | None, drafts: dict, options: dict | None = None) -> tuple[dict, str | None]:
     """(speculative_config, a note where the name is our method's own)."""
     point = SimpleNamespace(gamma=gamma, draft=draft)
@@ -57,7 +63,7 @@ def vllm_config(method: str, gamma: int, draft: str | None, drafts: dict, option
                         and spec.engine_config), None) or REGISTRY.get(VLLM_OF.get(method, ""))
     note = None
     if draft and draft not in drafts:  # a run's config.yaml without it, or an acceptance file: the label stands for it
-        drafts = dict(drafts, **{draft: SimpleNamespace(kind=method if method in ("eagle3", "medusa") else "model",
+        drafts = dict(drafts, **{draft: SimpleNamespace(kind=head_kind(method),
                                                         vllm_model=draft, model=draft)})
         note = f"the draft's model is not known here: its label {draft!r} stands for it; put its path there"
     if counterpart is not None:

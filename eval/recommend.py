@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from decode.methods import REGISTRY
+from decode.methods import REGISTRY, caps_of
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
@@ -96,11 +96,11 @@ def candidates(samples: list[dict]) -> tuple[dict, dict, list[str], set]:
         if s.get("method") in REGISTRY:
             by_point[Point.of(s)].append(s)
     references = {p.comparison: rows for p, rows in by_point.items()
-                  if REGISTRY[p.method].is_reference and REGISTRY[p.method].engine == "ours"}
+                  if REGISTRY[p.method].is_reference and caps_of(p.method).times_forwards}
     out: dict[tuple, dict] = defaultdict(dict)
     for point, rows in by_point.items():
         spec = REGISTRY[point.method]
-        if spec.has_rounds and spec.engine == "ours" and point.comparison in references and \
+        if spec.has_rounds and caps_of(point.method).times_forwards and point.comparison in references and \
                 not point.synthetic_acceptance:
             out[key_of(point)][point] = rows
     notes, measured = [], set(out)
