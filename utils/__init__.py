@@ -2,6 +2,7 @@
 registry (decode/methods: names, axes, what each method takes) and the tree labels (decode/tree_layout.py), which the config
 schema validates against (tests/test_structure.py holds that, and that no module of the repository is in an import
 cycle)."""
+import contextlib
 
 
 class UserError(Exception):
@@ -45,19 +46,14 @@ def release_signals(held: dict, deliver: bool = True) -> None:
         signal.raise_signal(sig)
 
 
-class signals_held:  # noqa: N801 - a context manager, used as `with signals_held():`
+@contextlib.contextmanager
+def signals_held(deliver: bool = True):
     """hold_signals ... release_signals around a block."""
-
-    def __init__(self, deliver: bool = True):
-        self.deliver = deliver
-
-    def __enter__(self):
-        self.held = hold_signals()
-        return self
-
-    def __exit__(self, *exc):
-        release_signals(self.held, self.deliver)
-        return False
+    held = hold_signals()
+    try:
+        yield
+    finally:
+        release_signals(held, deliver)
 
 
 def positive_ints(text: str) -> list[int]:
