@@ -542,9 +542,11 @@ class Config(Strict):
 
     def _check_options(self) -> None:
         """Each method of the run gets its typed options (its own checks refuse what it cannot take); an option set
-        where no method of the run reads it is refused, as an axis is (its value would be dropped unseen)."""
+        off its default where no method of the run reads it is refused, as an axis is (its value would be dropped
+        unseen). At its default it passes: a saved config (a model dump, every option written) reads back."""
+        fields = SpeculativeConfig.model_fields
         for name in sorted(self.speculative.model_fields_set & set(OPTION_TAKERS)):
-            if not set(OPTION_TAKERS[name]) & set(self.methods):
+            if getattr(self.speculative, name) != fields[name].default and not set(OPTION_TAKERS[name]) & set(self.methods):
                 raise ValueError(f"speculative.{name} applies to {' or '.join(OPTION_TAKERS[name])} only, and methods "
                                  f"has none of them: add one, or leave {name} out")
         self.method_options  # noqa: B018 (each method's own checks: ValueError)
