@@ -459,3 +459,14 @@ def test_cost_model_points_remember_how_long_rows_ran():
     evidence.finish([3, 6], [True, True])
     evidence.finish([2, 10], [True, False])
     assert evidence.expected_tokens(10) == pytest.approx((6 + 3 * 10 + 10) / 5)
+
+
+def test_the_schedules_the_config_takes_are_the_ones_built():
+    """speculative.SCHEDULES (what the config's schedule axis takes) names each schedule decode/drafters builds, in
+    its order; cost_model alone reads the measured costs."""
+    from decode.drafters.schedules import SCHEDULES as BUILT
+    from decode.methods.speculative import MEASURED, SCHEDULES
+    from utils.config import SCHEDULES as TAKEN
+
+    assert SCHEDULES == TAKEN == tuple(BUILT) == ("constant", "heuristic", "confidence", "cost_model")
+    assert all(BUILT[name].name == name for name in SCHEDULES) and MEASURED == ("cost_model",)
