@@ -67,7 +67,7 @@ def vllm_config(method: str, gamma: int, draft: str | None, drafts: dict, option
                                                         vllm_model=draft, model=draft)})
         note = f"the draft's model is not known here: its label {draft!r} stands for it; put its path there"
     if counterpart is not None:
-        return counterpart.engine_config(point, drafts, options or {}), note
+        return counterpart.engine_config(point, drafts, counterpart.typed_options(options or {})), note
     config = {"method": method, "num_speculative_tokens": gamma}
     if draft:
         config["model"] = drafts[draft].vllm_model

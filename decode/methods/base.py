@@ -68,7 +68,7 @@ class MethodSpec:
     engine: str = "ours"  # the engine that runs it (runner/engines/<engine>): "ours" (this process, run) or another
     #   (its engine_config)
     draft_kinds: tuple[str, ...] = ("model",)  # the kinds of draft entry (config draft[i].kind) its draft axis takes
-    engine_config: Callable | None = None  # (point, drafts: label -> ModelConfig, speculative options) -> the
+    engine_config: Callable | None = None  # (point, drafts: label -> ModelConfig, its typed options or None) -> the
     #   point's settings for another engine (its speculative configuration; None: the target alone)
     counterpart: str | None = None  # our engine's method that does the same (another engine's draft-model method:
     #   speculative at constant gamma): the report's engine comparison puts the two side by side

@@ -3,9 +3,9 @@ from decode.methods.base import MethodSpec
 from decode.methods.prompt_lookup import Ngrams
 
 
-def speculative_config(point, drafts, options):
+def speculative_config(point, drafts, options: Ngrams):
     return {"method": "ngram", "num_speculative_tokens": point.gamma,
-            "prompt_lookup_min": options.get("ngram_min", 1), "prompt_lookup_max": options.get("ngram_max", 3)}
+            "prompt_lookup_min": options.ngram_min, "prompt_lookup_max": options.ngram_max}
 
 
 RANK = 2  # its place among the engine's methods (decode/methods/__init__.py)

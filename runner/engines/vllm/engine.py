@@ -199,7 +199,8 @@ class VllmExecutor(ProcessExecutor):
         most = max_concurrency(config, len(prompts))
         if most is not None:  # one engine serves every load point: room for the largest concurrency's requests
             kwargs["max_num_seqs"] = most
-        speculative = REGISTRY[point.method].engine_config(point, self._drafts, config.speculative.model_dump())
+        speculative = REGISTRY[point.method].engine_config(point, self._drafts,
+                                                               config.method_options.get(point.method))
         if speculative:
             kwargs["speculative_config"] = {**speculative, **self.draft_options(point, speculative)}
         kwargs.update(v.engine_args)
