@@ -77,7 +77,6 @@ CASES = [
     ("schedule-unknown", "speculative.schedule", ["constant", "adaptive"], "speculative.schedule"),
     ("option-unknown", "speculative.suffix_depth", 4, "is not known; did you mean 'suffix_max_depth'?"),
     ("option-mistyped", "speculative.suffix_min_prob", "high", "speculative.suffix_min_prob"),
-    ("option-of-no-method-run", "speculative.ngram_max", 5, "speculative.ngram_max applies to prompt_lookup or hybrid"),
     ("temperature-zero-alone", "generation", {"do_sample": True, "temperature": 0}, "do_sample: false"),
     ("repeats-text", "repeats", "many", "repeats"),
     ("group-by-missing-field", "dataset", {"group_by": "category"}, "dataset.group_by"),

@@ -294,8 +294,6 @@ def _option_fields() -> dict:
     return declared
 
 
-OPTION_TAKERS = {name: [m for m, spec in _METHODS.items() if spec.options and name in spec.options.__dataclass_fields__]
-                 for name in _option_fields()}  # option -> the methods that read it
 SpeculativeConfig = create_model("SpeculativeConfig", __base__=SpeculativeAxes, __module__=__name__,
                                  __doc__="speculative: its sweeps and the options of the methods (decode/methods: each "
                                          "method's file declares the options it reads)", **_option_fields())
@@ -541,14 +539,8 @@ class Config(Strict):
         return self
 
     def _check_options(self) -> None:
-        """Each method of the run gets its typed options (its own checks refuse what it cannot take); an option set
-        off its default where no method of the run reads it is refused, as an axis is (its value would be dropped
-        unseen). At its default it passes: a saved config (a model dump, every option written) reads back."""
-        fields = SpeculativeConfig.model_fields
-        for name in sorted(self.speculative.model_fields_set & set(OPTION_TAKERS)):
-            if getattr(self.speculative, name) != fields[name].default and not set(OPTION_TAKERS[name]) & set(self.methods):
-                raise ValueError(f"speculative.{name} applies to {' or '.join(OPTION_TAKERS[name])} only, and methods "
-                                 f"has none of them: add one, or leave {name} out")
+        """Each method of the run gets its typed options (its own checks refuse what it cannot take). An option of a
+        method that is not in methods is kept and unused: a config keeps its options while --set changes methods."""
         self.method_options  # noqa: B018 (each method's own checks: ValueError)
 
     @property

@@ -118,3 +118,12 @@ def test_a_config_without_draft_runs_methods_that_need_none():
     config = validate({"target": {"model": "t"}, "dataset": {"path": "x.jsonl", "preset": "gsm8k"},
                        "methods": ["baseline", "prompt_lookup"]})
     assert config.draft == []
+
+
+def test_an_option_of_a_method_not_run_is_kept_and_each_method_gets_its_own():
+    """A config keeps its options while --set changes the methods: ngram_max with no lookup method passes unused;
+    with one, that method (and only a method that reads it) gets it, typed."""
+    config = validate({**VALID, "speculative": {"gamma": [2], "ngram_max": 5}})
+    assert config.methods == ["baseline", "speculative"] and config.speculative.ngram_max == 5
+    config = validate({**VALID, "methods": ["baseline", "prompt_lookup"], "speculative": {"gamma": [2], "ngram_max": 5}})
+    assert config.method_options["prompt_lookup"].ngram_max == 5 and "baseline" not in config.method_options
