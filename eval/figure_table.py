@@ -4,21 +4,26 @@ axes.
 A figure is a named value of a run's metrics (summary.json) with what the report says of it: its legend text, the
 columns of the fixed-batch table (summary.md, the terminal's headline columns) and of the serving table, its fields of
 summary.csv and serving.csv. Each column and CSV field carries its place among its table's columns (`at`): the tables'
-orders are not the legend's. A figure that run_metrics (eval/figures.py) or serving_metrics (eval/serving.py) does not
-compute in its own steps declares how it is computed: `static` for a fixed-batch point, `served` for a load point (None:
-it has no such form), and when it applies (from the method's MethodSpec and its engine's EngineCaps).
+orders are not the legend's. A figure that is computed declares how: `static` for a fixed-batch point, `served` for a
+load point (None: it has no such form, or another entry computes it: one computation may give several figures, e.g. a
+ratio and its interval), and when it applies (from the method's MethodSpec and its engine's EngineCaps). run_metrics
+and serving_metrics are the loop over these computations in the table's order, each reading the figures before it.
 
 Everything that lists figures derives from FIGURES: the legend (summary.json, legend()), the report's columns and CSVs
-(eval/report.py), and the figures run_metrics and serving_metrics add. A new figure is one entry (register(), or a line
+(eval/report.py), and the figures run_metrics and serving_metrics compute. A new figure is one entry (register(), or a line
 here); a test (tests/eval/test_figure_table.py) registers a toy figure and finds it in every output.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
+from eval.figures import (accuracy, base_figures, batch_costs, batch_exact_match, batch_synthetic, draft_time_share,
+                          round_figures, speedups)
+from eval.serving import (occupancy_costs, served_acceptance, served_exact_match, served_load, served_replay,
+                          served_speedups, served_synthetic)
 from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
                         HOST_BOUND_MIN_C, NUMERICS_DRIFT)
 from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
@@ -38,16 +43,25 @@ class Column:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a figure's computation may read: the point, its records and its baseline's (None: none ran), and the
-    figures computed before it."""
+    """What a figure's computation may read: the point, its records and its baseline's (None: none ran), the figures
+    computed before it, and what the run measured besides: at a fixed batch its cost probe and cost profile, at a load
+    point its probes by batch size, its profile and the config's SLO."""
     point: object  # eval.records Point
     samples: list
     baseline: list | None
     metrics: dict
+    costs: object = None  # eval.records CostProbe at the point's batch size (fixed batches)
+    profile: object = None  # eval.costs' cost profile of the run (None: a group's figures, or none)
+    probes: dict | None = None  # batch size -> CostProbe (load points)
+    slo: dict | None = None  # config load.slo (load points)
 
 
 def _always(spec, caps) -> bool:
     return True
+
+
+def _has_rounds(spec, caps) -> bool:
+    return spec.has_rounds
 
 
 @dataclass(frozen=True)
@@ -59,9 +73,9 @@ class Figure:
     served_columns: tuple[Column, ...] = ()  # its columns of the serving table
     csv: tuple[str, ...] = ()  # summary.csv fields besides its columns' paths, after every column's
     served_csv: tuple[tuple[str, float], ...] = ()  # serving.csv fields, each (metric path, its place)
-    static: Callable | None = None  # (Inputs) -> {metric: value} at a fixed-batch point; None: run_metrics's own
-    #   steps compute it, or it has no fixed-batch form
-    served: Callable | None = None  # (Inputs) -> {metric: value} at a load point; None: likewise (serving_metrics)
+    static: Callable | None = None  # (Inputs) -> {metric: value} at a fixed-batch point; None: another entry's
+    #   computation gives it, or it has no fixed-batch form
+    served: Callable | None = None  # (Inputs) -> {metric: value} at a load point; None: likewise
     applies: Callable = _always  # (MethodSpec, EngineCaps) -> whether the point's method and engine have it
 
 
@@ -94,16 +108,29 @@ def served_csv_fields() -> list[str]:
     return [path for path, _ in sorted((pair for f in FIGURES for pair in f.served_csv), key=lambda pair: pair[1])]
 
 
-def computed(form: str, point, samples: list, baseline: list | None, metrics: dict) -> dict:
-    """The figures of the table that declare a computation of this form (STATIC, SERVED) and apply to the point's
-    method and engine, computed after run_metrics's (serving_metrics's) own steps, in the table's order."""
+def computed(form: str, inputs: Inputs) -> dict:
+    """The figures of a point: each entry's computation of this form (STATIC, SERVED) where it applies to the point's
+    method and engine, in the table's order, each reading the figures computed before it."""
+    point = inputs.point
     spec, caps = REGISTRY[point.method], caps_of(point.method)
     out: dict = {}
     for figure in FIGURES:
         compute = figure.static if form == STATIC else figure.served
         if compute is not None and figure.applies(spec, caps):
-            out.update(compute(Inputs(point, samples, baseline, {**metrics, **out})))
+            out.update(compute(replace(inputs, metrics=dict(out))))
     return out
+
+
+def run_metrics(point, samples: list[dict], baseline: list[dict] | None, costs, profile=None) -> dict:
+    """Every figure of one run (a point, overall or one group) against its baseline's samples (None: none ran)."""
+    return computed(STATIC, Inputs(point, samples, baseline, {}, costs=costs, profile=profile))
+
+
+def serving_metrics(point, samples: list[dict], baseline: list[dict] | None, probes: dict, slo: dict | None,
+                    profile=None) -> dict:
+    """Every figure of one serving point against the baseline of its load point (None: none ran). Both with their
+    slots (eval/serving.py with_slots)."""
+    return computed(SERVED, Inputs(point, samples, baseline, {}, profile=profile, probes=probes, slo=slo))
 
 
 FIGURES: list[Figure] = [
@@ -118,12 +145,12 @@ FIGURES: list[Figure] = [
                              "distinct prompt batches paired (what an interval rests on; a conversation's turns, with their batches, count "
                              "once), cross_process: paired batches whose "
                              "baseline another process measured (a resumed run, a restarted worker)"),
-    Figure("samples", legend="sequences measured (rows of samples.jsonl)"),
+    Figure("samples", static=base_figures, legend="sequences measured (rows of samples.jsonl)"),
     Figure("new_tokens", legend="N: generated tokens up to and including EOS, no prompt, no padding; counted alike for every method"),
-    Figure("throughput_tok_s", legend="sum(N) / sum(batch wall times), a batch's wall time being its slowest row's latency; "
+    Figure("throughput_tok_s", served=served_load, legend="sum(N) / sum(batch wall times), a batch's wall time being its slowest row's latency; "
                                       "throughput_tok_s_repeats: the same per repeat, throughput_tok_s_std their standard deviation",
            columns=(Column("tok/s", ("throughput_tok_s",), "{:.2f}", 20, terminal=True),)),
-    Figure("speedup", legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
+    Figure("speedup", static=speedups, served=served_speedups, legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
                              "temperature and run (the ratio of total tokens over total wall, not a mean of ratios)",
            columns=(Column("speedup [95% CI]", ("speedup",), "{:.2f}", 30, terminal=True),)),
     Figure("speedup_ci95", legend=f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement (the batches "
@@ -153,7 +180,7 @@ FIGURES: list[Figure] = [
     Figure("prefill_share", legend="(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot "
                                    "speed up",
            columns=(Column("prefill %", ("prefill_share",), "{:.0%}", 210),)),
-    Figure("draft_time_share", legend="time spent drafting / latency, summed over samples"),
+    Figure("draft_time_share", static=draft_time_share, applies=_has_rounds, legend="time spent drafting / latency, summed over samples"),
     Figure("block_efficiency", legend="tau = N / target forwards, the prefill forward and its token included: mean tokens per "
                                       "target call (baseline 1.0)",
            columns=(Column("tau", ("block_efficiency",), "{:.3f}", 70, terminal=True),)),
@@ -166,7 +193,7 @@ FIGURES: list[Figure] = [
                           "best N nodes; 'auto', the shape the tree policy picks. A tree's round verifies all its nodes in one target "
                           "forward and accepts one path from the root. The tables show the tree and nodes/rd columns where a point "
                           "has a tree"),
-    Figure("rounds", legend="R: speculation rounds (target verification forwards after the prefill), all sequences"),
+    Figure("rounds", static=round_figures, served=served_acceptance, applies=_has_rounds, legend="R: speculation rounds (target verification forwards after the prefill), all sequences"),
     Figure("acceptance_rate", legend="sum(accepted a_r) / sum(drafted gamma_r) over all rounds of all sequences; rounds that "
                                      "drafted nothing add nothing; null when no round drafted a token. For a tree: accepted path "
                                      "length / nodes verified (besides the root), which falls as the tree widens whatever its "
@@ -203,7 +230,7 @@ FIGURES: list[Figure] = [
                            "of a chain (acceptance_by_depth_rank describes a tree); a chain point some of whose rounds were trees "
                            "(hybrid's merged trees) solves it from its chain rounds only",
            columns=(Column("alpha", ("alpha",), "{:.3f}", 90),)),
-    Figure("draft_cost_ratio_c", legend="one draft step / one baseline step, each timed as the run executes it (a draft step: its "
+    Figure("draft_cost_ratio_c", static=batch_costs, served=occupancy_costs, legend="one draft step / one baseline step, each timed as the run executes it (a draft step: its "
                                         "1-token forward and its token's choice; a baseline step: the target's 1-token forward, its "
                                         "token's choice, greedy its top-2 gap, and the host read), medians of interleaved repetitions "
                                         "measured in the run at this batch size, on the first batch's prompt + max_new_tokens / 2 "
@@ -248,7 +275,7 @@ FIGURES: list[Figure] = [
                                 "decode_efficiency: decode speedup / predicted speedup",
            columns=(Column("eff", ("efficiency",), "{:.3f}", 140),
                     Column("dec eff", ("decode_efficiency",), "{:.3f}", 150),)),
-    Figure("predicted_speedup_replay", legend="the replay of the point's own schedule (eval/replay.py, docs/predict.md): its batches, "
+    Figure("predicted_speedup_replay", served=served_replay, legend="the replay of the point's own schedule (eval/replay.py, docs/predict.md): its batches, "
                                               "or under a load its requests at their arrivals, as the engine's loop runs them (admit, "
                                               "round, evict), each request with its measured prompt length, new tokens and rounds, "
                                               "each step priced by the run's cost profile (costs.json: the probes' steps by rows and "
@@ -270,14 +297,14 @@ FIGURES: list[Figure] = [
                            Column("TTFT P50 s replay", ("replay.ttft_p50_s",), "{:.3f}", 190),
                            Column("TPOT ms replay", ("replay.tpot_mean_ms",), "{:.1f}", 200),),
            served_csv=(("predicted_speedup_replay", 460), ("predicted_speedup_replay_ci95", 470), ("replay.ttft_p50_s", 480), ("replay.tpot_mean_ms", 490), ("replay.e2e_p50_s", 500))),
-    Figure("exact_match", legend="greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
+    Figure("exact_match", static=batch_exact_match, served=served_exact_match, legend="greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
                                  "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
                                  "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "
                                  "differ in length only); null for a synthetic-acceptance point (its output is not the target's)",
            columns=(Column("exact", ("exact_match",), "{:.3f}", 230, terminal=True),),
            served_columns=(Column("exact", ("exact_match",), "{:.3f}", 210),),
            served_csv=(("exact_match", 510),)),
-    Figure("synthetic_acceptance", legend="config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
+    Figure("synthetic_acceptance", static=batch_synthetic, served=served_synthetic, legend="config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
                                           "real acceptance). Draft and target run their real forwards (gamma drafts, one verification "
                                           "of gamma + 1 tokens), but draft i of a round is accepted iff drafts 1..i-1 were and an "
                                           "independent Bernoulli(alpha) draw says yes (drawn on the device from the batch's seeded "
@@ -301,7 +328,7 @@ FIGURES: list[Figure] = [
                                 "prediction at the interval's ends, c and v as measured (their own spread is not in it); efficiency_ci95: "
                                 "the speedup's interval over the prediction (the prompts' spread alone)",
            csv=("alpha_ci95",)),
-    Figure("accuracy", legend="GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
+    Figure("accuracy", static=accuracy, legend="GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
                               "accuracy_cut: answers cut at max_new_tokens before '####' (of accuracy_graded); when more than half "
                               "are cut the notes say the accuracy is not meaningful",
            columns=(Column("acc", ("accuracy",), "{:.3f}", 240, terminal=True),)),

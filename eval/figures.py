@@ -5,7 +5,6 @@ import statistics
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
 from decode.tree_layout import tree_depth, tree_nodes
-from eval.figure_table import STATIC, computed
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
 from eval.replay import PART_OFF, part_times, prediction_off_reason, static_prediction
@@ -323,9 +322,11 @@ def compares_outputs(point: Point) -> bool:
     return point.temperature is None and not REGISTRY[point.method].is_reference and point.synthetic_acceptance is None
 
 
-def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, costs: CostProbe | None,
-                profile=None) -> dict:
-    """Every figure of one run (a point, overall or one group) against its baseline's samples (None: none ran)."""
+def base_figures(inputs) -> dict:
+    """The records' own figures: their counts, latencies (an engine's own request times where it records them),
+    throughput per repeat and overall, tau, and the prefill's share; MAT 1.0 for the reference (a method with rounds
+    has its own, speculation_figures)."""
+    point, samples = inputs.point, inputs.samples
     spec = REGISTRY[point.method]
     latencies = [s["latency_s"] for s in samples]
     text = ENGINE_TEXTS.get(spec.engine)
@@ -351,31 +352,63 @@ def run_metrics(point: Point, samples: list[dict], baseline: list[dict] | None, 
         # a row that ended at its first token carries the batch's draft prefill it never waited for
         metrics["prefill_share"] = ratio(sum(min(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0), s["latency_s"])
                                              for s in samples), sum(latencies))
-    if spec.has_rounds:
-        metrics.update(speculation_figures(samples, point.gamma, tree_of(point), spec.draft_sources))
-        metrics["draft_time_share"] = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(latencies)) \
-            if caps_of(point.method).times_forwards else None  # an engine that does not time its drafter apart
-    metrics.update(dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"]))
+    return metrics
+
+
+def draft_time_share(inputs) -> dict:
+    """Time drafting / latency; None for an engine that does not time its drafter apart."""
+    samples = inputs.samples
+    share = ratio(sum(s.get("draft_s") or 0.0 for s in samples), sum(s["latency_s"] for s in samples)) \
+        if caps_of(inputs.point.method).times_forwards else None
+    return {"draft_time_share": share}
+
+
+def round_figures(inputs) -> dict:
+    """speculation_figures of a fixed-batch point."""
+    point = inputs.point
+    return speculation_figures(inputs.samples, point.gamma, tree_of(point), REGISTRY[point.method].draft_sources)
+
+
+def speedups(inputs) -> dict:
+    """The speedup and the decode speedup over the batches both finished, with their paired intervals (none for the
+    baseline against itself, 1 by definition); None without a baseline."""
+    out = dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"])
+    samples, baseline = inputs.samples, inputs.baseline
     if baseline:
         clusters = paired_clusters(samples, baseline)
         decode_clusters = paired_clusters(samples, baseline, decode=True)
-        metrics["speedup"] = ratio_of_totals(clusters) if clusters else None
-        metrics["decode_speedup"] = ratio_of_totals(decode_clusters) if decode_clusters else None
-        # the baseline against itself is 1 by definition: no interval to claim
-        metrics["speedup_ci95"] = None if spec.is_reference else bootstrap_ci(clusters)
-        metrics["decode_speedup_ci95"] = None if spec.is_reference else bootstrap_ci(decode_clusters)
-        if compares_outputs(point):
-            paired_keys = set(units(samples)) & set(units(baseline))
-            match = exact_match([s for s in samples if unit_of(s) in paired_keys], baseline)
-            if match is not None:
-                metrics.update(match)
-    if point.temperature is None and spec.is_reference:
-        metrics["exact_match"], metrics["mismatches"] = 1.0, []
-    if point.synthetic_acceptance is not None:  # its output is not the target's: no exact match to claim
-        metrics.update(not_the_targets(point, samples, metrics))
-    metrics.update(gsm8k_figures(samples))
-    metrics.update(cost_figures(point, metrics, costs, samples, baseline, profile))
-    if point.synthetic_acceptance is not None:
-        metrics.update(synthetic_prediction(point, metrics))
-    metrics.update(computed(STATIC, point, samples, baseline, metrics))  # the table's own figures (eval/figure_table.py)
-    return metrics
+        reference = REGISTRY[inputs.point.method].is_reference
+        out["speedup"] = ratio_of_totals(clusters) if clusters else None
+        out["decode_speedup"] = ratio_of_totals(decode_clusters) if decode_clusters else None
+        out["speedup_ci95"] = None if reference else bootstrap_ci(clusters)
+        out["decode_speedup_ci95"] = None if reference else bootstrap_ci(decode_clusters)
+    return out
+
+
+def batch_exact_match(inputs) -> dict:
+    """exact_match over the batches both finished (compares_outputs); the greedy reference is its own: 1."""
+    point, samples, baseline = inputs.point, inputs.samples, inputs.baseline
+    if point.temperature is None and REGISTRY[point.method].is_reference:
+        return {"exact_match": 1.0, "mismatches": []}
+    if not baseline or not compares_outputs(point):
+        return {}
+    paired_keys = set(units(samples)) & set(units(baseline))
+    return exact_match([s for s in samples if unit_of(s) in paired_keys], baseline) or {}
+
+
+def batch_costs(inputs) -> dict:
+    """cost_figures of a fixed-batch point."""
+    return cost_figures(inputs.point, inputs.metrics, inputs.costs, inputs.samples, inputs.baseline, inputs.profile)
+
+
+def batch_synthetic(inputs) -> dict:
+    """A synthetic point's figures (eval/synthetic.py) in place of the exact match, and its test of the cost model."""
+    point = inputs.point
+    if point.synthetic_acceptance is None:
+        return {}
+    out = not_the_targets(point, inputs.samples, inputs.metrics)
+    return {**out, **synthetic_prediction(point, {**inputs.metrics, **out})}
+
+
+def accuracy(inputs) -> dict:
+    return gsm8k_figures(inputs.samples)

@@ -17,7 +17,6 @@ from collections import defaultdict
 from decode.methods import ENGINE_CAPS, ENGINE_TEXTS, REGISTRY, caps_of, reference_method
 from eval.costs import run_costs
 from eval.figures import compares_outputs, constant_draft_length, exact_match
-from eval.figure_table import SERVED, computed
 from eval.flags import CI_WIDE, flags_of
 from eval.groups import groups_of, in_group
 from eval.leviathan import predicted_speedup, solve_alpha
@@ -324,56 +323,89 @@ def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None
     return out
 
 
-def serving_metrics(point: Point, samples: list[dict], baseline: list[dict] | None,
-                    probes: dict[int, CostProbe], slo: dict | None, profile=None) -> dict:
-    """Every figure of one serving point against the baseline of its load point (None: none ran). Two predictions:
-    Leviathan's closed form at its occupancy (predicted_speedup) and the replay of its schedule with the run's cost
-    profile (predicted_speedup_replay, replay_prediction), which the crossover takes where every point has it."""
-    spec = REGISTRY[point.method]
-    metrics = load_figures(samples, slo)
-    if spec.has_rounds:
-        metrics.update(acceptance_figures(samples, point))
-    metrics.update(dict.fromkeys(["speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95",
-                                  "output_tok_s_ratio", "draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows",
-                                  "cost_batch_sizes", "predicted_speedup", "predicted_speedup_replay",
-                                  "predicted_speedup_replay_ci95", "replay", "replay_missing", "prediction_off"]))
-    metrics["requests_paired"] = 0
+def served_load(inputs) -> dict:
+    """load_figures of a load point, its SLO the config's."""
+    return load_figures(inputs.samples, inputs.slo)
+
+
+def served_acceptance(inputs) -> dict:
+    """acceptance_figures of a load point."""
+    return acceptance_figures(inputs.samples, inputs.point)
+
+
+def served_speedups(inputs) -> dict:
+    """The throughput and TPOT speedups over the requests both served, with their paired intervals (none for the
+    baseline against itself), and the ratio of the system's tok/s; None without a baseline."""
+    out = dict.fromkeys(["speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95",
+                         "output_tok_s_ratio"])
+    out["requests_paired"] = 0
+    samples, baseline = inputs.samples, inputs.baseline
     if baseline:
         tput, per_token, paired = speedup_clusters(samples, baseline)
-        metrics["requests_paired"] = paired
-        metrics["speedup_tput"] = ratio_of_totals(tput) if tput else None
-        metrics["speedup_tpot"] = ratio_of_totals(per_token) if per_token else None
-        if not spec.is_reference:
-            metrics["speedup_tput_ci95"] = bootstrap_ci(tput)
-            metrics["speedup_tpot_ci95"] = bootstrap_ci(per_token)
-        metrics["output_tok_s_ratio"] = ratio(metrics["output_tok_s"], load_figures(baseline, None)["output_tok_s"])
-        if compares_outputs(point):
-            mine, theirs = request_keys(samples), request_keys(baseline)
-            # exact_match pairs on (repeat, sample_id): give each request its index as its id
-            match = exact_match([dict(mine[k], sample_id=k[1:]) for k in mine if k in theirs],
-                                [dict(theirs[k], sample_id=k[1:]) for k in theirs if k in mine])
-            if match is not None:
-                metrics["exact_match"] = match["exact_match"]
-                metrics["mismatches"] = [dict(m, request=m["sample_id"][0], sample_id=m["sample_id"][1])
-                                         for m in match["mismatches"]]
-    if spec.has_rounds and point.gamma and tree_of(point) is None and metrics.get("constant_draft_length"):
-        at = costs_at(probes, point.draft, point.gamma, metrics["busy_in_flight"] or point.batch_size)
+        out["requests_paired"] = paired
+        out["speedup_tput"] = ratio_of_totals(tput) if tput else None
+        out["speedup_tpot"] = ratio_of_totals(per_token) if per_token else None
+        if not REGISTRY[inputs.point.method].is_reference:
+            out["speedup_tput_ci95"] = bootstrap_ci(tput)
+            out["speedup_tpot_ci95"] = bootstrap_ci(per_token)
+        out["output_tok_s_ratio"] = ratio(inputs.metrics["output_tok_s"], load_figures(baseline, None)["output_tok_s"])
+    return out
+
+
+def served_exact_match(inputs) -> dict:
+    """exact_match over the requests both served (compares_outputs); each mismatch names its request."""
+    if not inputs.baseline or not compares_outputs(inputs.point):
+        return {}
+    mine, theirs = request_keys(inputs.samples), request_keys(inputs.baseline)
+    # exact_match pairs on (repeat, sample_id): give each request its index as its id
+    match = exact_match([dict(mine[k], sample_id=k[1:]) for k in mine if k in theirs],
+                        [dict(theirs[k], sample_id=k[1:]) for k in theirs if k in mine])
+    if match is None:
+        return {}
+    return {"exact_match": match["exact_match"],
+            "mismatches": [dict(m, request=m["sample_id"][0], sample_id=m["sample_id"][1]) for m in match["mismatches"]]}
+
+
+def occupancy_costs(inputs) -> dict:
+    """Leviathan's prediction at the load point's occupancy while busy: c and v there (costs_at), for a chain of a
+    constant draft length with alpha; None otherwise."""
+    point, metrics = inputs.point, inputs.metrics
+    out = dict.fromkeys(["draft_cost_ratio_c", "verify_cost_ratio_v", "cost_rows", "cost_batch_sizes",
+                         "predicted_speedup"])
+    if REGISTRY[point.method].has_rounds and point.gamma and tree_of(point) is None \
+            and metrics.get("constant_draft_length"):
+        at = costs_at(inputs.probes, point.draft, point.gamma, metrics["busy_in_flight"] or point.batch_size)
         if at is not None and metrics.get("alpha") is not None:
-            metrics.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
-                           cost_batch_sizes=at["probed"],
-                           predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
-    if spec.has_rounds and caps_of(point.method).times_forwards and baseline:  # synthetic points too: their rounds are real
-        metrics["replay"], metrics["replay_missing"] = replay_prediction(point, samples, baseline, profile)
-        if metrics["replay"] is not None and metrics["replay"]["speedup"] is not None:
-            metrics["predicted_speedup_replay"] = metrics["replay"]["speedup"]
-            metrics["predicted_speedup_replay_ci95"] = metrics["replay"]["speedup_ci95"]
-            metrics["prediction_off"] = prediction_off(metrics["speedup_tput"], metrics["replay"],
-                                                       part_times(samples, baseline))
-    if point.synthetic_acceptance is not None:  # accepted at a set alpha: its output is not the target's
-        metrics.update(not_the_targets(point, samples, metrics))
-        metrics.update(synthetic_prediction(point, metrics, speedup="speedup_tput"))
-    metrics.update(computed(SERVED, point, samples, baseline, metrics))  # the table's own figures (eval/figure_table.py)
-    return metrics
+            out.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
+                       cost_batch_sizes=at["probed"],
+                       predicted_speedup=predicted_speedup(metrics["alpha"], point.gamma, at["c"], at["v"]))
+    return out
+
+
+def served_replay(inputs) -> dict:
+    """The replay of the load point's schedule with the run's cost profile (replay_prediction), for a method of an
+    engine that times its forwards (synthetic points too: their rounds are real), and prediction_off."""
+    point, samples, baseline = inputs.point, inputs.samples, inputs.baseline
+    out = dict.fromkeys(["predicted_speedup_replay", "predicted_speedup_replay_ci95", "replay", "replay_missing",
+                         "prediction_off"])
+    if REGISTRY[point.method].has_rounds and caps_of(point.method).times_forwards and baseline:
+        out["replay"], out["replay_missing"] = replay_prediction(point, samples, baseline, inputs.profile)
+        if out["replay"] is not None and out["replay"]["speedup"] is not None:
+            out["predicted_speedup_replay"] = out["replay"]["speedup"]
+            out["predicted_speedup_replay_ci95"] = out["replay"]["speedup_ci95"]
+            out["prediction_off"] = prediction_off(inputs.metrics["speedup_tput"], out["replay"],
+                                                   part_times(samples, baseline))
+    return out
+
+
+def served_synthetic(inputs) -> dict:
+    """A synthetic load point's figures in place of the exact match (accepted at a set alpha, its output is not the
+    target's), and its test of the cost model against the throughput speedup."""
+    point = inputs.point
+    if point.synthetic_acceptance is None:
+        return {}
+    out = not_the_targets(point, inputs.samples, inputs.metrics)
+    return {**out, **synthetic_prediction(point, {**inputs.metrics, **out}, speedup="speedup_tput")}
 
 
 def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) -> str | None:
@@ -551,10 +583,11 @@ def slo_of(config: dict | None) -> dict | None:
 
 
 def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, list[dict]], progress: dict,
-                    slo: dict | None, costs_of, order, machine_of) -> tuple[dict, list[str]]:
+                    slo: dict | None, costs_of, order, machine_of, metrics_of) -> tuple[dict, list[str]]:
     """summary.json's "serving": {slo, runs, crossovers}, and its notes. by_point and failures: the serving points'
     records and failures; costs_of(progress, point, samples) -> CostProbe (eval/summary.py); order: the points' sort
-    key; machine_of(point, costs) -> what eval/flags.py flags_of reads (drift, numerics, ci_target)."""
+    key; machine_of(point, costs) -> what eval/flags.py flags_of reads (drift, numerics, ci_target); metrics_of: a
+    point's figures (eval/figure_table.py serving_metrics)."""
     untimed = {p: sum(not timed(s) for s in rows) for p, rows in by_point.items()}
     by_point = {p: with_slots([s for s in rows if timed(s)]) for p, rows in by_point.items()}
     baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
@@ -586,7 +619,7 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         probes = {b: costs_of(progress, Point(method=point.method, batch_size=b), samples) for b in batch_sizes} \
             if ENGINE_CAPS[engine].times_forwards else {}
         probes = {b: p for b, p in probes.items() if p is not None}
-        metrics = serving_metrics(point, samples, baseline, probes, slo, profile)
+        metrics = metrics_of(point, samples, baseline, probes, slo, profile)
         by_group = group_figures(point, samples, baseline, progress.get("group_by"))
         if by_group:
             metrics["by_group"] = by_group

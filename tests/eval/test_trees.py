@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from eval.figures import prediction_gap, run_metrics
-from eval.figure_table import legend
+from eval.figures import prediction_gap
+from eval.figure_table import legend, run_metrics
 from eval.records import CostProbe, Point
 from eval.report import markdown
 from eval.trees import acceptance_by_depth_rank, expected_emitted
