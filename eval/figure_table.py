@@ -32,6 +32,28 @@ STATIC, SERVED = "static", "served"  # a fixed-batch point, a load point (config
 
 
 @dataclass(frozen=True)
+class Format:
+    """How a cell shows its value beyond the column's format: what a figure with an interval or in other units
+    declares once, for every table that shows it."""
+    scale: float = 1.0  # the value times this (seconds shown in milliseconds: 1000)
+    interval: str | None = None  # the format of each end of its 95% interval (metric path + "_ci95"), shown after
+    #   the value as "[lo, hi]"; None: it has none
+    count: bool = False  # with no interval where the run is flagged few_samples: "(n=k)", the pairs behind it
+    flagged: bool = False  # " !" where the run has any flag (the measured speedup: the notes say why)
+
+    def shown(self, value):
+        """The value in the units the cell shows."""
+        return value if self.scale == 1 else value * self.scale
+
+
+PLAIN = Format()
+MS = Format(scale=1000)  # seconds, shown in milliseconds
+CI = Format(interval="{:.2f}")  # a value with its interval
+RATIO = Format(interval="{:.2f}", count=True)  # a paired ratio: its interval, or how few pairs it rests on
+MEASURED = Format(interval="{:.2f}", count=True, flagged=True)  # the measured speedup, which the flags are about
+
+
+@dataclass(frozen=True)
 class Column:
     header: str  # its header in the table
     paths: tuple[str, ...]  # the metric paths ("latency_s.p50") its cell shows; several share a cell, "a / b"
@@ -39,6 +61,7 @@ class Column:
     at: float = math.inf  # its place among its table's columns (default: after every other)
     terminal: bool = False  # also one of the terminal's headline columns
     trees_only: bool = False  # shown only in a table that has a tree point
+    kind: Format = PLAIN  # how its cells show the value (units, interval, flags)
 
 
 @dataclass(frozen=True)
@@ -98,6 +121,11 @@ def columns(served: bool = False) -> list[Column]:
     return sorted(found, key=lambda c: c.at)
 
 
+def column_of(path: str, served: bool = False) -> Column:
+    """The column that shows a metric path (served: of the serving table)."""
+    return next(c for c in columns(served) if c.paths[0] == path)
+
+
 def csv_fields() -> list[str]:
     """summary.csv's metric paths: every column's, then the figures' own fields."""
     return [c.paths[0] for c in columns()] + [field for f in FIGURES for field in f.csv]
@@ -152,7 +180,7 @@ FIGURES: list[Figure] = [
            columns=(Column("tok/s", ("throughput_tok_s",), "{:.2f}", 20, terminal=True),)),
     Figure("speedup", static=speedups, served=served_speedups, legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
                              "temperature and run (the ratio of total tokens over total wall, not a mean of ratios)",
-           columns=(Column("speedup [95% CI]", ("speedup",), "{:.2f}", 30, terminal=True),)),
+           columns=(Column("speedup [95% CI]", ("speedup",), "{:.2f}", 30, terminal=True, kind=MEASURED),)),
     Figure("speedup_ci95", legend=f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement (the batches "
                                   f"holding one conversation's turns together, dataset.turns: they are not independent), each carrying "
                                   f"all its repeats of the point and of the baseline (tokens and wall, measured back to back), "
@@ -169,13 +197,13 @@ FIGURES: list[Figure] = [
                                     "the part speculation can speed up; decode_speedup_ci95 likewise; null for methods timed per "
                                     "batch only (no prefill time). hybrid prefills its draft model in the first round that drafts "
                                     "with it, if any: that prefill is decode time here",
-           columns=(Column("dec speedup [95% CI]", ("decode_speedup",), "{:.2f}", 40),),
+           columns=(Column("dec speedup [95% CI]", ("decode_speedup",), "{:.2f}", 40, kind=RATIO),),
            csv=("decode_speedup_ci95",)),
     Figure("latency_s", legend="per sequence: wall time from its batch's start to its last token, device synchronised; mean, p50, "
                                "p90, p99",
            columns=(Column("lat p50 s", ("latency_s.p50",), "{:.3f}", 180, terminal=True),
                     Column("lat p90 s", ("latency_s.p90",), "{:.3f}", 190),)),
-    Figure("tpot_s", legend="time per output token: latency / N per sequence", columns=(Column('TPOT ms', ('tpot_s.mean',), '{:.1f}', 220),)),
+    Figure("tpot_s", legend="time per output token: latency / N per sequence", columns=(Column('TPOT ms', ('tpot_s.mean',), '{:.1f}', 220, kind=MS),)),
     Figure("ttft_s", legend="time to first token: the prefill", columns=(Column('TTFT s', ('ttft_s.mean',), '{:.3f}', 200),)),
     Figure("prefill_share", legend="(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot "
                                    "speed up",
@@ -229,7 +257,7 @@ FIGURES: list[Figure] = [
                            "prefill's forward and token and so reads low for short outputs. Null for a tree: Leviathan's model is "
                            "of a chain (acceptance_by_depth_rank describes a tree); a chain point some of whose rounds were trees "
                            "(hybrid's merged trees) solves it from its chain rounds only",
-           columns=(Column("alpha", ("alpha",), "{:.3f}", 90),)),
+           columns=(Column("alpha", ("alpha",), "{:.3f}", 90, kind=Format(interval="{:.3f}")),)),
     Figure("draft_cost_ratio_c", static=batch_costs, served=occupancy_costs, legend="one draft step / one baseline step, each timed as the run executes it (a draft step: its "
                                         "1-token forward and its token's choice; a baseline step: the target's 1-token forward, its "
                                         "token's choice, greedy its top-2 gap, and the host read), medians of interleaved repetitions "
@@ -291,9 +319,9 @@ FIGURES: list[Figure] = [
                                               "(under a load also TTFT P50, TPOT and E2E P50); replay_missing: what the profile "
                                               "lacks where it cannot run. replay_efficiency: speedup / it; replay_decode_efficiency: "
                                               "decode speedup / the decode one",
-           columns=(Column("replay [95% CI]", ("predicted_speedup_replay",), "{:.3f}", 160, terminal=True),
+           columns=(Column("replay [95% CI]", ("predicted_speedup_replay",), "{:.3f}", 160, terminal=True, kind=CI),
                     Column("replay eff", ("replay_efficiency",), "{:.3f}", 170),),
-           served_columns=(Column("replay [95% CI]", ("predicted_speedup_replay",), "{:.2f}", 180, terminal=True),
+           served_columns=(Column("replay [95% CI]", ("predicted_speedup_replay",), "{:.2f}", 180, terminal=True, kind=CI),
                            Column("TTFT P50 s replay", ("replay.ttft_p50_s",), "{:.3f}", 190),
                            Column("TPOT ms replay", ("replay.tpot_mean_ms",), "{:.1f}", 200),),
            served_csv=(("predicted_speedup_replay", 460), ("predicted_speedup_replay_ci95", 470), ("replay.ttft_p50_s", 480), ("replay.tpot_mean_ms", 490), ("replay.e2e_p50_s", 500))),
@@ -406,13 +434,13 @@ FIGURES: list[Figure] = [
     Figure("tpot_s (load)", legend="time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
                                    "one-token request has none)",
            served_only=True,
-           served_columns=(Column("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}", 40, terminal=True),),
+           served_columns=(Column("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}", 40, terminal=True, kind=MS),),
            served_csv=(("tpot_s.mean", 70), ("tpot_s.p50", 80), ("tpot_s.p90", 90), ("tpot_s.p99", 100))),
     Figure("itl_s", legend="inter-token latency: the gaps between successive emissions of a request, pooled over requests; as in "
                            "vLLM a chunk of tokens emitted at once (a round's accepted drafts and its target token) is one gap, so "
                            "speculation has fewer, longer gaps: TPOT is the per-token figure",
            served_only=True,
-           served_columns=(Column("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}", 50),),
+           served_columns=(Column("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}", 50, kind=MS),),
            served_csv=(("itl_s.mean", 110), ("itl_s.p50", 120), ("itl_s.p90", 130), ("itl_s.p99", 140))),
     Figure("e2e_s", legend="end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
                            "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
@@ -451,12 +479,12 @@ FIGURES: list[Figure] = [
                                   "from the slot); where requests queue in the engine, L differs between methods and output_tok_s_ratio (method / baseline "
                                   "output_tok_s, a reading without interval) is the system's ratio",
            served_only=True,
-           served_columns=(Column("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}", 140, terminal=True),
+           served_columns=(Column("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}", 140, terminal=True, kind=MEASURED),
                            Column("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}", 160),),
            served_csv=(("requests_paired", 360), ("speedup_tput", 370), ("output_tok_s_ratio", 410))),
     Figure("speedup_tpot", legend="mean TPOT of the baseline / the method's, over the requests both served with N > 1",
            served_only=True,
-           served_columns=(Column("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}", 150, terminal=True),),
+           served_columns=(Column("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}", 150, terminal=True, kind=MEASURED),),
            served_csv=(("speedup_tpot", 390), ("speedup_tpot_ci95", 400))),
     Figure("speedup_tput_ci95", legend=f"95% paired bootstrap over requests (request i of both, with all its repeats; a "
                                        f"conversation's turns together, dataset.turns; the expanded "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY, reference_method
 from eval.axes import AXES, label_of, names as axis_names
-from eval.figure_table import columns, csv_fields, served_csv_fields
+from eval.figure_table import Column, Format, columns, csv_fields, column_of, served_csv_fields
 from eval.records import Comparison, Point
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
@@ -32,7 +32,20 @@ def _value(run: dict, path: str):
     return node
 
 
-def cell(run: dict, path: str, fmt: str) -> str:
+def decorated(run: dict, path: str, text: str, kind: Format) -> str:
+    """A cell's text with what its format kind adds: the interval, how few pairs back a ratio without one, a flag."""
+    interval = _value(run, path + "_ci95") if kind.interval else None
+    if interval:
+        text += f" [{kind.interval.format(interval[0])}, {kind.interval.format(interval[1])}]"
+    elif kind.count and any(f["code"] == "few_samples" for f in run.get("flags") or []):  # too few for one: how many
+        text += f" (n={run['batches']['prompts'] if 'batches' in run else run['metrics']['requests_paired']})"
+    if kind.flagged and run.get("flags"):
+        text += " !"  # the notes say why
+    return text
+
+
+def cell(run: dict, column: Column) -> str:
+    path, fmt = column.paths[0], column.fmt
     value = _value(run, path)
     if path == "status":
         if value == "partial":
@@ -41,40 +54,23 @@ def cell(run: dict, path: str, fmt: str) -> str:
         return value or ""
     if run.get("status") in ("failed", "skipped") and path not in run_keys():
         return ""
-    if path == "tpot_s.mean" and value is not None:
-        value *= 1000
     if value is None:
         return "-"
-    text = fmt.format(value)
-    if path == "alpha" and _value(run, "alpha_ci95"):  # a synthetic point's estimate of its set alpha
-        interval = _value(run, "alpha_ci95")
-        text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
-    if path in ("speedup", "decode_speedup"):
-        interval = _value(run, path + "_ci95")
-        if interval:
-            text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
-        elif any(f["code"] == "few_samples" for f in run.get("flags") or []):  # too few prompts for one: how many
-            text += f" (n={run['batches']['prompts']})"
-        if path == "speedup" and run.get("flags"):
-            text += " !"  # the notes say why
-    if path == "predicted_speedup_replay" and _value(run, "predicted_speedup_replay_ci95"):
-        interval = _value(run, "predicted_speedup_replay_ci95")
-        text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
-    return text
+    return decorated(run, path, fmt.format(column.kind.shown(value)), column.kind)
 
 
-def columns_for(runs: list[dict]) -> list[tuple]:
+def columns_for(runs: list[dict]) -> list[Column]:
     """The table's columns: after the label and status, each axis that declares a column (eval/axes.py) where a run
     has a value on it; the tree ones only where a run has a tree."""
-    shown = [(axis.column, axis.name, "{}") for axis in AXES
+    shown = [Column(axis.column, (axis.name,), "{}") for axis in AXES
              if axis.column and any(run.get(axis.name) is not None for run in runs)]
     trees = any(run.get("tree") is not None for run in runs)
-    table = [(c.header, c.paths[0], c.fmt) for c in columns() if trees or not c.trees_only]
+    table = [c for c in columns() if trees or not c.trees_only]
     return table[:2] + shown + table[2:]
 
 
 def rows(runs: list[dict]) -> list[list[str]]:
-    return [[cell(run, path, fmt) for _, path, fmt in columns_for(runs)] for run in runs]
+    return [[cell(run, column) for column in columns_for(runs)] for run in runs]
 
 
 def md_cell(text: str) -> str:
@@ -83,7 +79,7 @@ def md_cell(text: str) -> str:
 
 
 def _table(runs: list[dict]) -> list[str]:
-    headers = [h for h, _, _ in columns_for(runs)]
+    headers = [c.header for c in columns_for(runs)]
     return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + [
         "| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(runs)]
 
@@ -210,7 +206,7 @@ def synthetic_lines(runs: list[dict]) -> list[str]:
              "| point | set alpha | alpha [95% CI] | speedup [95% CI] | predicted [alpha's CI] | c | v | "
              "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|"]
     for r in chosen:
-        lines.append(f"| {md_cell(r['label'])} | {synthetic_cells(r, cell(r, 'speedup', '{:.2f}'))} |")
+        lines.append(f"| {md_cell(r['label'])} | {synthetic_cells(r, cell(r, column_of('speedup')))} |")
     return lines
 
 
@@ -478,19 +474,19 @@ def print_table(summary: dict, console) -> None:
         if not summary["runs"]:
             return
     table = Table(title="speculate (all columns and groups in summary.md; ! = flagged, see its notes)")
-    chosen = [(c.header, c.paths[0], c.fmt) for c in columns() if c.terminal]
-    for header, _, _ in chosen:
+    chosen = [c for c in columns() if c.terminal]
+    for header in (c.header for c in chosen):
         table.add_column(header, justify="right" if header != "point" else "left", no_wrap=header != "point")
     for run in summary["runs"]:
         if run.get("group") is None:
-            table.add_row(*[cell(run, path, fmt) for _, path, fmt in chosen])
+            table.add_row(*[cell(run, column) for column in chosen])
     console.print(table)
 
 
 # ---- serving runs (config load:, eval/serving.py) ------------------------------------------------------------------
 
-MS_PATHS = ("tpot_s", "itl_s")  # shown in milliseconds
-def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
+def serving_cell(run: dict, column: Column) -> str:
+    paths, fmt = column.paths, column.fmt
     if paths == ("line",):
         return line_label(run)
     if paths == ("status",):
@@ -498,32 +494,16 @@ def serving_cell(run: dict, paths: tuple, fmt: str) -> str:
         return f"partial {repeats.get('done')}/{repeats.get('planned')}" if run["status"] == "partial" else run["status"]
     if run["status"] in ("failed", "skipped"):
         return ""
-    texts = []
-    for path in paths:
-        value = _value(run, path)
-        if value is not None and path.split(".")[0] in MS_PATHS:
-            value *= 1000
-        texts.append(_fmt(value, fmt))
-    text = " / ".join(texts)
-    if paths[0] in ("speedup_tput", "speedup_tpot") and _value(run, paths[0]) is not None:
-        interval = _value(run, paths[0] + "_ci95")
-        if interval:
-            text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
-        elif any(f["code"] == "few_samples" for f in run.get("flags") or []):
-            text += f" (n={run['metrics']['requests_paired']})"
-        if run.get("flags"):
-            text += " !"
-    if paths == ("predicted_speedup_replay",) and _value(run, "predicted_speedup_replay_ci95"):
-        interval = _value(run, "predicted_speedup_replay_ci95")
-        text += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
-    return text
+    values = [_value(run, path) for path in paths]
+    text = " / ".join(_fmt(None if value is None else column.kind.shown(value), fmt) for value in values)
+    return text if values[0] is None else decorated(run, paths[0], text, column.kind)
 
 
 def serving_columns(runs: list[dict], terminal: bool = False) -> list[tuple]:
     """The serving table's columns (terminal: the terminal's only); the synthetic one only where a run has a set
     alpha."""
     synthetic = any(r.get("synthetic_acceptance") is not None for r in runs)
-    return [(c.header, c.paths, c.fmt) for c in columns(served=True) if (c.terminal or not terminal)
+    return [c for c in columns(served=True) if (c.terminal or not terminal)
             and (synthetic or c.paths != ("synthetic_acceptance",))]
 
 
@@ -540,7 +520,7 @@ def serving_synthetic_lines(runs: list[dict]) -> list[str]:
              "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|---|"]
     for r in chosen:
         lines.append(f"| {md_cell(line_label(r))} | {md_cell(load_label(r))} | "
-                     f"{synthetic_cells(r, serving_cell(r, ('speedup_tput',), '{:.2f}'))} |")
+                     f"{synthetic_cells(r, serving_cell(r, column_of('speedup_tput', served=True)))} |")
     return lines
 
 
@@ -576,14 +556,14 @@ def serving_lines(summary: dict) -> list[str]:
              f"schedule; speedups are against the baseline of the same load point (legend: speedup_tput, speedup_tpot), "
              f"'tok/s ratio' is the measured system output tok/s over the baseline's (a reading). SLO: {limits}."]
     columns = serving_columns(serving["runs"])
-    headers = [h for h, _, _ in columns]
+    headers = [c.header for c in columns]
     by_load: dict[str, list[dict]] = {}
     for run in serving["runs"]:
         by_load.setdefault(load_label(run), []).append(run)
     for load, runs in by_load.items():
         lines += ["", f"### {load} ({runs[0]['metrics'].get('requests', '-')} requests)", "",
                   "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(md_cell(serving_cell(r, paths, fmt)) for _, paths, fmt in columns) + " |"
+        lines += ["| " + " | ".join(md_cell(serving_cell(r, column)) for column in columns) + " |"
                   for r in runs]
         failed = [r for r in runs if r["status"] in ("failed", "skipped")]
         lines += [f"- {r['label']}: {r['status']}: {r.get('error')}" for r in failed]
@@ -634,11 +614,11 @@ def print_serving_table(summary: dict, console) -> None:
     console.print("[bold]speculate under load[/bold] (every column and the crossover in summary.md; ! = flagged)")
     for load, runs in by_load.items():
         table = Table(title=load, title_justify="left")
-        for header, _, _ in chosen:
+        for header in (c.header for c in chosen):
             table.add_column(header.replace(" [95% CI]", ""), justify="left" if header == "point" else "right",
                              overflow="fold", min_width=24 if header == "point" else 6)
         for run in runs:
-            table.add_row(*[serving_cell(run, paths, fmt) for _, paths, fmt in chosen])
+            table.add_row(*[serving_cell(run, column) for column in chosen])
         console.print(table)
 
 

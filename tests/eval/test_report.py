@@ -10,7 +10,7 @@ import yaml
 
 from eval.groups import natural
 from eval.summary import summarize
-from eval.figure_table import columns
+from eval.figure_table import Column, columns
 from eval.report import cell, csv_text, markdown, write_report
 from sample_records import SPEC_LABEL, costs, paired_run, record, run
 from utils.io import write_json
@@ -23,7 +23,7 @@ def refuse(constant):
 
 
 def speedup_cell(r):
-    return cell(r, "speedup", next(c.fmt for c in columns() if c.paths == ("speedup",)))
+    return cell(r, next(c for c in columns() if c.paths == ("speedup",)))
 
 
 def sweep() -> tuple[list[dict], dict]:
@@ -78,7 +78,7 @@ def test_cells_show_the_interval_the_flag_and_partial_counts():
     summary = summarize(paired_run(units=8), {"planned": {SPEC_LABEL: 9}})
     spec = run(summary, "speculative")
     assert speedup_cell(spec) == "2.00 [2.00, 2.00]"
-    assert cell(spec, "status", "{}") == "partial 8/9"
+    assert cell(spec, Column("status", ("status",), "{}")) == "partial 8/9"
     flagged = summarize(paired_run(units=8, jitter=0.5), {})
     assert speedup_cell(run(flagged, "speculative")).endswith("] !")
     one = summarize(paired_run(units=1), {})
