@@ -112,27 +112,34 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(output, reference)) if a != b), min(len(output), len(reference)))
 
 
-def exact_match(samples: list[dict], baseline: list[dict]) -> dict | None:
-    """Greedy outputs against the baseline's on the same (repeat, sample_id). Each mismatch says where it starts
-    (first_mismatch) and, where the baseline recorded its top-2 logit gaps, baseline_gap: the baseline's top-1 minus
-    top-2 logit at that token (eval/flags.py weighs it against the numerics drift), null where the outputs differ in
-    length only (no token to compare: no rounding flip does that)."""
-    reference = {(s.get("repeat", 0), s["sample_id"]): s for s in baseline}
-    pairs = [(s, reference.get((s.get("repeat", 0), s["sample_id"]))) for s in samples]
-    pairs = [(s, ref) for s, ref in pairs if ref is not None]
-    if not pairs:
+def sample_keys(samples: list[dict]) -> dict[tuple, dict]:
+    """(repeat, sample_id) -> record: how a fixed batch's records pair with the baseline's."""
+    return {(s.get("repeat", 0), s["sample_id"]): s for s in samples}
+
+
+def exact_match(samples: list[dict], baseline: list[dict], keys=sample_keys,
+                names: tuple[str, ...] = ("repeat", "sample_id")) -> dict | None:
+    """Greedy outputs against the baseline's on the same key: keys(records) -> {key: record}, (repeat, sample_id) at
+    a fixed batch, a load point's request too (eval/serving.py request_keys). Each mismatch names its key (names: of
+    the key's parts), says where it starts (first_mismatch) and, where the baseline recorded its top-2 logit gaps,
+    baseline_gap: the baseline's top-1 minus top-2 logit at that token (eval/flags.py weighs it against the numerics
+    drift), null where the outputs differ in length only (no token to compare: no rounding flip does that)."""
+    mine, reference = keys(samples), keys(baseline)
+    paired = sorted(set(mine) & set(reference))
+    if not paired:
         return None
     mismatches = []
-    for s, ref in sorted(pairs, key=lambda p: (p[0].get("repeat", 0), p[0]["sample_id"])):
+    for key in paired:
+        s, ref = mine[key], reference[key]
         first = first_mismatch(s["output_ids"], ref["output_ids"])
         if first is None:
             continue
-        mismatch = {"sample_id": s["sample_id"], "repeat": s.get("repeat", 0), "first_mismatch": first}
+        mismatch = {**dict(zip(names, key)), "first_mismatch": first}
         gaps = ref.get("top2_gaps")
         if gaps:
             mismatch["baseline_gap"] = gaps[first] if first < min(len(gaps), len(s["output_ids"])) else None
         mismatches.append(mismatch)
-    return {"exact_match": 1 - len(mismatches) / len(pairs), "mismatches": mismatches}
+    return {"exact_match": 1 - len(mismatches) / len(paired), "mismatches": mismatches}
 
 
 def tree_draft_cost(point: Point, costs: CostProbe) -> float | None:

@@ -356,14 +356,7 @@ def served_exact_match(inputs) -> dict:
     """exact_match over the requests both served (compares_outputs); each mismatch names its request."""
     if not inputs.baseline or not compares_outputs(inputs.point):
         return {}
-    mine, theirs = request_keys(inputs.samples), request_keys(inputs.baseline)
-    # exact_match pairs on (repeat, sample_id): give each request its index as its id
-    match = exact_match([dict(mine[k], sample_id=k[1:]) for k in mine if k in theirs],
-                        [dict(theirs[k], sample_id=k[1:]) for k in theirs if k in mine])
-    if match is None:
-        return {}
-    return {"exact_match": match["exact_match"],
-            "mismatches": [dict(m, request=m["sample_id"][0], sample_id=m["sample_id"][1]) for m in match["mismatches"]]}
+    return exact_match(inputs.samples, inputs.baseline, request_keys, ("repeat", "request", "sample_id")) or {}
 
 
 def occupancy_costs(inputs) -> dict:
