@@ -226,10 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     for difference in differences(profile.meta, run_costs({}, read_env(folder), config).meta):
         text += f"\n{difference}"
     print(text)
-    out = args.out or folder / "prediction.json"
+    return written(args.out or folder / "prediction.json",
+                   {"costs": str(args.costs) if args.costs else "the run's probes", "profile_meta": profile.meta,
+                    "points": rows})
+
+
+def written(out: Path, payload: dict) -> int:
+    """The command's JSON written to `out` and named: its exit code (2, one line, where it cannot be written)."""
     try:
-        write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes", "profile_meta": profile.meta,
-                         "points": rows})
+        write_json(out, payload)
     except OSError as error:
         print(f"error: cannot write {out} ({error.strerror or error}); give a writable --out FILE", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from decode.methods import REGISTRY, caps_of
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
-from eval.predict import differences, draft_label, run_profile
+from eval.predict import differences, draft_label, run_profile, written
 from eval.records import Point
 from eval.replay import OFF_BY, MissingCost, Pricer, lacking, replay_load, replay_static, static_prediction
 from eval.serving import load_prediction, replayed_figures
@@ -555,16 +555,10 @@ def main(argv: list[str] | None = None) -> int:
     said = list(dict.fromkeys(notes + [n for r in results for n in r["notes"]]))
     print("\n".join([table(results), "", "settings, ready to paste:", *deploy.lines(emitted)]
                     + ([""] + [f"- {n}" for n in said] if said else [])))
-    try:
-        write_json(out, {"costs": str(args.costs) if args.costs else "the run's probes",
+    return written(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None,
                          "profile_meta": profile.meta, "loads": results, "settings": emitted,
                          "exported_acceptance": acceptance, "notes": notes})
-    except OSError as error:
-        print(f"error: cannot write {out} ({error.strerror or error}); give a writable --out FILE", file=sys.stderr)
-        return 2
-    print(f"\nwritten: {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ _MODULES = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.ite
 
 
 def _other_engines() -> list[MethodSpec]:
-    """The SPEC of every module here that is not our engine's, in the order of their RANK."""
-    specs = [m for m in _MODULES if isinstance(getattr(m, "SPEC", None), MethodSpec) and m.SPEC.engine != "ours"]
+    """The SPEC of every module here that is not our engine's (the baseline's), in the order of their RANK."""
+    specs = [m for m in _MODULES if isinstance(getattr(m, "SPEC", None), MethodSpec)
+             and m.SPEC.engine != baseline.SPEC.engine]
     return [m.SPEC for m in sorted(specs, key=lambda m: (m.SPEC.engine, m.RANK))]
 
 
