@@ -112,6 +112,22 @@ def resolve_offline_model(name: str, progress: bool = True) -> Path:
     return folder
 
 
+def offline_gguf(name: str, progress: bool = True) -> Path:
+    """Short name -> the joined GGUF file itself (for an engine that loads GGUF: llama.cpp), kept in the cache beside
+    the converted folder and checked against the pinned sha256 when it is made."""
+    entry = OFFLINE_MODELS[name]
+    path = cache_root() / f"{name}.gguf"
+    if path.is_file():
+        return path
+    try:
+        parts = [locate_part(package, part) for package, part in entry.parts]
+    except OfflineModelError as error:
+        raise OfflineModelError(f"offline model '{name}': {error}; install with `{entry.pip}`") from None
+    cache_root().mkdir(parents=True, exist_ok=True)
+    join_and_verify(parts, entry.sha256, path, progress)  # written as .partial, renamed once its sha256 matched
+    return path
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF file into a transformers folder (fp32 safetensors + tokenizer)."""
     import torch

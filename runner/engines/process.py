@@ -193,6 +193,22 @@ def resident_bytes(path: str, dtype: str) -> int | None:
     return int(size * width.get(dtype, 4) / width.get(str(stored), 4))
 
 
+def timing_of(unit: Unit, answer: dict, row: dict, index: int) -> dict:
+    """A row's times for its record. A fixed batch: the wall time of the job for every row (the engine schedules the
+    batch as one). A served request: its arrival, admission, first token, finish and emits, latency_s = finish -
+    arrival, prefill_s = first token - arrival (TTFT, the queue's wait included) and target_s its time in the engine
+    (finish - admission: the engine runs the target and the drafter in one step). ValueError: a time is missing."""
+    if not unit.serving:
+        return {"latency_s": answer["wall_s"], "prefill_s": None, "target_s": answer["wall_s"], "arrival_s": None}
+    served = {key: row[key] for key in ("arrival_s", "admitted_s", "first_token_s", "finish_s")}
+    if None in served.values() or not row.get("emits"):
+        missing = next((k for k, v in served.items() if v is None), "emits")
+        raise ValueError(f"request {index} has no {missing}")
+    served["emits"] = [[float(t), int(n)] for t, n in row["emits"]]
+    return {"latency_s": served["finish_s"] - served["arrival_s"], "prefill_s": served["first_token_s"] - served["arrival_s"],
+            "target_s": served["finish_s"] - served["admitted_s"], **served}
+
+
 def free_memory(device: str) -> int | None:
     if device.startswith("cuda"):
         import torch

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 from decode.methods import REGISTRY
 from eval.records import Point
-from runner.engines.process import ProcessExecutor, WorkerDead, WorkerProcess, max_concurrency, resident_bytes
+from runner.engines.process import (ProcessExecutor, WorkerDead, WorkerProcess, max_concurrency, resident_bytes,
+                                    timing_of)
 from runner.load import request_fields
 from runner.plan import Unit
 from runner.session import record_of
@@ -299,16 +300,7 @@ def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset:
     rows = []
     spec = REGISTRY[point.method]
     for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
-        timing = {"latency_s": answer["wall_s"], "prefill_s": None, "target_s": answer["wall_s"], "arrival_s": None}
-        if unit.serving:
-            served = {key: row[key] for key in ("arrival_s", "admitted_s", "first_token_s", "finish_s")}
-            if None in served.values() or not row.get("emits"):
-                missing = next((k for k, v in served.items() if v is None), "emits")
-                raise ValueError(f"request {index} has no {missing}")
-            served["emits"] = [[float(t), int(n)] for t, n in row["emits"]]
-            timing = {"latency_s": served["finish_s"] - served["arrival_s"],
-                      "prefill_s": served["first_token_s"] - served["arrival_s"],
-                      "target_s": served["finish_s"] - served["admitted_s"], **served}
+        timing = timing_of(unit, answer, row, index)
         extra = {"engine": "vllm", "vllm_ttft_s": row.get("ttft_s"), "vllm_latency_s": row.get("latency_s")}
         if index == 0 and answer.get("counters") is not None:
             extra["vllm_batch_counters"] = answer["counters"]

@@ -1,0 +1,26 @@
+"""llama.cpp's draft-model speculation (--spec-type draft-simple) at gamma with a draft model: up to gamma drafts a
+step (--spec-draft-n-max), a draft kept only when at least llama_cpp_draft_min tokens and its greedy probabilities
+stay at or above llama_cpp_draft_p_min."""
+from dataclasses import dataclass
+
+from decode.methods.base import MethodSpec, option
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    llama_cpp_draft_min: int = option(0, "llama_cpp_draft: --spec-draft-n-min, the fewest drafts a step verifies "
+                                         "(a shorter draft is dropped)", ge=0)
+    llama_cpp_draft_p_min: float = option(0.0, "llama_cpp_draft: --spec-draft-p-min, drafting stops where the "
+                                               "draft's top probability falls below it (0: never; llama.cpp's own "
+                                               "default is 0.75)", ge=0.0, le=1.0)
+
+
+def server_args(point, drafts, options: DraftOptions):
+    return {"spec_type": "draft-simple", "draft": point.draft, "n_max": point.gamma,
+            "n_min": min(options.llama_cpp_draft_min, point.gamma), "p_min": options.llama_cpp_draft_p_min}
+
+
+RANK = 1  # its place among the engine's methods (decode/methods/__init__.py)
+SPEC = MethodSpec("llama_cpp_draft", "llama.cpp's draft-model speculation: the draft proposes up to gamma tokens a "
+                  "step", axes=("draft", "gamma"), run=None, has_rounds=True, per_row_timing=False, engine="llama_cpp",
+                  counterpart="speculative", options=DraftOptions, engine_config=server_args)

@@ -1,0 +1,230 @@
+"""llama.cpp's server behind a JSON-lines pipe: this worker starts llama-server (its child, in the worker's process
+group: closing the worker takes the server down with it) on 127.0.0.1 and sends it each request over HTTP.
+
+    python runner/engines/llama_cpp/worker.py        (any Python 3.10+: the standard library only)
+
+It loads runner/engines/process_worker.py by its path (the loop, the protocol, the serve job's arrivals) and answers
+its jobs (see there); what is llama.cpp's is here:
+  {"op": "start", "engine": {"server": path, "model": GGUF, "draft": GGUF or null, "spec_type": null |
+   "draft-simple" | "ngram-simple", "n_max", "n_min", "p_min", "ngram_n", "slots", "ctx", "threads"}}
+        -> {"ok": true, "start_s": seconds until /health answered, "speculative": bool, "llama_cpp": its version}
+  {"op": "check", "server": path} -> {"ok": true, "llama_cpp": version} (the binary runs)
+A request is POST /completion with the prompt's token ids, streamed, greedy (temperature 0), the prompt cache off,
+timings_per_token and return_tokens on: each chunk carries the tokens it sends, tokens_predicted (the request's
+count so far) and the request's cumulative draft_n and draft_n_accepted, from which the rows' rounds are made
+(runner/engines/llama_cpp/engine.py rounds_of). A token whose bytes end inside a UTF-8 character is never sent by
+the server in a stream (its text goes with the next one): such ids are missing from output_ids, and the row's
+"ids_lost" says how many (tokens_predicted counts them).
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def _base():
+    """runner/engines/process_worker.py, loaded by its path (no package of the repository is imported here)."""
+    import importlib.util
+
+    name = "speculate_process_worker"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "process_worker.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+ProcessWorker = _base().ProcessWorker
+HOST = "127.0.0.1"
+
+
+def server_version(server: str) -> str:
+    """`llama-server --version`'s version line (it prints it on stderr)."""
+    probe = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=60)
+    text = (probe.stdout + probe.stderr).strip().splitlines()
+    line = next((t for t in text if t.startswith("version")), None)
+    if probe.returncode != 0 or line is None:
+        raise RuntimeError(f"{server} --version failed: {(text or ['no output'])[-1][:200]}")
+    return line.removeprefix("version:").strip()
+
+
+def server_command(engine: dict, port: int) -> list[str]:
+    """llama-server's arguments for an engine (its keys: the start job's)."""
+    threads = str(engine.get("threads") or os.cpu_count() or 1)
+    command = [engine["server"], "-m", engine["model"], "--host", HOST, "--port", str(port),
+               "-c", str(engine["ctx"]), "-np", str(engine["slots"]), "-t", threads, "-tb", threads,
+               "--no-webui", "-ngl", "0"]
+    kind = engine.get("spec_type")
+    if kind == "draft-simple":
+        command += ["-md", engine["draft"], "--spec-type", kind, "-td", threads, "-tbd", threads, "-ngld", "0",
+                    "--spec-draft-n-max", str(engine["n_max"]), "--spec-draft-n-min", str(engine["n_min"]),
+                    "--spec-draft-p-min", str(engine["p_min"])]
+    elif kind == "ngram-simple":
+        command += ["--spec-type", kind, "--spec-draft-n-max", str(engine["n_max"]),
+                    "--spec-ngram-simple-size-n", str(engine["ngram_n"]),
+                    "--spec-ngram-simple-size-m", str(engine["n_max"])]
+    elif kind is not None:
+        raise ValueError(f"unknown spec_type {kind!r}")
+    return command
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+class Worker(ProcessWorker):
+    def __init__(self):
+        super().__init__()
+        self.server: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.speculative = False
+        self.events: queue.Queue = queue.Queue()  # (request, chunk or an error) from the request threads
+        self.open: set[str] = set()  # requests whose stream has not ended
+
+    def ready(self) -> bool:
+        return self.server is not None and self.server.poll() is None
+
+    def engine_dead(self) -> bool:
+        return self.server is not None and self.server.poll() is not None
+
+    def shutdown(self) -> None:
+        server, self.server = self.server, None
+        if server is None:
+            return
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+
+    def check(self, job: dict) -> dict:
+        return {"ok": True, "llama_cpp": server_version(job["server"])}
+
+    def start(self, job: dict) -> dict:
+        self.shutdown()
+        engine = dict(job.get("engine") or {})
+        version = server_version(engine["server"])
+        self.port = free_port()
+        began = time.perf_counter()
+        # its log goes to the worker's stderr (the worker log); stdin closed: it never reads the pipe of our jobs
+        self.server = subprocess.Popen(server_command(engine, self.port), stdin=subprocess.DEVNULL,
+                                       stdout=sys.stderr, stderr=sys.stderr)
+        while True:
+            if self.server.poll() is not None:
+                code, self.server = self.server.returncode, None
+                raise RuntimeError(f"llama-server exited (code {code}) while starting; its log is the worker log")
+            try:
+                status, _ = self._get("/health")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.speculative = engine.get("spec_type") is not None
+        return {"ok": True, "start_s": time.perf_counter() - began, "speculative": self.speculative,
+                "llama_cpp": version}
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection(HOST, self.port, timeout=10)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def check_concurrency(self, concurrency: int) -> None:
+        status, body = self._get("/props")
+        slots = json.loads(body).get("total_slots") if status == 200 else None
+        if slots is not None and concurrency > slots:
+            raise ValueError(f"concurrency {concurrency} exceeds the server's slots ({slots}): llama.cpp would queue "
+                             "the rest itself; start it with as many slots as the concurrency")
+
+    def sampling(self, job: dict) -> dict:
+        if job.get("temperature") not in (None, 0, 0.0):
+            raise ValueError("the llama.cpp worker runs greedy only (temperature null)")
+        return {"n_predict": int(job["max_new_tokens"]), "temperature": 0.0, "seed": int(job.get("seed") or 0),
+                "stream": True, "return_tokens": True, "timings_per_token": True, "cache_prompt": False,
+                "ignore_eos": False}
+
+    # the requests run in threads (one HTTP stream each); step() hands on what their chunks brought
+    def add(self, request: str, prompt: list[int], params: dict) -> None:
+        self.open.add(request)
+        body = json.dumps({**params, "prompt": prompt}).encode()
+        threading.Thread(target=self._stream, args=(request, body), daemon=True).start()
+
+    def _stream(self, request: str, body: bytes) -> None:
+        connection = http.client.HTTPConnection(HOST, self.port)
+        try:
+            connection.request("POST", "/completion", body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"llama-server answered {response.status}: {response.read()[:300]!r}")
+            for line in response:
+                if line.startswith(b"data: "):
+                    chunk = json.loads(line[6:])
+                    if not isinstance(chunk, dict):
+                        continue
+                    self.events.put((request, chunk))
+                    if chunk.get("stop"):
+                        return
+            raise RuntimeError("llama-server ended a stream without its final chunk")
+        except Exception as error:  # noqa: BLE001 - handed to step(), which raises it in the main thread
+            self.events.put((request, error))
+        finally:
+            connection.close()
+
+    def in_flight(self) -> bool:
+        return bool(self.open)
+
+    def step(self) -> list:
+        """What the streams brought since the last step: the first chunk waited for, then every one already there."""
+        chunks = [self.events.get(timeout=3600)]
+        while True:
+            try:
+                chunks.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+        out = []
+        for request, chunk in chunks:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            if chunk.get("stop"):
+                self.open.discard(request)
+            self.chunks.setdefault(request, []).append(chunk)
+            out.append((request, [int(t) for t in chunk.get("tokens") or []], bool(chunk.get("stop")), chunk))
+        return out
+
+    def run(self, *args, **kwargs) -> dict:
+        self.chunks: dict[str, list[dict]] = {}  # request -> its chunks, for row()
+        return super().run(*args, **kwargs)
+
+    def abort(self, requests: list[str]) -> None:
+        self.open.difference_update(requests)  # the server ends a request whose connection closes
+
+    def row(self, final: dict, ids: list[int], steps: list[int], times: dict) -> dict:
+        """One request's answer: its ids, llama.cpp's final timings and stop, and per chunk (tokens_predicted,
+        draft_n, draft_n_accepted) for its rounds."""
+        request = next(r for r, chunks in self.chunks.items() if chunks and chunks[-1] is final)
+        counts = [[int(c.get("tokens_predicted") or 0), int((c.get("timings") or {}).get("draft_n") or 0),
+                   int((c.get("timings") or {}).get("draft_n_accepted") or 0)] for c in self.chunks[request]]
+        predicted = int(final.get("tokens_predicted") or len(ids))
+        stop = final.get("stop_type")
+        return {"output_ids": ids, "new_tokens": predicted, "ids_lost": predicted - len(ids), "steps": steps,
+                "stop_reason": {"eos": "eos", "limit": "length"}.get(stop, stop), "finish_reason": stop,
+                "timings": final.get("timings"), "counts": counts, **times}
+
+
+if __name__ == "__main__":
+    sys.exit(Worker().main())

@@ -1,0 +1,136 @@
+"""llama.cpp as a third engine: its rounds from the server's counters, its server's arguments, bad input, and whole
+runs through launch.py, against a stand-in server (tests/llama_cpp/fake_server.py: no build needed) and, where
+SPECULATE_LLAMA_SERVER names a built llama-server (.ci/llama-cpp-env DIR), the real one on SmolLM2-135M's GGUF."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import assert_one_clean_line, run_launch, write_prompts
+from runner.engines.llama_cpp.engine import rounds_of
+from runner.engines.llama_cpp.worker import server_command
+
+REAL_SERVER = os.environ.get("SPECULATE_LLAMA_SERVER", "")
+
+
+def test_rounds_from_the_counters_by_hand():
+    # (tokens_predicted, draft_n, draft_n_accepted) per chunk: the prefill's token; a step that drafted 4 and accepted
+    # 2 (3 tokens); a plain step; a step that drafted 4, accepted 1, whose first token's chunk was not sent (the count
+    # jumps by 2); a plain step
+    counts = [[1, 0, 0], [2, 4, 2], [3, 4, 2], [4, 4, 2], [5, 4, 2], [7, 8, 3], [8, 8, 3]]
+    assert rounds_of(counts) == [{"drafted": 4, "accepted": 2, "emitted": 3}, {"drafted": 0, "accepted": 0, "emitted": 1},
+                                 {"drafted": 4, "accepted": 1, "emitted": 2}, {"drafted": 0, "accepted": 0, "emitted": 1}]
+    # the stop cut the last step after 2 of its 4 tokens
+    assert rounds_of([[1, 0, 0], [2, 5, 3], [3, 5, 3]]) == [{"drafted": 5, "accepted": 3, "emitted": 2}]
+    for broken in ([[2, 0, 0]], [[1, 0, 0], [2, 4, 2], [3, 3, 2]], [[1, 0, 0], [0, 0, 0]], []):
+        assert rounds_of(broken) is None
+
+
+def test_the_server_arguments_of_each_method():
+    base = {"server": "S", "model": "T.gguf", "slots": 4, "ctx": 800, "threads": 2}
+    plain = server_command({**base, "spec_type": None}, 9000)
+    assert plain[:3] == ["S", "-m", "T.gguf"] and "-md" not in plain and "--spec-type" not in plain
+    assert plain[plain.index("--host") + 1] == "127.0.0.1" and plain[plain.index("-np") + 1] == "4"
+    draft = server_command({**base, "spec_type": "draft-simple", "draft": "D.gguf", "n_max": 4, "n_min": 1,
+                            "p_min": 0.0}, 9000)
+    pairs = dict(zip(draft, draft[1:]))
+    assert (pairs["-md"], pairs["--spec-type"], pairs["--spec-draft-n-max"], pairs["--spec-draft-n-min"],
+            pairs["--spec-draft-p-min"]) == ("D.gguf", "draft-simple", "4", "1", "0.0")
+    ngram = server_command({**base, "spec_type": "ngram-simple", "n_max": 6, "ngram_n": 3}, 9000)
+    pairs = dict(zip(ngram, ngram[1:]))
+    assert (pairs["--spec-type"], pairs["--spec-ngram-simple-size-n"], pairs["--spec-ngram-simple-size-m"]) == \
+        ("ngram-simple", "3", "6")
+
+
+def _fake_server(root: Path) -> Path:
+    script = root / "llama-server"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).with_name('fake_server.py')} \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def _config(root: Path, server: str, methods: list[str], **extra) -> Path:
+    config = {"name": "llama", "device": "cpu", "seed": 0,
+              "target": {"model": "smollm2-135m-instruct"}, "draft": {"model": "smollm2-135m-instruct"},
+              "dataset": {"path": str(write_prompts(root / "prompts.jsonl", 3)), "prompt_field": "text",
+                          "chat_template": False},
+              "generation": {"max_new_tokens": 12}, "speculative": {"gamma": [4]}, "batch_size": [1],
+              "warmup": 1, "methods": methods, "llama_cpp": {"server": server}, **extra}
+    path = root / "llama.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _runs(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    runs = summary["runs"] + (summary.get("serving") or {}).get("runs", [])
+    return {(r["method"], r["batch_size"] if r.get("concurrency") is None else None, r.get("concurrency")): r
+            for r in runs}
+
+
+def test_a_run_against_the_stand_in_server(tmp_path):
+    """Fixed batches of 1 and 2, and served at concurrency 2: the fake drafts 4 a step and accepts 2 (1 in the last
+    step of 2 tokens): 12 tokens = the prefill's, 3 steps of 3 and one of 2, so acceptance 7 / 16 and 4 rounds."""
+    server = _fake_server(tmp_path)
+    methods = ["llama_cpp_generate", "llama_cpp_draft", "llama_cpp_ngram"]
+    out = tmp_path / "out"
+    result = run_launch(["--config", _config(tmp_path, str(server), methods, batch_size=[1, 2]), "--out", out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = _runs(out)
+    for method in ("llama_cpp_draft", "llama_cpp_ngram"):
+        metrics = runs[(method, 1, None)]["metrics"]
+        assert metrics["acceptance_rate"] == pytest.approx(7 / 16)
+        assert metrics["exact_match"] == 1.0  # the same tokens (and the same ones not sent) as llama_cpp_generate's
+        assert metrics["block_efficiency"] == pytest.approx(12 / 5)  # 12 tokens over the prefill and 4 steps
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    draft = next(r for r in records if r["method"] == "llama_cpp_draft")
+    assert draft["new_tokens"] == 12 and len(draft["output_ids"]) == 11  # the 9th token's chunk was not sent
+    assert draft["extra"]["llama_cpp_ids_lost"] == 1 and draft["extra"]["llama_cpp_ttft_s"] == pytest.approx(0.005)
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["engine_info"]["llama_cpp"]["version"] == "1 (fake)"
+
+    served = tmp_path / "served"
+    config = _config(tmp_path, str(server), methods, load={"concurrency": [2], "requests": 3})
+    result = run_launch(["--config", config, "--out", served])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = _runs(served)[("llama_cpp_draft", None, 2)]["metrics"]
+    assert metrics["acceptance_pooled"] == pytest.approx(7 / 16) and metrics["exact_match"] == 1.0
+    assert metrics["mean_accepted_tokens_pooled"] == pytest.approx(11 / 4)  # 11 tokens over 4 rounds a request
+
+
+@pytest.mark.parametrize("case", ["no-server", "not-gguf", "cuda"])
+def test_bad_input_is_one_line(tmp_path, case):
+    server = str(_fake_server(tmp_path)) if case != "no-server" else str(tmp_path / "missing" / "llama-server")
+    extra = {"target": {"model": "synthetic:llama-tiny"}} if case == "not-gguf" else \
+        {"device": "cuda:0"} if case == "cuda" else {}
+    config = _config(tmp_path, server, ["llama_cpp_generate", "llama_cpp_ngram"], **extra)
+    fragment = {"no-server": "llama_cpp.server", "not-gguf": "is not a GGUF file", "cuda": "llama_cpp"}[case]
+    assert_one_clean_line(run_launch(["--config", config, "--out", tmp_path / "out"]), fragment)
+
+
+@pytest.mark.skipif(not REAL_SERVER, reason="llama.cpp is not built: .ci/llama-cpp-env DIR builds it, then "
+                                            "SPECULATE_LLAMA_SERVER=DIR/bin/llama-server")
+def test_the_real_server_on_smollm2(tmp_path):
+    """llama.cpp's own server, its GGUF re-quantized to f32 (our engine's weights): every point runs, its rounds add up
+    to its tokens, and its exactness against its own baseline and ours is counted (not asserted: kernels differ)."""
+    methods = ["baseline", "speculative", "llama_cpp_generate", "llama_cpp_draft", "llama_cpp_ngram"]
+    out = tmp_path / "out"
+    config = _config(tmp_path, REAL_SERVER, methods, llama_cpp={"server": REAL_SERVER, "weights": "f32"},
+                     generation={"max_new_tokens": 16})
+    result = run_launch(["--config", config, "--out", out], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    ours = {r["sample_id"]: r["output_ids"] for r in records if r["method"] == "baseline"}
+    for record in (r for r in records if r["method"] == "llama_cpp_draft"):
+        assert sum(r["emitted"] for r in record["rounds"]) + 1 == record["new_tokens"]
+        assert all(r["drafted"] <= 4 and r["accepted"] <= r["drafted"] for r in record["rounds"])
+        assert len(ours[record["sample_id"]]) == 16
+    runs = _runs(out)
+    assert 0.0 <= runs[("llama_cpp_draft", 1, None)]["metrics"]["exact_match"] <= 1.0
+    assert runs[("llama_cpp_draft", 1, None)]["metrics"]["acceptance_rate"] > 0
