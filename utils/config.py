@@ -540,8 +540,11 @@ class Config(Strict):
 
     def _check_options(self) -> None:
         """Each method of the run gets its typed options (its own checks refuse what it cannot take). An option of a
-        method that is not in methods is kept and unused: a config keeps its options while --set changes methods."""
-        self.method_options  # noqa: B018 (each method's own checks: ValueError)
+        method that is not in methods is kept and unused: a config keeps its options while --set changes methods. Options
+        that depend on the rest of the config check it (their check_config: ValueError)."""
+        for options in self.method_options.values():  # each method's own checks: ValueError
+            if hasattr(options, "check_config"):
+                options.check_config(self)
 
     @property
     def method_options(self) -> dict:

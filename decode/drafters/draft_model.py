@@ -92,7 +92,9 @@ class DraftModelDrafter(Drafter):
         rounds go on across joins)."""
         self.pending += [[] for _ in range(prompt_ids.shape[0])]
         self.device = prompt_ids.device
-        if self.schedule is not None:
+        if self.schedule is not None and self.schedule.reads_context:  # each row's prompt, its context's start
+            self.schedule.add_rows(prompt_ids.shape[0], prompt_tokens=prompt_mask.sum(dim=1).tolist())
+        elif self.schedule is not None:
             self.schedule.add_rows(prompt_ids.shape[0])
         if not self.off:
             if self.context is not None:  # the window: each (left-padded) row's last tokens

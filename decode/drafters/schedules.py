@@ -2,7 +2,8 @@
 
 A schedule follows the batch's rows: `start(rows)` once, `lengths()` before each round (each row's wanted
 length, at most gamma), `update(drafted, accepted)` after it with what the target verified and kept per row,
-`select_rows(kept)` when rows finish, `add_rows(n)` when n rows join (serving: requests admitted between rounds).
+`select_rows(kept)` when rows finish, `add_rows(n)` when n rows join (serving: requests admitted between rounds; a
+schedule that `reads_context` is also told their prompt lengths).
 `keep_drafting(q, tokens)` may stop rows in the middle of a round. The
 drafter asks the schedule and clips its answer to the row's budget; the engine only sees proposal lengths.
 
@@ -11,6 +12,8 @@ confidence, from the draft's own state before the next position, never from the 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -18,6 +21,7 @@ class Schedule:
     """The interface, and the constant schedule: gamma drafts every round (Leviathan et al. 2023)."""
     name = "constant"
     stops_mid_round = False  # True: keep_drafting may end rows during a round (the drafter asks it each step)
+    reads_context = False  # True: add_rows(n, prompt_tokens=[...]) (the drafter reads the joining rows' prompt lengths)
 
     def __init__(self, gamma: int):
         if gamma < 1:
@@ -405,23 +409,81 @@ class CostModelSchedule(Schedule):
         self.since_probe += [0] * rows
 
 
+class RecommendedSchedule(Schedule):
+    """Each round, per row, the K that `python -m eval.recommend` predicted best (docs/recommend.md) at the batch in
+    flight and the row's context length, from its table K(batch, context) (decode/methods/speculative.py
+    recommended_table): K = 0 ("off") is a plain target step for the row; K is capped by gamma.
+
+    Between tabulated values: the largest tabulated batch at or below the rows in flight (the smallest tabulated
+    where none is), and the tabulated context nearest the row's in ratio, as eval.recommend bins a round (its bins
+    meet at the geometric means; a table without contexts has one bin). A row's context is its prompt plus the
+    tokens it has so far: the prefill's first, then each round's accepted + 1.
+
+    The batch in flight changes under continuous batching (add_rows, select_rows) and as a static batch's rows end:
+    each round reads it anew. Lossless: a row's K is decided before the round, from the batch's size and the row's
+    length, never from the target's verdict."""
+    name = "recommended"
+    reads_context = True
+
+    def __init__(self, gamma: int, table: dict[int, dict[int | None, int]]):
+        super().__init__(gamma)
+        if not table or any(not by_context for by_context in table.values()) or \
+                any(k < 0 for by_context in table.values() for k in by_context.values()):
+            raise ValueError(f"the recommended schedule needs a table batch -> context -> K >= 0, got {table}")
+        self.table = table
+        self.batches = sorted(table)
+
+    def start(self, rows):
+        super().start(rows)
+        self.contexts = [1] * rows  # a row of unknown prompt: its first token only
+
+    def add_rows(self, rows, prompt_tokens: list[int] | None = None):
+        super().add_rows(rows)
+        self.contexts += [p + 1 for p in prompt_tokens] if prompt_tokens is not None else [1] * rows
+
+    def select_rows(self, rows):
+        super().select_rows(rows)
+        self.contexts = [self.contexts[r] for r in rows]
+
+    def update(self, drafted, accepted):
+        self.contexts = [c + a + 1 for c, a in zip(self.contexts, accepted)]
+
+    def by_context(self) -> dict[int | None, int]:
+        """The table's row for the batch in flight."""
+        below = [b for b in self.batches if b <= self.rows]
+        return self.table[below[-1] if below else self.batches[0]]
+
+    def lengths(self):
+        ks = self.by_context()
+        bins = sorted(c for c in ks if c is not None)
+        if not bins:
+            return [min(self.gamma, ks[None])] * self.rows
+        return [min(self.gamma, ks[min(bins, key=lambda c: (abs(math.log(max(context, 1) / c)), c))])
+                for context in self.contexts]
+
+
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,
-             "cost_model": CostModelSchedule}
+             "cost_model": CostModelSchedule, "recommended": RecommendedSchedule}
 
 
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,
                   v: dict[int, float] | None = None, evidence: PointEvidence | None = None,
-                  prefill_cost: dict | None = None, budget: int | None = None) -> Schedule:
+                  prefill_cost: dict | None = None, budget: int | None = None,
+                  table: dict[int, dict[int | None, int]] | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
-    and max_new_tokens (whether a batch runs the draft at all)."""
+    and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
         if c is None or not v:
             raise ValueError("the cost_model schedule needs the measured cost ratios c and v")
         return CostModelSchedule(gamma, c, v, evidence=evidence, prefill_cost=prefill_cost, budget=budget)
+    if name == "recommended":
+        if not table:
+            raise ValueError("the recommended schedule needs its table K(batch, context) (speculative.recommendation)")
+        return RecommendedSchedule(gamma, table)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -1,10 +1,12 @@
 """Speculative decoding with a draft model (Leviathan et al. 2023), our engine, with a draft-length
-schedule: constant, heuristic, confidence or cost_model (decode/drafters/schedules.py)."""
+schedule: constant, heuristic, confidence, cost_model or recommended (decode/drafters/schedules.py)."""
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from decode.methods.base import MethodSpec, option
 
-SCHEDULES = ("constant", "heuristic", "confidence", "cost_model")  # the draft-length schedules (decode/drafters/
+SCHEDULES = ("constant", "heuristic", "confidence", "cost_model", "recommended")  # the draft-length schedules (decode/drafters/
 #   schedules.py SCHEDULES: a test keeps them equal)
 MEASURED = ("cost_model",)  # those that read the measured c and v and the draft's prefill cost
 
@@ -22,15 +24,102 @@ class Confidence:
 
 
 @dataclass(frozen=True)
-class Options(Confidence, Trees):
+class Recommendation:
+    recommendation: str | None = option(None, "recommended schedule: the recommend.json (python -m eval.recommend) "
+                                              "whose K by batch and context it follows")
+
+    def check_config(self, config) -> None:
+        """At the config's load: a recommended schedule needs a recommendation that reads, of the run's target, with a
+        candidate of each draft model (ValueError: the config's one line). The run reads it again at each point."""
+        if "recommended" not in config.speculative.schedule or "speculative" not in config.methods:
+            return
+        if self.recommendation is None:
+            raise ValueError("speculative.schedule recommended follows a recommendation: set speculative."
+                             "recommendation to a recommend.json (python -m eval.recommend RUN_DIR)")
+        data = read_recommendation(self.recommendation)
+        theirs = (data.get("profile_meta") or {}).get("target_model")
+        if theirs and not same_model(theirs, config.target.model):
+            raise ValueError(f"speculative.recommendation: {self.recommendation} recommends for the target {theirs}, "
+                             f"the run's is {config.target.model}; give a recommendation of this target")
+        for draft in config.draft:
+            if draft.kind == "model":
+                recommended_table(data, draft.name, config.load is not None, self.recommendation)
+
+
+@dataclass(frozen=True)
+class Options(Confidence, Trees, Recommendation):
     pass
 
 
+def read_recommendation(path: str) -> dict:
+    """recommend.json's content; ValueError naming the file where it is missing, unreadable or not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(f"speculative.recommendation: cannot read {path} ({error.strerror or error}); give the "
+                         "recommend.json that python -m eval.recommend RUN_DIR wrote") from None
+    except ValueError as error:
+        raise ValueError(f"speculative.recommendation: {path} is not JSON ({error}); give the recommend.json that "
+                         "python -m eval.recommend RUN_DIR wrote") from None
+    if not isinstance(data, dict) or not isinstance(data.get("loads"), list):
+        raise ValueError(f"speculative.recommendation: {path} has no loads; give the recommend.json that "
+                         "python -m eval.recommend RUN_DIR wrote")
+    return data
+
+
+def same_model(a: str, b: str) -> bool:
+    """Two targets named alike as eval.recommend compares a profile's (eval/recommend.py model_name): last path
+    component, lower case, without synthetic: and its options; one beginning the other is the same."""
+    def name(x):
+        return str(x).removeprefix("synthetic:").split("?")[0].rstrip("/").split("/")[-1].lower()
+    return name(a).startswith(name(b)) or name(b).startswith(name(a))
+
+
+def follows(candidate: dict, draft: str) -> bool:
+    """A candidate the recommended schedule can run: "off", or a chain of this draft at a constant K."""
+    axes = candidate.get("axes") or {}
+    return candidate.get("candidate") == "off" or (
+        candidate.get("method") == "speculative" and candidate.get("draft") == draft and candidate.get("gamma")
+        and axes.get("tree") is None and axes.get("schedule") in (None, "constant"))
+
+
+def recommended_table(data: dict, draft: str, served: bool, path: str = "recommend.json"
+                      ) -> dict[int, dict[int | None, int]]:
+    """recommend.json -> batch -> context (None: as measured) -> K (0: off): at each load and context, the candidate
+    of the highest predicted speedup among those this schedule runs (`follows`; eval.recommend's best where it is one
+    of them; a tie goes to off, then the shorter K). Loads at a concurrency (conc=C) under a load, at a static batch
+    size (batch=B) for fixed batches, the other kind where the file has none of these; rates are no batch size and
+    are left out, and so is a load where the draft was not a candidate. ValueError where no load is left."""
+    tables: dict[str, dict] = {"batch": {}, "conc": {}}
+    for load in data.get("loads") or []:
+        kind, _, value = str(load.get("load", "")).partition("=")
+        runnable = [c for c in load.get("candidates") or [] if follows(c, draft)]
+        if kind not in tables or not value.isdigit() or all(c.get("candidate") == "off" for c in runnable):
+            continue
+        best = min(runnable, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
+        tables[kind].setdefault(int(value), {})[load.get("context")] = 0 if best["candidate"] == "off" \
+            else int(best["gamma"])
+    preferred, other = ("conc", "batch") if served else ("batch", "conc")
+    table = tables[preferred] or tables[other]
+    if not table:
+        raise ValueError(f"speculative.recommendation: {path} has no batch or concurrency load with a candidate of "
+                         f"the draft {draft} (speculative at a constant K); give a recommendation of a run that "
+                         "measured it")
+    return table
+
+
 def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None = None):
-    """The point's schedule; cost_model reads the c and v measured in this run (runner/probes.py)."""
+    """The point's schedule; cost_model reads the c and v measured in this run (runner/probes.py), recommended the
+    recommendation's table (speculative.recommendation)."""
     from decode.drafters.schedules import make_schedule
 
     name = point.schedule or SCHEDULES[0]
+    if name == "recommended":
+        path = ctx.options[point.method].recommendation
+        data = ctx.memory.get(("recommended", path))
+        if data is None:  # read at the point's first batch (the config's load checked it)
+            data = ctx.memory[("recommended", path)] = read_recommendation(path)
+        return make_schedule(name, point.gamma, table=recommended_table(data, draft_label, ctx.load is not None, path))
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run

@@ -468,5 +468,5 @@ def test_the_schedules_the_config_takes_are_the_ones_built():
     from decode.methods.speculative import MEASURED, SCHEDULES
     from utils.config import SCHEDULES as TAKEN
 
-    assert SCHEDULES == TAKEN == tuple(BUILT) == ("constant", "heuristic", "confidence", "cost_model")
+    assert SCHEDULES == TAKEN == tuple(BUILT) == ("constant", "heuristic", "confidence", "cost_model", "recommended")
     assert all(BUILT[name].name == name for name in SCHEDULES) and MEASURED == ("cost_model",)
