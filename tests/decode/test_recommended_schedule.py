@@ -1,0 +1,159 @@
+"""The recommended schedule (decode/drafters/schedules.py RecommendedSchedule, decode/methods/speculative.py): a
+recommend.json read into K(batch, context) by hand, the lengths rows get from it as the batch and their contexts
+change, "off" as K 0, greedy output equal to the baseline's, and the config's refusals as one line."""
+import json
+
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.drafters.schedules import RecommendedSchedule, make_schedule
+from decode.methods.speculative import recommended_table
+from decode.serving import Load
+from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
+from utils.config import ConfigError, validate
+
+
+def chain(k, speedup, draft="d", **axes):
+    return {"candidate": f"speculative draft={draft} gamma={k}", "method": "speculative", "gamma": k, "draft": draft,
+            "speedup": speedup, "axes": {"method": "speculative", "draft": draft, "gamma": k, **axes}}
+
+
+def off():
+    return {"candidate": "off", "method": None, "gamma": None, "draft": None, "speedup": 1.0}
+
+
+# eval.recommend's loads (its recommend.json "loads"), two batch sizes x two contexts; what the schedule may not run
+# (hybrid, another draft's chain, a tree, a schedule) is ranked above it and must be passed over
+NOT_OURS = [{"candidate": "hybrid", "method": "hybrid", "gamma": 4, "draft": "d", "speedup": 3.0, "axes": {}},
+            chain(3, 2.9, draft="other"), chain(3, 2.8, tree="2-2"), chain(3, 2.7, schedule="cost_model")]
+LOADS = [
+    # batch 1: K 4 at a short context (1.5 over K 2's 1.3), K 2 at a long one (1.2 over 1.1)
+    {"load": "batch=1", "context": 256, "candidates": [chain(2, 1.3), chain(4, 1.5), off(), *NOT_OURS]},
+    {"load": "batch=1", "context": 4096, "candidates": [chain(2, 1.2), chain(4, 1.1), off(), *NOT_OURS]},
+    # batch 2: K 2 short (1.1 over 0.9); long, off (both under 1)
+    {"load": "batch=2", "context": 256, "candidates": [chain(2, 1.1), chain(4, 0.9), off(), *NOT_OURS]},
+    {"load": "batch=2", "context": 4096, "candidates": [chain(2, 0.95), chain(4, 0.8), off(), *NOT_OURS]},
+    # a rate is no batch size; a concurrency is used under a load only
+    {"load": "rate=2.0/s", "context": 256, "candidates": [chain(4, 9.0), off()]},
+    {"load": "conc=2", "context": 256, "candidates": [chain(3, 1.4), chain(4, 1.2), off()]},
+]
+TABLE = {1: {256: 4, 4096: 2}, 2: {256: 2, 4096: 0}}
+
+
+def test_the_table_by_hand():
+    data = {"loads": LOADS}
+    assert recommended_table(data, "d", served=False) == TABLE
+    assert recommended_table(data, "d", served=True) == {2: {256: 3}}
+    # a tie goes to off, then to the shorter K
+    tied = {"loads": [{"load": "batch=1", "context": None, "candidates": [chain(4, 1.0), off()]},
+                      {"load": "batch=2", "context": None, "candidates": [chain(4, 1.2), chain(2, 1.2), off()]}]}
+    assert recommended_table(tied, "d", served=False) == {1: {None: 0}, 2: {None: 2}}
+    with pytest.raises(ValueError, match="no batch or concurrency load with a candidate of the draft other2"):
+        recommended_table(data, "other2", served=False)
+
+
+def rows(schedule, prompts):
+    schedule.start(0)
+    schedule.add_rows(len(prompts), prompt_tokens=prompts)
+    return schedule.lengths()
+
+
+@pytest.mark.parametrize("prompts, gamma, expected", [
+    # one row: batch 1's. Context = prompt + 1; bins meet at sqrt(256 * 4096) = 1024
+    ([100], 4, [4]), ([3000], 4, [2]), ([100], 3, [3]),  # gamma caps K
+    # three rows: the largest tabulated batch at or below 3, batch 2's; a long row off
+    ([100, 3000, 1022], 4, [2, 0, 2]),
+    ([1023], 4, [4]),  # context 1024, where the bins meet (4x from each): the shorter bin
+])
+def test_lengths_by_batch_and_context(prompts, gamma, expected):
+    assert rows(RecommendedSchedule(gamma, TABLE), prompts) == expected
+
+
+def test_the_batch_shrinking_and_contexts_growing_change_k():
+    schedule = RecommendedSchedule(4, TABLE)
+    assert rows(schedule, [100, 3000, 1000]) == [2, 0, 2]  # batch 2's row
+    schedule.select_rows([1, 2])  # the first row finished: still batch 2's
+    assert schedule.lengths() == [0, 2]
+    # a round: the long row took a plain step (1 token), the other accepted 1 of 2 (2 tokens): 3002 and 1003
+    schedule.update([0, 2], [0, 1])
+    assert schedule.contexts == [3002, 1003] and schedule.lengths() == [0, 2]
+    schedule.select_rows([1])  # one row left: batch 1's; 1003 still in the short bin
+    assert schedule.lengths() == [4]
+    schedule.update([4], [4])  # 1003 + 5 = 1008
+    schedule.update([4], [4])  # 1013
+    schedule.update([4], [4])  # 1018
+    schedule.update([4], [4])  # 1023
+    assert schedule.lengths() == [4]
+    schedule.update([4], [1])  # 1025: past 1024, the long bin
+    assert schedule.contexts == [1025] and schedule.lengths() == [2]
+    schedule.add_rows(1, prompt_tokens=[50])  # a request joins: batch 2's again
+    assert schedule.lengths() == [0, 2]
+
+
+def test_the_schedule_needs_its_table():
+    with pytest.raises(ValueError, match="speculative.recommendation"):
+        make_schedule("recommended", 4)
+    with pytest.raises(ValueError, match="K >= 0"):
+        RecommendedSchedule(4, {1: {None: -1}})
+
+
+# ---- in the engine: exact whatever K -----------------------------------------------------------------------------
+
+# contexts run from the prompts (2..13 tokens) to ~37: K 3 and 1 for one row, off and 2 for three or more
+ENGINE_TABLE = {1: {8: 3, 24: 1}, 3: {8: 0, 24: 2}}
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["static", "served"])
+def test_greedy_output_equals_the_baseline(served):
+    target = tiny_model("llama", seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch([6, 13, 2, 9, 4])
+    generation = Generation(max_new_tokens=24)
+    load = Load([0.0, 0.0, 0.0, 0.0, 0.0], 3) if served else None
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=RecommendedSchedule(4, ENGINE_TABLE))
+        spec = generate_speculative(target, drafter, ids, mask, generation, 4, load=load)
+    for row, (b, s) in enumerate(zip(base, spec)):
+        assert s.output_ids == b.output_ids, f"row {row} diverged"
+    drafted = [r["drafted"] for s in spec for r in s.rounds]
+    assert 0 in drafted and {1, 2, 3} & set(drafted) and max(drafted) <= 3  # off rows, drafting rows; never gamma 4
+
+
+# ---- the config: speculative.recommendation ----------------------------------------------------------------------
+
+VALID = {"target": {"model": "org/Qwen2.5-Coder-1.5B-Instruct"}, "draft": {"model": "d"},
+         "dataset": {"path": "x.jsonl", "preset": "gsm8k"}, "methods": ["baseline", "speculative"]}
+
+
+def config(tmp_path, data, **speculative):
+    path = tmp_path / "recommend.json"
+    if data is not None:
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return validate({**VALID, "speculative": {"schedule": ["constant", "recommended"],
+                                              "recommendation": str(path), **speculative}})
+
+
+def test_a_recommendation_of_this_target_reads(tmp_path):
+    data = {"profile_meta": {"target_model": "qwen2.5-coder-1.5b-instruct"}, "loads": LOADS}
+    assert config(tmp_path, data).speculative.recommendation == str(tmp_path / "recommend.json")
+
+
+@pytest.mark.parametrize("data, fragment", [
+    (None, "cannot read"),
+    ("{not json", "is not JSON"),
+    ({"rows": []}, "has no loads"),
+    ({"profile_meta": {"target_model": "llama-3-8b"}, "loads": LOADS}, "recommends for the target llama-3-8b"),
+    ({"loads": [{"load": "batch=1", "context": None, "candidates": [chain(2, 1.2, draft="other"), off()]}]},
+     "candidate of the draft d"),
+])
+def test_bad_recommendations_are_refused(tmp_path, data, fragment):
+    with pytest.raises(ConfigError, match="speculative.recommendation") as error:
+        config(tmp_path, data)
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_schedule_without_a_recommendation_is_refused():
+    with pytest.raises(ConfigError, match="set speculative.recommendation"):
+        validate({**VALID, "speculative": {"schedule": ["recommended"]}})
