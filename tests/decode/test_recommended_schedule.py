@@ -157,3 +157,32 @@ def test_bad_recommendations_are_refused(tmp_path, data, fragment):
 def test_the_schedule_without_a_recommendation_is_refused():
     with pytest.raises(ConfigError, match="set speculative.recommendation"):
         validate({**VALID, "speculative": {"schedule": ["recommended"]}})
+
+
+def test_launch_refuses_a_missing_recommendation_in_one_line(tmp_path):
+    from helpers import assert_one_clean_line, base_config, run_launch
+    import yaml
+
+    raw = base_config(tmp_path / "t", tmp_path / "d", tmp_path / "p.jsonl",
+                      methods=["baseline", "speculative"])
+    raw["speculative"].update(schedule=["recommended"], recommendation=str(tmp_path / "none.json"))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert_one_clean_line(run_launch(["--config", tmp_path / "c.yaml"]), "speculative.recommendation")
+
+
+def test_the_measuring_config_parses(tmp_path):
+    """configs/recommended-schedule.yaml with its command's settings: a rate sweep, constant K 1-6 and the schedule."""
+    from pathlib import Path
+
+    from utils.config import load_config
+
+    draft = "qwen2.5-coder-0.5b-instruct"  # the config's draft label, which the config's check finds in the file
+    data = {"profile_meta": {"target_model": "qwen2.5-coder-1.5b-instruct"},
+            "loads": [{"load": f"conc={c}", "context": 128, "candidates": [chain(2, 1.2, draft=draft), off()]}
+                      for c in (1, 2, 4)]}
+    (tmp_path / "recommend.json").write_text(json.dumps(data))
+    loaded, _ = load_config(Path(__file__).resolve().parents[2] / "configs/recommended-schedule.yaml",
+                            ["speculative.schedule=[constant,recommended]",
+                             f"speculative.recommendation={tmp_path / 'recommend.json'}"])
+    assert loaded.speculative.schedule == ["constant", "recommended"] and loaded.speculative.gamma == [1, 2, 3, 4, 5, 6]
+    assert loaded.load.request_rate == [0.25, 0.5, 1.0, 2.0] and loaded.load.concurrency == [4]
