@@ -1,7 +1,7 @@
 """What to deploy (#55): for each load and context length asked, every method and K the run measured, and "off" (the
 target alone), predicted by the replay of the run's own schedule (eval/predict.py, eval/replay.py) on a cost profile;
-the best named with its margin over the runner-up, a tie said as a tie, and its settings for vLLM, SGLang and
-llama.cpp (eval/deploy.py).
+the best named with its margin over the runner-up, a tie said as a tie, and its settings for each serving target
+(eval/deploy.py, eval/targets/).
 
     python -m eval.recommend RUN_DIR [--costs PROFILE.json] [--batch 1,4] [--concurrency 1,2,4] [--rate 2.0]
                              [--context 512,4096] [--out FILE]
@@ -9,8 +9,8 @@ llama.cpp (eval/deploy.py).
 
 A K the run did not measure is a candidate only where the per-position acceptance supports it: below a measured K
 of a draft model's chain (derived_rounds). --context re-prices each request at that context length with the rounds
-measured near it (at_context). --acceptance reads vLLM's synthetic form, llama.cpp's --spec-synth-rates or
-specdec_bench's speculation_profile.json (eval/acceptance_io.py) instead of a run's rounds.
+measured near it (at_context). --acceptance reads a target's acceptance form (eval/acceptance_io.py) instead of a
+run's rounds.
 """
 from __future__ import annotations
 
@@ -449,7 +449,8 @@ def settings_of(results: list[dict], config: dict) -> dict:
 
 
 def exported(samples: list[dict], folder: Path) -> dict:
-    """Each measured chain candidate's per-position acceptance in both forms, written under folder/acceptance/."""
+    """Each measured chain candidate's per-position acceptance in every target's form, written under
+    folder/acceptance/."""
     cands, _, _, derived_keys = candidates(samples)
     out = {}
     (folder / "acceptance").mkdir(exist_ok=True)
@@ -464,15 +465,13 @@ def exported(samples: list[dict], folder: Path) -> dict:
         if rates is None:
             continue
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label_of(key))
-        for form, name in ((acceptance_io.VLLM_FORM, f"{slug}.vllm.json"),
-                           (acceptance_io.SPECDEC_FORM, f"{slug}.speculation_profile.json"),
-                           (acceptance_io.LLAMA_FORM, f"{slug}.llama_cpp.args")):
-            data = acceptance_io.export(rates, form)
+        for target, form in acceptance_io.forms():
+            name, data = f"{slug}.{form.suffix}", form.export(rates)
             if isinstance(data, str):
                 (folder / "acceptance" / name).write_text(data + "\n")
             else:
                 write_json(folder / "acceptance" / name, data)
-            out.setdefault(label_of(key), {})[form] = str(folder / "acceptance" / name)
+            out.setdefault(label_of(key), {})[target] = str(folder / "acceptance" / name)
     return out
 
 
@@ -500,8 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=positive_ints, help="concurrencies, e.g. 1,2,4")
     parser.add_argument("--rate", type=positive_floats, help="request rates the run measured, e.g. 2.0")
     parser.add_argument("--context", type=positive_ints, help="context lengths in tokens, e.g. 512,4096")
-    parser.add_argument("--acceptance", type=Path, help="vLLM's synthetic form or specdec_bench's "
-                        "speculation_profile.json instead of a run's rounds (needs --costs)")
+    parser.add_argument("--acceptance", type=Path, help=f"{acceptance_io.json_forms()} instead of a run's rounds "
+                        "(needs --costs)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="with --acceptance: each request's prompt")
     parser.add_argument("--new-tokens", type=int, default=128, help="with --acceptance: each request's new tokens")
     parser.add_argument("--out", type=Path, help="where to write it (default RUN_DIR/recommend.json)")

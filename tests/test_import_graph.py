@@ -94,9 +94,6 @@ def test_test_files_have_unique_names():
 # Each is a citation of vLLM as prior art, not a dependency on the engine.
 VLLM_CITED = {
     "decode/drafters/prompt_lookup.py": (2, "the lookup matches vLLM's ngram proposer's choice of occurrence"),
-    "eval/acceptance_io.py": (12, "acceptance is written and read in vLLM's synthetic acceptance form"),
-    "eval/deploy.py": (42, "the recommendation is emitted as vLLM's speculative_config, and why an engine has none"),
-    "eval/recommend.py": (4, "it says which engines' settings and acceptance forms it emits"),
     "eval/figure_table.py": (6, "MAT is what vLLM and SGLang call acceptance length; ITL, percentiles, pooled "
                                 "acceptance and the request's clock (its concurrency slot) follow vLLM's benchmark "
                                 "definitions"),
@@ -115,9 +112,10 @@ def _python_files() -> list[str]:
 
 
 def test_only_the_engine_package_names_its_engine():
-    """runner/engines/vllm/ and the vllm_* method files alone name vLLM (tests, benchmarks and docs aside); the
+    """runner/engines/vllm/, the vllm_* method files and its serving target (eval/targets/vllm.py) alone name vLLM (tests, benchmarks and docs aside); the
     experiment, eval, utils and the rest go through the engine registry and the method specs."""
-    mine = re.compile(r"^(runner/engines/vllm/|decode/methods/vllm_[^/]*\.py$|tests/|benchmarks/|docs/)")
+    mine = re.compile(r"^(runner/engines/vllm/|decode/methods/vllm_[^/]*\.py$|eval/targets/vllm\.py$|tests/|benchmarks/|"
+                      r"docs/)")
     found: dict[str, list[str]] = {}
     for path in _python_files():
         if mine.match(path):

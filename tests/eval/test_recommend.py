@@ -12,6 +12,7 @@ import pytest
 from eval import acceptance_io, deploy
 from eval import recommend as rec
 from eval.costs import Profile, TARGET, draft_model
+from eval.targets import TARGETS, AcceptanceForm, Settings, Target
 
 # Target steps (seconds) at 1 and 2 rows by width (tokens a row feeds); the draft's step; prefills 0.01 s a target
 # token-row and 0.005 s a draft token-row. The kv axis is flat (one cache).
@@ -295,7 +296,7 @@ def test_a_bad_acceptance_file_is_one_line_and_exit_2(tmp_path, capsys, text, fr
 
 
 def test_llama_cpps_bare_rates_read_back():
-    assert acceptance_io.parse_llama("0.8,0.6\n", "f") == [0.8, 0.6]
+    assert TARGETS["llama_cpp"].acceptance.parse("0.8,0.6\n", "f") == [0.8, 0.6]
 
 
 def test_an_engine_without_the_choice_gets_the_best_it_runs():
@@ -357,3 +358,30 @@ def test_a_concurrency_of_one_replays_the_requests_one_after_another():
     assert {k: c["speedup"] for k, c in by_candidate(two).items()} == pytest.approx(
         {G1: 6.2 / 5.1, G2: 6.2 / 5.5, rec.OFF: 1.0})
     assert (one["best"], two["best"]) == (G2, G1)
+
+def test_a_target_registered_elsewhere_gets_its_settings_and_acceptance(tmp_path, capsys, monkeypatch):
+    """Adding a target is one Target: registered here, it appears in recommend.json's settings, the printed
+    settings and the exported acceptance, and its form is read back."""
+    toy = Target(name="toy", title="Toy", rank=9,
+                 settings=Settings(emit=lambda c: (["--toy-k", str(c.gamma), "--toy-draft", c.model], ["toy note"]),
+                                   show=" ".join, off=[], off_text="toy off", no_equivalent={"hybrid": "no toy hybrid"}),
+                 acceptance=AcceptanceForm(suffix="toy.json", key="toy_rates", export=lambda r: {"toy_rates": r},
+                                           parse=lambda data, where: data["toy_rates"], describe="the toy's"))
+    monkeypatch.setitem(TARGETS, "toy", toy)
+    run_dir = folder(tmp_path / "run", run())
+    assert rec.main([str(run_dir), "--batch", "1,2"]) == 0
+    out = capsys.readouterr().out
+    written = json.loads((run_dir / "recommend.json").read_text())
+    # batch 1 takes gamma 2, batch 2 gamma 1 (test_two_ks_at_two_loads_by_hand): one setting each
+    assert {load: s["toy"] for load, s in written["settings"].items()} == {
+        "batch=1": ["--toy-k", "2", "--toy-draft", "org/draft-0.5b"], "batch=2": ["--toy-k", "1", "--toy-draft",
+                                                                                  "org/draft-0.5b"]}
+    assert "  Toy:       --toy-k 2 --toy-draft org/draft-0.5b" in out.splitlines()
+    assert "  note: toy note" in out.splitlines()
+    assert deploy.settings({"method": "hybrid", "gamma": 2, "draft": None}, {})["no_equivalent"]["toy"] == \
+        "no toy hybrid"
+    # every candidate measured (gamma 1 and 2, both accepting every draft) exported in its form too
+    files = written["exported_acceptance"]["speculative draft=d gamma=2 constant"]
+    assert json.loads(open(files["toy"]).read()) == {"toy_rates": [1.0, 1.0]}
+    assert acceptance_io.read(files["toy"]) == ([1.0, 1.0], "toy")
+

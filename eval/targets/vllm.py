@@ -1,0 +1,58 @@
+"""vLLM: the recommendation as its `--speculative-config` dict, and acceptance in its synthetic acceptance mode.
+
+The dict comes from the registry: the vLLM method of this benchmark whose counterpart is our method
+(decode/methods/vllm_*.py engine_config), so the settings the benchmark runs vLLM with and those recommended are one
+function. A method with no vLLM counterpart keeps its own name with num_speculative_tokens, and says so.
+
+The synthetic acceptance mode (vLLM 0.28.0's config/speculative.py): a speculative_config fragment
+{"rejection_sample_method": "synthetic", "num_speculative_tokens": K, "synthetic_acceptance_rates": [r_1..r_K]},
+entry i the marginal probability that the first i + 1 drafts are accepted: unconditional, non-increasing, K entries.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from types import SimpleNamespace
+
+from decode.methods import REGISTRY
+from eval.targets.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
+
+# our method -> the vLLM method of this benchmark that runs the same speculation, where its spec names no counterpart
+VLLM_OF = {"eagle3": "vllm_eagle", "suffix": "vllm_suffix"}
+NO_EQUIVALENT = {"hybrid": "hybrid switches per row and round between lookup, suffix, the draft model and trees; vLLM "
+                           "has no such switch",
+                 "early_exit": "vLLM drafts with no layers of the target itself"}
+KEY = "synthetic_acceptance_rates"
+
+
+def speculative_config(choice: Choice) -> tuple[dict, list[str]]:
+    counterpart = next((spec for spec in REGISTRY.values() if spec.engine == "vllm" and spec.counterpart == choice.method
+                        and spec.engine_config), None) or REGISTRY.get(VLLM_OF.get(choice.method, ""))
+    drafts = {label: SimpleNamespace(kind=d.kind, vllm_model=d.model) for label, d in choice.drafts.items()}
+    if counterpart is not None:
+        point = SimpleNamespace(gamma=choice.gamma, draft=choice.draft)
+        return counterpart.engine_config(point, drafts, counterpart.typed_options(choice.options)), []
+    config = {"method": choice.method, "num_speculative_tokens": choice.gamma}
+    if choice.draft:
+        config["model"] = choice.model
+    return config, [f"vLLM runs no counterpart of {choice.method} in this benchmark: its method name here is assumed"]
+
+
+def export(rates: list[float]) -> dict:
+    return {"rejection_sample_method": "synthetic", "num_speculative_tokens": len(rates),
+            KEY: [round(r, 6) for r in rates]}
+
+
+def parse(data: dict, where: str) -> list[float]:
+    rates = rates_in(data[KEY], KEY, where)
+    if rises(rates):
+        raise AcceptanceError(f"{where}: {KEY} rise ({rates}); vLLM's are unconditional, each at most the one before")
+    return rates
+
+
+TARGET = Target(
+    name="vllm", title="vLLM", rank=0,
+    settings=Settings(emit=speculative_config, show=lambda c: f"--speculative-config {shlex.quote(json.dumps(c))}",
+                      off=None, off_text="no speculative_config (speculation off)", no_equivalent=NO_EQUIVALENT),
+    acceptance=AcceptanceForm(suffix="vllm.json", key=KEY, export=export, parse=parse,
+                              describe="vLLM's synthetic form"))
