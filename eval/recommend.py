@@ -25,6 +25,7 @@ from decode.methods import REGISTRY, caps_of
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
+from eval.groups import natural
 from eval.predict import differences, draft_label, run_profile, written
 from eval.records import Point
 from eval.replay import OFF_BY, MissingCost, Pricer, lacking, replay_load, replay_static, static_prediction
@@ -307,6 +308,51 @@ def recommend(samples: list[dict], profile: Profile, loads: list[tuple[str, obje
     return out, notes
 
 
+def by_category(samples: list[dict], profile: Profile, loads: list[tuple[str, object]],
+                contexts: list[int] | None = None) -> list[dict]:
+    """Each category's (dataset.group_by's group) recommendation from its own prompts: its rounds, its lengths, its
+    interval (the same bootstrap over its prompts). A category where a measured candidate has fewer than
+    MIN_BIN_ROUNDS rounds says so and gets no figure; one whose loads cannot be priced, likewise."""
+    out = []
+    for group in sorted({s["group"] for s in samples if s.get("group") is not None}, key=natural):
+        mine = [s for s in samples if s.get("group") == group]
+        cands, references, _, derived_keys = candidates(mine)
+        counts = sorted((sum(len(s.get("rounds") or []) for rows in points.values() for s in rows), label_of(key))
+                        for key, points in cands.items() if key not in derived_keys)
+        if not counts or counts[0][0] < MIN_BIN_ROUNDS:
+            n, label = counts[0] if counts else (0, "any candidate")
+            out.append({"category": group, "loads": [],
+                        "note": f"category={group}: {n} rounds of {label} (fewer than {MIN_BIN_ROUNDS}): too few to "
+                                "say which is best"})
+            continue
+        results = [recommend_load(cands, references, profile, kind, value, context, contexts or [],
+                                  frozenset(derived_keys))
+                   for kind, value in loads for context in contexts or [None]]
+        unpriced = [r for r in results if not r["candidates"]]
+        out.append({"category": group, "loads": [r for r in results if r["candidates"]],
+                    "note": f"category={group}: {', '.join(r['load'] for r in unpriced)} not priced (no candidate "
+                            "measured there)" if unpriced else None})
+    return out
+
+
+def category_table(categories: list[dict]) -> str:
+    """The best per category, load and context, with its interval and margin; a category too small, said so."""
+    lines = ["| category | load | context | best | speedup [95% CI] | tok/s [95% CI] | choice |",
+             "|---|---|---|---|---|---|---|"]
+    for category in categories:
+        for result in category["loads"]:
+            best = next(r for r in result["candidates"] if r["candidate"] == result["best"])
+            choice = (f"tie with {', '.join(result['tied_with'])}" if result["tie"] else
+                      f"{result['margin']:.3f}x {result['runner_up']}" if result["runner_up"] else "only one")
+            lines.append(f"| {category['category']} | {result['load']} | {result['context'] or 'as measured'} | "
+                         f"{best['candidate']}{' (derived)' if best.get('derived') else ''} | "
+                         f"{_interval(best['speedup'], best.get('speedup_ci95'))} | "
+                         f"{_interval(best.get('tok_s'), best.get('tok_s_ci95'), '{:.1f}')} | {choice} |")
+        if category["note"]:
+            lines.append(f"| {category['category']} | - | - | - | - | - | {category['note']} |")
+    return "\n".join(lines)
+
+
 def model_name(name) -> str | None:
     """A model's name as compared across profiles: its last path component, lower case, without synthetic: and the
     synthetic shape's options (synthetic:qwen3-4b?layers=6 is qwen3-4b)."""
@@ -539,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         if not profile.steps:
             raise UserError(f"{args.costs or folder} has no steps: give --costs PROFILE.json (python -m runner.profile)")
         results, notes = recommend(samples, profile, loads, args.context)
+        categories = by_category(samples, profile, loads, args.context)
         notes = said_first + context_notes(profile, args.context) + notes
     except UserError as error:  # ProfileError and AcceptanceError too
         print(f"error: {error}", file=sys.stderr)
@@ -552,12 +599,14 @@ def main(argv: list[str] | None = None) -> int:
               "writable", file=sys.stderr)
         return 2
     said = list(dict.fromkeys(notes + [n for r in results for n in r["notes"]]))
-    print("\n".join([table(results), "", "settings, ready to paste:", *deploy.lines(emitted)]
+    print("\n".join([table(results)] + (["", "by category:", category_table(categories)] if categories else [])
+                    + ["", "settings, ready to paste:", *deploy.lines(emitted)]
                     + ([""] + [f"- {n}" for n in said] if said else [])))
     return written(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None,
                          "profile_meta": profile.meta, "loads": results, "settings": emitted,
-                         "exported_acceptance": acceptance, "notes": notes})
+                         "exported_acceptance": acceptance, "notes": notes,
+                         **({"by_category": categories} if categories else {})})
 
 
 if __name__ == "__main__":

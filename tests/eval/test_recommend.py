@@ -359,6 +359,7 @@ def test_a_concurrency_of_one_replays_the_requests_one_after_another():
         {G1: 6.2 / 5.1, G2: 6.2 / 5.5, rec.OFF: 1.0})
     assert (one["best"], two["best"]) == (G2, G1)
 
+
 def test_a_target_registered_elsewhere_gets_its_settings_and_acceptance(tmp_path, capsys, monkeypatch):
     """Adding a target is one Target: registered here, it appears in recommend.json's settings, the printed
     settings and the exported acceptance, and its form is read back."""
@@ -385,3 +386,42 @@ def test_a_target_registered_elsewhere_gets_its_settings_and_acceptance(tmp_path
     assert json.loads(open(files["toy"]).read()) == {"toy_rates": [1.0, 1.0]}
     assert acceptance_io.read(files["toy"]) == ([1.0, 1.0], "toy")
 
+
+def grouped(groups) -> list[dict]:
+    """(group, requests, gamma 2's rounds): each request 13 tokens (12 after the first), gamma 1 accepting every
+    draft (6 rounds of 2 tokens), the baseline."""
+    samples, first = [], 0
+    for group, requests, g2_rounds in groups:
+        for i in range(first, first + requests):
+            samples += [dict(row(method, i, gamma, rounds, new_tokens=13), group=group) for method, gamma, rounds in
+                        (("baseline", None, None), ("speculative", 1, [(1, 1)] * 6), ("speculative", 2, g2_rounds))]
+        first += requests
+    return samples
+
+
+def test_each_category_gets_its_own_choice_from_its_own_acceptance():
+    """Category a accepts every draft at both K, b accepts one of gamma 2's two: a takes gamma 2, b gamma 1 (batch 1,
+    the steps of test_two_ks_at_two_loads_by_hand); c has too few rounds to say."""
+    samples = grouped([("a", 8, [(2, 2)] * 4), ("b", 8, [(2, 1)] * 6), ("c", 2, [(2, 2)] * 4)])
+    categories = {c["category"]: c for c in rec.by_category(samples, profile(), [("batch", 1)])}
+    (a,), (b,) = categories["a"]["loads"], categories["b"]["loads"]
+    # a: baseline 0.1 + 12 x 0.8 = 9.7 s; gamma 1 0.15 + 6 x (0.1 + 0.9) = 6.15 s; gamma 2 0.15 + 4 x (0.2 + 1.0) =
+    # 4.95 s (32 rounds)
+    assert {k: c["speedup"] for k, c in by_candidate(a).items()} == pytest.approx(
+        {G1: 9.7 / 6.15, G2: 9.7 / 4.95, rec.OFF: 1.0})
+    assert (a["best"], a["runner_up"], a["tie"], a["margin"]) == (G2, G1, False, pytest.approx(6.15 / 4.95))
+    # b: gamma 2 accepts 1 of 2, 2 tokens a round: 0.15 + 6 x (0.2 + 1.0) = 7.35 s; gamma 1 as in a
+    assert (b["best"], b["runner_up"], b["tie"], b["margin"]) == (G1, G2, False, pytest.approx(7.35 / 6.15))
+    # 8 prompts alike: each interval is the figure itself (the bootstrap over the category's prompts)
+    assert by_candidate(b)[G1]["speedup_ci95"] == pytest.approx([9.7 / 6.15] * 2)
+    # c: 2 requests, gamma 2's 8 rounds: no figure, said so
+    assert categories["c"]["loads"] == [] and "8 rounds of " + G2 in categories["c"]["note"]
+    text = rec.category_table(list(categories.values()))
+    assert f"| b | batch=1 | as measured | {G1} | 1.58 [1.58, 1.58] |" in text and "too few to say" in text
+
+
+def test_the_categories_are_a_section_of_the_command(tmp_path, capsys):
+    run_dir = folder(tmp_path / "run", grouped([("x", 2, [(2, 2)] * 4), ("y", 2, [(2, 2)] * 4)]))
+    assert rec.main([str(run_dir), "--batch", "1"]) == 0
+    assert "by category:" in capsys.readouterr().out
+    assert [c["category"] for c in json.loads((run_dir / "recommend.json").read_text())["by_category"]] == ["x", "y"]
