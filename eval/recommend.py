@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import re
 import sys
 from collections import defaultdict
@@ -28,9 +29,11 @@ from eval.costs import Profile, read_config, read_env, read_progress, run_costs
 from eval.groups import natural
 from eval.predict import differences, draft_label, run_profile, written
 from eval.records import Point
-from eval.replay import OFF_BY, MissingCost, Pricer, lacking, replay_load, replay_static, static_prediction
+from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, profile_resamples,
+                         replay_load, replay_static, static_prediction)
 from eval.serving import load_prediction, replayed_figures
-from eval.stats import MIN_PROMPTS
+from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval
+from eval.totals import clusters_of, units
 from utils import UserError, positive_ints
 from utils.io import read_jsonl, write_json
 
@@ -198,6 +201,66 @@ def measured_at(points: dict, kind: str, value) -> tuple[Point, int | None] | No
     return (same[0], None) if same else None
 
 
+LOAD_LATENCY = ("ttft_p50_s", "tpot_mean_ms", "e2e_p50_s")  # a load's latency figures, each with its interval
+
+
+def clamp_of(rows: list[dict], what_if: int | None) -> int:
+    """The rows a measured batch's tail is priced at (Pricer clamp_rows): its batch size; a what-if's, none."""
+    return 0 if what_if is not None else max(int(s.get("batch_size") or 1) for s in rows)
+
+
+def latency_clusters(replayed: list[dict]) -> list[tuple[float, int]]:
+    """Per prompt batch (with its repeats; a conversation's batches together, as the throughput's clusters): (the
+    seconds of its requests, how many), in batch order."""
+    cluster, out = clusters_of(replayed), {}
+    for (_, index), batch in units(replayed).items():
+        seconds, count = out.get(cluster[index], (0.0, 0))
+        out[cluster[index]] = (seconds + sum(s["latency_s"] for s in batch), count + len(batch))
+    return [out[k] for k in sorted(out)]
+
+
+def static_latency_ci95(rows: list[dict], profile: Profile, draft: str | None, speculative: bool,
+                        what_if: int | None, clamp: int, batches: int) -> list[float] | None:
+    """The mean request seconds' 95% interval, by the bootstrap the speedup's takes (eval/replay.py joint_interval):
+    per resampled profile (profile_resamples: the probes' timing spread) the batches replayed, then the prompt
+    batches drawn with replacement CLUSTER_DRAWS times (the acceptance's spread over prompts), the same seed; the
+    expanded percentile interval. None with fewer than MIN_PROMPTS batches."""
+    if batches < MIN_PROMPTS:
+        return None
+    rng, values = random.Random(BOOTSTRAP_SEED), []
+    for costs in profile_resamples(profile):
+        clusters = latency_clusters(replay_static(rows, Pricer(costs, draft, clamp_rows=clamp), speculative, what_if))
+        for _ in range(CLUSTER_DRAWS):
+            drawn = rng.choices(clusters, k=len(clusters))
+            values.append(sum(c[0] for c in drawn) / sum(c[1] for c in drawn))
+    return expanded_interval(values, batches)
+
+
+def load_latency_ci95(rows: list[dict], baseline: list[dict], profile: Profile, draft: str | None,
+                      speculative: bool, what_if: int | None) -> dict:
+    """TTFT P50, TPOT and E2E P50's 95% intervals, by the bootstrap the speedup's takes (eval/serving.py
+    load_prediction): the same paired resamples of the requests (load_resamples), each priced by a resample of the
+    profile; the side asked replayed. None each with fewer than MIN_PROMPTS paired requests."""
+    draws, values = load_resamples(rows, baseline), {k: [] for k in LOAD_LATENCY}
+    for (mine, theirs), costs in zip(draws, profile_resamples(profile, len(draws))):
+        side = mine if speculative else theirs
+        figures = replayed_figures(*[replay_load(side, Pricer(costs, draft if speculative else None), speculative,
+                                                 what_if)] * 2)
+        for k in LOAD_LATENCY:
+            if figures[k] is not None:
+                values[k].append(figures[k])
+    n = len({s.get("request") for s in (rows if speculative else baseline)})
+    return {f"{k}_ci95": expanded_interval(values[k], n) if draws else None for k in LOAD_LATENCY}
+
+
+def off_latency_ci95(kind: str, baseline: list[dict], profile: Profile, what_if: int | None, clamp: int) -> dict:
+    """The baseline's latency intervals, as a candidate's."""
+    if kind == "batch":
+        batches = len(latency_clusters(replay_static(baseline, Pricer(profile, clamp_rows=clamp), False, what_if)))
+        return {"latency_s_ci95": static_latency_ci95(baseline, profile, None, False, what_if, clamp, batches)}
+    return load_latency_ci95(baseline, baseline, profile, None, False, what_if)
+
+
 def predicted(kind: str, rows: list[dict], baseline: list[dict], profile: Profile, draft: str | None,
               what_if: int | None) -> tuple[dict | None, dict | None, str | None]:
     """(the candidate's figures, the baseline's, why not): speedup with its interval, tok/s with the speedup's
@@ -207,13 +270,15 @@ def predicted(kind: str, rows: list[dict], baseline: list[dict], profile: Profil
         figures, missing = static_prediction(rows, baseline, profile, draft, what_if)
         if figures is None:
             return None, None, missing
-        clamp = 0 if what_if is not None else max(int(s.get("batch_size") or 1) for s in rows)
+        clamp = clamp_of(rows, what_if)
         mine = replay_static(rows, Pricer(profile, draft, clamp_rows=clamp), True, what_if)
         theirs = replay_static(baseline, Pricer(profile, clamp_rows=clamp), False, what_if)
         speedup = figures["speedup"]
         base_tok_s = figures["tok_s"] / speedup if speedup else None
         spec = {"speedup": speedup, "speedup_ci95": figures["speedup_ci95"], "tok_s": figures["tok_s"],
-                "latency_s": sum(s["latency_s"] for s in mine) / len(mine)}
+                "latency_s": sum(s["latency_s"] for s in mine) / len(mine),
+                "latency_s_ci95": static_latency_ci95(rows, profile, draft, True, what_if, clamp,
+                                                      len(latency_clusters(mine)))}
         base = {"tok_s": base_tok_s, "latency_s": sum(s["latency_s"] for s in theirs) / len(theirs)}
     else:
         try:
@@ -223,6 +288,7 @@ def predicted(kind: str, rows: list[dict], baseline: list[dict], profile: Profil
             return None, None, lacking(error)
         spec = {k: figures.get(k) for k in ("speedup", "speedup_ci95", "tok_s", "ttft_p50_s", "tpot_mean_ms",
                                             "e2e_p50_s")}
+        spec.update(load_latency_ci95(rows, baseline, profile, draft, True, what_if))
         base = {k: base_figures.get(k) for k in ("tok_s", "ttft_p50_s", "tpot_mean_ms", "e2e_p50_s")}
     interval = spec.get("speedup_ci95")
     spec["tok_s_ci95"] = ([base["tok_s"] * interval[0], base["tok_s"] * interval[1]]
@@ -276,14 +342,16 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
                      "what_if": what_if is not None, "derived": key in derived_keys, "axes": values, **spec})
         if spec.get("speedup_ci95") is None:
             no_interval.append(label_of(key))
-        base = base or baseline
+        if base is None:
+            base, off_from = baseline, (theirs, what_if, clamp_of(mine, what_if))
     if no_interval:
         notes.append(f"{load_name(kind, value)}: no interval for {', '.join(no_interval)} (fewer than {MIN_PROMPTS} "
                      f"prompt batches or requests): a tie is within {OFF_BY:.0%}")
     if base is None:
         return {"load": load_name(kind, value), "context": context, "candidates": [], "notes": notes}
     rows.append({"candidate": OFF, "method": None, "gamma": None, "draft": None, "speedup": 1.0,
-                 "speedup_ci95": [1.0, 1.0], **base, "tok_s_ci95": [base["tok_s"]] * 2 if base.get("tok_s") else None})
+                 "speedup_ci95": [1.0, 1.0], **base, "tok_s_ci95": [base["tok_s"]] * 2 if base.get("tok_s") else None,
+                 **off_latency_ci95(kind, off_from[0], profile, *off_from[1:])})
     return {"load": load_name(kind, value), "context": context, "candidates": rows, **choose(rows), "notes": notes}
 
 
@@ -447,13 +515,15 @@ def _interval(x, interval, f="{:.2f}") -> str:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| load | context | candidate | speedup [95% CI] | tok/s [95% CI] | latency | choice |",
+    lines = ["| load | context | candidate | speedup [95% CI] | tok/s [95% CI] | latency [95% CI] | choice |",
              "|---|---|---|---|---|---|---|"]
     for result in results:
         for r in result["candidates"]:
-            latency = (f"{r['latency_s']:.2f} s/request" if r.get("latency_s") is not None else
-                       f"TTFT {_fmt(r.get('ttft_p50_s'))} s, TPOT {_fmt(r.get('tpot_mean_ms'), '{:.0f}')} ms, "
-                       f"E2E {_fmt(r.get('e2e_p50_s'))} s")
+            latency = (f"{_interval(r['latency_s'], r.get('latency_s_ci95'))} s/request"
+                       if r.get("latency_s") is not None else
+                       f"TTFT {_interval(r.get('ttft_p50_s'), r.get('ttft_p50_s_ci95'))} s, "
+                       f"TPOT {_interval(r.get('tpot_mean_ms'), r.get('tpot_mean_ms_ci95'), '{:.0f}')} ms, "
+                       f"E2E {_interval(r.get('e2e_p50_s'), r.get('e2e_p50_s_ci95'))} s")
             if r["candidate"] == result["best"]:
                 choice = (f"tie with {', '.join(result['tied_with'])}" if result["tie"] else
                           f"best, {result['margin']:.3f}x {result['runner_up']}" if result["runner_up"] else "best")

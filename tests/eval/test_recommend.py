@@ -425,3 +425,53 @@ def test_the_categories_are_a_section_of_the_command(tmp_path, capsys):
     assert rec.main([str(run_dir), "--batch", "1"]) == 0
     assert "by category:" in capsys.readouterr().out
     assert [c["category"] for c in json.loads((run_dir / "recommend.json").read_text())["by_category"]] == ["x", "y"]
+
+
+def served(samples, concurrency=1):
+    return [dict(s, batch_size=None, concurrency=concurrency, request=s["sample_id"], arrival_s=0.0) for s in samples]
+
+
+@pytest.mark.parametrize("lengths, off, g1", [
+    # 8 requests alike: every resample is the same, the interval is the figure: off 0.1 + 6 x 0.8 = 4.9 s, gamma 1
+    # 0.15 + 3 x (0.1 + 0.9) = 3.15 s
+    ([7] * 8, [4.9, 4.9], [3.15, 3.15]),
+    # one prompt: no interval (fewer than 8 batches), as the speedup's
+    ([7], None, None),
+])
+def test_a_static_latency_has_the_interval_of_its_prompts(lengths, off, g1):
+    samples = [row(method, i, gamma, None if gamma is None else [(1, 1)] * ((n - 1) // 2), new_tokens=n)
+               for i, n in enumerate(lengths) for method, gamma in (("baseline", None), ("speculative", 1))]
+    (result,), _ = rec.recommend(samples, profile(), [("batch", 1)])
+    cands = by_candidate(result)
+    assert cands[rec.OFF]["latency_s_ci95"] == (None if off is None else pytest.approx(off))
+    assert cands[G1]["latency_s_ci95"] == (None if g1 is None else pytest.approx(g1))
+    assert (f"3.15 [3.15, 3.15] s/request" in rec.table([result])) is (g1 is not None)
+
+
+def test_a_latency_interval_spans_its_prompts_spread():
+    # 4 requests of 7 tokens (off 4.9 s, gamma 1 3.15 s) and 4 of 13 (off 0.1 + 12 x 0.8 = 9.7 s, gamma 1 0.15 + 6 x
+    # 1.0 = 6.15 s): the means 7.3 s and 4.65 s, their intervals inside the two lengths' seconds, not a point
+    samples = [row(method, i, gamma, None if gamma is None else [(1, 1)] * ((n - 1) // 2), new_tokens=n)
+               for i, n in enumerate([7, 13] * 4) for method, gamma in (("baseline", None), ("speculative", 1))]
+    (result,), _ = rec.recommend(samples, profile(), [("batch", 1)])
+    for candidate, mean, low, high in ((rec.OFF, 7.3, 4.9, 9.7), (G1, 4.65, 3.15, 6.15)):
+        c = by_candidate(result)[candidate]
+        lo, hi = c["latency_s_ci95"]
+        assert c["latency_s"] == pytest.approx(mean) and low <= lo < mean < hi <= high
+
+
+def test_a_loads_latency_has_its_interval():
+    # concurrency 1, 8 requests alike all arriving at 0: one after another, each timed from its slot (the serving
+    # figures' clock). Off: E2E 0.1 + 6 x 0.8 = 4.9 s, TTFT 0.1 s, TPOT 4.8 s / 6 = 800 ms; gamma 1: E2E 0.15 + 3 x
+    # (0.1 + 0.9) = 3.15 s. Every resample alike: the interval is a point.
+    samples = served([row(method, i, gamma, None if gamma is None else [(1, 1)] * 3)
+                      for i in range(8) for method, gamma in (("baseline", None), ("speculative", 1))])
+    (result,), _ = rec.recommend(samples, profile(), [("concurrency", 1)])
+    off, g1 = by_candidate(result)[rec.OFF], by_candidate(result)[G1]
+    assert (off["e2e_p50_s_ci95"], off["ttft_p50_s_ci95"], off["tpot_mean_ms_ci95"]) == (
+        pytest.approx([4.9] * 2), pytest.approx([0.1] * 2), pytest.approx([800] * 2))
+    assert g1["e2e_p50_s_ci95"] == pytest.approx([3.15] * 2)
+    assert "TTFT 0.10 [0.10, 0.10] s, TPOT 800 [800, 800] ms, E2E 4.90 [4.90, 4.90] s" in rec.table([result])
+    # two requests: none
+    (two,), _ = rec.recommend(served(samples[:4]), profile(), [("concurrency", 1)])
+    assert by_candidate(two)[rec.OFF]["e2e_p50_s_ci95"] is None
