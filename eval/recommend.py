@@ -25,7 +25,7 @@ from pathlib import Path
 from decode.methods import REGISTRY, caps_of
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
-from eval.costs import Profile, read_config, read_env, read_progress, run_costs
+from eval.costs import TARGET, Profile, read_config, read_env, read_progress, run_costs
 from eval.groups import natural
 from eval.predict import differences, draft_label, run_profile, written
 from eval.records import Point
@@ -654,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
             check_loads(samples, loads)
         if not profile.steps:
             raise UserError(f"{args.costs or folder} has no steps: give --costs PROFILE.json (python -m runner.profile)")
+        if not any(p["model"] == TARGET for p in profile.prefills):
+            # older folders (their probes timed the steps only): as eval.predict says of them, once instead of per row
+            raise UserError(f"{args.costs or folder}: the profile lacks the target's prefill (no prefill profiled): "
+                            "give --costs PROFILE.json of a profile with it (python -m runner.profile --config "
+                            f"{folder / 'config.yaml' if folder is not None else 'CONFIG.yaml'})")
         results, notes = recommend(samples, profile, loads, args.context)
         categories = by_category(samples, profile, loads, args.context)
         notes = said_first + context_notes(profile, args.context) + notes

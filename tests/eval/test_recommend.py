@@ -261,13 +261,17 @@ def bad_runs(tmp_path):
                                                                        request=s["sample_id"], arrival_s=0.0)
                                                                   for s in run()])), "--rate", "3"],
             "acceptance without costs": ["--acceptance", str(tmp_path / "a.json")],
+            # an older folder (docs/sample-report, docs/load-benchmark): its probes timed no prefill
+            "a profile without prefill": [str(folder(tmp_path / "r6", run(), Profile(steps=profile().steps)))],
             "not an acceptance": ["--acceptance", str(tmp_path / "bad.json"), "--costs", str(tmp_path / "p.json")]}
 
 
 @pytest.mark.parametrize("case, fragment", [
     ("no folder", "has no samples.jsonl"), ("no speculative point", "no speculative point"),
     ("a load not priced", "batch=3 cannot be priced"), ("concurrency of a static run", "needs load points"),
-    ("a rate not measured", "--rate 3.0: the run measured rates [2.0]"), ("acceptance without costs", "needs --costs"), ("not an acceptance", "neither synthetic_acceptance_rates")])
+    ("a rate not measured", "--rate 3.0: the run measured rates [2.0]"), ("acceptance without costs", "needs --costs"), ("not an acceptance", "neither synthetic_acceptance_rates"),
+    ("a profile without prefill", "lacks the target's prefill (no prefill profiled): give --costs PROFILE.json of a "
+                                  "profile with it (python -m runner.profile --config ")])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, fragment):
     (tmp_path / "bad.json").write_text(json.dumps({"rates": [0.5]}))
     profile().save(tmp_path / "p.json")
