@@ -101,6 +101,9 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True
                           "vllm.kv_cache_memory_bytes": 64 * 2**20})
     elif vllm_methods:  # no vLLM here: the rest of the config still runs (tests/vllm runs vLLM where it is)
         overrides["methods"] = [m for m in config.methods if m not in vllm_methods]
+    llama = [m for m in overrides.get("methods", config.methods) if m.startswith("llama_cpp_")]
+    if llama:  # it loads GGUF files, which the tiny pair is not (tests/llama_cpp runs llama.cpp)
+        overrides["methods"] = [m for m in overrides.get("methods", config.methods) if m not in llama]
     for role, folder in (("target", target), ("draft", draft)):
         overrides[role] = {"model": str(folder), "dtype": "float32"}
     ours_heads = [m for m in config.methods if m in ("eagle3", "medusa")]  # no trained head here: a random one
