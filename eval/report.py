@@ -125,7 +125,8 @@ def markdown(summary: dict, title: str = "") -> str:
             notes.append(compiled_note(role, graphs))
         if v.get("order"):
             title = ENGINE_TEXTS[engine].title if engine in ENGINE_TEXTS else engine
-            notes.append(f"order of the {title} points ({title} {v.get('version')}, {v.get('python')}): {v['order']}")
+            where = v.get("python") or v.get("server")  # the interpreter or binary that ran it
+            notes.append(f"order of the {title} points ({title} {v.get('version')}, {where}): {v['order']}")
     prompts = summary.get("prompts") or {}
     if prompts:
         notes.append(f"prompts: {prompts.get('count')} from {prompts.get('source')}, mean {prompts.get('mean_tokens', 0):.0f} "
