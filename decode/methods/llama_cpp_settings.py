@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 ENGINE = "llama_cpp"
 DOC = "The `llama_cpp_*` methods ([engines.md](engines.md#llamacpp-as-a-third-engine))."
-EXAMPLE = "{server: .llama-cpp/bin/llama-server, weights: as_is, threads: null, pairing: auto}"
+EXAMPLE = "{server: .llama-cpp/bin/llama-server, weights: as_is, threads: null, repack: true, pairing: auto}"
 WEIGHTS = ("as_is", "f32", "f16", "q8_0", "q4_k_m")
 
 
@@ -23,6 +23,9 @@ class LlamaCppConfig(BaseModel):
                                                            "q8_0 or q4_k_m by llama-quantize (next to the server; "
                                                            "cached beside the file)")
     threads: int | None = Field(None, ge=1, description="the server's threads (-t, -tb); default: every core, as ours")
+    repack: bool = Field(True, description="llama.cpp's weight repacking for this CPU (its default); false: -nr (a "
+                                           "server that dies of SIGILL on quantized files, as AMX in some VMs, runs "
+                                           "without it)")
     pairing: Literal["auto", "batch", "engine"] = Field(
         "auto", description="batch: every server of a comparison up, batches back to back as ours; engine: one "
                             "server at a time over all batches; auto: batch where the weights fit")

@@ -3,10 +3,13 @@ engine's worker, records and figures are tested where llama.cpp is not built. It
 prompt: token i of a row is (sum(prompt) + 7 i) % 50 + 10 (greedy, every method the same tokens). With
 --spec-type it drafts --spec-draft-n-max tokens a step of which it accepts the first two (one where fewer are left),
 sends each step's tokens one chunk each with the cumulative draft_n and draft_n_accepted, and skips the chunk of
-every 9th token (as the server does for a token that ends inside a UTF-8 character)."""
+every 9th token (as the server does for a token that ends inside a UTF-8 character). With FAKE_LLAMA_SIGILL set it
+dies of SIGILL at its start unless -nr (no weight repacking) is given."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +22,8 @@ def arg(name: str, default=None):
 if "--version" in sys.argv:
     print("version: 1 (fake)", file=sys.stderr)
     sys.exit(0)
+if os.environ.get("FAKE_LLAMA_SIGILL") and "-nr" not in sys.argv:  # a repacking kernel this machine cannot run
+    os.kill(os.getpid(), signal.SIGILL)
 SLOTS, GAMMA, SPEC = int(arg("-np", 1)), int(arg("--spec-draft-n-max", 0)), arg("--spec-type")
 EOS = int(arg("--fake-eos", -1))
 

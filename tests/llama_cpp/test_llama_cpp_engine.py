@@ -114,6 +114,18 @@ def test_bad_input_is_one_line(tmp_path, case):
     assert_one_clean_line(run_launch(["--config", config, "--out", tmp_path / "out"]), fragment)
 
 
+def test_a_server_killed_by_an_illegal_instruction_names_the_fix(tmp_path):
+    """A build whose repacking kernels this CPU cannot run (AMX in a VM) dies of SIGILL at its start: the points fail
+    with the fix named, and llama_cpp.repack: false (-nr) runs them."""
+    server = str(_fake_server(tmp_path))
+    config = _config(tmp_path, server, ["llama_cpp_generate"])
+    result = run_launch(["--config", config, "--out", tmp_path / "out"], env_extra={"FAKE_LLAMA_SIGILL": "1"})
+    assert result.returncode == 3 and "illegal instruction" in result.stderr and "llama_cpp.repack: false" in result.stderr
+    result = run_launch(["--config", config, "--out", tmp_path / "again", "--set", "llama_cpp.repack=false"],
+                        env_extra={"FAKE_LLAMA_SIGILL": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 @pytest.mark.skipif(not REAL_SERVER, reason="llama.cpp is not built: .ci/llama-cpp-env DIR builds it, then "
                                             "SPECULATE_LLAMA_SERVER=DIR/bin/llama-server")
 def test_the_real_server_on_smollm2(tmp_path):

@@ -141,7 +141,8 @@ class LlamaCppExecutor(ProcessExecutor):
             args["draft"] = models[args["draft"]]
         per_slot = longest + config.generation.max_new_tokens + 2 * max(config.speculative.gamma) + 16
         return {"server": self.checked["server"], "model": models["target"], "spec_type": None, **args,
-                "slots": slots, "ctx": slots * per_slot, "threads": config.llama_cpp.threads}
+                "slots": slots, "ctx": slots * per_slot, "threads": config.llama_cpp.threads,
+                "repack": config.llama_cpp.repack}
 
     def engine_bytes(self, kwargs: dict) -> int | None:
         """The GGUF files it maps (the target's, and the draft's): every server maps the same files, and the page
@@ -162,11 +163,13 @@ class LlamaCppExecutor(ProcessExecutor):
                           "one llama.cpp server at a time, over every batch, then the next; the points' order rotates "
                           "from repeat to repeat (a Williams design); each server's drift probe (the first prompt, 1 "
                           "new token) ran at its start and end"))
-        return what + f"; weights {self.config.llama_cpp.weights}"
+        return what + f"; weights {self.config.llama_cpp.weights}" + ("" if self.config.llama_cpp.repack else
+                                                                       ", no weight repacking (-nr)")
 
     def engine_info(self) -> dict:
         return {"version": self.checked["llama_cpp"], "server": self.checked["server"], "models":
-                self.checked["models"], "weights": self.config.llama_cpp.weights, "pairing": self.pairing,
+                self.checked["models"], "weights": self.config.llama_cpp.weights,
+                "repack": self.config.llama_cpp.repack, "pairing": self.pairing,
                 "order": self.order_text()}
 
 

@@ -6,7 +6,7 @@ group: closing the worker takes the server down with it) on 127.0.0.1 and sends 
 It loads runner/engines/process_worker.py by its path (the loop, the protocol, the serve job's arrivals) and answers
 its jobs (see there); what is llama.cpp's is here:
   {"op": "start", "engine": {"server": path, "model": GGUF, "draft": GGUF or null, "spec_type": null |
-   "draft-simple" | "ngram-simple", "n_max", "n_min", "p_min", "ngram_n", "slots", "ctx", "threads"}}
+   "draft-simple" | "ngram-simple", "n_max", "n_min", "p_min", "ngram_n", "slots", "ctx", "threads", "repack"}}
         -> {"ok": true, "start_s": seconds until /health answered, "speculative": bool, "llama_cpp": its version}
   {"op": "check", "server": path} -> {"ok": true, "llama_cpp": version} (the binary runs)
 A request is POST /completion with the prompt's token ids, streamed, greedy (temperature 0), the prompt cache off,
@@ -61,7 +61,7 @@ def server_command(engine: dict, port: int) -> list[str]:
     threads = str(engine.get("threads") or os.cpu_count() or 1)
     command = [engine["server"], "-m", engine["model"], "--host", HOST, "--port", str(port),
                "-c", str(engine["ctx"]), "-np", str(engine["slots"]), "-t", threads, "-tb", threads,
-               "--no-webui", "-ngl", "0"]
+               "--no-webui", "-ngl", "0"] + ([] if engine.get("repack", True) else ["-nr"])
     kind = engine.get("spec_type")
     if kind == "draft-simple":
         command += ["-md", engine["draft"], "--spec-type", kind, "-td", threads, "-tbd", threads, "-ngld", "0",
@@ -123,6 +123,10 @@ class Worker(ProcessWorker):
         while True:
             if self.server.poll() is not None:
                 code, self.server = self.server.returncode, None
+                if code == -4:  # SIGILL
+                    raise RuntimeError("llama-server died of an illegal instruction while starting: a kernel its build "
+                                       "chose for this CPU does not run here (seen: its weight repacking of quantized "
+                                       "files, AMX, in a VM); set llama_cpp.repack: false")
                 raise RuntimeError(f"llama-server exited (code {code}) while starting; its log is the worker log")
             try:
                 status, _ = self._get("/health")
