@@ -106,7 +106,7 @@ AXES: list[Axis] = [
     Axis("tree", POINT, "speculative.tree", "tree={}", "the token tree (decode/tree_layout.py): 3-2-1-1, dynamic-24, "
          "auto; None: a chain", column="tree"),
     Axis("schedule", POINT, "speculative.schedule", "{}",
-         "the draft-length schedule: constant, heuristic, confidence or cost_model (a chain's)"),
+         "the draft-length schedule: constant, heuristic, confidence, cost_model or recommended (a chain's)"),
     Axis("draft_context", POINT, "speculative.draft_context", "ctx={}",
          "the draft model's window: it is prefilled with the prompt's last N tokens; None: the whole prompt",
          default=(None,)),
