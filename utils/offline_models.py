@@ -89,6 +89,18 @@ def join_and_verify(parts: list[Path], expected_sha256: str, destination: Path, 
     partial.replace(destination)
 
 
+def installed_parts(name: str) -> list[Path]:
+    """The files of an offline model's packages, in joining order (the cache folder made); one line naming the pip
+    command where a package is missing."""
+    entry = OFFLINE_MODELS[name]
+    try:
+        parts = [locate_part(package, path) for package, path in entry.parts]
+    except OfflineModelError as error:
+        raise OfflineModelError(f"offline model '{name}': {error}; install with `{entry.pip}`") from None
+    cache_root().mkdir(parents=True, exist_ok=True)
+    return parts
+
+
 def resolve_offline_model(name: str, progress: bool = True) -> Path:
     """Short name -> a local transformers folder, converting on first use."""
     entry = OFFLINE_MODELS[name]
@@ -96,11 +108,7 @@ def resolve_offline_model(name: str, progress: bool = True) -> Path:
     marker = folder / "speculate-source.sha256"
     if marker.is_file() and marker.read_text().strip() == entry.sha256:
         return folder
-    try:
-        parts = [locate_part(package, path) for package, path in entry.parts]
-    except OfflineModelError as error:
-        raise OfflineModelError(f"offline model '{name}': {error}; install with `{entry.pip}`") from None
-    cache_root().mkdir(parents=True, exist_ok=True)
+    parts = installed_parts(name)
     with tempfile.TemporaryDirectory(dir=cache_root(), prefix=f".{name}-") as work:
         gguf_path = Path(work) / f"{name}.gguf"
         join_and_verify(parts, entry.sha256, gguf_path, progress)
@@ -119,12 +127,7 @@ def offline_gguf(name: str, progress: bool = True) -> Path:
     path = cache_root() / f"{name}.gguf"
     if path.is_file():
         return path
-    try:
-        parts = [locate_part(package, part) for package, part in entry.parts]
-    except OfflineModelError as error:
-        raise OfflineModelError(f"offline model '{name}': {error}; install with `{entry.pip}`") from None
-    cache_root().mkdir(parents=True, exist_ok=True)
-    join_and_verify(parts, entry.sha256, path, progress)  # written as .partial, renamed once its sha256 matched
+    join_and_verify(installed_parts(name), entry.sha256, path, progress)  # a .partial, renamed once its sha256 matched
     return path
 
 

@@ -28,5 +28,6 @@ TEXT = EngineText(
            "llama_cpp_timings). Null, with a note: c, v, the prediction, the prefill split and draft time")
 RANK = 0  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("llama_cpp_generate", "llama.cpp's server, the target alone: the reference of the llama_cpp_* points",
-                  axes=(), run=None, is_reference=True, per_row_timing=False, engine="llama_cpp", counterpart="baseline",
+                  axes=(), run=None, is_reference=True, per_row_timing=False, engine="llama_cpp",
+                  counterpart="baseline",
                   engine_config=server_args, engine_text=TEXT, engine_caps=EngineCaps())
