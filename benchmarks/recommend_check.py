@@ -1,0 +1,193 @@
+"""Is what `python -m eval.recommend` says to deploy what a sweep measures best (#55)? Each load and context length of
+one or more recommend.json files against sweeps that measured every K and the target alone there (on other prompts):
+the recommended candidate's measured throughput over the best measured candidate's ("off" included), and whether
+"off" was recommended exactly where speculation measured below 1.
+
+    python benchmarks/recommend_check.py --recommend R.json [R.json ...] --sweeps RUN_DIR [RUN_DIR ...]
+                                         [--within 0.03] [--json OUT.json]
+
+A sweep's context length is its prompts' mean length (the baseline's rows); each recommended context is checked on
+the sweep nearest it in ratio (eval/recommend.py nearest). A static batch size is checked on a sweep's static points
+(throughput_tok_s, speedup and its interval), a concurrency on its load points by the system's throughput
+(output_tok_s, and output_tok_s_ratio as the speedup, without interval: speedup_tput is a per-request rate, which
+is the system's ratio only while every slot stays full, not in a short closed loop's tail). A candidate the
+recommendation named but the sweep did not measure is said so, never guessed.
+
+The checks, per load and context:
+- within: the recommended candidate's measured tok/s is at least (1 - within) x the best measured's;
+- off: "off" recommended (or the recommendation tied with off) exactly where no K measured a speedup of 1 or more,
+  a K whose interval holds 1 counting as a tie either way.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eval.recommend import OFF, nearest  # noqa: E402
+from utils.io import read_jsonl, write_json  # noqa: E402
+
+WITHIN = 0.03
+
+
+def measured_points(folder: Path) -> dict:
+    """(kind, value) -> candidate key -> {tok_s, speedup, speedup_ci95}: a sweep's static points by batch size and
+    its load points by concurrency; the baseline under OFF, a speculative point under (method, draft, gamma)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    out: dict = {}
+    rows = [("batch", r, "batch_size", "throughput_tok_s", "speedup", "speedup_ci95")
+            for r in summary.get("runs") or []]
+    rows += [("concurrency", r, "concurrency", "output_tok_s", "output_tok_s_ratio", None)
+             for r in (summary.get("serving") or {}).get("runs") or []]
+    for kind, run, axis, tok_s, speedup, interval in rows:
+        if run.get("status") != "ok" or run.get("group") is not None or run.get("request_rate") is not None:
+            continue
+        m = run["metrics"]
+        key = OFF if run["method"] == "baseline" else (run["method"], run.get("draft"), run.get("gamma"))
+        out.setdefault((kind, int(run[axis])), {})[key] = {
+            "tok_s": m.get(tok_s), "speedup": 1.0 if key == OFF else m.get(speedup),
+            "speedup_ci95": [1.0, 1.0] if key == OFF else m.get(interval) if interval else None,
+            "label": run["label"]}
+    return out
+
+
+def context_of(folder: Path) -> float:
+    rows = [s for s in read_jsonl(folder / "samples.jsonl") if s.get("method") == "baseline"]
+    return sum(int(s["prompt_tokens"]) for s in rows) / len(rows)
+
+
+def load_key(name: str) -> tuple[str, int] | None:
+    """recommend.json's load name (batch=2, conc=4) as a sweep's (kind, value); a rate is not swept here."""
+    kind, _, value = name.partition("=")
+    return {"batch": ("batch", int(value)), "conc": ("concurrency", int(value))}.get(kind) if value.isdigit() else None
+
+
+def candidate_key(row: dict):
+    return OFF if row["candidate"] == OFF else (row["method"], row.get("draft"), row.get("gamma"))
+
+
+def speculation_pays(measured: dict) -> str:
+    """'yes' where some K measured above 1 (its interval above 1, where it has one), 'no' where every K measured below
+    1 (its interval below 1), else 'tied' (a K whose interval holds 1). A point without an interval is read as
+    measured: a reading, not a tie."""
+    verdicts = set()
+    for key, m in measured.items():
+        if key == OFF or m["speedup"] is None:
+            continue
+        ci = m.get("speedup_ci95")
+        verdicts.add(("yes" if ci[0] > 1 else "no" if ci[1] < 1 else "tied") if ci else
+                     "yes" if m["speedup"] > 1 else "no")
+    return "yes" if "yes" in verdicts else "tied" if "tied" in verdicts else "no"
+
+
+def check(result: dict, measured: dict, within: float = WITHIN) -> dict:
+    """One load and context's recommendation against the sweep's points there."""
+    best_key = max(measured, key=lambda k: measured[k]["tok_s"] or 0.0)
+    rec = next(r for r in result["candidates"] if r["candidate"] == result["best"])
+    key = candidate_key(rec)
+    out = {"load": result["load"], "context": result["context"], "recommended": result["best"],
+           "predicted_speedup": rec["speedup"], "predicted_speedup_ci95": rec.get("speedup_ci95"),
+           "tie": result.get("tie"), "tied_with": result.get("tied_with") or [],
+           "best_measured": measured[best_key]["label"], "best_tok_s": measured[best_key]["tok_s"],
+           "best_speedup": measured[best_key]["speedup"]}
+    if key not in measured:
+        return {**out, "measured": None, "ratio": None, "within": None, "off_right": None,
+                "why": "the sweep did not measure the recommended candidate"}
+    mine = measured[key]
+    ratio = mine["tok_s"] / measured[best_key]["tok_s"]
+    pays = speculation_pays(measured)
+    # where the recommendation ties off with a K (their predicted intervals overlap) either answer is right
+    tied_off = (key == OFF and bool(out["tied_with"])) or OFF in out["tied_with"]
+    off_right = tied_off or pays == "tied" or ((key == OFF) == (pays == "no"))
+    return {**out, "measured_tok_s": mine["tok_s"], "measured_speedup": mine["speedup"],
+            "measured_speedup_ci95": mine.get("speedup_ci95"), "ratio": ratio, "within": ratio >= 1 - within,
+            "speculation_pays": pays, "off_right": off_right}
+
+
+def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: float = WITHIN) -> list[dict]:
+    """Every load and context of the recommendations on the sweep nearest its context; where that sweep did not
+    measure the load, said so (never judged on a sweep of another context)."""
+    out = []
+    for data in recommends:
+        for result in data["loads"]:
+            where = load_key(result["load"])
+            if where is None:
+                continue
+            contexts = sorted({round(c) for c, _ in sweeps})
+            at = nearest(result["context"], contexts) if result["context"] else contexts[0]
+            have = [points[where] for c, points in sweeps if round(c) == at and where in points]
+            if not have:  # the sweep at this context did not measure this load: not judged on another context's
+                out.append({"load": result["load"], "context": result["context"], "why": "no sweep measured it"})
+                continue
+            measured = have[0]
+            out.append({**check(result, measured, within), "sweep_context": at})
+    return out
+
+
+def _f(x, f="{:.2f}") -> str:
+    return "-" if x is None else f.format(x)
+
+
+def _ci(x, ci) -> str:
+    return _f(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def short(label: str) -> str:
+    """A candidate's label without the draft's name and the defaults (gamma=3 for speculative draft=... gamma=3)."""
+    words = [w for w in str(label).split() if not w.startswith("draft=") and w not in ("constant", "greedy")
+             and not w.startswith(("batch=", "conc="))]
+    return " ".join(words)
+
+
+def table(rows: list[dict], within: float = WITHIN) -> str:
+    lines = ["| load | context (sweep) | recommended: predicted speedup [95% CI] | its measured speedup [95% CI] | "
+             f"best measured: speedup | recommended / best tok/s | within {within:.0%} | off right |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "recommended" not in r:
+            lines.append(f"| {r['load']} | {r['context']} | - | - | - | - | - | {r['why']} |")
+            continue
+        tie = f" (tie with {', '.join(short(t) for t in r['tied_with'])})" if r.get("tie") else ""
+        lines.append(f"| {r['load']} | {r['context']} ({r['sweep_context']}) | {short(r['recommended'])}: "
+                     f"{_ci(r['predicted_speedup'], r['predicted_speedup_ci95'])}{tie} | "
+                     f"{_ci(r.get('measured_speedup'), r.get('measured_speedup_ci95'))} | "
+                     f"{short(r['best_measured'])}: {_f(r['best_speedup'])} | {_f(r['ratio'], '{:.3f}')} | "
+                     f"{'-' if r['within'] is None else 'yes' if r['within'] else '**no**'} | "
+                     f"{'-' if r['off_right'] is None else 'yes' if r['off_right'] else '**no**'}"
+                     f" ({r.get('speculation_pays', r.get('why'))}) |")
+    n = [r for r in rows if r.get("within") is not None]
+    lines.append("")
+    lines.append(f"within {within:.0%}: {sum(r['within'] for r in n)} of {len(n)}; off right: "
+                 f"{sum(r['off_right'] for r in n)} of {len(n)}; worst ratio "
+                 f"{min((r['ratio'] for r in n), default=float('nan')):.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recommend", type=Path, nargs="+", required=True)
+    parser.add_argument("--sweeps", type=Path, nargs="+", required=True)
+    parser.add_argument("--within", type=float, default=WITHIN)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    for path in args.recommend + [s / "summary.json" for s in args.sweeps]:
+        if not path.is_file():
+            print(f"error: {path} does not exist: give recommend.json files (python -m eval.recommend) and report "
+                  "folders of finished sweeps", file=sys.stderr)
+            return 2
+    recommends = [json.loads(p.read_text()) for p in args.recommend]
+    sweeps = [(context_of(s), measured_points(s)) for s in args.sweeps]
+    rows = checks(recommends, sweeps, args.within)
+    print(table(rows, args.within))
+    if args.json:
+        write_json(args.json, {"within": args.within, "rows": rows,
+                               "recommend": [str(p) for p in args.recommend], "sweeps": [str(s) for s in args.sweeps]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

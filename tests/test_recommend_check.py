@@ -1,0 +1,96 @@
+"""benchmarks/recommend_check.py on sweeps and recommendations written by hand: each load and context checked on the
+sweep nearest its context, the ratio to the best measured, and "off" judged against the measured intervals."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DRAFT = "d"
+
+
+def _run(method, gamma, batch, tok_s, speedup=None, ci=None):
+    label = (f"{method} batch={batch} greedy" if method == "baseline"
+             else f"{method} draft={DRAFT} gamma={gamma} constant batch={batch} greedy")
+    return {"method": method, "draft": None if method == "baseline" else DRAFT, "gamma": gamma,
+            "batch_size": batch, "concurrency": None, "request_rate": None, "group": None, "label": label,
+            "status": "ok", "metrics": {"throughput_tok_s": tok_s, "speedup": speedup, "speedup_ci95": ci}}
+
+
+def _served(method, gamma, concurrency, tok_s, ratio, speedup_tput):
+    run = _run(method, gamma, 1, None)
+    run.update(concurrency=concurrency, label=run["label"].replace("batch=1", f"conc={concurrency}"),
+               metrics={"output_tok_s": tok_s, "output_tok_s_ratio": ratio, "speedup_tput": speedup_tput,
+                        "speedup_tput_ci95": [0.9, 1.0]})
+    return run
+
+
+def _sweep(folder: Path, prompt_tokens: list[int], runs: list[dict], served: list[dict] = ()) -> Path:
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"runs": runs, "serving": {"runs": list(served)}}))
+    (folder / "samples.jsonl").write_text("".join(
+        json.dumps({"method": m, "prompt_tokens": n}) + "\n" for n in prompt_tokens for m in ("baseline", "speculative")))
+    return folder
+
+
+def _candidate(gamma, speedup, ci):
+    if gamma is None:
+        return {"candidate": "off", "method": None, "gamma": None, "draft": None, "speedup": 1.0,
+                "speedup_ci95": [1.0, 1.0]}
+    return {"candidate": f"speculative draft={DRAFT} gamma={gamma}", "method": "speculative", "gamma": gamma,
+            "draft": DRAFT, "speedup": speedup, "speedup_ci95": ci}
+
+
+def _load(load, context, best, candidates, tied_with=()):
+    return {"load": load, "context": context, "best": best, "tie": bool(tied_with), "tied_with": list(tied_with),
+            "candidates": candidates}
+
+
+def test_each_recommendation_is_checked_on_its_nearest_sweep(tmp_path):
+    short = _sweep(tmp_path / "short", [70, 90], [      # mean context 80
+        _run("baseline", None, 1, 10.0), _run("speculative", 2, 1, 13.0, 1.3, [1.2, 1.4]),
+        _run("speculative", 4, 1, 13.2, 1.32, [1.25, 1.4]),
+        _run("baseline", None, 4, 30.0), _run("speculative", 2, 4, 27.0, 0.9, [0.85, 0.95]),
+        _run("speculative", 4, 4, 24.0, 0.8, [0.75, 0.85])], [
+        # under load the system's tok/s and its ratio, not the per-request rate (speedup_tput) and its interval
+        _served("baseline", None, 2, 5.0, 1.0, 1.0), _served("speculative", 2, 2, 5.2, 1.04, 0.97)])
+    long = _sweep(tmp_path / "long", [300], [
+        _run("baseline", None, 1, 8.0), _run("speculative", 2, 1, 8.4, 1.05, [0.98, 1.12]),
+        _run("speculative", 4, 1, 7.6, 0.95, [0.9, 1.0])])
+    k2, k4, off = (f"speculative draft={DRAFT} gamma=2", f"speculative draft={DRAFT} gamma=4", "off")
+    recommend = {"loads": [
+        _load("batch=1", 75, k2, [_candidate(2, 1.31, [1.2, 1.4]), _candidate(4, 1.28, [1.2, 1.36]),
+                                  _candidate(None, 1, None)]),
+        _load("batch=4", 75, k2, [_candidate(2, 1.02, [1.01, 1.05]), _candidate(None, 1, None)]),
+        _load("batch=1", 310, off, [_candidate(2, 0.99, [0.95, 1.0]), _candidate(None, 1, None)]),
+        _load("conc=2", 75, off, [_candidate(2, 0.98, None), _candidate(None, 1, None)]),
+        _load("conc=4", 75, off, [_candidate(None, 1, None)])]}
+    path = tmp_path / "recommend.json"
+    path.write_text(json.dumps(recommend))
+    out = tmp_path / "check.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recommend_check.py"), "--recommend", path,
+                             "--sweeps", short, long, "--json", out], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    first, second, third, fourth, fifth = rows
+    # batch 1 at 75 tokens: the sweep at 80 (nearer than 300); K=2 measured 13.0 against K=4's 13.2
+    assert first["sweep_context"] == 80 and abs(first["ratio"] - 13.0 / 13.2) < 1e-12 and first["within"]
+    assert first["speculation_pays"] == "yes" and first["off_right"]
+    # batch 4: every K measured below 1 with its interval below 1, and K=2 (27 of the target's 30) was recommended
+    assert abs(second["ratio"] - 0.9) < 1e-12 and not second["within"]
+    assert second["speculation_pays"] == "no" and not second["off_right"]
+    # batch 1 at 310 tokens: off (8.0) against K=2's 8.4, whose interval holds 1: a tie, so off is not wrong
+    assert third["sweep_context"] == 300 and abs(third["ratio"] - 8.0 / 8.4) < 1e-12 and not third["within"]
+    assert third["speculation_pays"] == "tied" and third["off_right"]
+    # concurrency 2: off (5.0 tok/s) against K=2's 5.2 (1.04 without interval: speculation measured above 1)
+    assert abs(fourth["ratio"] - 5.0 / 5.2) < 1e-12 and not fourth["within"]
+    assert fourth["best_speedup"] == 1.04  # output_tok_s_ratio, not speedup_tput (0.97)
+    assert fourth["speculation_pays"] == "yes" and not fourth["off_right"]
+    assert fifth == {"load": "conc=4", "context": 75, "why": "no sweep measured it"}
+    assert "within 3%: 1 of 4; off right: 2 of 4; worst ratio 0.900" in result.stdout
+
+
+def test_a_missing_folder_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recommend_check.py"), "--recommend",
+                             tmp_path / "none.json", "--sweeps", tmp_path], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "does not exist" in result.stderr
