@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.recommend import OFF, nearest  # noqa: E402
+from eval.recommend import OFF, _fmt as _f, _interval as _ci, nearest  # noqa: E402
 from utils.io import read_jsonl, write_json  # noqa: E402
 
 WITHIN = 0.03
@@ -128,14 +128,6 @@ def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: flo
     return out
 
 
-def _f(x, f="{:.2f}") -> str:
-    return "-" if x is None else f.format(x)
-
-
-def _ci(x, ci) -> str:
-    return _f(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-
-
 def short(label: str) -> str:
     """A candidate's label without the draft's name and the defaults (gamma=3 for speculative draft=... gamma=3)."""
     words = [w for w in str(label).split() if not w.startswith("draft=") and w not in ("constant", "greedy")
@@ -179,8 +171,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path} does not exist: give recommend.json files (python -m eval.recommend) and report "
                   "folders of finished sweeps", file=sys.stderr)
             return 2
-    recommends = [json.loads(p.read_text()) for p in args.recommend]
-    sweeps = [(context_of(s), measured_points(s)) for s in args.sweeps]
+    try:
+        recommends = [json.loads(p.read_text()) for p in args.recommend]
+        sweeps = [(context_of(s), measured_points(s)) for s in args.sweeps]
+    except (ValueError, KeyError) as error:
+        print(f"error: a file is not a recommend.json or a finished sweep's report ({type(error).__name__}: {error}); "
+              "give the files python -m eval.recommend and launch.py wrote", file=sys.stderr)
+        return 2
     rows = checks(recommends, sweeps, args.within)
     print(table(rows, args.within))
     if args.json:
