@@ -69,26 +69,60 @@ def chain(rows: list[dict]) -> bool:
     return all(s.get("schedule") in (None, "constant") and capped(s) for s in rows)
 
 
-def derived_rounds(rounds: list[dict], k: int) -> list[dict]:
-    """The rounds a draft model's chain of k drafts (k below the measured gamma) runs: each measured round, as its
-    first k drafts, accepts min(accepted, k) and emits one more; cycled until they cover the row's tokens (the last
-    cut to the tokens left). It takes acceptance at a position as the same wherever a round starts; the target's
-    bonus tokens, never proposed by the draft, are not counted as rejected (that made a lower bound far below the
-    measured K's)."""
-    need = sum(r["emitted"] for r in rounds)
-    pool = [{"drafted": min(r["drafted"], k), "accepted": min(r["accepted"], k),
-             "emitted": min(r["accepted"], k) + 1} for r in rounds]
-    out, i = [], 0
-    while need > 0 and pool:
-        r = pool[i % len(pool)]
-        emitted = min(r["emitted"], need)
-        out.append(dict(r, emitted=emitted, accepted=min(r["accepted"], emitted - 1)))
-        need, i = need - emitted, i + 1
+def agreements(rounds: list[dict]) -> list[bool | None]:
+    """Whether the draft's proposal agreed with the token the row emitted, at each emitted position: a round accepting
+    a of d agrees at its first a, disagrees at the next where a < d (the target's correction); where a = d the next
+    token is the target's bonus, never proposed: unknown (None)."""
+    out: list[bool | None] = []
+    for r in rounds:
+        a, d = r["accepted"], r["drafted"]
+        out += ([True] * a + [False if a < d else None])[:r["emitted"]]
+    return out
+
+
+def deep_acceptance(rows: list[dict]) -> float:
+    """The chance given to a bonus position (one a full round never tested, after a run of agreements): the share of
+    full rounds that accepted their last draft having accepted all before it, by the rule of succession ((s + 1) /
+    (n + 2): 14 of 14 is not a certainty); the whole acceptance rate, so smoothed, where no round reached its last
+    draft."""
+    gamma = max((s.get("gamma") or 0 for s in rows), default=0)
+    deep = [r for s in rows for r in s.get("rounds") or [] if r["drafted"] == gamma and r["accepted"] >= gamma - 1]
+    if deep:
+        return (sum(r["accepted"] == gamma for r in deep) + 1) / (len(deep) + 2)
+    rounds = [r for s in rows for r in s.get("rounds") or []]
+    return (sum(r["accepted"] for r in rounds) + 1) / (sum(r["drafted"] for r in rounds) + 2)
+
+
+def derived_rounds(rounds: list[dict], k: int, bonus: float = 1.0, rng: random.Random | None = None,
+                   to_length: bool = True) -> list[dict]:
+    """The rounds a draft model's chain of k drafts (k below the measured gamma) runs over the same tokens. A chain's
+    proposal at a position depends only on the tokens before it, which are the target's wherever a round starts, so
+    whether it agrees is a property of the position (exact under greedy decoding): the measured rounds give it at
+    every position but the bonus tokens, each drawn agreeing with chance `bonus` (deep_acceptance). Rounds of k then
+    replay those positions: each drafts k, accepts up to the first disagreement, emits one more. A row that ran to
+    max_new_tokens (to_length) drafts min(k, tokens left - 1), as the engine caps it; one that stopped at its EOS
+    drafted k to its end (the cap counts from max_new_tokens). (Taking each measured round's first k, as before,
+    counted rounds that start after a correction only: it undercounted every k.)"""
+    rng = rng or random.Random(BOOTSTRAP_SEED)
+    agree = [rng.random() < bonus if a is None else a for a in agreements(rounds)]
+    out, pos = [], 0
+    while pos < len(agree):
+        left = len(agree) - pos
+        drafted = min(k, left - 1) if to_length else k
+        accepted = 0
+        while accepted < min(drafted, left - 1) and agree[pos + accepted]:
+            accepted += 1
+        out.append({"drafted": drafted, "accepted": accepted, "emitted": accepted + 1})
+        pos += accepted + 1
     return out
 
 
 def derived(rows: list[dict], k: int) -> list[dict]:
-    return [dict(s, gamma=k, rounds=derived_rounds(s.get("rounds") or [], k)) for s in rows]
+    bonus = deep_acceptance(rows)
+    return [dict(s, gamma=k, rounds=derived_rounds(s.get("rounds") or [], k, bonus,
+                                                    random.Random(f"{BOOTSTRAP_SEED}:{k}:{i}"),
+                                                    to_length=s.get("stop_reason") != "eos"))
+            for i, s in enumerate(rows)]
 
 
 def candidates(samples: list[dict]) -> tuple[dict, dict, list[str], set]:
@@ -118,9 +152,9 @@ def candidates(samples: list[dict]) -> tuple[dict, dict, list[str], set]:
             if new in measured or new in out:
                 continue
             out[new] = {point: derived(rows, k) for point, rows in points.items()}
-            notes.append(f"{label_of(new)}: not measured, derived from gamma={values['gamma']}'s rounds (each "
-                         f"accepting the first {k} of what it accepted; acceptance taken as the same wherever a round "
-                         "starts): a prediction from another K, marked (derived)")
+            notes.append(f"{label_of(new)}: not measured, derived from gamma={values['gamma']}'s rounds (where "
+                         "the draft agreed with each token, replayed in rounds of "
+                         f"{k}): a prediction from another K, marked (derived)")
     return dict(out), references, notes, set(out) - measured
 
 

@@ -102,19 +102,44 @@ def test_intervals_that_overlap_tie(a, b, tie):
 
 
 def test_a_k_not_measured_is_derived_below_a_measured_one():
-    # gamma 3: accepts 3 (4 tokens), then 1 (2 tokens): 6 tokens
+    # gamma 3: accepts 3 (4 tokens: the 4th the target's bonus, never proposed), then 1 of 3 (2 tokens): 6 tokens.
+    # The draft agreed at positions 0-2, position 3 is unknown, agreed at 4, disagreed at 5.
     rounds = [{"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 1, "emitted": 2}]
-    # K 2: each accepts min(accepted, 2): 2 (3 tokens), 1 (2 tokens), then the first again, cut to the 1 token left
-    assert rec.derived_rounds(rounds, 2) == [{"drafted": 2, "accepted": 2, "emitted": 3},
-                                             {"drafted": 2, "accepted": 1, "emitted": 2},
-                                             {"drafted": 2, "accepted": 0, "emitted": 1}]
-    # K 1: both accept 1 (2 tokens each): 3 rounds cover the 6 tokens
-    assert rec.derived_rounds(rounds, 1) == [{"drafted": 1, "accepted": 1, "emitted": 2}] * 3
+    assert rec.agreements(rounds) == [True, True, True, None, True, False]
+    # K 2, the bonus position agreeing: 0-1 accepted (3 tokens), then 3-4 accepted (3 tokens, the 6th the bonus)
+    assert rec.derived_rounds(rounds, 2, bonus=1.0) == [{"drafted": 2, "accepted": 2, "emitted": 3}] * 2
+    # the bonus position disagreeing: 0-1 (3 tokens), 3 rejected (1 token), then 1 token left to draft at 4: accepted
+    assert rec.derived_rounds(rounds, 2, bonus=0.0) == [{"drafted": 2, "accepted": 2, "emitted": 3},
+                                                        {"drafted": 2, "accepted": 0, "emitted": 1},
+                                                        {"drafted": 1, "accepted": 1, "emitted": 2}]
+    # K 1: 3 rounds accepting 1 (2 tokens each) cover the 6 tokens
+    assert rec.derived_rounds(rounds, 1, bonus=1.0) == [{"drafted": 1, "accepted": 1, "emitted": 2}] * 3
     samples = [row("baseline", 0)] + [dict(row("speculative", 0, 3), rounds=rounds)]
     cands, _, notes, derived = rec.candidates(samples)
     assert sorted(rec.label_of(k) for k in derived) == ["speculative draft=d gamma=1 constant",
                                                         "speculative draft=d gamma=2 constant"]
     assert any("gamma=2" in n and "derived from gamma=3" in n for n in notes)
+
+
+def test_a_derived_k_starts_its_rounds_where_its_own_rounds_end():
+    # gamma 4: rejects at once (1 token), accepts 4 (5 tokens), accepts 1 of 4 (2 tokens): 8 tokens, agreements
+    # F T T T T ? T F. K 2 runs: position 0 rejected (1 token); 1-2 accepted (3); 4 and the bonus position 5 accepted
+    # (3); the last token, nothing left to draft (1): 4 rounds, as the engine would run them. Each measured round's
+    # first 2 (each starting after a correction) made 5: (2,0,1), (2,2,3), (2,1,2), (2,0,1), (2,0,1).
+    rounds = [{"drafted": 4, "accepted": a, "emitted": e} for a, e in ((0, 1), (4, 5), (1, 2))]
+    assert rec.derived_rounds(rounds, 2, bonus=1.0) == [
+        {"drafted": 2, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 2, "emitted": 3},
+        {"drafted": 2, "accepted": 2, "emitted": 3}, {"drafted": 0, "accepted": 0, "emitted": 1}]
+    # a row that stopped at its EOS: the engine's cap counts from max_new_tokens, so its last round still drafts 2
+    assert rec.derived_rounds(rounds, 2, bonus=1.0, to_length=False)[-1] == {"drafted": 2, "accepted": 0,
+                                                                             "emitted": 1}
+    # the bonus chance: full rounds that accepted their last draft, given all before (2 of the 3 reaching it here),
+    # by the rule of succession: (2 + 1) / (3 + 2)
+    rows = [dict(row("speculative", 0, 4), rounds=[{"drafted": 4, "accepted": a, "emitted": a + 1} for a in (4, 3, 4)])]
+    assert rec.deep_acceptance(rows) == pytest.approx(3 / 5)
+    # none reaching it: the whole acceptance, smoothed: (1 + 1) / (4 + 2)
+    rows = [dict(row("speculative", 0, 4), rounds=[{"drafted": 4, "accepted": 1, "emitted": 2}])]
+    assert rec.deep_acceptance(rows) == pytest.approx(2 / 6)
 
 
 def test_a_round_capped_by_the_tokens_left_is_still_a_chain():
