@@ -129,9 +129,12 @@ def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: flo
 
 
 def short(label: str) -> str:
-    """A candidate's label without the draft's name and the defaults (gamma=3 for speculative draft=... gamma=3)."""
+    """A candidate's label without the draft's name and the defaults; a draft model's chain as its K (K=3 for
+    speculative draft=... gamma=3 constant)."""
     words = [w for w in str(label).split() if not w.startswith("draft=") and w not in ("constant", "greedy")
              and not w.startswith(("batch=", "conc="))]
+    if len(words) == 2 and words[0] == "speculative" and words[1].startswith("gamma="):
+        return "K=" + words[1].removeprefix("gamma=")
     return " ".join(words)
 
 

@@ -88,6 +88,7 @@ def test_each_recommendation_is_checked_on_its_nearest_sweep(tmp_path):
     assert fourth["speculation_pays"] == "yes" and not fourth["off_right"]
     assert fifth == {"load": "conc=4", "context": 75, "why": "no sweep measured it"}
     assert "within 3%: 1 of 4; off right: 2 of 4; worst ratio 0.900" in result.stdout
+    assert "| K=4: 1.32 |" in result.stdout  # a draft's chain printed as its K (13.2 tok/s against the target's 10.0)
 
 
 def test_a_missing_folder_is_one_line(tmp_path):

@@ -171,7 +171,7 @@ def test_launch_refuses_a_missing_recommendation_in_one_line(tmp_path):
 
 
 def test_the_measuring_config_parses(tmp_path):
-    """configs/recommended-schedule.yaml with its command's settings: a rate sweep, constant K 1-6 and the schedule."""
+    """configs/recommended-schedule.yaml with its command's settings: a rate sweep, constant K 1-4 and the schedule."""
     from pathlib import Path
 
     from utils.config import load_config
@@ -184,5 +184,5 @@ def test_the_measuring_config_parses(tmp_path):
     loaded, _ = load_config(Path(__file__).resolve().parents[2] / "configs/recommended-schedule.yaml",
                             ["speculative.schedule=[constant,recommended]",
                              f"speculative.recommendation={tmp_path / 'recommend.json'}"])
-    assert loaded.speculative.schedule == ["constant", "recommended"] and loaded.speculative.gamma == [1, 2, 3, 4, 5, 6]
-    assert loaded.load.request_rate == [0.25, 0.5, 1.0, 2.0] and loaded.load.concurrency == [4]
+    assert loaded.speculative.schedule == ["constant", "recommended"] and loaded.speculative.gamma == [1, 2, 3, 4]
+    assert loaded.load.request_rate == [0.2, 0.5] and loaded.load.concurrency == [4]
