@@ -47,7 +47,7 @@ def measured_points(folder: Path) -> dict:
         if run.get("status") != "ok" or run.get("group") is not None or run.get("request_rate") is not None:
             continue
         m = run["metrics"]
-        key = OFF if run["method"] == "baseline" else (run["method"], run.get("draft"), run.get("gamma"))
+        key = OFF if run["method"] == "baseline" else candidate_key(run)
         out.setdefault((kind, int(run[axis])), {})[key] = {
             "tok_s": m.get(tok_s), "speedup": 1.0 if key == OFF else m.get(speedup),
             "speedup_ci95": [1.0, 1.0] if key == OFF else m.get(interval) if interval else None,
@@ -67,7 +67,8 @@ def load_key(name: str) -> tuple[str, int] | None:
 
 
 def candidate_key(row: dict):
-    return OFF if row["candidate"] == OFF else (row["method"], row.get("draft"), row.get("gamma"))
+    """A speculative point or candidate as (method, draft, gamma); "off" as OFF."""
+    return OFF if row.get("candidate") == OFF else (row["method"], row.get("draft"), row.get("gamma"))
 
 
 def speculation_pays(measured: dict) -> str:
@@ -112,12 +113,12 @@ def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: flo
     """Every load and context of the recommendations on the sweep nearest its context; where that sweep did not
     measure the load, said so (never judged on a sweep of another context)."""
     out = []
+    contexts = sorted({round(c) for c, _ in sweeps})
     for data in recommends:
         for result in data["loads"]:
             where = load_key(result["load"])
             if where is None:
                 continue
-            contexts = sorted({round(c) for c, _ in sweeps})
             at = nearest(result["context"], contexts) if result["context"] else contexts[0]
             have = [points[where] for c, points in sweeps if round(c) == at and where in points]
             if not have:  # the sweep at this context did not measure this load: not judged on another context's
