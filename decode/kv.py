@@ -424,6 +424,19 @@ class KVState(TreeRounds):
         self.slots_freed += other.slots_freed
         self._check_layout()
 
+    def add_empty_rows(self, rows: int) -> None:
+        """`rows` rows after these with nothing cached (every column masked): requests whose prefill waits for a
+        later forward, whose right-aligned tokens start at position 0 (positions come from the mask)."""
+        if self._tree is not None:
+            raise ValueError("add_empty_rows: a tree round is under way; rows join between rounds")
+        self._set_mask(torch.cat([self.mask, self.mask.new_zeros(rows, self.length)], dim=0),
+                       np.concatenate([self.mask_host, np.zeros((rows, self.length), dtype=np.int64)], axis=0))
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)  # [B, H, L, D]
+                if t is not None:
+                    setattr(layer, name, torch.cat([t, t.new_zeros(rows, *t.shape[1:])], dim=0))
+
     @staticmethod
     def _index_on(index):
         """device -> index on that device: one copy per device however many cache layers live there."""

@@ -34,6 +34,13 @@ class DraftModelDrafter(Drafter):
     pending tokens, and the first round that drafts feeds them in its catch-up forward, which on an empty cache is
     the prefill (left padded, as add_rows would run it). Once the cache exists, joining rows are prefilled as usual.
 
+    A schedule that idles rows (Schedule.idles_rows: recommended, whose K is 0 at the loads where speculation does
+    not pay) defers a joining group whose rows it will not draft in the coming round, whether or not the cache
+    exists: the group joins the cache as empty rows (KVState.add_empty_rows) and its prompts wait in the pending
+    tokens, with every token it commits while it does not draft. A row that never drafts never costs the draft a
+    forward; one that starts later pays its prefill then, in the catch-up. Rows joining while the cache does not
+    exist but earlier rows do wait too (the catch-up builds the cache for all).
+
     The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
     input embedding's device and brings its logits back to the engine's device.
     """
@@ -99,7 +106,9 @@ class DraftModelDrafter(Drafter):
         if not self.off:
             if self.context is not None:  # the window: each (left-padded) row's last tokens
                 prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
-            if self.defer and self.state is None:  # the prefill waits in the pending tokens (class doc)
+            if self._waits(prompt_ids.shape[0]):  # the prefill waits in the pending tokens (class doc)
+                if self.state is not None:
+                    self.state.add_empty_rows(prompt_ids.shape[0])
                 self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
                                                        for prompt in unpadded(prompt_ids, prompt_mask)]
                 return
@@ -108,6 +117,13 @@ class DraftModelDrafter(Drafter):
             # later feed is: the draft predicts worse there, the target still decides
             state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1), prompt_mask, last_only=True)
             self.state = joined(self.state, state)
+
+    def _waits(self, joining: int) -> bool:
+        """Whether the last `joining` rows' prefill waits for a round that drafts (class doc: defer, idles_rows)."""
+        idles = getattr(self.schedule, "idles_rows", False)
+        if self.state is None and (self.defer or (idles and len(self.pending) > joining)):  # earlier rows wait too
+            return True
+        return idles and not any(self.schedule.lengths()[-joining:])
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""

@@ -22,6 +22,9 @@ class Schedule:
     name = "constant"
     stops_mid_round = False  # True: keep_drafting may end rows during a round (the drafter asks it each step)
     reads_context = False  # True: add_rows(n, prompt_tokens=[...]) (the drafter reads the joining rows' prompt lengths)
+    # True: a row may go many rounds without drafting (its K is 0 at some loads): a draft model leaves such a row out of
+    # its cache while it does not draft (DraftModelDrafter: its prefill waits for the first round that drafts)
+    idles_rows = False
 
     def __init__(self, gamma: int):
         if gamma < 1:
@@ -424,6 +427,7 @@ class RecommendedSchedule(Schedule):
     length, never from the target's verdict."""
     name = "recommended"
     reads_context = True
+    idles_rows = True
 
     def __init__(self, gamma: int, table: dict[int, dict[int | None, int]]):
         super().__init__(gamma)

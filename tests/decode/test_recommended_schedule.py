@@ -3,11 +3,13 @@ recommend.json read into K(batch, context) by hand, the lengths rows get from it
 change, "off" as K 0, greedy output equal to the baseline's, and the config's refusals as one line."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.schedules import RecommendedSchedule, make_schedule
+from decode.kv import KVState
 from decode.methods.speculative import recommended_table
 from decode.serving import Load
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
@@ -119,6 +121,70 @@ def test_greedy_output_equals_the_baseline(served):
         assert s.output_ids == b.output_ids, f"row {row} diverged"
     drafted = [r["drafted"] for s in spec for r in s.rounds]
     assert 0 in drafted and {1, 2, 3} & set(drafted) and max(drafted) <= 3  # off rows, drafting rows; never gamma 4
+
+
+# ---- rows the schedule idles leave the draft idle ----------------------------------------------------------------
+
+IDLE_TABLE = {1: {None: 2}, 2: {None: 0}}  # K 2 alone, off with company
+
+
+def test_a_row_joining_as_an_empty_row_reads_as_if_prefilled():
+    """KVState.add_empty_rows: a row with nothing cached, fed its prompt beside a running row, gets the logits of its
+    own prefill, and the running row those of its own next step."""
+    model = tiny_model("llama", seed=1, layers=2)
+    a, b = [5, 9, 17, 4, 33], [8, 21, 40]
+    with torch.inference_mode():
+        running = KVState()
+        running.forward(model, torch.tensor([a[:-1]]))
+        running.add_empty_rows(1)
+        assert running.mask_host.tolist() == [[1, 1, 1, 1], [0, 0, 0, 0]]
+        both = running.forward(model, torch.tensor([[0, 0, a[-1]], b]), np.array([[0, 0, 1], [1, 1, 1]]))[:, -1]
+        alone_a, alone_b = KVState().forward(model, torch.tensor([a]))[0, -1], KVState().forward(
+            model, torch.tensor([b]))[0, -1]
+    torch.testing.assert_close(both[0], alone_a, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(both[1], alone_b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_row_the_schedule_idles_is_not_prefilled_until_it_drafts():
+    """A row joining where its K is 0 (off with company) waits in the pending tokens, its cache row empty: the draft
+    runs no forward for it. A constant schedule prefills it at once."""
+    draft = tiny_model("llama", seed=2)
+    ids, mask = ragged_batch([4, 6])
+    with torch.inference_mode():
+        idle = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=RecommendedSchedule(4, IDLE_TABLE))
+        eager = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=make_schedule("constant", 4))
+        for drafter in (idle, eager):
+            drafter.reset()
+            drafter.add_rows(ids[:1], mask[:1])  # alone: K 2, prefilled now
+            drafter.add_rows(ids[1:], mask[1:])  # with company: K 0
+    assert idle.forwards == 1 and eager.forwards == 2
+    assert idle.state.mask_host.shape[0] == 2 and not idle.state.mask_host[1].any()
+    assert idle.pending == [[], ids[1, -6:].tolist()]
+
+
+def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
+    """Five requests at concurrency 2, the greedy output the target's whatever the table. Drafting only when alone:
+    rows that only ever ran with company never cost the draft a forward (not even a prefill). Drafting with company
+    at short contexts only: a long row joining a draft cache that exists joins it empty."""
+    target = tiny_model("llama", seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch([6, 13, 2, 9, 4])  # contexts 7, 14, 3, 10, 5 at the first round
+    generation = Generation(max_new_tokens=12, eos_token_ids=(54,))
+    empty_joins, real = [], KVState.add_empty_rows
+    monkeypatch.setattr(KVState, "add_empty_rows", lambda self, rows: (empty_joins.append(rows), real(self, rows)))
+    with torch.inference_mode():
+        alone = [generate_baseline(target, ids[i:i + 1], mask[i:i + 1], generation)[0].output_ids for i in range(5)]
+        served = {}
+        for name, table in {"alone": IDLE_TABLE, "short": {1: {None: 2}, 2: {4: 2, 16: 0}}}.items():
+            drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=RecommendedSchedule(4, table))
+            served[name] = generate_speculative(target, drafter, ids, mask, generation, 4, load=Load([0.0] * 5, 2))
+            assert [s.output_ids for s in served[name]] == alone, name
+            assert any(r["drafted"] == 2 for s in served[name] for r in s.rounds), name
+            if name == "alone":
+                never = [s for s in served[name] if not any(r["drafted"] for r in s.rounds)]
+                assert never and all(s.draft_forwards == 0 for s in never)
+                assert not empty_joins  # no cache existed while rows joined
+    assert empty_joins == [1]
 
 
 # ---- the config: speculative.recommendation ----------------------------------------------------------------------
