@@ -434,7 +434,7 @@ class KVState(TreeRounds):
         for layer in self.cache.layers:
             for name in ("keys", "values"):
                 t = getattr(layer, name, None)  # [B, H, L, D]
-                if t is not None:
+                if getattr(layer, "is_initialized", True) and t is not None and t.dim() == 4:
                     setattr(layer, name, torch.cat([t, t.new_zeros(rows, *t.shape[1:])], dim=0))
 
     @staticmethod
@@ -488,7 +488,9 @@ class KVState(TreeRounds):
         self.slots_freed += (old_length - new_length) * self.mask.shape[0]
 
     def _map_slots(self, fn) -> None:
+        """fn over every cache layer's keys and values [B, H, L, D], those of no slot (L = 0: every column dropped, as
+        when only empty rows are left, add_empty_rows) included: their rows must still follow select_rows."""
         for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.dim() == 4:
                 layer.keys = fn(layer.keys)
                 layer.values = fn(layer.values)
