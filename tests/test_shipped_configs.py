@@ -89,6 +89,8 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True
                  "dataset.chat_template": False, "dataset.max_prompt_tokens": 24, **extra}
     if config.load is not None:  # a serving config: a few requests per load point
         overrides["load.requests"] = 4
+        if config.load.request_rate:  # arrivals are real seconds: a light rate would wait for them (0.05/s: 20 s apart)
+            overrides["load.request_rate"] = [rate if rate == "inf" else rate * 100 for rate in config.load.request_rate]
     vllm_methods = [m for m in config.methods if m.startswith("vllm_")]
     heads = [m for m in vllm_methods if m in ("vllm_eagle", "vllm_mtp", "vllm_suffix")]  # no head or MTP model here
     if heads:
