@@ -431,11 +431,7 @@ class KVState(TreeRounds):
             raise ValueError("add_empty_rows: a tree round is under way; rows join between rounds")
         self._set_mask(torch.cat([self.mask, self.mask.new_zeros(rows, self.length)], dim=0),
                        np.concatenate([self.mask_host, np.zeros((rows, self.length), dtype=np.int64)], axis=0))
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name, None)  # [B, H, L, D]
-                if getattr(layer, "is_initialized", True) and t is not None and t.dim() == 4:
-                    setattr(layer, name, torch.cat([t, t.new_zeros(rows, *t.shape[1:])], dim=0))
+        self._map_slots(lambda t: torch.cat([t, t.new_zeros(rows, *t.shape[1:])], dim=0))
 
     @staticmethod
     def _index_on(index):
