@@ -14,7 +14,11 @@ is the system's ratio only while every slot stays full, not in a short closed lo
 recommendation named but the sweep did not measure is said so, never guessed.
 
 The checks, per load and context:
-- within: the recommended candidate's measured tok/s is at least (1 - within) x the best measured's;
+- within: the recommended candidate's measured tok/s is at least (1 - within) x the best measured's. Where the
+  sweep ran repeats, each repeat's reading (static: throughput_tok_s_repeats; a load: its new tokens over its span)
+  gives the ratio once per repeat, the two points measured in the same pass: a pooled ratio below 1 - within that
+  some repeat reads at or above it is "unresolved" (the sweep's own readings disagree), not "no"; a single reading
+  below it is "no (one reading)";
 - off: "off" recommended (or the recommendation tied with off) exactly where no K measured a speedup of 1 or more,
   a K whose interval holds 1 counting as a tie either way.
 """
@@ -29,16 +33,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.recommend import OFF, _fmt as _f, _interval as _ci, nearest  # noqa: E402
+from eval.records import Point  # noqa: E402
+from eval.serving import by_repeat  # noqa: E402
 from utils.io import read_jsonl, write_json  # noqa: E402
 
 WITHIN = 0.03
 
 
+def served_repeats(folder: Path) -> dict[str, list[float]]:
+    """A load point's label -> its system tok/s per repeat, in repeat order: the repeat's new tokens over its span
+    (its start, t = 0, to its last finish), as output_tok_s pools them (eval/serving.py load_figures)."""
+    points: dict[str, list[dict]] = {}
+    for s in read_jsonl(folder / "samples.jsonl"):
+        if s.get("concurrency") is not None and s.get("finish_s") is not None:
+            points.setdefault(Point.of(s).label, []).append(s)
+    return {label: [sum(s["new_tokens"] for s in rows) / max(s["finish_s"] for s in rows)
+                    for _, rows in sorted(by_repeat(samples).items())]
+            for label, samples in points.items()}
+
+
 def measured_points(folder: Path) -> dict:
-    """(kind, value) -> candidate key -> {tok_s, speedup, speedup_ci95}: a sweep's static points by batch size and
-    its load points by concurrency; the baseline under OFF, a speculative point under (method, draft, gamma)."""
+    """(kind, value) -> candidate key -> {tok_s, tok_s_repeats, speedup, speedup_ci95}: a sweep's static points by
+    batch size and its load points by concurrency; the baseline under OFF, a speculative point under (method, draft,
+    gamma)."""
     summary = json.loads((folder / "summary.json").read_text())
     out: dict = {}
+    served = served_repeats(folder) if (summary.get("serving") or {}).get("runs") else {}
     rows = [("batch", r, "batch_size", "throughput_tok_s", "speedup", "speedup_ci95")
             for r in summary.get("runs") or []]
     rows += [("concurrency", r, "concurrency", "output_tok_s", "output_tok_s_ratio", None)
@@ -48,8 +68,9 @@ def measured_points(folder: Path) -> dict:
             continue
         m = run["metrics"]
         key = OFF if run["method"] == "baseline" else candidate_key(run)
+        repeats = m.get("throughput_tok_s_repeats") if kind == "batch" else served.get(run["label"])
         out.setdefault((kind, int(run[axis])), {})[key] = {
-            "tok_s": m.get(tok_s), "speedup": 1.0 if key == OFF else m.get(speedup),
+            "tok_s": m.get(tok_s), "tok_s_repeats": repeats or [], "speedup": 1.0 if key == OFF else m.get(speedup),
             "speedup_ci95": [1.0, 1.0] if key == OFF else m.get(interval) if interval else None,
             "label": run["label"]}
     return out
@@ -100,13 +121,26 @@ def check(result: dict, measured: dict, within: float = WITHIN) -> dict:
                 "why": "the sweep did not measure the recommended candidate"}
     mine = measured[key]
     ratio = mine["tok_s"] / measured[best_key]["tok_s"]
+    verdict, ratios = within_verdict(ratio, mine["tok_s_repeats"], measured[best_key]["tok_s_repeats"], within)
     pays = speculation_pays(measured)
     # where the recommendation ties off with a K (their predicted intervals overlap) either answer is right
     tied_off = (key == OFF and bool(out["tied_with"])) or OFF in out["tied_with"]
     off_right = tied_off or pays == "tied" or ((key == OFF) == (pays == "no"))
     return {**out, "measured_tok_s": mine["tok_s"], "measured_speedup": mine["speedup"],
-            "measured_speedup_ci95": mine.get("speedup_ci95"), "ratio": ratio, "within": ratio >= 1 - within,
-            "speculation_pays": pays, "off_right": off_right}
+            "measured_speedup_ci95": mine.get("speedup_ci95"), "ratio": ratio, "ratio_repeats": ratios,
+            "within": ratio >= 1 - within, "verdict": verdict, "speculation_pays": pays, "off_right": off_right}
+
+
+def within_verdict(ratio: float, mine: list[float], best: list[float], within: float) -> tuple[str, list[float]]:
+    """(verdict, the ratio per repeat): "yes" where the pooled ratio is at least 1 - within; else "unresolved" where
+    some repeat reads at least that (the two measured in the same pass), "no" where every repeat reads below it,
+    "no (one reading)" where the sweep read each point once."""
+    ratios = [a / b for a, b in zip(mine, best) if a and b] if len(mine) == len(best) > 1 else []
+    if ratio >= 1 - within:
+        return "yes", ratios
+    if not ratios:
+        return "no (one reading)", ratios
+    return ("unresolved" if max(ratios) >= 1 - within else "no"), ratios
 
 
 def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: float = WITHIN) -> list[dict]:
@@ -152,15 +186,27 @@ def table(rows: list[dict], within: float = WITHIN) -> str:
                      f"{_ci(r['predicted_speedup'], r['predicted_speedup_ci95'])}{tie} | "
                      f"{_ci(r.get('measured_speedup'), r.get('measured_speedup_ci95'))} | "
                      f"{short(r['best_measured'])}: {_f(r['best_speedup'])} | {_f(r['ratio'], '{:.3f}')} | "
-                     f"{'-' if r['within'] is None else 'yes' if r['within'] else '**no**'} | "
+                     f"{verdict_cell(r)} | "
                      f"{'-' if r['off_right'] is None else 'yes' if r['off_right'] else '**no**'}"
                      f" ({r.get('speculation_pays', r.get('why'))}) |")
     n = [r for r in rows if r.get("within") is not None]
+    unresolved = sum(r["verdict"] == "unresolved" for r in n)
     lines.append("")
-    lines.append(f"within {within:.0%}: {sum(r['within'] for r in n)} of {len(n)}; off right: "
+    lines.append(f"within {within:.0%}: {sum(r['within'] for r in n)} of {len(n)}"
+                 f"{f' ({unresolved} of the rest unresolved by the repeats)' if unresolved else ''}; off right: "
                  f"{sum(r['off_right'] for r in n)} of {len(n)}; worst ratio "
                  f"{min((r['ratio'] for r in n), default=float('nan')):.3f}")
     return "\n".join(lines)
+
+
+def verdict_cell(r: dict) -> str:
+    """The within column: yes, or the verdict in bold with each repeat's ratio where the sweep repeated."""
+    if r["within"] is None:
+        return "-"
+    if r["verdict"] == "yes":
+        return "yes"
+    repeats = f" (repeats: {', '.join(f'{x:.3f}' for x in r['ratio_repeats'])})" if r["ratio_repeats"] else ""
+    return f"**{r['verdict']}**{repeats}"
 
 
 def main(argv: list[str] | None = None) -> int:

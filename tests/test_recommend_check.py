@@ -77,7 +77,7 @@ def test_each_recommendation_is_checked_on_its_nearest_sweep(tmp_path):
     assert first["sweep_context"] == 80 and abs(first["ratio"] - 13.0 / 13.2) < 1e-12 and first["within"]
     assert first["speculation_pays"] == "yes" and first["off_right"]
     # batch 4: every K measured below 1 with its interval below 1, and K=2 (27 of the target's 30) was recommended
-    assert abs(second["ratio"] - 0.9) < 1e-12 and not second["within"]
+    assert abs(second["ratio"] - 0.9) < 1e-12 and not second["within"] and second["verdict"] == "no (one reading)"
     assert second["speculation_pays"] == "no" and not second["off_right"]
     # batch 1 at 310 tokens: off (8.0) against K=2's 8.4, whose interval holds 1: a tie, so off is not wrong
     assert third["sweep_context"] == 300 and abs(third["ratio"] - 8.0 / 8.4) < 1e-12 and not third["within"]
@@ -89,6 +89,51 @@ def test_each_recommendation_is_checked_on_its_nearest_sweep(tmp_path):
     assert fifth == {"load": "conc=4", "context": 75, "why": "no sweep measured it"}
     assert "within 3%: 1 of 4; off right: 2 of 4; worst ratio 0.900" in result.stdout
     assert "| K=4: 1.32 |" in result.stdout  # a draft's chain printed as its K (13.2 tok/s against the target's 10.0)
+
+
+def test_repeats_tell_a_miss_from_the_sweeps_own_noise(tmp_path):
+    """Each repeat's reading gives the ratio once per repeat: a pooled miss that some repeat reads within is
+    "unresolved", one that every repeat reads below is "no"."""
+    runs = [_run("baseline", None, 1, 10.0), _run("speculative", 2, 1, 13.0, 1.3, [1.2, 1.4]),
+            _run("speculative", 4, 1, 13.5, 1.35, [1.25, 1.45]),
+            _run("baseline", None, 4, 30.0), _run("speculative", 2, 4, 27.0, 0.9, [0.85, 0.95])]
+    for run, repeats in zip(runs, ([10.0, 10.0], [12.0, 14.0], [14.0, 13.0], [30.0, 30.0], [27.0, 27.0])):
+        run["metrics"]["throughput_tok_s_repeats"] = repeats
+    # concurrency 2, two requests of 10 tokens a repeat: the baseline's last finishes at 5.0 s and 4.0 s (4.0 and
+    # 5.0 tok/s, 40 / 9 pooled), K=2's at 4.0 s and 4.5 s (5.0 and 4.444 tok/s, 40 / 8.5 pooled)
+    finishes = {"baseline": [[4.0, 5.0], [3.0, 4.0]], "speculative": [[3.0, 4.0], [4.5, 4.5]]}
+    served = [_served("baseline", None, 2, 40 / 9, 1.0, 1.0), _served("speculative", 2, 2, 40 / 8.5, 1.06, 1.0)]
+    folder = _sweep(tmp_path / "sweep", [80], runs, served)
+    with (folder / "samples.jsonl").open("a") as f:
+        for method, repeats in finishes.items():
+            for repeat, ends in enumerate(repeats):
+                for request, end in enumerate(ends):
+                    f.write(json.dumps({"method": method, "draft": None if method == "baseline" else DRAFT,
+                                        "gamma": None if method == "baseline" else 2,
+                                        "schedule": None if method == "baseline" else "constant", "concurrency": 2,
+                                        "batch_size": 1, "repeat": repeat, "request": request, "new_tokens": 10,
+                                        "arrival_s": 0.0, "finish_s": end, "prompt_tokens": 80}) + "\n")
+    k2, off = f"speculative draft={DRAFT} gamma=2", "off"
+    path = tmp_path / "recommend.json"
+    path.write_text(json.dumps({"loads": [
+        _load("batch=1", 80, k2, [_candidate(2, 1.31, [1.2, 1.4]), _candidate(None, 1, None)]),
+        _load("batch=4", 80, k2, [_candidate(2, 1.02, [1.01, 1.05]), _candidate(None, 1, None)]),
+        _load("conc=2", 80, off, [_candidate(None, 1, None)])]}))
+    out = tmp_path / "check.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recommend_check.py"), "--recommend", path,
+                             "--sweeps", folder, "--json", out], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    first, second, third = json.loads(out.read_text())["rows"]
+    # batch 1: K=2 13.0 against K=4's 13.5 pooled (0.963), but 12/14 and 14/13 by repeat: the repeats disagree
+    assert abs(first["ratio"] - 13.0 / 13.5) < 1e-12 and not first["within"] and first["verdict"] == "unresolved"
+    assert [round(x, 6) for x in first["ratio_repeats"]] == [round(12 / 14, 6), round(14 / 13, 6)]
+    # batch 4: 27 of 30 in both repeats
+    assert second["verdict"] == "no" and second["ratio_repeats"] == [0.9, 0.9]
+    # concurrency 2: off 40/9 against K=2's 40/8.5 pooled (0.944); by repeat 4.0 / 5.0 and 5.0 / (10 / 4.5 * 2)
+    assert abs(third["ratio"] - 8.5 / 9) < 1e-12 and third["verdict"] == "unresolved"
+    assert [round(x, 6) for x in third["ratio_repeats"]] == [0.8, 1.125]
+    assert "within 3%: 0 of 3 (2 of the rest unresolved by the repeats)" in result.stdout
+    assert "**unresolved** (repeats: 0.857, 1.077)" in result.stdout
 
 
 def test_a_missing_folder_is_one_line(tmp_path):
