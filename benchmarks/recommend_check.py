@@ -15,8 +15,8 @@ recommendation named but the sweep did not measure is said so, never guessed.
 
 The checks, per load and context:
 - within: the recommended candidate's measured tok/s is at least (1 - within) x the best measured's. Where the
-  sweep ran repeats, each repeat's reading (static: throughput_tok_s_repeats; a load: its new tokens over its span)
-  gives the ratio once per repeat, the two points measured in the same pass: a pooled ratio below 1 - within that
+  sweep ran repeats, each repeat's reading (static: sum(N) / sum(batch wall times); a load: its new tokens over its
+  span) gives the ratio once per repeat both points ran, the two points measured in the same pass: a pooled ratio below 1 - within that
   some repeat reads at or above it is "unresolved" (the sweep's own readings disagree), not "no"; a single reading
   below it is "no (one reading)";
 - off: "off" recommended (or the recommendation tied with off) exactly where no K measured a speedup of 1 or more,
@@ -35,21 +35,30 @@ sys.path.insert(0, str(ROOT))
 from eval.recommend import OFF, _fmt as _f, _interval as _ci, nearest  # noqa: E402
 from eval.records import Point  # noqa: E402
 from eval.serving import by_repeat  # noqa: E402
+from eval.totals import throughput  # noqa: E402
 from utils.io import read_jsonl, write_json  # noqa: E402
 
 WITHIN = 0.03
 
 
-def served_repeats(folder: Path) -> dict[str, list[float]]:
-    """A load point's label -> its system tok/s per repeat, in repeat order: the repeat's new tokens over its span
-    (its start, t = 0, to its last finish), as output_tok_s pools them (eval/serving.py load_figures)."""
+def repeat_readings(folder: Path) -> dict[str, dict[int, float]]:
+    """A point's label -> repeat -> its tok/s in that repeat: a static point's sum(N) / sum(batch wall times)
+    (throughput_tok_s per repeat, eval/totals.py throughput), a load point's new tokens over the repeat's span (its
+    start, t = 0, to its last finish: output_tok_s per repeat, eval/serving.py load_figures). Keyed by repeat, so
+    two points pair on the passes both ran."""
     points: dict[str, list[dict]] = {}
     for s in read_jsonl(folder / "samples.jsonl"):
-        if s.get("concurrency") is not None and s.get("finish_s") is not None:
+        if s.get("method") is not None and s.get("new_tokens") is not None:
             points.setdefault(Point.of(s).label, []).append(s)
-    return {label: [sum(s["new_tokens"] for s in rows) / max(s["finish_s"] for s in rows)
-                    for _, rows in sorted(by_repeat(samples).items())]
-            for label, samples in points.items()}
+    out: dict[str, dict[int, float]] = {}
+    for label, samples in points.items():
+        for repeat, rows in by_repeat(samples).items():
+            served = all(s.get("concurrency") is not None and s.get("finish_s") is not None for s in rows)
+            tok_s = (sum(s["new_tokens"] for s in rows) / max(s["finish_s"] for s in rows) if served
+                     else throughput(rows) if all(s.get("latency_s") is not None for s in rows) else None)
+            if tok_s:
+                out.setdefault(label, {})[repeat] = tok_s
+    return out
 
 
 def measured_points(folder: Path) -> dict:
@@ -58,7 +67,7 @@ def measured_points(folder: Path) -> dict:
     gamma)."""
     summary = json.loads((folder / "summary.json").read_text())
     out: dict = {}
-    served = served_repeats(folder) if (summary.get("serving") or {}).get("runs") else {}
+    readings = repeat_readings(folder)
     rows = [("batch", r, "batch_size", "throughput_tok_s", "speedup", "speedup_ci95")
             for r in summary.get("runs") or []]
     rows += [("concurrency", r, "concurrency", "output_tok_s", "output_tok_s_ratio", None)
@@ -68,9 +77,9 @@ def measured_points(folder: Path) -> dict:
             continue
         m = run["metrics"]
         key = OFF if run["method"] == "baseline" else candidate_key(run)
-        repeats = m.get("throughput_tok_s_repeats") if kind == "batch" else served.get(run["label"])
         out.setdefault((kind, int(run[axis])), {})[key] = {
-            "tok_s": m.get(tok_s), "tok_s_repeats": repeats or [], "speedup": 1.0 if key == OFF else m.get(speedup),
+            "tok_s": m.get(tok_s), "tok_s_repeats": readings.get(run["label"], {}),
+            "speedup": 1.0 if key == OFF else m.get(speedup),
             "speedup_ci95": [1.0, 1.0] if key == OFF else m.get(interval) if interval else None,
             "label": run["label"]}
     return out
@@ -131,11 +140,13 @@ def check(result: dict, measured: dict, within: float = WITHIN) -> dict:
             "within": ratio >= 1 - within, "verdict": verdict, "speculation_pays": pays, "off_right": off_right}
 
 
-def within_verdict(ratio: float, mine: list[float], best: list[float], within: float) -> tuple[str, list[float]]:
-    """(verdict, the ratio per repeat): "yes" where the pooled ratio is at least 1 - within; else "unresolved" where
-    some repeat reads at least that (the two measured in the same pass), "no" where every repeat reads below it,
-    "no (one reading)" where the sweep read each point once."""
-    ratios = [a / b for a, b in zip(mine, best) if a and b] if len(mine) == len(best) > 1 else []
+def within_verdict(ratio: float, mine: dict[int, float], best: dict[int, float], within: float
+                   ) -> tuple[str, list[float]]:
+    """(verdict, the ratio per repeat both points ran, in repeat order): "yes" where the pooled ratio is at least
+    1 - within; else "unresolved" where some repeat reads at least that (the two measured in the same pass), "no"
+    where every repeat reads below it, "no (one reading)" where the two share fewer than 2 repeats."""
+    both = sorted(set(mine) & set(best))
+    ratios = [mine[r] / best[r] for r in both] if len(both) > 1 else []
     if ratio >= 1 - within:
         return "yes", ratios
     if not ratios:
@@ -144,19 +155,23 @@ def within_verdict(ratio: float, mine: list[float], best: list[float], within: f
 
 
 def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: float = WITHIN) -> list[dict]:
-    """Every load and context of the recommendations on the sweep nearest its context; where that sweep did not
-    measure the load, said so (never judged on a sweep of another context)."""
+    """Every load and context of the recommendations on the sweep nearest its context among those its context's bin
+    holds (the recommendation's contexts bin a length to the nearest in ratio, eval/recommend.py nearest); where no
+    sweep is in its bin, or that sweep did not measure the load, said so (never judged on another context's)."""
     out = []
     contexts = sorted({round(c) for c, _ in sweeps})
     for data in recommends:
+        asked = sorted({r["context"] for r in data["loads"] if r.get("context")})
         for result in data["loads"]:
             where = load_key(result["load"])
             if where is None:
                 continue
-            at = nearest(result["context"], contexts) if result["context"] else contexts[0]
+            mine = [c for c in contexts if not result["context"] or nearest(c, asked) == result["context"]]
+            at = (nearest(result["context"], mine) if result["context"] else mine[0]) if mine else None
             have = [points[where] for c, points in sweeps if round(c) == at and where in points]
-            if not have:  # the sweep at this context did not measure this load: not judged on another context's
-                out.append({"load": result["load"], "context": result["context"], "why": "no sweep measured it"})
+            if not have:  # no sweep in its context's bin measured this load: not judged on another context's
+                why = "no sweep measured it" if mine else f"no sweep near context {result['context']}"
+                out.append({"load": result["load"], "context": result["context"], "why": why})
                 continue
             measured = have[0]
             out.append({**check(result, measured, within), "sweep_context": at})

@@ -7,7 +7,7 @@ from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
 from decode.tree_layout import tree_depth, tree_nodes
 from eval.leviathan import predicted_speedup, solve_alpha
 from eval.records import CostProbe, Point
-from eval.replay import PART_OFF, part_times, prediction_off_reason, static_prediction
+from eval.replay import PART_OFF, part_times, prediction_off_reason, prefill_deferred, static_prediction
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
 from eval.synthetic import not_the_targets, synthetic_prediction
@@ -154,8 +154,8 @@ def run_step_costs(samples: list[dict], baseline: list[dict] | None) -> tuple[fl
     """(c_run, v_run): the draft forward and the verification round as the run's own records time them, in the
     baseline's decode steps of the same batches: what the probes' c and v stand for. Per batch both sides finished,
     the baseline's steps are its longest row's new tokens less the prefill's, in its decode wall; the speculative
-    batch's rounds, draft forwards (its draft prefill's one left out) and time after both prefills are its longest
-    row's, whose record spans them all: draft_s less the draft prefill over the draft forwards, target_s less the
+    batch's rounds, draft forwards (its draft prefill's one left out, where it ran at admission: a deferred prefill
+    is a round's catch-up, eval/replay.py prefill_deferred) and time after both prefills are its longest row's, whose record spans them all: draft_s less the draft prefill over the draft forwards, target_s less the
     prefill over the rounds (each round's acceptance, host read and rollback included, as in the probes). (None, None)
     where anything is unrecorded."""
     if not baseline or any(s.get("prefill_s") is None for s in samples + baseline):
@@ -167,7 +167,7 @@ def run_step_costs(samples: list[dict], baseline: list[dict] | None) -> tuple[fl
         longest = max(mine[key], key=lambda s: len(s.get("rounds") or []))
         base_steps += max(s["new_tokens"] for s in theirs[key]) - 1
         base_wall += base["decode_wall"]
-        forwards += longest["draft_forwards"] - 1
+        forwards += longest["draft_forwards"] - (0 if prefill_deferred(longest) else 1)  # its prefill's forward
         draft_s += longest["draft_s"] - longest["draft_prefill_s"]
         rounds += len(longest.get("rounds") or [])
         verify_s += longest["target_s"] - longest["prefill_s"]

@@ -146,6 +146,13 @@ def round_shape(rounds: list[dict]) -> tuple[int, int]:
     return widest + 1, widest
 
 
+def prefill_deferred(record: dict) -> bool:
+    """Whether the draft prefilled this row in its first drafting round, not at its admission: its rounds' catch_up
+    says so (the hybrid drafter's rows; a draft model's rows that joined where the recommended schedule drafted
+    none of them, decode/drafters/draft_model.py)."""
+    return any("catch_up" in r for r in record.get("rounds") or ())
+
+
 def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0) -> list[dict]:
     """The loop over requests (each: arrival_s, prompt_tokens, new_tokens, and rounds for a speculative point, None
     for the baseline; "follows": the index of the request whose next turn it is, if any) at most `concurrency` in
@@ -165,10 +172,6 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
     drafts = pricer.draft is not None
     follows = [r.get("follows") for r in requests]
     queue = Queue(Load([r["arrival_s"] for r in requests], concurrency, follows, think_s))
-
-    def deferred(i: int) -> bool:
-        """A drafter that prefills the draft in its first drafting round (hybrid), its rounds' catch_up saying so."""
-        return any("catch_up" in r for r in requests[i].get("rounds") or ())
 
     def finished(i: int) -> bool:
         rounds = requests[i].get("rounds")
@@ -197,7 +200,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                     done[i] = min(1, requests[i]["new_tokens"])
                 going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
                 end([i for i in group if i not in going])
-                eager = [i for i in going if not deferred(i)]  # a deferred prefill is a round's catch-up (below)
+                eager = [i for i in going if not prefill_deferred(requests[i])]  # a deferred prefill is a round's catch-up (below)
                 if eager and drafts:  # over the draft's window of each prompt where it has one
                     draft_width = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) for i in group)
                     draft_prefill = pricer.prefill(pricer.rows(len(going), peak), draft_width, draft=True)

@@ -97,14 +97,19 @@ def test_repeats_tell_a_miss_from_the_sweeps_own_noise(tmp_path):
     runs = [_run("baseline", None, 1, 10.0), _run("speculative", 2, 1, 13.0, 1.3, [1.2, 1.4]),
             _run("speculative", 4, 1, 13.5, 1.35, [1.25, 1.45]),
             _run("baseline", None, 4, 30.0), _run("speculative", 2, 4, 27.0, 0.9, [0.85, 0.95])]
-    for run, repeats in zip(runs, ([10.0, 10.0], [12.0, 14.0], [14.0, 13.0], [30.0, 30.0], [27.0, 27.0])):
-        run["metrics"]["throughput_tok_s_repeats"] = repeats
+    # each repeat's batch: its tokens in 1 s (the baseline at batch 4 ran a third repeat: pairs on the two both ran)
+    static = [dict(method=run["method"], draft=run["draft"], gamma=run["gamma"],
+                   schedule=None if run["method"] == "baseline" else "constant", batch_size=run["batch_size"],
+                   repeat=repeat, batch_index=0, new_tokens=tokens, latency_s=1.0, prompt_tokens=80)
+              for run, repeats in zip(runs, ([10, 10], [12, 14], [14, 13], [30, 30, 30], [27, 27]))
+              for repeat, tokens in enumerate(repeats)]
     # concurrency 2, two requests of 10 tokens a repeat: the baseline's last finishes at 5.0 s and 4.0 s (4.0 and
     # 5.0 tok/s, 40 / 9 pooled), K=2's at 4.0 s and 4.5 s (5.0 and 4.444 tok/s, 40 / 8.5 pooled)
     finishes = {"baseline": [[4.0, 5.0], [3.0, 4.0]], "speculative": [[3.0, 4.0], [4.5, 4.5]]}
     served = [_served("baseline", None, 2, 40 / 9, 1.0, 1.0), _served("speculative", 2, 2, 40 / 8.5, 1.06, 1.0)]
     folder = _sweep(tmp_path / "sweep", [80], runs, served)
     with (folder / "samples.jsonl").open("a") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in static))
         for method, repeats in finishes.items():
             for repeat, ends in enumerate(repeats):
                 for request, end in enumerate(ends):

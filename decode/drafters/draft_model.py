@@ -39,7 +39,10 @@ class DraftModelDrafter(Drafter):
     exists: the group joins the cache as empty rows (KVState.add_empty_rows) and its prompts wait in the pending
     tokens, with every token it commits while it does not draft. A row that never drafts never costs the draft a
     forward; one that starts later pays its prefill then, in the catch-up. Rows joining while the cache does not
-    exist but earlier rows do wait too (the catch-up builds the cache for all).
+    exist but earlier rows do wait too (the catch-up builds the cache for all). Each row that joined so says it in
+    every round's record (`round_facts`: "catch_up", the width its first forward fed that round, its pending tokens
+    and its last one, 0 where the round drafted nothing), as the hybrid drafter's rows do: the replay
+    (eval/replay.py prefill_deferred) then prices its prefill where it ran, in a round, not at its admission.
 
     The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
     input embedding's device and brings its logits back to the engine's device.
@@ -61,6 +64,8 @@ class DraftModelDrafter(Drafter):
         self.input_vocab_size = model.get_input_embeddings().num_embeddings
         self.off = False  # True: this batch does not run the draft (start asks the schedule)
         self.defer = False  # True: no prefill before the first round that drafts (see the class doc)
+        self.joined_empty: list[bool] = []  # per row: its prefill waited for a round that drafts (idles_rows)
+        self.round_facts: list[dict] | None = None  # per row, this round's facts for its record (idles_rows)
 
     @property
     def forwards(self) -> int:
@@ -83,6 +88,8 @@ class DraftModelDrafter(Drafter):
     def reset(self):
         self.state = None
         self.pending: list[list[int]] = []  # per row: committed tokens, not yet fed
+        self.joined_empty = []
+        self.round_facts = None
         self._observed = self._observed_drafts = None
         self.off = False
         if self.schedule is not None:
@@ -98,6 +105,7 @@ class DraftModelDrafter(Drafter):
         (static, dynamic, auto) keeps nothing per row between rounds: its rows join with the cache (auto's recent
         rounds go on across joins)."""
         self.pending += [[] for _ in range(prompt_ids.shape[0])]
+        self.joined_empty += [False] * prompt_ids.shape[0]
         self.device = prompt_ids.device
         if self.schedule is not None and self.schedule.reads_context:  # each row's prompt, its context's start
             self.schedule.add_rows(prompt_ids.shape[0], prompt_tokens=prompt_mask.sum(dim=1).tolist())
@@ -111,6 +119,8 @@ class DraftModelDrafter(Drafter):
                     self.state.add_empty_rows(prompt_ids.shape[0])
                 self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
                                                        for prompt in unpadded(prompt_ids, prompt_mask)]
+                if getattr(self.schedule, "idles_rows", False):  # hybrid (defer) records its rows' catch-up itself
+                    self.joined_empty[-prompt_ids.shape[0]:] = [True] * prompt_ids.shape[0]
                 return
             state = new_state(self.model)
             # a prompt id past the draft's embeddings (a smaller vocabulary, decode/vocab.py) is fed clamped, as every
@@ -157,6 +167,7 @@ class DraftModelDrafter(Drafter):
             shape = self.tree.shape_for_round(num_tokens)  # None: no drafting this round (auto)
             if shape is None:
                 num_tokens = 0
+        self._note_catch_up(num_tokens > 0)
         if num_tokens == 0:
             return self._no_drafts(last_tokens)
         # an id the draft cannot embed (a padded row of a bigger target) only costs acceptance
@@ -206,6 +217,15 @@ class DraftModelDrafter(Drafter):
         keep = self.schedule.keep_drafting(q if q is not None else torch.softmax(logits, dim=-1), token)  # [B] bool
         remaining.copy_(torch.where(keep, remaining, remaining.clamp(max=step + 1)))
         return not bool((remaining > step + 1).any())
+
+    def _note_catch_up(self, drafting: bool) -> None:
+        """This round's facts for the records of rows whose prefill waited (joined_empty): the width their catch-up
+        feeds (pending tokens and the last one), 0 where the round drafts nothing; None where no row's waited."""
+        if not any(self.joined_empty):
+            self.round_facts = None
+            return
+        self.round_facts = [{"catch_up": len(p) + 1 if drafting else 0} if empty else {}
+                            for p, empty in zip(self.pending, self.joined_empty)]
 
     def _no_drafts(self, last_tokens: torch.Tensor) -> Proposal:
         """No row drafts this round: the engine takes a plain target step; each last token waits to be fed."""
@@ -265,5 +285,6 @@ class DraftModelDrafter(Drafter):
             self.state.select_rows(kept)
         self._keep_observed(kept)
         self.pending = [self.pending[r] for r in kept]
+        self.joined_empty = [self.joined_empty[r] for r in kept]
         if self.schedule is not None:
             self.schedule.select_rows(kept)

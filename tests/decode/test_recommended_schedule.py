@@ -201,6 +201,15 @@ def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
                 never = [s for s in served[name] if not any(r["drafted"] for r in s.rounds)]
                 assert never and all(s.draft_forwards == 0 for s in never)
                 assert not empty_joins  # no cache existed while rows joined
+                # every row joined with company: each round's record says its catch-up (0 where nothing was
+                # drafted), so the replay prices its prefill where it ran; the first round that drafts feeds the
+                # prompt and every token before the round (the prefill's first one and each plain step's)
+                for s, prompt in zip(served[name], [6, 13, 2, 9, 4]):
+                    assert all("catch_up" in r for r in s.rounds)
+                    first = next((n for n, r in enumerate(s.rounds) if r["drafted"]), None)
+                    assert all(r["catch_up"] == 0 for r in s.rounds[:first])
+                    if first is not None:
+                        assert s.rounds[first]["catch_up"] == prompt + 1 + sum(r["emitted"] for r in s.rounds[:first])
     assert empty_joins == [1]
 
 

@@ -152,6 +152,23 @@ def test_the_records_price_the_steps_the_probes_stand_for():
     assert base["draft_cost_ratio_c_run"] is None and base["verify_cost_ratio_v_run"] is None
 
 
+def test_a_deferred_prefill_is_a_round_forward_not_one_left_out():
+    """A row whose draft prefill waited for its first drafting round (its rounds' catch_up: the recommended schedule's
+    idle rows) has no prefill forward to leave out: 8 draft forwards in its 4 rounds, the first the catch-up of its 7
+    tokens (0.6 s), the rest 0.3 s: c_run = (0.6 + 7 x 0.3) / 8 / 1.5 = 0.225 (leaving one out read 0.257). The
+    baseline as above: 12 steps of 1.5."""
+    rounds = [{"drafted": 2, "accepted": 2, "emitted": 3, "catch_up": 7}] + \
+        [{"drafted": 2, "accepted": 2, "emitted": 3, "catch_up": 1}] * 3
+    samples = []
+    for i in range(8):
+        samples.append(record("baseline", i, i, tokens=13, prefill=1.0, latency=19.0))
+        samples.append(record("speculative", i, i, tokens=13, prefill=1.0, latency=8.5, rounds=rounds,
+                              draft_prefill_s=0.0, draft_forwards=8, draft_s=2.7, target_s=5.8))
+    m = run(summarize(samples, {"costs": costs(0.2, {"2": 0.8})}), "speculative")["metrics"]
+    assert m["draft_cost_ratio_c_run"] == pytest.approx(2.7 / 8 / 1.5)
+    assert m["verify_cost_ratio_v_run"] == pytest.approx(0.8)
+
+
 def test_prompt_lookup_rounds_that_found_no_match():
     rounds = [{"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 1, "emitted": 2},
               {"drafted": 0, "accepted": 0, "emitted": 1}, {"drafted": 2, "accepted": 0, "emitted": 1}]
