@@ -1,5 +1,5 @@
 """python -m runner.profile --config CONFIG.yaml [--rows 1,2,4] [--kv 128,512] [--prompt-tokens 128] [--reps 5]
-[--out PATH] [--set KEY=VALUE ...]
+[--passes 3] [--out PATH] [--set KEY=VALUE ...]
 
 A cost profile (eval/costs.py, #33) of a config's target and draft model(s) on its device, dtype and engine.compile,
 with no benchmark: the models load as a run loads them (runner/loading.py), no dataset is read (the prompts are
@@ -11,6 +11,10 @@ random ids in the target's vocabulary, seeded by the config's seed), and each st
   1-token step, its verification of every width the config's speculative points verify (gamma + 1, a tree's
   nodes + 1) and each draft's 1-token step, at a cache of K tokens;
 - the prefills of R prompts of --prompt-tokens P tokens (and of one), by each model, and of one prompt of 2P.
+
+The repetitions are spread over --passes passes over every rows x cache (default 3, at most --reps): a slow spell of
+the machine (another process, a neighbour on a shared host) then touches every probe alike instead of pricing one
+batch size's steps above the others'. Within a pass each probe's steps are interleaved, as a run's probes are.
 
 Written as strict JSON to --out (default results/profile-<config name>-<device>.json); the last line printed is
 its path. Bad input is one line and exit 2, as launch.py's.
@@ -34,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_PROMPT_TOKENS = 128
 DEFAULT_REPS = 5
+DEFAULT_PASSES = 3
 RAGGED_PADDING = 8  # leading padding tokens of every row but the first in a profiled batch
 
 
@@ -66,6 +71,9 @@ def arguments(argv: list[str] | None):
                         help=f"prompt width P (default {DEFAULT_PROMPT_TOKENS})")
     parser.add_argument("--reps", type=positive_int, default=DEFAULT_REPS,
                         help=f"timed repetitions of each step (default {DEFAULT_REPS}; a prefill gets 2)")
+    parser.add_argument("--passes", type=positive_int, default=DEFAULT_PASSES,
+                        help=f"passes over every rows x cache that share the repetitions (default {DEFAULT_PASSES}, "
+                             "at most --reps): a slow spell of the machine touches every probe alike")
     parser.add_argument("--out", help="the profile's path (default results/profile-<config name>-<device>.json)")
     return parser.parse_args(argv)
 
@@ -161,7 +169,7 @@ def run(config, args, command: str, console):
     """Load, measure, save: the Profile and where it was written."""
     import torch
 
-    from eval.costs import Profile, from_probe
+    from eval.costs import Profile, from_probe, step_point
     from runner import loading
     from runner.attention import settle_attention
     from runner.probes import RUNTIME_ERRORS, environment, measure_costs, one_line, prefill_points
@@ -202,34 +210,43 @@ def run(config, args, command: str, console):
     pool = torch.randint(0, vocab, (max(rows), 2 * prompt), generator=generator).to(device)
 
     steps, prefills, failures = [], [], []
+    reps: dict[tuple, list[float]] = {}  # (model, rows, width, kv) -> its repetitions, pass after pass
+    failed: set[tuple[int, int]] = set()
     with torch.inference_mode():
-        for batch in rows:
-            ids = pool[:batch, :prompt].contiguous()
-            mask = torch.ones_like(ids)
-            # a real batch is ragged (left padding, or a joined cache's): every row after the first starts with
-            # padding, so the steps take the padded attention path the run's steps take, not the unpadded fast one
-            mask[1:, :RAGGED_PADDING] = 0
-            for model in loading.compiled_models(config, target, drafts).values():  # graphs compiled before timing
-                model.precompile(ids, mask)
-            quiet_heap()  # as a run's timed batches: the collector's oldest generation holds none of this
-            prefilled = False  # the batch's prefills, once per rows (they do not depend on the cache)
-            for kv in kvs:
-                console.print(f"rows {batch}, cache {kv} tokens: timing widths {widths}"
-                              + (f" and drafts {', '.join(models)}" if models else ""))
-                try:
-                    probe = measure_costs(target.model, models, ids, mask, widths, clock, reps=args.reps,
-                                          tree_widths=tree_widths, sampling=sampling, context=kv - prompt,
-                                          target_vocab_size=target.vocab_size, prefills=not prefilled)  # busy probe as a run's
-                except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory at many rows: the others go on
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    failures.append({"rows": batch, "kv": kv, "error": f"{type(error).__name__}: {one_line(error)}"})
-                    console.print(f"[red]rows {batch}, cache {kv}: {failures[-1]['error']}; the others go on[/red]")
-                    continue
-                prefilled = True
-                measured_steps, measured_prefills = from_probe(probe, batch)
-                steps += measured_steps
-                prefills += measured_prefills
+        for index, share in enumerate(pass_shares(args.reps, args.passes)):
+            for batch in rows:
+                ids = pool[:batch, :prompt].contiguous()
+                mask = torch.ones_like(ids)
+                # a real batch is ragged (left padding, or a joined cache's): every row after the first starts with
+                # padding, so the steps take the padded attention path the run's steps take, not the unpadded fast one
+                mask[1:, :RAGGED_PADDING] = 0
+                for model in loading.compiled_models(config, target, drafts).values():  # graphs compiled before timing
+                    model.precompile(ids, mask)
+                quiet_heap()  # as a run's timed batches: the collector's oldest generation holds none of this
+                prefilled = index > 0  # the batch's prefills, once per rows (they do not depend on the cache)
+                for kv in kvs:
+                    if (batch, kv) in failed:
+                        continue
+                    console.print(f"pass {index + 1}, rows {batch}, cache {kv} tokens: timing widths {widths}"
+                                  + (f" and drafts {', '.join(models)}" if models else ""))
+                    try:
+                        probe = measure_costs(target.model, models, ids, mask, widths, clock, reps=share,
+                                              tree_widths=tree_widths, sampling=sampling, context=kv - prompt,
+                                              target_vocab_size=target.vocab_size, prefills=not prefilled)
+                    except RUNTIME_ERRORS as error:  # e.g. CUDA out of memory at many rows: the others go on
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                        failed.add((batch, kv))
+                        failures.append({"rows": batch, "kv": kv, "error": f"{type(error).__name__}: {one_line(error)}"})
+                        console.print(f"[red]rows {batch}, cache {kv}: {failures[-1]['error']}; the others go on[/red]")
+                        continue
+                    prefilled = True
+                    measured_steps, measured_prefills = from_probe(probe, batch)
+                    for point in measured_steps:
+                        reps.setdefault((point["model"], point["rows"], point["width"], point["kv"]),
+                                        []).extend(point["reps_s"])
+                    prefills += measured_prefills
+        steps = [step_point(*key, times) for key, times in reps.items()]
         # a prompt of 2P: the prefill's line in rows x tokens has two widths at one row
         long_ids = pool[:1].contiguous()
         prefills += prefill_points(target.model, models, long_ids, torch.ones_like(long_ids), clock, first_row=False)
@@ -246,7 +263,8 @@ def run(config, args, command: str, console):
             "seed": config.seed, "sampling": dataclasses.asdict(sampling),
             "prompt_tokens": prompt, "ragged_padding": RAGGED_PADDING, "rows": rows, "kv": kvs, "widths": widths,
             "tree_widths": sorted(tree_widths),
-            "reps": args.reps, "prefill_reps": 2, "command": command}
+            "reps": args.reps, "passes": len(pass_shares(args.reps, args.passes)), "prefill_reps": 2,
+            "command": command}
     if rows_note:
         meta["notes"] = [rows_note]
     if failures:
@@ -259,6 +277,13 @@ def run(config, args, command: str, console):
         raise UserError(f"--out {out}: cannot write the profile there ({error.strerror or error}); give a writable "
                         "file path") from None
     return profile, out
+
+
+def pass_shares(reps: int, passes: int) -> list[int]:
+    """Each pass's repetitions: reps over at most `passes` passes, the first ones taking the remainder (9 over 3:
+    3, 3, 3; 5 over 3: 2, 2, 1; 2 over 3: 1, 1)."""
+    passes = min(passes, reps)
+    return [reps // passes + (1 if index < reps % passes else 0) for index in range(passes)]
 
 
 def writable(out: Path) -> None:

@@ -123,12 +123,15 @@ def test_repeats_tell_a_miss_from_the_sweeps_own_noise(tmp_path):
     path.write_text(json.dumps({"loads": [
         _load("batch=1", 80, k2, [_candidate(2, 1.31, [1.2, 1.4]), _candidate(None, 1, None)]),
         _load("batch=4", 80, k2, [_candidate(2, 1.02, [1.01, 1.05]), _candidate(None, 1, None)]),
-        _load("conc=2", 80, off, [_candidate(None, 1, None)])]}))
+        _load("conc=2", 80, off, [_candidate(None, 1, None)]),
+        # the recommendation's contexts bin a sweep's length to the nearer in ratio: 80 is 80's, none is 310's
+        _load("batch=1", 310, k2, [_candidate(2, 1.2, [1.1, 1.3]), _candidate(None, 1, None)])]}))
     out = tmp_path / "check.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recommend_check.py"), "--recommend", path,
                              "--sweeps", folder, "--json", out], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    first, second, third = json.loads(out.read_text())["rows"]
+    first, second, third, fourth = json.loads(out.read_text())["rows"]
+    assert fourth == {"load": "batch=1", "context": 310, "why": "no sweep near context 310"}
     # batch 1: K=2 13.0 against K=4's 13.5 pooled (0.963), but 12/14 and 14/13 by repeat: the repeats disagree
     assert abs(first["ratio"] - 13.0 / 13.5) < 1e-12 and not first["within"] and first["verdict"] == "unresolved"
     assert [round(x, 6) for x in first["ratio_repeats"]] == [round(12 / 14, 6), round(14 / 13, 6)]

@@ -56,6 +56,34 @@ def test_the_profile_command_writes_a_profile_of_the_pair(config_path, tmp_path,
     assert meta["command"].startswith("python -m runner.profile --config")
 
 
+def test_the_repetitions_are_shared_over_passes_over_every_probe(config_path, tmp_path, monkeypatch):
+    """5 repetitions over 3 passes: 2, 2 and 1, each pass over every rows x cache in turn (not one probe's 5 at once),
+    the batch's prefills timed in the first pass only; each step's repetitions are every pass's."""
+    from eval.costs import TARGET, Profile
+    from runner import probes, profile as command
+
+    assert command.pass_shares(9, 3) == [3, 3, 3] and command.pass_shares(5, 3) == [2, 2, 1]
+    assert command.pass_shares(2, 3) == [1, 1] and command.pass_shares(4, 1) == [4]
+    calls, real = [], probes.measure_costs
+
+    def spy(target, drafts, ids, mask, widths, clock, reps, **kwargs):
+        calls.append((ids.shape[0], kwargs["context"] + PROMPT, reps, kwargs["prefills"]))
+        return real(target, drafts, ids, mask, widths, clock, reps=reps, **kwargs)
+
+    monkeypatch.setattr(probes, "measure_costs", spy)
+    out = tmp_path / "profile.json"
+    assert command.main(["--config", str(config_path), "--rows", "1,2", "--kv", ",".join(map(str, KV)),
+                         "--prompt-tokens", str(PROMPT), "--reps", "5", "--out", str(out)]) == 0
+    one_pass = [(1, KV[0]), (1, KV[1]), (2, KV[0]), (2, KV[1])]
+    assert [(r, kv) for r, kv, _, _ in calls] == one_pass * 3
+    assert [reps for _, _, reps, _ in calls] == [2] * 4 + [2] * 4 + [1] * 4
+    assert [prefills for *_, prefills in calls] == [True, False] * 2 + [False] * 8
+    profile = Profile.load(out)
+    assert profile.meta["passes"] == 3 and profile.meta["reps"] == 5
+    # the unit step is timed first and last in each repetition: 10 of it, 5 of every other step
+    assert all(len(p["reps_s"]) == (10 if p["model"] == TARGET and p["width"] == 1 else 5) for p in profile.steps)
+
+
 @pytest.mark.parametrize("args, fragment", [(["--rows", "0"], "--rows"), (["--rows", "x"], "--rows"),
                                             (["--prompt-tokens", "0"], "--prompt-tokens")])
 def test_bad_arguments_are_one_line_and_exit_2(config_path, args, fragment):
