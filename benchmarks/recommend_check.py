@@ -16,9 +16,9 @@ recommendation named but the sweep did not measure is said so, never guessed.
 The checks, per load and context:
 - within: the recommended candidate's measured tok/s is at least (1 - within) x the best measured's. Where the
   sweep ran repeats, each repeat's reading (static: sum(N) / sum(batch wall times); a load: its new tokens over its
-  span) gives the ratio once per repeat both points ran, the two points measured in the same pass: a pooled ratio below 1 - within that
-  some repeat reads at or above it is "unresolved" (the sweep's own readings disagree), not "no"; a single reading
-  below it is "no (one reading)";
+  span) gives the ratio once per repeat both points ran, the two points measured in the same pass: a pooled ratio
+  below 1 - within that some repeat reads at or above it is "unresolved" (the sweep's own readings disagree), not
+  "no"; a single reading below it is "no (one reading)";
 - off: "off" recommended (or the recommendation tied with off) exactly where no K measured a speedup of 1 or more,
   a K whose interval holds 1 counting as a tie either way.
 """
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from eval.recommend import OFF, _fmt as _f, _interval as _ci, nearest  # noqa: E402
 from eval.records import Point  # noqa: E402
-from eval.serving import by_repeat  # noqa: E402
+from eval.serving import by_repeat, load_figures, timed, with_slots  # noqa: E402
 from eval.totals import throughput  # noqa: E402
 from utils.io import read_jsonl, write_json  # noqa: E402
 
@@ -53,8 +53,8 @@ def repeat_readings(folder: Path) -> dict[str, dict[int, float]]:
     out: dict[str, dict[int, float]] = {}
     for label, samples in points.items():
         for repeat, rows in by_repeat(samples).items():
-            served = all(s.get("concurrency") is not None and s.get("finish_s") is not None for s in rows)
-            tok_s = (sum(s["new_tokens"] for s in rows) / max(s["finish_s"] for s in rows) if served
+            served = all(timed(s) and s.get("concurrency") is not None for s in rows)
+            tok_s = (load_figures(with_slots(rows), None)["output_tok_s"] if served
                      else throughput(rows) if all(s.get("latency_s") is not None for s in rows) else None)
             if tok_s:
                 out.setdefault(label, {})[repeat] = tok_s

@@ -155,7 +155,8 @@ def run_step_costs(samples: list[dict], baseline: list[dict] | None) -> tuple[fl
     baseline's decode steps of the same batches: what the probes' c and v stand for. Per batch both sides finished,
     the baseline's steps are its longest row's new tokens less the prefill's, in its decode wall; the speculative
     batch's rounds, draft forwards (its draft prefill's one left out, where it ran at admission: a deferred prefill
-    is a round's catch-up, eval/replay.py prefill_deferred) and time after both prefills are its longest row's, whose record spans them all: draft_s less the draft prefill over the draft forwards, target_s less the
+    is a round's catch-up, eval/replay.py prefill_deferred) and time after both prefills are its longest row's,
+    whose record spans them all: draft_s less the draft prefill over the draft forwards, target_s less the
     prefill over the rounds (each round's acceptance, host read and rollback included, as in the probes). (None, None)
     where anything is unrecorded."""
     if not baseline or any(s.get("prefill_s") is None for s in samples + baseline):

@@ -200,7 +200,8 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                     done[i] = min(1, requests[i]["new_tokens"])
                 going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
                 end([i for i in group if i not in going])
-                eager = [i for i in going if not prefill_deferred(requests[i])]  # a deferred prefill is a round's catch-up (below)
+                # a deferred prefill is a round's catch-up (below)
+                eager = [i for i in going if not prefill_deferred(requests[i])]
                 if eager and drafts:  # over the draft's window of each prompt where it has one
                     draft_width = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) for i in group)
                     draft_prefill = pricer.prefill(pricer.rows(len(going), peak), draft_width, draft=True)

@@ -209,11 +209,12 @@ def run(config, args, command: str, console):
     generator = torch.Generator().manual_seed(config.seed)
     pool = torch.randint(0, vocab, (max(rows), 2 * prompt), generator=generator).to(device)
 
-    steps, prefills, failures = [], [], []
+    prefills, failures = [], []
+    shares = pass_shares(args.reps, args.passes)
     reps: dict[tuple, list[float]] = {}  # (model, rows, width, kv) -> its repetitions, pass after pass
     failed: set[tuple[int, int]] = set()
     with torch.inference_mode():
-        for index, share in enumerate(pass_shares(args.reps, args.passes)):
+        for index, share in enumerate(shares):
             for batch in rows:
                 ids = pool[:batch, :prompt].contiguous()
                 mask = torch.ones_like(ids)
@@ -263,7 +264,7 @@ def run(config, args, command: str, console):
             "seed": config.seed, "sampling": dataclasses.asdict(sampling),
             "prompt_tokens": prompt, "ragged_padding": RAGGED_PADDING, "rows": rows, "kv": kvs, "widths": widths,
             "tree_widths": sorted(tree_widths),
-            "reps": args.reps, "passes": len(pass_shares(args.reps, args.passes)), "prefill_reps": 2,
+            "reps": args.reps, "passes": len(shares), "prefill_reps": 2,
             "command": command}
     if rows_note:
         meta["notes"] = [rows_note]

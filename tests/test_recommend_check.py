@@ -117,7 +117,8 @@ def test_repeats_tell_a_miss_from_the_sweeps_own_noise(tmp_path):
                                         "gamma": None if method == "baseline" else 2,
                                         "schedule": None if method == "baseline" else "constant", "concurrency": 2,
                                         "batch_size": 1, "repeat": repeat, "request": request, "new_tokens": 10,
-                                        "arrival_s": 0.0, "finish_s": end, "prompt_tokens": 80}) + "\n")
+                                        "arrival_s": 0.0, "first_token_s": 1.0, "finish_s": end,
+                                        "prompt_tokens": 80}) + "\n")
     k2, off = f"speculative draft={DRAFT} gamma=2", "off"
     path = tmp_path / "recommend.json"
     path.write_text(json.dumps({"loads": [
