@@ -130,20 +130,26 @@ class Profile:
 
     def prefill_s(self, model: str, rows: int, tokens: int) -> float | None:
         """Seconds of a prefill of `rows` prompts `tokens` wide: the line through the model's prefill points in
-        rows x tokens (through the origin with one point); None without a point."""
+        rows x tokens (prefill_line); None without a point."""
+        line = self.prefill_line(model)
+        return None if line is None else max(line[0] + line[1] * rows * tokens, 0.0)
+
+    def prefill_line(self, model: str) -> tuple[float, float] | None:
+        """(intercept s, slope s per row-token) of the least-squares line through the model's prefill points in
+        rows x tokens, the slope at least 0 (through the origin where the points have one width); None without a
+        point. The slope is what one more token fed to a forward costs a row (the recommended schedule's price of a
+        catch-up, decode/drafters/schedules.py)."""
         points = [(p["rows"] * p["tokens"], p["s"]) for p in self.prefills if p["model"] == model]
         if not points:
             return None
         xs = {x for x, _ in points}
         if len(xs) == 1:
-            x0 = next(iter(xs))
-            return statistics.median(s for _, s in points) * rows * tokens / x0
+            return 0.0, statistics.median(s for _, s in points) / next(iter(xs))
         mean_x = statistics.fmean(x for x, _ in points)
         mean_s = statistics.fmean(s for _, s in points)
-        slope = (sum((x - mean_x) * (s - mean_s) for x, s in points)
-                 / sum((x - mean_x) ** 2 for x, _ in points))
-        slope = max(slope, 0.0)
-        return max(mean_s + slope * (rows * tokens - mean_x), 0.0)
+        slope = max(0.0, sum((x - mean_x) * (s - mean_s) for x, s in points)
+                    / sum((x - mean_x) ** 2 for x, _ in points))
+        return mean_s - slope * mean_x, slope
 
     def resampled(self, rng) -> "Profile":
         """One draw of the profile's own timing noise: each point's median over its repetitions, recomputed on the

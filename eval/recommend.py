@@ -641,6 +641,13 @@ def positive_floats(text: str) -> list[float]:
     return values
 
 
+def draft_prefill_lines(profile: Profile) -> dict:
+    """Each draft model's prefill line from the profile (eval/costs.py prefill_line): what the recommended schedule
+    prices a row's catch-up at, where a row that ran off would start drafting (decode/drafters/schedules.py)."""
+    models = sorted({p["model"] for p in profile.prefills if p["model"] != TARGET})
+    return {model: dict(zip(("intercept_s", "s_per_row_token"), profile.prefill_line(model))) for model in models}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m eval.recommend", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, nargs="?", help="a report folder of our engine's run")
@@ -714,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     return written(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None,
                          "profile_meta": profile.meta, "loads": results, "settings": emitted,
+                         "draft_prefill": draft_prefill_lines(profile),
                          "exported_acceptance": acceptance, "notes": notes,
                          **({"by_category": categories} if categories else {})})
 

@@ -44,6 +44,14 @@ class DraftModelDrafter(Drafter):
     and its last one, 0 where the round drafted nothing), as the hybrid drafter's rows do: the replay
     (eval/replay.py prefill_deferred) then prices its prefill where it ran, in a round, not at its admission.
 
+    Held rows: in a round that drafts (a chain), a row the schedule drafts nothing for whose tokens are pending is
+    not caught up: the other rows' drafting does not pay its catch-up (a long prompt that joined where drafting did
+    not pay would otherwise be fed whole by a neighbour's first drafting round). It is fed its last token alone, so
+    the batched forward has a real token to attend to in every row (an empty cache fed only masked slots would
+    attend over nothing), and everything the round fed it is dropped at commit; its last token joins its pending
+    ones. A schedule may also decline a row's catch-up where what is left of the row cannot repay it
+    (Schedule.catch_up_repaid: recommended, at a recommendation's prices): the row is held the same way.
+
     The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
     input embedding's device and brings its logits back to the engine's device.
     """
@@ -66,6 +74,8 @@ class DraftModelDrafter(Drafter):
         self.defer = False  # True: no prefill before the first round that drafts (see the class doc)
         self.joined_empty: list[bool] = []  # per row: its prefill waited for a round that drafts (idles_rows)
         self.round_facts: list[dict] | None = None  # per row, this round's facts for its record (idles_rows)
+        self.held: list[int] = []  # rows held this round: fed their last token only, dropped at commit
+        self.held_last: list[int] = []  # those rows' last tokens (host), which join their pending at commit
 
     @property
     def forwards(self) -> int:
@@ -90,6 +100,7 @@ class DraftModelDrafter(Drafter):
         self.pending: list[list[int]] = []  # per row: committed tokens, not yet fed
         self.joined_empty = []
         self.round_facts = None
+        self.held, self.held_last = [], []
         self._observed = self._observed_drafts = None
         self.off = False
         if self.schedule is not None:
@@ -143,17 +154,28 @@ class DraftModelDrafter(Drafter):
         rows = len(self.pending)
         wanted = self.schedule.lengths() if self.schedule is not None else [max_tokens] * rows
         limits = row_limits if row_limits is not None else [max_tokens] * rows
-        return [max(0, min(w, limit, max_tokens)) for w, limit in zip(wanted, limits)]
+        lengths = [max(0, min(w, limit, max_tokens)) for w, limit in zip(wanted, limits)]
+        repaid = getattr(self.schedule, "catch_up_repaid", None)
+        if repaid is not None and self.tree is None and any(p for p, k in zip(self.pending, lengths) if k):
+            lengths = [k if k == 0 or not p or repaid(row, len(p)) else 0
+                       for row, (k, p) in enumerate(zip(lengths, self.pending))]
+        return lengths
 
     def _catch_up_inputs(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """last_tokens [B] -> [B, P] ids and mask: each row's pending tokens, then its last token, right-aligned
-        (P = 1 and no mask when nothing is pending, the usual case: no copy through the host). The mask is
-        built on the host (numpy), the ids copied to the device without a sync."""
-        width = 1 + max(len(p) for p in self.pending)
-        if width == 1:
+        """last_tokens [B] -> [B, P] ids and mask: each row's pending tokens, then its last token, right-aligned; a
+        held row (self.held) its last token alone (P = 1 and no mask when nothing else is fed, the usual case: no
+        copy through the host). The mask is built on the host (numpy), the ids copied to the device without a
+        sync."""
+        held = set(self.held)
+        width = 1 + max((len(p) for row, p in enumerate(self.pending) if row not in held), default=0)
+        if width == 1 and not held:
             return last_tokens[:, None], None
         last = [min(t, self.input_vocab_size - 1) for t in self._last_tokens_host(last_tokens)]
-        ids, mask = right_aligned([tokens + [last[row]] for row, tokens in enumerate(self.pending)])
+        self.held_last = [last[row] for row in self.held]
+        if width == 1:
+            return last_tokens[:, None], None
+        ids, mask = right_aligned([([] if row in held else tokens) + [last[row]]
+                                   for row, tokens in enumerate(self.pending)])
         return host_to_device(ids, self.device), mask
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
@@ -167,6 +189,9 @@ class DraftModelDrafter(Drafter):
             shape = self.tree.shape_for_round(num_tokens)  # None: no drafting this round (auto)
             if shape is None:
                 num_tokens = 0
+        # a chain's rows that draft nothing with tokens pending are held (class doc); a tree feeds every row
+        self.held = [row for row, (k, p) in enumerate(zip(lengths, self.pending)) if not k and p] \
+            if num_tokens > 0 and shape is None else []
         self._note_catch_up(num_tokens > 0)
         if num_tokens == 0:
             return self._no_drafts(last_tokens)
@@ -174,7 +199,8 @@ class DraftModelDrafter(Drafter):
         last_tokens = last_tokens.clamp(max=self.input_vocab_size - 1)
         # 1. catch up: each row's pending tokens and its last token in one forward, whose last logits draft d_1
         input_ids, input_mask = self._catch_up_inputs(last_tokens)  # [B, P]
-        self.pending = [[] for _ in self.pending]
+        held = set(self.held)
+        self.pending = [p if row in held else [] for row, p in enumerate(self.pending)]
         if self.state is None:  # a deferred prefill (defer): the catch-up fills an empty cache
             self.state = new_state(self.model)
         if shape is not None:
@@ -224,8 +250,8 @@ class DraftModelDrafter(Drafter):
         if not any(self.joined_empty):
             self.round_facts = None
             return
-        self.round_facts = [{"catch_up": len(p) + 1 if drafting else 0} if empty else {}
-                            for p, empty in zip(self.pending, self.joined_empty)]
+        self.round_facts = [{"catch_up": len(p) + 1 if drafting and row not in self.held else 0} if empty else {}
+                            for row, (p, empty) in enumerate(zip(self.pending, self.joined_empty))]
 
     def _no_drafts(self, last_tokens: torch.Tensor) -> Proposal:
         """No row drafts this round: the engine takes a plain target step; each last token waits to be fed."""
@@ -252,9 +278,15 @@ class DraftModelDrafter(Drafter):
         if drafted == 0:
             return
         # this round fed [pending.., last token, d_1 .. d_{G-1}]: of the last G slots keep the last token and
-        # the accepted drafts that were fed
+        # the accepted drafts that were fed; a held row keeps none (its last token waits with its pending ones)
         kept = accepted_len.clamp(max=drafted - 1) + 1  # [B]
         kept_host = [min(accepted, drafted - 1) + 1 for accepted in accepted_len_host]
+        if self.held:
+            for row, last in zip(self.held, self.held_last):
+                kept_host[row] = 0
+                self.pending[row].append(last)
+            kept = host_to_device(kept_host, kept.device)
+            self.held, self.held_last = [], []
         self.state.keep_prefix_of_last(drafted, kept, max(kept_host), kept_host)
         full = [row for row, accepted in enumerate(accepted_len_host) if accepted == drafted]
         if full:  # every one of G drafts accepted: the last one was never fed (its ids were in the engine's sync)

@@ -424,46 +424,73 @@ class RecommendedSchedule(Schedule):
 
     The batch in flight changes under continuous batching (add_rows, select_rows) and as a static batch's rows end:
     each round reads it anew. Lossless: a row's K is decided before the round, from the batch's size and the row's
-    length, never from the target's verdict."""
+    length, never from the target's verdict.
+
+    A row that ran off has tokens its draft cache has not seen (its prompt, where it joined off: decode/drafters/
+    draft_model.py), and drafting again first feeds them all. With `catch_up` (decode/methods/speculative.py
+    catch_up_prices: the seconds a row saves per token at each load and context, and the seconds a forward costs per
+    row-token fed) the row starts drafting only where its tokens left repay that feed (catch_up_repaid): a long
+    prompt near its end, or at a load where drafting barely pays, stays off. Without it every row drafts where its
+    K says."""
     name = "recommended"
     reads_context = True
     idles_rows = True
 
-    def __init__(self, gamma: int, table: dict[int, dict[int | None, int]]):
+    def __init__(self, gamma: int, table: dict[int, dict[int | None, int]],
+                 catch_up: tuple[dict[int, dict[int | None, float]], float] | None = None, budget: int | None = None):
         super().__init__(gamma)
         if not table or any(not by_context for by_context in table.values()) or \
                 any(k < 0 for by_context in table.values() for k in by_context.values()):
             raise ValueError(f"the recommended schedule needs a table batch -> context -> K >= 0, got {table}")
         self.table = table
         self.batches = sorted(table)
+        self.savings, self.price = catch_up if catch_up is not None else (None, None)
+        self.budget = budget  # max_new_tokens: a row's tokens left are the budget less those it has
 
     def start(self, rows):
         super().start(rows)
         self.contexts = [1] * rows  # a row of unknown prompt: its first token only
+        self.prompts = [0] * rows
 
     def add_rows(self, rows, prompt_tokens: list[int] | None = None):
         super().add_rows(rows)
-        self.contexts += [p + 1 for p in prompt_tokens] if prompt_tokens is not None else [1] * rows
+        self.prompts += list(prompt_tokens) if prompt_tokens is not None else [0] * rows
+        self.contexts += [p + 1 for p in self.prompts[-rows:]] if rows else []
 
     def select_rows(self, rows):
         super().select_rows(rows)
         self.contexts = [self.contexts[r] for r in rows]
+        self.prompts = [self.prompts[r] for r in rows]
 
     def update(self, drafted, accepted):
         self.contexts = [c + a + 1 for c, a in zip(self.contexts, accepted)]
 
-    def by_context(self) -> dict[int | None, int]:
-        """The table's row for the batch in flight."""
+    def by_context(self, table: dict | None = None) -> dict:
+        """The table's row for the batch in flight (of `table`: the savings, keyed as the table)."""
+        table = self.table if table is None else table
         below = [b for b in self.batches if b <= self.rows]
-        return self.table[below[-1] if below else self.batches[0]]
+        return table[below[-1] if below else self.batches[0]]
+
+    @staticmethod
+    def _bin(by_context: dict, context: int):
+        """The tabulated context nearest `context` in ratio (None where the table has no contexts)."""
+        bins = sorted(c for c in by_context if c is not None)
+        return min(bins, key=lambda c: (abs(math.log(max(context, 1) / c)), c)) if bins else None
 
     def lengths(self):
         ks = self.by_context()
-        bins = sorted(c for c in ks if c is not None)
-        if not bins:
-            return [min(self.gamma, ks[None])] * self.rows
-        return [min(self.gamma, ks[min(bins, key=lambda c: (abs(math.log(max(context, 1) / c)), c))])
-                for context in self.contexts]
+        return [min(self.gamma, ks[self._bin(ks, context)]) for context in self.contexts]
+
+    def catch_up_repaid(self, row: int, behind: int) -> bool:
+        """Whether the row, `behind` tokens its draft cache has not seen (besides its last), drafts this round: what
+        it saves on its tokens left (the budget less those it has, each round's accepted + 1 after its first) at the
+        recommended K (savings per token, at the batch in flight and its context) at least what feeding them costs
+        the batch's forward (price x rows x behind). True without prices or a budget."""
+        if self.savings is None or self.budget is None:
+            return True
+        savings = self.by_context(self.savings)
+        left = self.budget - (self.contexts[row] - self.prompts[row])
+        return left * savings[self._bin(savings, self.contexts[row])] >= self.price * self.rows * behind
 
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,
@@ -473,11 +500,13 @@ SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "conf
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,
                   v: dict[int, float] | None = None, evidence: PointEvidence | None = None,
                   prefill_cost: dict | None = None, budget: int | None = None,
-                  table: dict[int, dict[int | None, int]] | None = None) -> Schedule:
+                  table: dict[int, dict[int | None, int]] | None = None,
+                  catch_up: tuple[dict, float] | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
-    and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context."""
+    and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context, catch_up:
+    its prices of a row's catch-up (RecommendedSchedule)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
@@ -487,7 +516,7 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
     if name == "recommended":
         if not table:
             raise ValueError("the recommended schedule needs its table K(batch, context) (speculative.recommendation)")
-        return RecommendedSchedule(gamma, table)
+        return RecommendedSchedule(gamma, table, catch_up, budget)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -90,6 +90,39 @@ def recommended_table(data: dict, draft: str, served: bool, path: str = "recomme
     of them; a tie goes to off, then the shorter K). Loads at a concurrency (conc=C) under a load, at a static batch
     size (batch=B) for fixed batches, the other kind where the file has none of these; rates are no batch size and
     are left out, and so is a load where the draft was not a candidate. ValueError where no load is left."""
+    return {batch: {context: 0 if best["candidate"] == "off" else int(best["gamma"])
+                    for context, (best, _) in by_context.items()}
+            for batch, by_context in _choices(data, draft, served, path).items()}
+
+
+def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
+                    ) -> tuple[dict[int, dict[int | None, float]], float] | None:
+    """What the recommended schedule weighs a catch-up with (RecommendedSchedule.catch_up_repaid): batch -> context
+    -> the seconds a row saves per token at the recommended K (batch / off's tok/s, a row's time per token without
+    speculation, times 1 - 1 / the K's predicted speedup; 0 where off is recommended), and the draft's prefill line's
+    slope (seconds per row-token fed, eval.recommend's draft_prefill). None where the file lacks either (written
+    before eval.recommend priced catch-ups)."""
+    line = (data.get("draft_prefill") or {}).get(f"draft:{draft}") or {}
+    slope = line.get("s_per_row_token")
+    if not isinstance(slope, (int, float)) or slope < 0:
+        return None
+    savings: dict[int, dict[int | None, float]] = {}
+    for batch, by_context in _choices(data, draft, served, path).items():
+        for context, (best, off_) in by_context.items():
+            tok_s, speedup = (off_ or {}).get("tok_s"), best.get("speedup")
+            if best["candidate"] == "off" or not tok_s or not speedup:
+                saving = 0.0 if best["candidate"] == "off" else None
+            else:
+                saving = max(0.0, batch / tok_s * (1 - 1 / speedup))
+            if saving is None:
+                return None
+            savings.setdefault(batch, {})[context] = saving
+    return savings, float(slope)
+
+
+def _choices(data: dict, draft: str, served: bool, path: str) -> dict[int, dict[int | None, tuple[dict, dict | None]]]:
+    """batch -> context -> (the candidate recommended_table follows, "off" of the same load); ValueError where no
+    load is left."""
     tables: dict[str, dict] = {"batch": {}, "conc": {}}
     for load in data.get("loads") or []:
         kind, _, value = str(load.get("load", "")).partition("=")
@@ -97,8 +130,8 @@ def recommended_table(data: dict, draft: str, served: bool, path: str = "recomme
         if kind not in tables or not value.isdigit() or all(c.get("candidate") == "off" for c in runnable):
             continue
         best = min(runnable, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
-        tables[kind].setdefault(int(value), {})[load.get("context")] = 0 if best["candidate"] == "off" \
-            else int(best["gamma"])
+        off_ = next((c for c in runnable if c.get("candidate") == "off"), None)
+        tables[kind].setdefault(int(value), {})[load.get("context")] = best, off_
     preferred, other = ("conc", "batch") if served else ("batch", "conc")
     table = tables[preferred] or tables[other]
     if not table:
@@ -119,7 +152,9 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
         data = ctx.memory.get(("recommended", path))
         if data is None:  # read at the point's first batch (the config's load checked it)
             data = ctx.memory[("recommended", path)] = read_recommendation(path)
-        return make_schedule(name, point.gamma, table=recommended_table(data, draft_label, ctx.load is not None, path))
+        served = ctx.load is not None
+        return make_schedule(name, point.gamma, table=recommended_table(data, draft_label, served, path),
+                             catch_up=catch_up_prices(data, draft_label, served, path), budget=max_new_tokens)
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run

@@ -10,7 +10,7 @@ import torch
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.schedules import RecommendedSchedule, make_schedule
 from decode.kv import KVState
-from decode.methods.speculative import recommended_table
+from decode.methods.speculative import catch_up_prices, recommended_table
 from decode.serving import Load
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 from utils.config import ConfigError, validate
@@ -210,7 +210,56 @@ def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
                     assert all(r["catch_up"] == 0 for r in s.rounds[:first])
                     if first is not None:
                         assert s.rounds[first]["catch_up"] == prompt + 1 + sum(r["emitted"] for r in s.rounds[:first])
+            # a row is caught up in its own drafting round only: a neighbour's drafting holds it (it was fed in the
+            # first round any row drafted)
+            waited = [s for s in served[name] if s.rounds and "catch_up" in s.rounds[0]]
+            assert waited and all(r["drafted"] for s in waited for r in s.rounds if r.get("catch_up")), name
     assert empty_joins == [1]
+
+
+def test_rows_whose_tokens_left_cannot_repay_their_catch_up_stay_off():
+    """The same five requests with prices at which no row's catch-up is repaid (a row saves a microsecond a token, a
+    forward costs a second a row-token fed): every row joined with company, off, and none drafts when it is alone
+    either; the output is still the target's."""
+    target = tiny_model("llama", seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch([6, 13, 2, 9, 4])
+    generation = Generation(max_new_tokens=12, eos_token_ids=(54,))
+    prices = ({1: {None: 1e-6}, 2: {None: 0.0}}, 1.0)
+    with torch.inference_mode():
+        alone = [generate_baseline(target, ids[i:i + 1], mask[i:i + 1], generation)[0].output_ids for i in range(5)]
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=RecommendedSchedule(4, IDLE_TABLE, prices, 12))
+        served = generate_speculative(target, drafter, ids, mask, generation, 4, load=Load([0.0] * 5, 2))
+    assert [s.output_ids for s in served] == alone
+    assert all(r["drafted"] == 0 for s in served for r in s.rounds) and all(s.draft_forwards == 0 for s in served)
+
+
+def test_a_catch_up_is_paid_where_the_tokens_left_repay_it():
+    """By hand: alone, K 3 saves 0.01 s a token; with company K 2 saves 0.004 s; a forward costs 0.001 s a row-token
+    fed; 32 tokens a request. A row's tokens left are 32 less those it has (its prefill's first, then accepted + 1)."""
+    schedule = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}}, ({1: {None: 0.01}, 2: {None: 0.004}}, 0.001), 32)
+    schedule.start(0)
+    schedule.add_rows(1, prompt_tokens=[100])
+    assert schedule.catch_up_repaid(0, 300) and not schedule.catch_up_repaid(0, 320)  # 31 left: 0.31 s saved
+    schedule.update([3], [2])  # 3 more tokens: 28 left, 0.28 s
+    assert schedule.catch_up_repaid(0, 270) and not schedule.catch_up_repaid(0, 290)
+    schedule.add_rows(1, prompt_tokens=[10])  # two rows: 0.004 s a token, and the forward feeds both rows' width
+    assert schedule.catch_up_repaid(1, 60) and not schedule.catch_up_repaid(1, 64)  # 31 x 0.004 = 0.124 s vs 0.002 a token
+    assert RecommendedSchedule(4, {1: {None: 3}}).catch_up_repaid(0, 10 ** 6)  # without prices: drafts where K says
+
+
+def test_catch_up_prices_by_hand():
+    """recommend.json -> each load's saving a token (concurrency / off's tok/s x (1 - 1 / the K's speedup); 0 where off
+    is recommended) and the draft's prefill slope; None where the file has no draft prefill line."""
+    data = {"loads": [{"load": "conc=1", "context": None, "candidates": [chain(2, 1.25), {**off(), "tok_s": 4.0}]},
+                      {"load": "conc=2", "context": None, "candidates": [chain(2, 0.9), {**off(), "tok_s": 7.0}]},
+                      {"load": "conc=4", "context": None, "candidates": [chain(3, 1.6), {**off(), "tok_s": 10.0}]}],
+            "draft_prefill": {"draft:d": {"intercept_s": 0.01, "s_per_row_token": 0.002}}}
+    savings, slope = catch_up_prices(data, "d", served=True)
+    assert slope == 0.002
+    assert savings[1][None] == pytest.approx(0.25 * 0.2) and savings[2][None] == 0.0
+    assert savings[4][None] == pytest.approx(0.4 * 0.375)
+    assert catch_up_prices({"loads": data["loads"]}, "d", served=True) is None
 
 
 # ---- the config: speculative.recommendation ----------------------------------------------------------------------

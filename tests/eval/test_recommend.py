@@ -255,6 +255,9 @@ def test_the_command_and_an_exported_acceptance_read_back(tmp_path, capsys):
     assert "settings, ready to paste:" in out and "--speculative-config" in out
     written = json.loads((run_dir / "recommend.json").read_text())
     assert [r["load"] for r in written["loads"]] == ["batch=1", "batch=2"]
+    # the draft's prefill line: 0.05 s at 10 row-tokens, 0.1 s at 20
+    line = written["draft_prefill"]["draft:d"]
+    assert line["intercept_s"] == pytest.approx(0.0, abs=1e-12) and line["s_per_row_token"] == pytest.approx(0.005)
     files = written["exported_acceptance"]["speculative draft=d gamma=2 constant"]
     vllm = json.loads(open(files["vllm"]).read())
     assert vllm == {"rejection_sample_method": "synthetic", "num_speculative_tokens": 2,
