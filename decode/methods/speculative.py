@@ -87,7 +87,8 @@ def recommended_table(data: dict, draft: str, served: bool, path: str = "recomme
                       ) -> dict[int, dict[int | None, int]]:
     """recommend.json -> batch -> context (None: as measured) -> K (0: off): at each load and context, the candidate
     of the highest predicted speedup among those this schedule runs (`follows`; eval.recommend's best where it is one
-    of them; a tie goes to off, then the shorter K). Loads at a concurrency (conc=C) under a load, at a static batch
+    of them; equal speedups go to off, then the shorter K), and off where that candidate is tied with off (its
+    interval reaches 1: speculation that cannot be told from off is not run). Loads at a concurrency (conc=C) under a load, at a static batch
     size (batch=B) for fixed batches, the other kind where the file has none of these; rates are no batch size and
     are left out, and so is a load where the draft was not a candidate. ValueError where no load is left."""
     return {batch: {context: 0 if best["candidate"] == "off" else int(best["gamma"])
@@ -120,6 +121,13 @@ def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend
     return savings, float(slope)
 
 
+def tied_with_off(candidate: dict) -> bool:
+    """Whether the candidate's predicted speedup cannot be told from off's: its 95% interval reaches 1 (off's is
+    [1, 1]; eval.recommend says it as a tie). Without an interval, its point estimate decides."""
+    interval = candidate.get("speedup_ci95")
+    return bool(interval) and interval[0] <= 1.0
+
+
 def _choices(data: dict, draft: str, served: bool, path: str) -> dict[int, dict[int | None, tuple[dict, dict | None]]]:
     """batch -> context -> (the candidate recommended_table follows, "off" of the same load); ValueError where no
     load is left."""
@@ -131,6 +139,8 @@ def _choices(data: dict, draft: str, served: bool, path: str) -> dict[int, dict[
             continue
         best = min(runnable, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
         off_ = next((c for c in runnable if c.get("candidate") == "off"), None)
+        if off_ is not None and best is not off_ and tied_with_off(best):
+            best = off_
         tables[kind].setdefault(int(value), {})[load.get("context")] = best, off_
     preferred, other = ("conc", "batch") if served else ("batch", "conc")
     table = tables[preferred] or tables[other]

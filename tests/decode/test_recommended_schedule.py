@@ -248,6 +248,19 @@ def test_a_catch_up_is_paid_where_the_tokens_left_repay_it():
     assert RecommendedSchedule(4, {1: {None: 3}}).catch_up_repaid(0, 10 ** 6)  # without prices: drafts where K says
 
 
+def test_a_k_tied_with_off_is_off():
+    """A K whose predicted speedup's 95% interval reaches 1 cannot be told from off: the table says off there (and
+    saves nothing a token); one whose interval is above 1 is followed."""
+    def load(n, interval):
+        return {"load": f"conc={n}", "context": None,
+                "candidates": [{**chain(2, 1.05), "speedup_ci95": interval}, {**off(), "tok_s": 4.0}]}
+    data = {"loads": [load(1, [1.01, 1.1]), load(2, [0.99, 1.1]), load(4, [1.0, 1.1])],
+            "draft_prefill": {"draft:d": {"intercept_s": 0.0, "s_per_row_token": 0.001}}}
+    assert recommended_table(data, "d", served=True) == {1: {None: 2}, 2: {None: 0}, 4: {None: 0}}
+    assert catch_up_prices(data, "d", served=True)[0] == {1: {None: pytest.approx(0.25 * (1 - 1 / 1.05))},
+                                                          2: {None: 0.0}, 4: {None: 0.0}}
+
+
 def test_catch_up_prices_by_hand():
     """recommend.json -> each load's saving a token (concurrency / off's tok/s x (1 - 1 / the K's speedup); 0 where off
     is recommended) and the draft's prefill slope; None where the file has no draft prefill line."""
