@@ -149,8 +149,9 @@ def round_shape(rounds: list[dict]) -> tuple[int, int]:
 def prefill_deferred(record: dict) -> bool:
     """Whether the draft prefilled this row in its first drafting round, not at its admission: its rounds' catch_up
     says so (the hybrid drafter's rows; a draft model's rows that joined where the recommended schedule drafted
-    none of them, decode/drafters/draft_model.py)."""
-    return any("catch_up" in r for r in record.get("rounds") or ())
+    none of them, decode/drafters/draft_model.py); a row held after its prefill ("lagging") records its catch-ups
+    too, and its prefill ran at admission."""
+    return any("catch_up" in r and not r.get("lagging") for r in record.get("rounds") or ())
 
 
 def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0) -> list[dict]:

@@ -44,13 +44,16 @@ class DraftModelDrafter(Drafter):
     and its last one, 0 where the round drafted nothing), as the hybrid drafter's rows do: the replay
     (eval/replay.py prefill_deferred) then prices its prefill where it ran, in a round, not at its admission.
 
-    Held rows: in a round that drafts (a chain), a row the schedule drafts nothing for whose tokens are pending is
-    not caught up: the other rows' drafting does not pay its catch-up (a long prompt that joined where drafting did
-    not pay would otherwise be fed whole by a neighbour's first drafting round). It is fed its last token alone, so
-    the batched forward has a real token to attend to in every row (an empty cache fed only masked slots would
-    attend over nothing), and everything the round fed it is dropped at commit; its last token joins its pending
-    ones. A schedule may also decline a row's catch-up where what is left of the row cannot repay it
-    (Schedule.catch_up_repaid: recommended, at a recommendation's prices): the row is held the same way.
+    Held rows: in a round that drafts (a chain), a row the schedule drafts nothing for whose pending tokens would
+    widen the catch-up forward (more of them than any drafting row has) is not caught up: the other rows' drafting
+    does not pay its catch-up (a long prompt that joined where drafting did not pay would otherwise be fed whole by a
+    neighbour's first drafting round). It is fed its last token alone, so the batched forward has a real token to
+    attend to in every row (an empty cache fed only masked slots would attend over nothing), and everything the
+    round fed it is dropped at commit; its last token joins its pending ones. A row within the forward's width is
+    fed as before (free). A schedule may also decline a row's catch-up of more than one token where what is left of
+    the row cannot repay it (Schedule.catch_up_repaid: recommended, at a recommendation's prices): the row is held
+    the same way. A row held after its prefill ran says its catch-ups in its records from then on ("catch_up" with
+    "lagging": its prefill was not deferred), so the replay prices a wide one where it runs.
 
     The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
     input embedding's device and brings its logits back to the engine's device.
@@ -73,6 +76,7 @@ class DraftModelDrafter(Drafter):
         self.off = False  # True: this batch does not run the draft (start asks the schedule)
         self.defer = False  # True: no prefill before the first round that drafts (see the class doc)
         self.joined_empty: list[bool] = []  # per row: its prefill waited for a round that drafts (idles_rows)
+        self.lagging: list[bool] = []  # per row: held after its prefill (its records say its catch-ups)
         self.round_facts: list[dict] | None = None  # per row, this round's facts for its record (idles_rows)
         self.held: list[int] = []  # rows held this round: fed their last token only, dropped at commit
         self.held_last: list[int] = []  # those rows' last tokens (host), which join their pending at commit
@@ -99,6 +103,7 @@ class DraftModelDrafter(Drafter):
         self.state = None
         self.pending: list[list[int]] = []  # per row: committed tokens, not yet fed
         self.joined_empty = []
+        self.lagging = []
         self.round_facts = None
         self.held, self.held_last = [], []
         self._observed = self._observed_drafts = None
@@ -117,6 +122,7 @@ class DraftModelDrafter(Drafter):
         rounds go on across joins)."""
         self.pending += [[] for _ in range(prompt_ids.shape[0])]
         self.joined_empty += [False] * prompt_ids.shape[0]
+        self.lagging += [False] * prompt_ids.shape[0]
         self.device = prompt_ids.device
         if self.schedule is not None and self.schedule.reads_context:  # each row's prompt, its context's start
             self.schedule.add_rows(prompt_ids.shape[0], prompt_tokens=prompt_mask.sum(dim=1).tolist())
@@ -156,8 +162,9 @@ class DraftModelDrafter(Drafter):
         limits = row_limits if row_limits is not None else [max_tokens] * rows
         lengths = [max(0, min(w, limit, max_tokens)) for w, limit in zip(wanted, limits)]
         repaid = getattr(self.schedule, "catch_up_repaid", None)
-        if repaid is not None and self.tree is None and any(p for p, k in zip(self.pending, lengths) if k):
-            lengths = [k if k == 0 or not p or repaid(row, len(p)) else 0
+        if repaid is not None and self.tree is None and any(len(p) > 1 for p, k in zip(self.pending, lengths) if k):
+            # a backlog (more than the last draft of a full accept, or one plain step's token) is fed only if repaid
+            lengths = [k if k == 0 or len(p) <= 1 or repaid(row, len(p)) else 0
                        for row, (k, p) in enumerate(zip(lengths, self.pending))]
         return lengths
 
@@ -189,9 +196,14 @@ class DraftModelDrafter(Drafter):
             shape = self.tree.shape_for_round(num_tokens)  # None: no drafting this round (auto)
             if shape is None:
                 num_tokens = 0
-        # a chain's rows that draft nothing with tokens pending are held (class doc); a tree feeds every row
-        self.held = [row for row, (k, p) in enumerate(zip(lengths, self.pending)) if not k and p] \
-            if num_tokens > 0 and shape is None else []
+        # a chain's rows that draft nothing and whose pending tokens would widen the catch-up are held (class doc); a
+        # tree feeds every row
+        self.held = []
+        if num_tokens > 0 and shape is None:
+            width = max((len(p) for k, p in zip(lengths, self.pending) if k), default=0)
+            self.held = [row for row, (k, p) in enumerate(zip(lengths, self.pending)) if not k and len(p) > width]
+            for row in self.held:  # a row that was prefilled says its catch-ups from now on (class doc)
+                self.lagging[row] = self.lagging[row] or not self.joined_empty[row]
         self._note_catch_up(num_tokens > 0)
         if num_tokens == 0:
             return self._no_drafts(last_tokens)
@@ -245,13 +257,17 @@ class DraftModelDrafter(Drafter):
         return not bool((remaining > step + 1).any())
 
     def _note_catch_up(self, drafting: bool) -> None:
-        """This round's facts for the records of rows whose prefill waited (joined_empty): the width their catch-up
-        feeds (pending tokens and the last one), 0 where the round drafts nothing; None where no row's waited."""
-        if not any(self.joined_empty):
+        """This round's facts for the records of rows whose prefill waited (joined_empty) or that were held after
+        their prefill (lagging, so marked: their prefill ran at admission): the width their catch-up feeds (pending
+        tokens and the last one), 0 where the round drafts nothing for them; None where no row is either."""
+        if not any(self.joined_empty) and not any(self.lagging):
             self.round_facts = None
             return
-        self.round_facts = [{"catch_up": len(p) + 1 if drafting and row not in self.held else 0} if empty else {}
-                            for row, (p, empty) in enumerate(zip(self.pending, self.joined_empty))]
+        facts = []
+        for row, (p, empty, lagging) in enumerate(zip(self.pending, self.joined_empty, self.lagging)):
+            fact = {"catch_up": len(p) + 1 if drafting and row not in self.held else 0} if empty or lagging else {}
+            facts.append({**fact, "lagging": True} if lagging else fact)
+        self.round_facts = facts
 
     def _no_drafts(self, last_tokens: torch.Tensor) -> Proposal:
         """No row drafts this round: the engine takes a plain target step; each last token waits to be fed."""
@@ -318,5 +334,6 @@ class DraftModelDrafter(Drafter):
         self._keep_observed(kept)
         self.pending = [self.pending[r] for r in kept]
         self.joined_empty = [self.joined_empty[r] for r in kept]
+        self.lagging = [self.lagging[r] for r in kept]
         if self.schedule is not None:
             self.schedule.select_rows(kept)

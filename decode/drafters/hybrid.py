@@ -436,8 +436,11 @@ class HybridDrafter(Drafter):
         self.draft._observed = list(host)
         drafting = max(k_draft) > 0
         # each row's catch-up: the tokens the draft's first forward feeds (a deferred prefill: the prompt and all since);
-        # a row the draft drafts nothing for is held with its pending tokens (DraftModelDrafter's class doc)
-        self.catch_up = [len(p) + 1 if drafting and (k or not p) else 0 for p, k in zip(self.draft.pending, k_draft)]
+        # a row the draft drafts nothing for, whose pending tokens would widen that forward, is held with them
+        # (DraftModelDrafter's class doc)
+        width = max((len(p) for p, k in zip(self.draft.pending, k_draft) if k), default=0)
+        self.catch_up = [len(p) + 1 if drafting and (k or len(p) <= width) else 0
+                         for p, k in zip(self.draft.pending, k_draft)]
         if drafting:
             self.wanted.wanted = k_draft
             drafted = self.draft.propose(last_tokens, max(k_draft), row_limits=k_draft)

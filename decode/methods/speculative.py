@@ -87,8 +87,8 @@ def recommended_table(data: dict, draft: str, served: bool, path: str = "recomme
                       ) -> dict[int, dict[int | None, int]]:
     """recommend.json -> batch -> context (None: as measured) -> K (0: off): at each load and context, the candidate
     of the highest predicted speedup among those this schedule runs (`follows`; eval.recommend's best where it is one
-    of them; equal speedups go to off, then the shorter K), and off where that candidate is tied with off (its
-    interval reaches 1: speculation that cannot be told from off is not run). Loads at a concurrency (conc=C) under a load, at a static batch
+    of them; equal speedups go to off, then the shorter K), leaving out each K tied with off (its interval reaches 1:
+    speculation that cannot be told from off is not run). Loads at a concurrency (conc=C) under a load, at a static batch
     size (batch=B) for fixed batches, the other kind where the file has none of these; rates are no batch size and
     are left out, and so is a load where the draft was not a candidate. ValueError where no load is left."""
     return {batch: {context: 0 if best["candidate"] == "off" else int(best["gamma"])
@@ -125,7 +125,7 @@ def tied_with_off(candidate: dict) -> bool:
     """Whether the candidate's predicted speedup cannot be told from off's: its 95% interval reaches 1 (off's is
     [1, 1]; eval.recommend says it as a tie). Without an interval, its point estimate decides."""
     interval = candidate.get("speedup_ci95")
-    return bool(interval) and interval[0] <= 1.0
+    return bool(interval) and isinstance(interval[0], (int, float)) and interval[0] <= 1.0
 
 
 def _choices(data: dict, draft: str, served: bool, path: str) -> dict[int, dict[int | None, tuple[dict, dict | None]]]:
@@ -137,10 +137,10 @@ def _choices(data: dict, draft: str, served: bool, path: str) -> dict[int, dict[
         runnable = [c for c in load.get("candidates") or [] if follows(c, draft)]
         if kind not in tables or not value.isdigit() or all(c.get("candidate") == "off" for c in runnable):
             continue
-        best = min(runnable, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
         off_ = next((c for c in runnable if c.get("candidate") == "off"), None)
-        if off_ is not None and best is not off_ and tied_with_off(best):
-            best = off_
+        if off_ is not None:  # a K tied with off is not run: the best of the others
+            runnable = [c for c in runnable if c is off_ or not tied_with_off(c)]
+        best = min(runnable, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
         tables[kind].setdefault(int(value), {})[load.get("context")] = best, off_
     preferred, other = ("conc", "batch") if served else ("batch", "conc")
     table = tables[preferred] or tables[other]

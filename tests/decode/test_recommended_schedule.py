@@ -217,6 +217,25 @@ def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
     assert empty_joins == [1]
 
 
+def test_held_rows_keep_the_draft_cache_whole():
+    """The draft a copy of the target: where its cache holds exactly each row's tokens, every draft is accepted. A
+    long row off with company builds a backlog in rounds nobody drafts and is held when a short newcomer drafts (K 2
+    below a context of 8 with company): its cache must stay whole, and, held after its prefill, its records say so
+    ("lagging", with its catch-ups)."""
+    target = tiny_model("llama", seed=1, layers=3)
+    ids, mask = ragged_batch([2, 30, 2, 2])
+    with torch.inference_mode():
+        drafter = DraftModelDrafter(noisy_copy(target, 0.0), VOCAB, Sampling(),
+                                    schedule=RecommendedSchedule(4, {1: {None: 2}, 2: {4: 2, 16: 0}}))
+        served = generate_speculative(target, drafter, ids, mask, Generation(max_new_tokens=20), 4,
+                                      load=Load([0.0] * 4, 2))
+    rounds = [r for s in served for r in s.rounds if r["drafted"]]
+    assert rounds and all(r["accepted"] == r["drafted"] for r in rounds)
+    long_row = served[1].rounds
+    assert not any(r["drafted"] for r in long_row) and any(r.get("lagging") for r in long_row)
+    assert all(r["catch_up"] == 0 for r in long_row if r.get("lagging"))  # held: fed nothing it had waited with
+
+
 def test_rows_whose_tokens_left_cannot_repay_their_catch_up_stay_off():
     """The same five requests with prices at which no row's catch-up is repaid (a row saves a microsecond a token, a
     forward costs a second a row-token fed): every row joined with company, off, and none drafts when it is alone
@@ -249,14 +268,18 @@ def test_a_catch_up_is_paid_where_the_tokens_left_repay_it():
 
 
 def test_a_k_tied_with_off_is_off():
-    """A K whose predicted speedup's 95% interval reaches 1 cannot be told from off: the table says off there (and
-    saves nothing a token); one whose interval is above 1 is followed."""
-    def load(n, interval):
+    """A K whose predicted speedup's 95% interval reaches 1 cannot be told from off: the table leaves it out (off, or
+    the best K whose interval is above 1, and saves nothing a token where off); one above 1 is followed."""
+    def load(n, interval, *more):
         return {"load": f"conc={n}", "context": None,
-                "candidates": [{**chain(2, 1.05), "speedup_ci95": interval}, {**off(), "tok_s": 4.0}]}
-    data = {"loads": [load(1, [1.01, 1.1]), load(2, [0.99, 1.1]), load(4, [1.0, 1.1])],
+                "candidates": [{**chain(2, 1.05), "speedup_ci95": interval}, *more, {**off(), "tok_s": 4.0}]}
+    data = {"loads": [load(1, [1.01, 1.1]), load(2, [0.99, 1.1]), load(4, [1.0, 1.1]),
+                      load(8, [1.0, 1.1], {**chain(4, 1.02), "speedup_ci95": [1.01, 1.03]}),
+                      load(16, [1.0, 1.1], {**chain(4, 1.02), "speedup_ci95": [None, None]})],
             "draft_prefill": {"draft:d": {"intercept_s": 0.0, "s_per_row_token": 0.001}}}
-    assert recommended_table(data, "d", served=True) == {1: {None: 2}, 2: {None: 0}, 4: {None: 0}}
+    assert recommended_table(data, "d", served=True) == {1: {None: 2}, 2: {None: 0}, 4: {None: 0}, 8: {None: 4},
+                                                         16: {None: 4}}
+    data["loads"] = data["loads"][:3]
     assert catch_up_prices(data, "d", served=True)[0] == {1: {None: pytest.approx(0.25 * (1 - 1 / 1.05))},
                                                           2: {None: 0.0}, 4: {None: 0.0}}
 
