@@ -168,6 +168,12 @@ class DraftModelDrafter(Drafter):
                        for row, (k, p) in enumerate(zip(lengths, self.pending))]
         return lengths
 
+    def held_rows(self, lengths: list[int]) -> list[int]:
+        """The rows a drafting chain round of these lengths holds (class doc): drafting nothing, with more pending
+        tokens than any drafting row has."""
+        width = max((len(p) for k, p in zip(lengths, self.pending) if k), default=0)
+        return [row for row, (k, p) in enumerate(zip(lengths, self.pending)) if not k and len(p) > width]
+
     def _catch_up_inputs(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """last_tokens [B] -> [B, P] ids and mask: each row's pending tokens, then its last token, right-aligned; a
         held row (self.held) its last token alone (P = 1 and no mask when nothing else is fed, the usual case: no
@@ -198,12 +204,9 @@ class DraftModelDrafter(Drafter):
                 num_tokens = 0
         # a chain's rows that draft nothing and whose pending tokens would widen the catch-up are held (class doc); a
         # tree feeds every row
-        self.held = []
-        if num_tokens > 0 and shape is None:
-            width = max((len(p) for k, p in zip(lengths, self.pending) if k), default=0)
-            self.held = [row for row, (k, p) in enumerate(zip(lengths, self.pending)) if not k and len(p) > width]
-            for row in self.held:  # a row that was prefilled says its catch-ups from now on (class doc)
-                self.lagging[row] = self.lagging[row] or not self.joined_empty[row]
+        self.held = self.held_rows(lengths) if num_tokens > 0 and shape is None else []
+        for row in self.held:  # a row that was prefilled says its catch-ups from now on (class doc)
+            self.lagging[row] = self.lagging[row] or not self.joined_empty[row]
         self._note_catch_up(num_tokens > 0)
         if num_tokens == 0:
             return self._no_drafts(last_tokens)

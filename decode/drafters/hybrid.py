@@ -438,9 +438,8 @@ class HybridDrafter(Drafter):
         # each row's catch-up: the tokens the draft's first forward feeds (a deferred prefill: the prompt and all since);
         # a row the draft drafts nothing for, whose pending tokens would widen that forward, is held with them
         # (DraftModelDrafter's class doc)
-        width = max((len(p) for p, k in zip(self.draft.pending, k_draft) if k), default=0)
-        self.catch_up = [len(p) + 1 if drafting and (k or len(p) <= width) else 0
-                         for p, k in zip(self.draft.pending, k_draft)]
+        held = set(self.draft.held_rows(k_draft))
+        self.catch_up = [len(p) + 1 if drafting and row not in held else 0 for row, p in enumerate(self.draft.pending)]
         if drafting:
             self.wanted.wanted = k_draft
             drafted = self.draft.propose(last_tokens, max(k_draft), row_limits=k_draft)

@@ -111,13 +111,10 @@ def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend
     for batch, by_context in _choices(data, draft, served, path).items():
         for context, (best, off_) in by_context.items():
             tok_s, speedup = (off_ or {}).get("tok_s"), best.get("speedup")
-            if best["candidate"] == "off" or not tok_s or not speedup:
-                saving = 0.0 if best["candidate"] == "off" else None
-            else:
-                saving = max(0.0, batch / tok_s * (1 - 1 / speedup))
-            if saving is None:
+            if best["candidate"] != "off" and not (tok_s and speedup):
                 return None
-            savings.setdefault(batch, {})[context] = saving
+            savings.setdefault(batch, {})[context] = 0.0 if best["candidate"] == "off" else \
+                max(0.0, batch / tok_s * (1 - 1 / speedup))
     return savings, float(slope)
 
 
