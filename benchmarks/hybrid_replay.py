@@ -113,6 +113,7 @@ class TeacherForcedDraft(Drafter):
     started = DraftModelDrafter.started  # the draft model's own bookkeeping where it touches no model
     _lengths = DraftModelDrafter._lengths
     _no_drafts = DraftModelDrafter._no_drafts
+    held_rows = DraftModelDrafter.held_rows  # one row at a time: never holds, but the hybrid asks
 
     def reset(self):
         self.state, self.pending, self.rows, self.pos = None, [], [], []
