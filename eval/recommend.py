@@ -183,6 +183,16 @@ def bin_rounds(rows: list[dict], asked: list[int]) -> dict[int, list[dict]]:
     return out
 
 
+def tokens_per_round(rows: list[dict], k: int | None) -> float | None:
+    """The tokens a row commits per round (accepted + 1: block efficiency) over the rows' rounds that drafted k (those
+    not cut short by the tokens left; all of them where none drafted k); None without rounds. With the predicted
+    speedup it gives a round's cost in plain steps (tokens / speedup), which the recommended schedule weighs a round
+    of rows at different contexts with (decode/drafters/schedules.py RecommendedSchedule.round_lengths)."""
+    rounds = [r for s in rows for r in s.get("rounds") or []]
+    full = [r for r in rounds if r.get("drafted") == k] or rounds
+    return sum(r["emitted"] for r in full) / len(full) if full else None
+
+
 def dealt(rows: list[dict], pool: list[dict]) -> list[dict]:
     """Each row's rounds re-dealt from `pool` in order (cycling), as many as its tokens need; the last round cut to
     the tokens left."""
@@ -373,7 +383,8 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
         values = dict(key)
         rows.append({"candidate": label_of(key), "method": values["method"], "gamma": values.get("gamma"),
                      "draft": values.get("draft"), "measured_at": point.label,
-                     "what_if": what_if is not None, "derived": key in derived_keys, "axes": values, **spec})
+                     "what_if": what_if is not None, "derived": key in derived_keys, "axes": values, **spec,
+                     "tokens_per_round": tokens_per_round(mine, values.get("gamma"))})
         if spec.get("speedup_ci95") is None:
             no_interval.append(label_of(key))
         if base is None:

@@ -166,6 +166,10 @@ class DraftModelDrafter(Drafter):
             # a backlog (more than the last draft of a full accept, or one plain step's token) is fed only if repaid
             lengths = [k if k == 0 or len(p) <= 1 or repaid(row, len(p)) else 0
                        for row, (k, p) in enumerate(zip(lengths, self.pending))]
+        whole = getattr(self.schedule, "round_lengths", None)
+        if whole is not None and self.tree is None and any(lengths):  # the round weighed as a whole (its doc)
+            lengths = whole(lengths, [len(p) for p in self.pending],
+                            [max(0, min(limit, max_tokens)) for limit in limits])
         return lengths
 
     def held_rows(self, lengths: list[int]) -> list[int]:

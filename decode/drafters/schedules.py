@@ -431,13 +431,22 @@ class RecommendedSchedule(Schedule):
     catch_up_prices: the seconds a row saves per token at each load and context, and the seconds a forward costs per
     row-token fed) the row starts drafting only where its tokens left repay that feed (catch_up_repaid): a long
     prompt near its end, or at a load where drafting barely pays, stays off. Without it every row drafts where its
-    K says."""
+    K says.
+
+    A round is one batched forward for every row: where one row drafts K, every row's verification is K + 1 wide and
+    the draft runs K steps for the batch. With `rounds` (decode/methods/speculative.py round_prices: at each load and
+    context, each K's predicted speedup and tokens a row commits per round) the round is weighed as a whole
+    (round_lengths): a row the table runs off but whose draft cache is within the round's catch-up drafts the
+    round's K too (it pays the wide round either way), a held row commits its one token, and the round drafts only
+    where the rows' tokens over its cost (each row's tokens / speedup, in plain steps) beat a plain step's one token
+    a row; else every row runs off. A batch of one context drafts its table K, as before."""
     name = "recommended"
     reads_context = True
     idles_rows = True
 
     def __init__(self, gamma: int, table: dict[int, dict[int | None, int]],
-                 catch_up: tuple[dict[int, dict[int | None, float]], float] | None = None, budget: int | None = None):
+                 catch_up: tuple[dict[int, dict[int | None, float]], float] | None = None, budget: int | None = None,
+                 rounds: dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None = None):
         super().__init__(gamma)
         if not table or any(not by_context for by_context in table.values()) or \
                 any(k < 0 for by_context in table.values() for k in by_context.values()):
@@ -446,6 +455,7 @@ class RecommendedSchedule(Schedule):
         self.batches = sorted(table)
         self.savings, self.price = catch_up if catch_up is not None else (None, None)
         self.budget = budget  # max_new_tokens: a row's tokens left are the budget less those it has
+        self.rounds = rounds
 
     def start(self, rows):
         super().start(rows)
@@ -492,6 +502,32 @@ class RecommendedSchedule(Schedule):
         left = self.budget - (self.contexts[row] - self.prompts[row])
         return left * savings[self._bin(savings, self.contexts[row])] >= self.price * self.rows * behind
 
+    def round_lengths(self, lengths: list[int], backlogs: list[int], caps: list[int]) -> list[int]:
+        """A chain round's lengths weighed as a whole (class doc). lengths: each row's K from the table (0 off; after
+        catch_up_repaid), backlogs: the tokens each row's draft cache has not seen (DraftModelDrafter's pending),
+        caps: the most each row may draft (its tokens left, the engine's gamma). For each K some row drafts, every
+        row within the round's catch-up (backlog at most the widest drafting row's) drafts min(K, cap), the others
+        are held (one token); the round's value is the rows' tokens (tokens per round at their context and K, 1
+        where none) over its cost (the mean of tokens / speedup at each row's context and the round's K, in plain
+        steps of the batch). The best K whose value is above 1; all off where none is. As given without prices
+        (no `rounds`, or a K or context they do not have)."""
+        if self.rounds is None or not any(lengths):
+            return lengths
+        prices = self.by_context(self.rounds)
+        at = [prices[self._bin(prices, context)] for context in self.contexts]
+        width = max(b for k, b in zip(lengths, backlogs) if k)
+        rides = [k > 0 or b <= width for k, b in zip(lengths, backlogs)]
+        best, value = [0] * len(lengths), 1.0
+        for k in sorted(set(lengths) - {0}):
+            ks = [min(k, cap) if ride else 0 for ride, cap in zip(rides, caps)]
+            if any(k not in p or (r and r not in p) for p, r in zip(at, ks)):
+                return lengths
+            tokens = sum(p[r][1] if r else 1.0 for p, r in zip(at, ks))
+            cost = sum(p[k][1] / p[k][0] for p in at)
+            if tokens / cost > value:
+                best, value = ks, tokens / cost
+        return best
+
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,
              "cost_model": CostModelSchedule, "recommended": RecommendedSchedule}
@@ -501,12 +537,12 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
                   v: dict[int, float] | None = None, evidence: PointEvidence | None = None,
                   prefill_cost: dict | None = None, budget: int | None = None,
                   table: dict[int, dict[int | None, int]] | None = None,
-                  catch_up: tuple[dict, float] | None = None) -> Schedule:
+                  catch_up: tuple[dict, float] | None = None, rounds: dict | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
     and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context, catch_up:
-    its prices of a row's catch-up (RecommendedSchedule)."""
+    its prices of a row's catch-up, rounds: its prices of a round (RecommendedSchedule)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
@@ -516,7 +552,7 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
     if name == "recommended":
         if not table:
             raise ValueError("the recommended schedule needs its table K(batch, context) (speculative.recommendation)")
-        return RecommendedSchedule(gamma, table, catch_up, budget)
+        return RecommendedSchedule(gamma, table, catch_up, budget, rounds)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -92,7 +92,7 @@ def recommended_table(data: dict, draft: str, served: bool, path: str = "recomme
     size (batch=B) for fixed batches, the other kind where the file has none of these; rates are no batch size and
     are left out, and so is a load where the draft was not a candidate. ValueError where no load is left."""
     return {batch: {context: 0 if best["candidate"] == "off" else int(best["gamma"])
-                    for context, (best, _) in by_context.items()}
+                    for context, (best, _, _) in by_context.items()}
             for batch, by_context in _choices(data, draft, served, path).items()}
 
 
@@ -109,13 +109,34 @@ def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend
         return None
     savings: dict[int, dict[int | None, float]] = {}
     for batch, by_context in _choices(data, draft, served, path).items():
-        for context, (best, off_) in by_context.items():
+        for context, (best, off_, _) in by_context.items():
             tok_s, speedup = (off_ or {}).get("tok_s"), best.get("speedup")
             if best["candidate"] != "off" and not (tok_s and speedup):
                 return None
             savings.setdefault(batch, {})[context] = 0.0 if best["candidate"] == "off" else \
                 max(0.0, batch / tok_s * (1 - 1 / speedup))
     return savings, float(slope)
+
+
+def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
+                 ) -> dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None:
+    """What the recommended schedule weighs a round of rows at different contexts with (RecommendedSchedule.
+    round_lengths): batch -> context -> K -> (the K's predicted speedup, the tokens a row commits per round at it),
+    for every K of the draft eval.recommend predicted there, tied with off or not. None where a candidate lacks
+    either (a file written before eval.recommend gave tokens per round)."""
+    prices: dict[int, dict[int | None, dict[int, tuple[float, float]]]] = {}
+    for batch, by_context in _choices(data, draft, served, path).items():
+        for context, (_, _, runnable) in by_context.items():
+            at = prices.setdefault(batch, {}).setdefault(context, {})
+            for c in runnable:
+                if c.get("candidate") == "off":
+                    continue
+                speedup, tokens = c.get("speedup"), c.get("tokens_per_round")
+                if not (isinstance(speedup, (int, float)) and isinstance(tokens, (int, float)) and speedup > 0
+                        and tokens >= 1):
+                    return None
+                at[int(c["gamma"])] = float(speedup), float(tokens)
+    return prices
 
 
 def tied_with_off(candidate: dict) -> bool:
@@ -125,9 +146,10 @@ def tied_with_off(candidate: dict) -> bool:
     return bool(interval) and isinstance(interval[0], (int, float)) and interval[0] <= 1.0
 
 
-def _choices(data: dict, draft: str, served: bool, path: str) -> dict[int, dict[int | None, tuple[dict, dict | None]]]:
-    """batch -> context -> (the candidate recommended_table follows, "off" of the same load); ValueError where no
-    load is left."""
+def _choices(data: dict, draft: str, served: bool, path: str
+             ) -> dict[int, dict[int | None, tuple[dict, dict | None, list[dict]]]]:
+    """batch -> context -> (the candidate recommended_table follows, "off" of the same load, every candidate the
+    schedule can run there, tied with off or not); ValueError where no load is left."""
     tables: dict[str, dict] = {"batch": {}, "conc": {}}
     for load in data.get("loads") or []:
         kind, _, value = str(load.get("load", "")).partition("=")
@@ -135,10 +157,10 @@ def _choices(data: dict, draft: str, served: bool, path: str) -> dict[int, dict[
         if kind not in tables or not value.isdigit() or all(c.get("candidate") == "off" for c in runnable):
             continue
         off_ = next((c for c in runnable if c.get("candidate") == "off"), None)
-        if off_ is not None:  # a K tied with off is not run: the best of the others
-            runnable = [c for c in runnable if c is off_ or not tied_with_off(c)]
-        best = min(runnable, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
-        tables[kind].setdefault(int(value), {})[load.get("context")] = best, off_
+        # a K tied with off is not run: the best of the others
+        untied = [c for c in runnable if c is off_ or not tied_with_off(c)] if off_ is not None else runnable
+        best = min(untied, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
+        tables[kind].setdefault(int(value), {})[load.get("context")] = best, off_, runnable
     preferred, other = ("conc", "batch") if served else ("batch", "conc")
     table = tables[preferred] or tables[other]
     if not table:
@@ -161,7 +183,8 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
             data = ctx.memory[("recommended", path)] = read_recommendation(path)
         served = ctx.load is not None
         return make_schedule(name, point.gamma, table=recommended_table(data, draft_label, served, path),
-                             catch_up=catch_up_prices(data, draft_label, served, path), budget=max_new_tokens)
+                             catch_up=catch_up_prices(data, draft_label, served, path), budget=max_new_tokens,
+                             rounds=round_prices(data, draft_label, served, path))
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run

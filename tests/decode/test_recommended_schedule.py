@@ -10,7 +10,7 @@ import torch
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.schedules import RecommendedSchedule, make_schedule
 from decode.kv import KVState
-from decode.methods.speculative import catch_up_prices, recommended_table
+from decode.methods.speculative import catch_up_prices, recommended_table, round_prices
 from decode.serving import Load
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 from utils.config import ConfigError, validate
@@ -296,6 +296,81 @@ def test_catch_up_prices_by_hand():
     assert savings[1][None] == pytest.approx(0.25 * 0.2) and savings[2][None] == 0.0
     assert savings[4][None] == pytest.approx(0.4 * 0.375)
     assert catch_up_prices({"loads": data["loads"]}, "d", served=True) is None
+
+
+def test_round_prices_by_hand():
+    """recommend.json -> batch -> context -> K -> (predicted speedup, tokens per round), for every K of the draft, a K
+    tied with off included (a row rides along at it); None where a candidate lacks its tokens per round."""
+    def load(context, *candidates):
+        return {"load": "conc=2", "context": context, "candidates": [*candidates, off(), *NOT_OURS]}
+    data = {"loads": [load(75, {**chain(3, 1.2), "tokens_per_round": 3.0}, {**chain(1, 1.1), "tokens_per_round": 1.7}),
+                      load(310, {**chain(3, 0.9), "tokens_per_round": 2.7, "speedup_ci95": [0.8, 1.0]})]}
+    assert round_prices(data, "d", served=True) == {2: {75: {3: (1.2, 3.0), 1: (1.1, 1.7)}, 310: {3: (0.9, 2.7)}}}
+    del data["loads"][1]["candidates"][0]["tokens_per_round"]
+    assert round_prices(data, "d", served=True) is None
+
+
+# two rows at concurrency 2: K 3 at a context of 75, off at 310 (eval.recommend's K 3 there: 0.9, 2.7 tokens a round)
+ROUNDS = {2: {75: {3: (1.2, 3.0), 1: (1.1, 1.7)}, 310: {3: (0.9, 2.7), 1: (0.95, 1.5)}}}
+
+
+def two_rows(rounds=ROUNDS):
+    schedule = RecommendedSchedule(4, {2: {75: 3, 310: 0}}, rounds=rounds)
+    schedule.start(0)
+    schedule.add_rows(2, prompt_tokens=[74, 309])
+    assert schedule.lengths() == [3, 0]
+    return schedule
+
+
+def test_a_round_is_weighed_as_a_whole():
+    """By hand: a round of K 3 costs each row tokens / speedup plain steps at its context: 3.0 / 1.2 = 2.5 and
+    2.7 / 0.9 = 3.0, 5.5 for the two, against 2 plain steps' 2 tokens (a value of 1 a row-step)."""
+    schedule = two_rows()
+    # the long row held (a backlog of 300 beyond the short row's 1): 3.0 + 1 tokens for 5.5, 0.73: off for both
+    assert schedule.round_lengths([3, 0], [1, 300], [4, 4]) == [0, 0]
+    # its cache current (within the catch-up's width): it drafts the round's K too, 3.0 + 2.7 for 5.5, 1.04
+    assert schedule.round_lengths([3, 0], [1, 1], [4, 4]) == [3, 3]
+    # the short row one token from its end drafts 1: a round of K 1, 1.7 + 1.5 tokens for 1.7 / 1.1 + 1.5 / 0.95 =
+    # 3.12 plain steps, 1.02: both draft 1
+    assert schedule.round_lengths([1, 0], [1, 1], [1, 4]) == [1, 1]
+    # the long row one token from its end: it drafts what it may (0), and the round is 3.0 + 1 for 5.5: off
+    assert schedule.round_lengths([3, 0], [1, 1], [4, 0]) == [0, 0]
+    # two rows at the short context: K 3 as the table says, 6.0 for 5.0
+    schedule.contexts[1] = 75
+    assert schedule.round_lengths([3, 3], [1, 1], [4, 4]) == [3, 3]
+    # without a price for the K, or without prices: as the table says
+    assert two_rows({2: {75: {3: (1.2, 3.0)}, 310: {1: (0.95, 1.5)}}}).round_lengths([3, 0], [1, 1], [4, 4]) == [3, 0]
+    assert two_rows(None).round_lengths([3, 0], [1, 300], [4, 4]) == [3, 0]
+
+
+def test_rows_ride_along_where_the_round_pays_and_none_drafts_where_it_does_not():
+    """A static batch of a short and a long row, the table K 2 for the short one with company and off otherwise (alone
+    too). Priced so that the long row riding along pays (2.0 + 1.8 tokens for 2.0 / 1.05 + 1.8 / 1.0 = 3.71 plain
+    steps: 1.03), it drafts every round the short one does though its K is 0; priced so that it does not (1.2 tokens
+    at a speedup of 0.5: 3.2 for 4.3, 0.74; at K 1, 1.5 + 1.1 for 1.5 / 1.02 + 1.1 / 0.6 = 3.3, 0.79), no round
+    drafts; without prices the short row drafts alone. The output is the target's in each."""
+    target = tiny_model("llama", seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch([2, 30])  # contexts 3 and 31: bins 4 and 64 (they meet at 16; the short row ends at 15)
+    generation = Generation(max_new_tokens=12)
+    table = {1: {4: 0, 64: 0}, 2: {4: 2, 64: 0}}
+
+    def prices(long_2, long_1):  # the long row's K 2 and K 1 (the short row's last rounds draft 1)
+        at = {4: {2: (1.05, 2.0), 1: (1.02, 1.5)}, 64: {2: long_2, 1: long_1}}
+        return {1: at, 2: at}
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        runs = {}
+        for name, rounds in {"ride": prices((1.0, 1.8), (1.0, 1.4)), "off": prices((0.5, 1.2), (0.6, 1.1)),
+                             "table": None}.items():
+            drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=RecommendedSchedule(4, table, rounds=rounds))
+            runs[name] = generate_speculative(target, drafter, ids, mask, generation, 4)
+            assert [s.output_ids for s in runs[name]] == [b.output_ids for b in base], name
+    short, long_ = ([r["drafted"] for r in s.rounds] for s in runs["ride"])
+    assert any(long_) and max(long_) <= 2 and all(b for a, b in zip(short, long_) if a)  # round by round
+    assert not any(r["drafted"] for s in runs["off"] for r in s.rounds)
+    short, long_ = ([r["drafted"] for r in s.rounds] for s in runs["table"])
+    assert any(short) and not any(long_)
 
 
 # ---- the config: speculative.recommendation ----------------------------------------------------------------------

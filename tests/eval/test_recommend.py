@@ -75,6 +75,18 @@ def test_two_ks_at_two_loads_by_hand():
     assert {load: s["vllm"]["num_speculative_tokens"] for load, s in emitted.items()} == {"batch=1": 2, "batch=2": 1}
 
 
+def test_tokens_per_round_by_hand():
+    """Each candidate's tokens a row commits per round (the schedule's price of a round with the speedup): over the
+    rounds that drafted its K, all of them where none did."""
+    rounds = row("speculative", 0, 3, [(3, 3), (3, 0), (3, 1), (1, 1)])  # 4, 1, 2 tokens; the last cut short (2)
+    assert rec.tokens_per_round([rounds], 3) == pytest.approx(7 / 3)
+    assert rec.tokens_per_round([rounds], 5) == pytest.approx(9 / 4)
+    assert rec.tokens_per_round([row("baseline", 0)], None) is None
+    results, _ = rec.recommend(run(), profile(), [("batch", 1)])
+    assert {k: c.get("tokens_per_round") for k, c in by_candidate(results[0]).items()} == {G1: 2.0, G2: 3.0,
+                                                                                           rec.OFF: None}
+
+
 def test_off_where_speculation_is_slower():
     results, _ = rec.recommend(run(), profile(draft=2.0), [("batch", 1), ("batch", 2)])
     # batch 1: gamma 1 0.15 + 3 x (2.0 + 0.9) = 8.85 s, gamma 2 0.15 + 2 x (4.0 + 1.0) = 10.15 s, off 4.9 s
