@@ -435,11 +435,13 @@ class RecommendedSchedule(Schedule):
 
     A round is one batched forward for every row: where one row drafts K, every row's verification is K + 1 wide and
     the draft runs K steps for the batch. With `rounds` (decode/methods/speculative.py round_prices: at each load and
-    context, each K's predicted speedup and tokens a row commits per round) the round is weighed as a whole
-    (round_lengths): a row the table runs off but whose draft cache is within the round's catch-up drafts the
-    round's K too (it pays the wide round either way), a held row commits its one token, and the round drafts only
-    where the rows' tokens over its cost (each row's tokens / speedup, in plain steps) beat a plain step's one token
-    a row; else every row runs off. A batch of one context drafts its table K, as before."""
+    context, each K's predicted decode speedup and tokens a row commits per round) the round is weighed as a whole
+    (round_lengths): a row the table runs off but whose draft cache is within a token of the round's catch-up drafts
+    the round's K too (it pays the wide round either way), a held row commits its one token, and the round drafts
+    only where the rows' tokens over its cost (each row's tokens / decode speedup, in plain steps) beat a plain
+    step's one token a row; else every row runs off. A batch of one context whose rows are far from their ends
+    drafts its table K, as before; a row at its last tokens, drafting fewer, can turn the round off or to a shorter
+    K."""
     name = "recommended"
     reads_context = True
     idles_rows = True
@@ -506,17 +508,18 @@ class RecommendedSchedule(Schedule):
         """A chain round's lengths weighed as a whole (class doc). lengths: each row's K from the table (0 off; after
         catch_up_repaid), backlogs: the tokens each row's draft cache has not seen (DraftModelDrafter's pending),
         caps: the most each row may draft (its tokens left, the engine's gamma). For each K some row drafts, every
-        row within the round's catch-up (backlog at most the widest drafting row's) drafts min(K, cap), the others
-        are held (one token); the round's value is the rows' tokens (tokens per round at their context and K, 1
-        where none) over its cost (the mean of tokens / speedup at each row's context and the round's K, in plain
-        steps of the batch). The best K whose value is above 1; all off where none is. As given without prices
-        (no `rounds`, or a K or context they do not have)."""
+        row within a token of the round's catch-up (backlog at most the widest drafting row's + 1: a full accept's
+        last draft beside a row that accepted less, which every plain round after keeps one ahead) drafts min(K,
+        cap), the others are held (one token); the round's value is the rows' tokens (tokens per round at their
+        context and K, 1 where none) over its cost (the mean of tokens / decode speedup at each row's context and
+        the round's K, in plain steps of the batch). The best K whose value is above 1; all off where none is. As
+        given without prices (no `rounds`, or a K or context they do not have)."""
         if self.rounds is None or not any(lengths):
             return lengths
         prices = self.by_context(self.rounds)
         at = [prices[self._bin(prices, context)] for context in self.contexts]
         width = max(b for k, b in zip(lengths, backlogs) if k)
-        rides = [k > 0 or b <= width for k, b in zip(lengths, backlogs)]
+        rides = [k > 0 or b <= width + 1 for k, b in zip(lengths, backlogs)]
         best, value = [0] * len(lengths), 1.0
         for k in sorted(set(lengths) - {0}):
             ks = [min(k, cap) if ride else 0 for ride, cap in zip(rides, caps)]

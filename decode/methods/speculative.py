@@ -121,17 +121,18 @@ def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend
 def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
                  ) -> dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None:
     """What the recommended schedule weighs a round of rows at different contexts with (RecommendedSchedule.
-    round_lengths): batch -> context -> K -> (the K's predicted speedup, the tokens a row commits per round at it),
-    for every K of the draft eval.recommend predicted there, tied with off or not. None where a candidate lacks
-    either (a file written before eval.recommend gave tokens per round)."""
+    round_lengths): batch -> context -> K -> (the K's predicted decode speedup, after the prefills; the tokens a row
+    commits per round at it), for every K of the draft eval.recommend predicted there, tied with off or not (of two
+    candidates of one K, the faster). None where a candidate lacks either (a file written before eval.recommend gave
+    tokens per round)."""
     prices: dict[int, dict[int | None, dict[int, tuple[float, float]]]] = {}
     for batch, by_context in _choices(data, draft, served, path).items():
         for context, (_, _, runnable) in by_context.items():
             at = prices.setdefault(batch, {}).setdefault(context, {})
-            for c in runnable:
-                if c.get("candidate") == "off":
-                    continue
-                speedup, tokens = c.get("speedup"), c.get("tokens_per_round")
+            for c in sorted((c for c in runnable if c.get("candidate") != "off"),
+                            key=lambda c: c.get("decode_speedup") if isinstance(c.get("decode_speedup"), (int, float))
+                            else 0):  # the faster of one K's last
+                speedup, tokens = c.get("decode_speedup"), c.get("tokens_per_round")
                 if not (isinstance(speedup, (int, float)) and isinstance(tokens, (int, float)) and speedup > 0
                         and tokens >= 1):
                     return None

@@ -299,15 +299,21 @@ def test_catch_up_prices_by_hand():
 
 
 def test_round_prices_by_hand():
-    """recommend.json -> batch -> context -> K -> (predicted speedup, tokens per round), for every K of the draft, a K
-    tied with off included (a row rides along at it); None where a candidate lacks its tokens per round."""
+    """recommend.json -> batch -> context -> K -> (predicted decode speedup, tokens per round), for every K of the
+    draft, a K tied with off included (a row rides along at it), the faster of two candidates of one K (here a draft
+    window's); None where a candidate lacks either."""
     def load(context, *candidates):
         return {"load": "conc=2", "context": context, "candidates": [*candidates, off(), *NOT_OURS]}
-    data = {"loads": [load(75, {**chain(3, 1.2), "tokens_per_round": 3.0}, {**chain(1, 1.1), "tokens_per_round": 1.7}),
-                      load(310, {**chain(3, 0.9), "tokens_per_round": 2.7, "speedup_ci95": [0.8, 1.0]})]}
+
+    def priced(k, decode_speedup, tokens, **axes):
+        return {**chain(k, 1.0, **axes), "decode_speedup": decode_speedup, "tokens_per_round": tokens}
+    data = {"loads": [load(75, priced(3, 1.2, 3.0), priced(1, 1.1, 1.7), priced(3, 1.1, 2.9, draft_context=64)),
+                      load(310, {**priced(3, 0.9, 2.7), "speedup_ci95": [0.8, 1.0]})]}
     assert round_prices(data, "d", served=True) == {2: {75: {3: (1.2, 3.0), 1: (1.1, 1.7)}, 310: {3: (0.9, 2.7)}}}
-    del data["loads"][1]["candidates"][0]["tokens_per_round"]
-    assert round_prices(data, "d", served=True) is None
+    for missing in ("tokens_per_round", "decode_speedup"):
+        lacking = json.loads(json.dumps(data))
+        del lacking["loads"][1]["candidates"][0][missing]
+        assert round_prices(lacking, "d", served=True) is None, missing
 
 
 # two rows at concurrency 2: K 3 at a context of 75, off at 310 (eval.recommend's K 3 there: 0.9, 2.7 tokens a round)
@@ -335,9 +341,17 @@ def test_a_round_is_weighed_as_a_whole():
     assert schedule.round_lengths([1, 0], [1, 1], [1, 4]) == [1, 1]
     # the long row one token from its end: it drafts what it may (0), and the round is 3.0 + 1 for 5.5: off
     assert schedule.round_lengths([3, 0], [1, 1], [4, 0]) == [0, 0]
-    # two rows at the short context: K 3 as the table says, 6.0 for 5.0
+    # a full accept's last draft beside a row that accepted less (one token ahead) rides; two ahead, it is held
+    assert schedule.round_lengths([3, 0], [0, 1], [4, 4]) == [3, 3]
+    assert schedule.round_lengths([3, 0], [0, 2], [4, 4]) == [0, 0]
+    # two rows at the short context: K 3 as the table says, 6.0 for 5.0 (1.2); the best K, not the first above 1:
+    # K 1 is 3.4 for 2 x 1.7 / 1.1 = 3.09 (1.1)
     schedule.contexts[1] = 75
     assert schedule.round_lengths([3, 3], [1, 1], [4, 4]) == [3, 3]
+    assert schedule.round_lengths([3, 1], [1, 1], [4, 4]) == [3, 3]
+    slower = two_rows({2: {75: {3: (1.05, 3.0), 1: (1.1, 1.7)}, 310: ROUNDS[2][310]}})  # K 3: 6.0 for 5.71, 1.05
+    slower.contexts[1] = 75
+    assert slower.round_lengths([3, 1], [1, 1], [4, 4]) == [1, 1]
     # without a price for the K, or without prices: as the table says
     assert two_rows({2: {75: {3: (1.2, 3.0)}, 310: {1: (0.95, 1.5)}}}).round_lengths([3, 0], [1, 1], [4, 4]) == [3, 0]
     assert two_rows(None).round_lengths([3, 0], [1, 300], [4, 4]) == [3, 0]
@@ -367,7 +381,8 @@ def test_rows_ride_along_where_the_round_pays_and_none_drafts_where_it_does_not(
             runs[name] = generate_speculative(target, drafter, ids, mask, generation, 4)
             assert [s.output_ids for s in runs[name]] == [b.output_ids for b in base], name
     short, long_ = ([r["drafted"] for r in s.rounds] for s in runs["ride"])
-    assert any(long_) and max(long_) <= 2 and all(b for a, b in zip(short, long_) if a)  # round by round
+    # while both are in flight every round drafts, both rows (then the long one alone is off)
+    assert all(short) and all(long_[:len(short)]) and not any(long_[len(short):]) and max(long_) <= 2
     assert not any(r["drafted"] for s in runs["off"] for r in s.rounds)
     short, long_ = ([r["drafted"] for r in s.rounds] for s in runs["table"])
     assert any(short) and not any(long_)

@@ -82,9 +82,22 @@ def test_tokens_per_round_by_hand():
     assert rec.tokens_per_round([rounds], 3) == pytest.approx(7 / 3)
     assert rec.tokens_per_round([rounds], 5) == pytest.approx(9 / 4)
     assert rec.tokens_per_round([row("baseline", 0)], None) is None
-    results, _ = rec.recommend(run(), profile(), [("batch", 1)])
-    assert {k: c.get("tokens_per_round") for k, c in by_candidate(results[0]).items()} == {G1: 2.0, G2: 3.0,
-                                                                                           rec.OFF: None}
+    # a round dealt short by a row's tokens (6 after the first, from rounds of 4) is not a round of its K: 4.0, not 3.0
+    pool = [{"drafted": 3, "accepted": 3, "emitted": 4}]
+    assert rec.tokens_per_round(rec.dealt([row("speculative", 0, 3)], pool), 3) == 4.0
+    # nor one an EOS cut (2 accepted, 2 emitted)
+    assert rec.tokens_per_round([row("speculative", 0, 3, [(3, 3)]) | {"rounds": [
+        {"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 2, "emitted": 2}]}], 3) == 4.0
+    # and the decode speedup after the prefills (the round's cost in plain steps is tokens / it): batch 1, the
+    # baseline's 6 steps of 0.8 s against gamma 1's 3 rounds of 0.1 + 0.9 s and gamma 2's 2 of 0.2 + 1.0 s; at
+    # concurrency 1 its TPOT over theirs, the same
+    served = [dict(s, batch_size=None, concurrency=2, request=s["sample_id"], arrival_s=0.0) for s in run()]
+    for load, records in ((("batch", 1), run()), (("concurrency", 1), served)):
+        results, _ = rec.recommend(records, profile(), [load])
+        assert {k: c.get("tokens_per_round") for k, c in by_candidate(results[0]).items()} == {
+            G1: 2.0, G2: 3.0, rec.OFF: None}
+        assert {k: c.get("decode_speedup") for k, c in by_candidate(results[0]).items() if k != rec.OFF} == \
+            pytest.approx({G1: 4.8 / 3.0, G2: 4.8 / 2.4}), load
 
 
 def test_off_where_speculation_is_slower():
