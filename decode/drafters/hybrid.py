@@ -242,7 +242,8 @@ class HybridDrafter(Drafter):
 
     The draft model's prefill is deferred (DraftModelDrafter.defer): a batch starts with the free sources alone and
     prefills the draft in the first round whose plans draft with it and where starting pays (_start_pays): summed over
-    the rows, the tokens each is expected still to generate (lengths: LengthRecord, from the point's finished requests
+    the rows it feeds (those drafting with it, and those whose prompts are no longer than theirs: the others are held,
+    DraftModelDrafter.held_rows), the tokens each is expected still to generate (lengths: LengthRecord, from the point's finished requests
     of its group, which may stop at EOS long before the budget; without it, budget: max_new_tokens, minus what it has)
     times what a token costs it without the draft model (its best plans' 1 / tokens per cost, in target steps) less
     what it costs with it, both averaged over the row's rounds so far and shrunk toward its group's or the point's
@@ -393,16 +394,21 @@ class HybridDrafter(Drafter):
         if self.estimators["draft"].pool.tested[1] < CostModelSchedule.MIN_POOLED_ROUNDS:
             return True
         point = self.start_pools.get(None)
+        # the rows this start feeds: those drafting with the model and those within their width (the others are
+        # held, DraftModelDrafter.held_rows: not prefilled now, they save nothing by it)
+        width = max(len(p) for plan, p in zip(plans, self.draft.pending) if plan[2])
+        fed = [bool(plan[2]) or len(p) <= width for plan, p in zip(plans, self.draft.pending)]
         saving = 0.0
         for row, record in enumerate(self.starts):
+            if not fed[row]:
+                continue
             group = self.start_pools.get(self.row_groups[row]) if self.row_groups[row] is not None else None
             prior = group if group is not None and group.rounds >= self.START_PRIOR_ROUNDS else point
             free, with_draft = record.per_token(prior, self.START_PRIOR_ROUNDS)
             left = max(0, self.budget - self.generated[row]) if self.lengths is None else \
                 self.lengths.remaining(self.row_groups[row], self.generated[row], self.budget)
             saving += left * (free - with_draft)
-        width = 1 + max(len(pending) for pending in self.draft.pending)
-        return saving > prefill_steps(self.prefill_cost, width)
+        return saving > prefill_steps(self.prefill_cost, 1 + width)
 
     def _deepen(self, row: int, plan: tuple[str | None, int, int, float], limit: int):
         """The draft-length probe: a round below the cap counts toward it; after PROBE_EVERY of them, the next round

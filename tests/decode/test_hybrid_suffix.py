@@ -518,6 +518,16 @@ def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
     drafter.lengths.add(None, 14)
     assert not pays(10)
     drafter.lengths = None
+    # two rows, the second not drafting this round and 20 tokens from its end (a saving of 5.0 if fed): where its
+    # prompt is no longer than the drafting row's it is fed, and counts (2.0 + 5.0 > 2.0); where it is longer it is
+    # held, not prefilled, and neither counts nor widens the feed (2.0, not above 2.0; counted, 7.0 > 1 + 3.1)
+    drafter.starts, drafter.row_groups, drafter.generated = [row, row], [None, None], [12, 0]
+    two = [(None, 0, 2, 1.5), (None, 0, 0, 1.0)]
+    drafter.draft.pending = [[7] * 9, [7] * 5]
+    assert drafter._start_pays(two)
+    drafter.draft.pending = [[7] * 9, [7] * 30]
+    assert not drafter._start_pays(two)
+    drafter.starts, drafter.row_groups = [row], [None]
     # a thin draft record: it starts to learn, whatever the prices
     drafter.estimators["draft"].pool.tested[1] = 3
     assert pays(12)
