@@ -438,8 +438,9 @@ class RecommendedSchedule(Schedule):
     context, each K's predicted decode speedup and tokens a row commits per round) the round is weighed as a whole
     (round_lengths): a row the table runs off but whose draft cache is within a token of the round's catch-up drafts
     the round's K too (it pays the wide round either way), a held row commits its one token, and the round drafts
-    only where the rows' tokens over its cost (each row's tokens / decode speedup, in plain steps) beat a plain
-    step's one token a row; else every row runs off. A batch of one context whose rows are far from their ends
+    only where the rows' tokens over its cost (in plain steps: tokens / decode speedup at the batch's longest
+    context, over whose cache every row's forward runs) beat a plain step's one token a row; else every row runs
+    off. A batch of one context whose rows are far from their ends
     drafts its table K, as before; a row at its last tokens, drafting fewer, can turn the round off or to a shorter
     K."""
     name = "recommended"
@@ -511,22 +512,24 @@ class RecommendedSchedule(Schedule):
         row within a token of the round's catch-up (backlog at most the widest drafting row's + 1: a full accept's
         last draft beside a row that accepted less, which every plain round after keeps one ahead) drafts min(K,
         cap), the others are held (one token); the round's value is the rows' tokens (tokens per round at their
-        context and K, 1 where none) over its cost (the mean of tokens / decode speedup at each row's context and
-        the round's K, in plain steps of the batch). The best K whose value is above 1; all off where none is. As
-        given without prices (no `rounds`, or a K or context they do not have)."""
+        context and K, 1 where none) over its cost in plain steps of the batch: each row's forward runs over the
+        batch's longest cache (left padded), so tokens / decode speedup at the round's K and the longest context,
+        rows times. The best K whose value is above 1; all off where none is. As given without prices (no `rounds`,
+        or a K or context they do not have)."""
         if self.rounds is None or not any(lengths):
             return lengths
         prices = self.by_context(self.rounds)
         at = [prices[self._bin(prices, context)] for context in self.contexts]
+        longest = prices[self._bin(prices, max(self.contexts))]
         width = max(b for k, b in zip(lengths, backlogs) if k)
         rides = [k > 0 or b <= width + 1 for k, b in zip(lengths, backlogs)]
         best, value = [0] * len(lengths), 1.0
         for k in sorted(set(lengths) - {0}):
             ks = [min(k, cap) if ride else 0 for ride, cap in zip(rides, caps)]
-            if any(k not in p or (r and r not in p) for p, r in zip(at, ks)):
+            if k not in longest or any(r and r not in p for p, r in zip(at, ks)):
                 return lengths
             tokens = sum(p[r][1] if r else 1.0 for p, r in zip(at, ks))
-            cost = sum(p[k][1] / p[k][0] for p in at)
+            cost = len(ks) * longest[k][1] / longest[k][0]
             if tokens / cost > value:
                 best, value = ks, tokens / cost
         return best

@@ -316,8 +316,8 @@ def test_round_prices_by_hand():
         assert round_prices(lacking, "d", served=True) is None, missing
 
 
-# two rows at concurrency 2: K 3 at a context of 75, off at 310 (eval.recommend's K 3 there: 0.9, 2.7 tokens a round)
-ROUNDS = {2: {75: {3: (1.2, 3.0), 1: (1.1, 1.7)}, 310: {3: (0.9, 2.7), 1: (0.95, 1.5)}}}
+# two rows at concurrency 2: K 3 at a context of 75, off at 310 (eval.recommend's K 3 there: 1.0, 2.7 tokens a round)
+ROUNDS = {2: {75: {3: (1.2, 3.0), 1: (1.1, 1.7)}, 310: {3: (1.0, 2.7), 1: (0.95, 1.5)}}}
 
 
 def two_rows(rounds=ROUNDS):
@@ -329,23 +329,24 @@ def two_rows(rounds=ROUNDS):
 
 
 def test_a_round_is_weighed_as_a_whole():
-    """By hand: a round of K 3 costs each row tokens / speedup plain steps at its context: 3.0 / 1.2 = 2.5 and
-    2.7 / 0.9 = 3.0, 5.5 for the two, against 2 plain steps' 2 tokens (a value of 1 a row-step)."""
+    """By hand: both rows' forwards run over the longest cache, so a round of K 3 costs each row tokens / decode
+    speedup at the long context, 2.7 / 1.0 = 2.7 plain steps, 5.4 for the two, against 2 plain steps' 2 tokens (a
+    value of 1 a row-step)."""
     schedule = two_rows()
-    # the long row held (a backlog of 300 beyond the short row's 1): 3.0 + 1 tokens for 5.5, 0.73: off for both
+    # the long row held (a backlog of 300 beyond the short row's 1): 3.0 + 1 tokens for 5.4, 0.74: off for both
     assert schedule.round_lengths([3, 0], [1, 300], [4, 4]) == [0, 0]
-    # its cache current (within the catch-up's width): it drafts the round's K too, 3.0 + 2.7 for 5.5, 1.04
+    # its cache current (within the catch-up's width): it drafts the round's K too, 3.0 + 2.7 for 5.4, 1.06
     assert schedule.round_lengths([3, 0], [1, 1], [4, 4]) == [3, 3]
-    # the short row one token from its end drafts 1: a round of K 1, 1.7 + 1.5 tokens for 1.7 / 1.1 + 1.5 / 0.95 =
-    # 3.12 plain steps, 1.02: both draft 1
+    # the short row one token from its end drafts 1: a round of K 1, 1.7 + 1.5 tokens for 2 x 1.5 / 0.95 = 3.16
+    # plain steps, 1.01: both draft 1
     assert schedule.round_lengths([1, 0], [1, 1], [1, 4]) == [1, 1]
-    # the long row one token from its end: it drafts what it may (0), and the round is 3.0 + 1 for 5.5: off
+    # the long row one token from its end: it drafts what it may (0), and the round is 3.0 + 1 for 5.4: off
     assert schedule.round_lengths([3, 0], [1, 1], [4, 0]) == [0, 0]
     # a full accept's last draft beside a row that accepted less (one token ahead) rides; two ahead, it is held
     assert schedule.round_lengths([3, 0], [0, 1], [4, 4]) == [3, 3]
     assert schedule.round_lengths([3, 0], [0, 2], [4, 4]) == [0, 0]
-    # two rows at the short context: K 3 as the table says, 6.0 for 5.0 (1.2); the best K, not the first above 1:
-    # K 1 is 3.4 for 2 x 1.7 / 1.1 = 3.09 (1.1)
+    # two rows at the short context: K 3 as the table says, 6.0 for 2 x 3.0 / 1.2 = 5.0 (1.2); the best K, not the
+    # first above 1: K 1 is 3.4 for 2 x 1.7 / 1.1 = 3.09 (1.1)
     schedule.contexts[1] = 75
     assert schedule.round_lengths([3, 3], [1, 1], [4, 4]) == [3, 3]
     assert schedule.round_lengths([3, 1], [1, 1], [4, 4]) == [3, 3]
@@ -359,10 +360,10 @@ def test_a_round_is_weighed_as_a_whole():
 
 def test_rows_ride_along_where_the_round_pays_and_none_drafts_where_it_does_not():
     """A static batch of a short and a long row, the table K 2 for the short one with company and off otherwise (alone
-    too). Priced so that the long row riding along pays (2.0 + 1.8 tokens for 2.0 / 1.05 + 1.8 / 1.0 = 3.71 plain
-    steps: 1.03), it drafts every round the short one does though its K is 0; priced so that it does not (1.2 tokens
-    at a speedup of 0.5: 3.2 for 4.3, 0.74; at K 1, 1.5 + 1.1 for 1.5 / 1.02 + 1.1 / 0.6 = 3.3, 0.79), no round
-    drafts; without prices the short row drafts alone. The output is the target's in each."""
+    too). Priced so that the long row riding along pays (2.0 + 1.8 tokens for 2 x 1.8 / 1.0 = 3.6 plain steps at the
+    longest context: 1.06; at K 1, 1.5 + 1.4 for 2.8), it drafts every round the short one does though its K is 0;
+    priced so that it does not (1.2 tokens at a speedup of 0.5: 3.2 for 4.8, 0.67; at K 1, 1.5 + 1.1 for 2 x 1.1 /
+    0.6 = 3.67, 0.71), no round drafts; without prices the short row drafts alone. The output is the target's in each."""
     target = tiny_model("llama", seed=1, layers=3)
     draft = noisy_copy(target, 0.05, seed=5)
     ids, mask = ragged_batch([2, 30])  # contexts 3 and 31: bins 4 and 64 (they meet at 16; the short row ends at 15)
