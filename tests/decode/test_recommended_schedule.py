@@ -342,6 +342,10 @@ def test_a_round_is_weighed_as_a_whole():
     assert schedule.round_lengths([1, 0], [1, 1], [1, 4]) == [1, 1]
     # the long row one token from its end: it drafts what it may (0), and the round is 3.0 + 1 for 5.4: off
     assert schedule.round_lengths([3, 0], [1, 1], [4, 0]) == [0, 0]
+    # a dearer round at the long context: 3.0 + 2.7 tokens for 2 x 2.7 / 0.9 = 6.0, 0.95: off (each row's own
+    # context's cost, 2.5 + 3.0 = 5.5, would have drafted)
+    assert two_rows({2: {75: ROUNDS[2][75], 310: {3: (0.9, 2.7), 1: (0.95, 1.5)}}}).round_lengths(
+        [3, 0], [1, 1], [4, 4]) == [0, 0]
     # a full accept's last draft beside a row that accepted less (one token ahead) rides; two ahead, it is held
     assert schedule.round_lengths([3, 0], [0, 1], [4, 4]) == [3, 3]
     assert schedule.round_lengths([3, 0], [0, 2], [4, 4]) == [0, 0]
