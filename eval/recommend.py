@@ -184,14 +184,15 @@ def bin_rounds(rows: list[dict], asked: list[int]) -> dict[int, list[dict]]:
 
 
 def tokens_per_round(rows: list[dict], k: int | None) -> float | None:
-    """The tokens a row commits per round (accepted + 1: block efficiency) over the rows' rounds that drafted k (not
-    those cut short: by the tokens left, which draft fewer, by an EOS, or where `dealt` cut a row's last round; all of
-    them where none is left); None without rounds. With the predicted decode speedup (after the prefills) it gives a
-    round's cost in plain steps (tokens / decode speedup), which the recommended schedule weighs a round of rows at
-    different contexts with (decode/drafters/schedules.py RecommendedSchedule.round_lengths)."""
-    rounds = [r for s in rows for r in s.get("rounds") or []]
-    full = [r for r in rounds if r.get("drafted") == k and r["emitted"] == r["accepted"] + 1
-            and not r.get("cut")] or rounds
+    """The tokens a row commits per round (accepted + 1: block efficiency) over the rows' rounds that drafted k and
+    were not cut short where they stand (the tokens left draft fewer, an EOS cuts what it emits); a round `dealt` cut
+    to a row's tokens counts as the round it was dealt (cut by its outcome, a long round is the one cut: leaving it
+    out would bias the figure low); all rounds where none is left; None without rounds. With the predicted decode
+    speedup (after the prefills) it gives a round's cost in plain steps (tokens / decode speedup), which the
+    recommended schedule weighs a round of rows at different contexts with (decode/drafters/schedules.py
+    RecommendedSchedule.round_lengths)."""
+    rounds = [r.get("dealt_from", r) for s in rows for r in s.get("rounds") or []]
+    full = [r for r in rounds if r.get("drafted") == k and r["emitted"] == r["accepted"] + 1] or rounds
     return sum(r["emitted"] for r in full) / len(full) if full else None
 
 
@@ -205,7 +206,7 @@ def dealt(rows: list[dict], pool: list[dict]) -> list[dict]:
             r = pool[cursor % len(pool)]
             cursor += 1
             emitted = min(r["emitted"], need)
-            rounds.append(dict(r, emitted=emitted, accepted=min(r["accepted"], emitted - 1), cut=True)
+            rounds.append(dict(r, emitted=emitted, accepted=min(r["accepted"], emitted - 1), dealt_from=r)
                           if emitted < r["emitted"] else dict(r))
             need -= emitted
         out.append(dict(s, rounds=rounds))
@@ -336,20 +337,26 @@ def predicted(kind: str, rows: list[dict], baseline: list[dict], profile: Profil
                                             "e2e_p50_s")}
         spec.update(load_latency_ci95(rows, baseline, profile, draft, True, what_if))
         base = {k: base_figures.get(k) for k in ("tok_s", "ttft_p50_s", "tpot_mean_ms", "e2e_p50_s")}
-    spec["decode_speedup"] = decode_speedup(figures.get("parts_s"))
+    spec["decode_speedup"] = decode_speedup(figures.get("parts_s"), rows, baseline)
     interval = spec.get("speedup_ci95")
     spec["tok_s_ci95"] = ([base["tok_s"] * interval[0], base["tok_s"] * interval[1]]
                           if interval and base.get("tok_s") else None)
     return spec, base, None
 
 
-def decode_speedup(parts: dict | None) -> float | None:
-    """The speedup after the prefills, from the replay's parts (eval/replay.py part_times, over the same requests and
-    tokens): the baseline's steps' seconds over the candidate's draft steps' and verifications'. A round's cost in
-    plain steps is its tokens over it (the recommended schedule's price of a round: decode/methods/speculative.py
+def decode_speedup(parts: dict | None, rows: list[dict], baseline: list[dict]) -> float | None:
+    """The speedup after the prefills, from the replay's parts (eval/replay.py part_times): the candidate's decode
+    tokens a second (each row's tokens after its first, over its draft steps' and verifications' seconds) over the
+    baseline's (over its steps'), each side over its own rows (a sampled run's rows stop at EOS apart). A round's cost
+    in plain steps is its tokens over it (the recommended schedule's price of a round: decode/methods/speculative.py
     round_prices)."""
-    spent = parts and (parts.get("draft_steps_s") or 0) + (parts.get("verifications_s") or 0)
-    return parts["baseline_steps_s"] / spent if spent and parts.get("baseline_steps_s") else None
+    if not parts:
+        return None
+    spent, base = (parts.get("draft_steps_s") or 0) + (parts.get("verifications_s") or 0), parts.get("baseline_steps_s")
+    mine, theirs = (sum(max(int(s.get("new_tokens") or 0) - 1, 0) for s in side) for side in (rows, baseline))
+    if not (spent > 0 and base and base > 0 and mine and theirs):
+        return None
+    return (mine / spent) / (theirs / base)
 
 
 def tied(a: dict, b: dict) -> bool:

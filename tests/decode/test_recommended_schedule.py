@@ -367,7 +367,8 @@ def test_rows_ride_along_where_the_round_pays_and_none_drafts_where_it_does_not(
     too). Priced so that the long row riding along pays (2.0 + 1.8 tokens for 2 x 1.8 / 1.0 = 3.6 plain steps at the
     longest context: 1.06; at K 1, 1.5 + 1.4 for 2.8), it drafts every round the short one does though its K is 0;
     priced so that it does not (1.2 tokens at a speedup of 0.5: 3.2 for 4.8, 0.67; at K 1, 1.5 + 1.1 for 2 x 1.1 /
-    0.6 = 3.67, 0.71), no round drafts; without prices the short row drafts alone. The output is the target's in each."""
+    0.6 = 3.67, 0.71), no round drafts; without prices the short row drafts alone. The output is the target's in
+    each."""
     target = tiny_model("llama", seed=1, layers=3)
     draft = noisy_copy(target, 0.05, seed=5)
     ids, mask = ragged_batch([2, 30])  # contexts 3 and 31: bins 4 and 64 (they meet at 16; the short row ends at 15)
@@ -386,8 +387,10 @@ def test_rows_ride_along_where_the_round_pays_and_none_drafts_where_it_does_not(
             runs[name] = generate_speculative(target, drafter, ids, mask, generation, 4)
             assert [s.output_ids for s in runs[name]] == [b.output_ids for b in base], name
     short, long_ = ([r["drafted"] for r in s.rounds] for s in runs["ride"])
-    # while both are in flight every round drafts, both rows (then the long one alone is off)
-    assert all(short) and all(long_[:len(short)]) and not any(long_[len(short):]) and max(long_) <= 2
+    # while both are in flight every round drafts, both rows (but the short row's last, which may have nothing to
+    # draft); then the long one alone is off
+    assert all(short[:-1]) and all(b for a, b in zip(short, long_) if a) and not any(long_[len(short):])
+    assert max(long_) <= 2
     assert not any(r["drafted"] for s in runs["off"] for r in s.rounds)
     short, long_ = ([r["drafted"] for r in s.rounds] for s in runs["table"])
     assert any(short) and not any(long_)

@@ -82,15 +82,26 @@ def test_tokens_per_round_by_hand():
     assert rec.tokens_per_round([rounds], 3) == pytest.approx(7 / 3)
     assert rec.tokens_per_round([rounds], 5) == pytest.approx(9 / 4)
     assert rec.tokens_per_round([row("baseline", 0)], None) is None
-    # a round dealt short by a row's tokens (6 after the first, from rounds of 4) is not a round of its K: 4.0, not 3.0
-    pool = [{"drafted": 3, "accepted": 3, "emitted": 4}]
-    assert rec.tokens_per_round(rec.dealt([row("speculative", 0, 3)], pool), 3) == 4.0
+    # a round dealt short by a row's tokens counts as the round it was dealt: rows of 4 tokens (3 after the first)
+    # from rounds of 4 and 1 tokens: the first row's 4 is cut to 3, the second's 1 then 4 cut to 2: (4 + 1 + 4) / 3
+    # (leaving the cut ones out, 1.0; counting them as cut, 2.0)
+    pool = [{"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 0, "emitted": 1}]
+    dealt = rec.dealt([row("speculative", i, 3, new_tokens=4) for i in range(2)], pool)
+    assert [r["emitted"] for s in dealt for r in s["rounds"]] == [3, 1, 2]
+    assert rec.tokens_per_round(dealt, 3) == pytest.approx(3.0)
     # nor one an EOS cut (2 accepted, 2 emitted)
     assert rec.tokens_per_round([row("speculative", 0, 3, [(3, 3)]) | {"rounds": [
         {"drafted": 3, "accepted": 3, "emitted": 4}, {"drafted": 3, "accepted": 2, "emitted": 2}]}], 3) == 4.0
-    # and the decode speedup after the prefills (the round's cost in plain steps is tokens / it): batch 1, the
-    # baseline's 6 steps of 0.8 s against gamma 1's 3 rounds of 0.1 + 0.9 s and gamma 2's 2 of 0.2 + 1.0 s; at
-    # concurrency 1 its TPOT over theirs, the same
+    # the decode speedup is tokens a second on each side: 2 rows of 4 decode tokens in 1 + 3 s against 2 of 10 in 8 s
+    # (a sampled run's rows stopping at EOS sooner) is 2.0 / 2.5 = 0.8, not 8 / 4 = 2; no time, no figure
+    parts = {"draft_steps_s": 1.0, "verifications_s": 3.0, "baseline_steps_s": 8.0}
+    ours, theirs = [row("speculative", i, 3, new_tokens=5) for i in range(2)], [row("baseline", i, new_tokens=11)
+                                                                             for i in range(2)]
+    assert rec.decode_speedup(parts, ours, theirs) == pytest.approx(0.8)
+    assert rec.decode_speedup(dict(parts, verifications_s=-1.0), ours, theirs) is None
+    assert rec.decode_speedup(None, ours, theirs) is None
+    # and from the replay (the round's cost in plain steps is tokens / it): batch 1, the baseline's 6 steps of 0.8 s
+    # against gamma 1's 3 rounds of 0.1 + 0.9 s and gamma 2's 2 of 0.2 + 1.0 s; at concurrency 1 the same
     served = [dict(s, batch_size=None, concurrency=2, request=s["sample_id"], arrival_s=0.0) for s in run()]
     for load, records in ((("batch", 1), run()), (("concurrency", 1), served)):
         results, _ = rec.recommend(records, profile(), [load])
