@@ -160,7 +160,8 @@ class DraftModelDrafter(Drafter):
         rows = len(self.pending)
         wanted = self.schedule.lengths() if self.schedule is not None else [max_tokens] * rows
         limits = row_limits if row_limits is not None else [max_tokens] * rows
-        lengths = [max(0, min(w, limit, max_tokens)) for w, limit in zip(wanted, limits)]
+        caps = [max(0, min(limit, max_tokens)) for limit in limits]  # the most each row may draft
+        lengths = [max(0, min(w, cap)) for w, cap in zip(wanted, caps)]
         repaid = getattr(self.schedule, "catch_up_repaid", None)
         if repaid is not None and self.tree is None and any(len(p) > 1 for p, k in zip(self.pending, lengths) if k):
             # a backlog (more than the last draft of a full accept, or one plain step's token) is fed only if repaid
@@ -168,8 +169,7 @@ class DraftModelDrafter(Drafter):
                        for row, (k, p) in enumerate(zip(lengths, self.pending))]
         whole = getattr(self.schedule, "round_lengths", None)
         if whole is not None and self.tree is None and any(lengths):  # the round weighed as a whole (its doc)
-            lengths = whole(lengths, [len(p) for p in self.pending],
-                            [max(0, min(limit, max_tokens)) for limit in limits])
+            lengths = whole(lengths, [len(p) for p in self.pending], caps)
         return lengths
 
     def held_rows(self, lengths: list[int]) -> list[int]:

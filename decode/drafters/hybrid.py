@@ -243,8 +243,8 @@ class HybridDrafter(Drafter):
     The draft model's prefill is deferred (DraftModelDrafter.defer): a batch starts with the free sources alone and
     prefills the draft in the first round whose plans draft with it and where starting pays (_start_pays): summed over
     the rows it feeds (those drafting with it, and those whose prompts are no longer than theirs: the others are held,
-    DraftModelDrafter.held_rows), the tokens each is expected still to generate (lengths: LengthRecord, from the point's finished requests
-    of its group, which may stop at EOS long before the budget; without it, budget: max_new_tokens, minus what it has)
+    DraftModelDrafter.held_rows), the tokens each is expected still to generate (lengths: LengthRecord, from the
+    point's finished requests of its group, which may stop at EOS long before the budget; without it, budget: max_new_tokens, minus what it has)
     times what a token costs it without the draft model (its best plans' 1 / tokens per cost, in target steps) less
     what it costs with it, both averaged over the row's rounds so far and shrunk toward its group's or the point's
     rounds (start_pools, StartRecord),
@@ -394,13 +394,13 @@ class HybridDrafter(Drafter):
         if self.estimators["draft"].pool.tested[1] < CostModelSchedule.MIN_POOLED_ROUNDS:
             return True
         point = self.start_pools.get(None)
-        # the rows this start feeds: those drafting with the model and those within their width (the others are
-        # held, DraftModelDrafter.held_rows: not prefilled now, they save nothing by it)
-        width = max(len(p) for plan, p in zip(plans, self.draft.pending) if plan[2])
-        fed = [bool(plan[2]) or len(p) <= width for plan, p in zip(plans, self.draft.pending)]
+        # the rows this start feeds: the others are held (DraftModelDrafter.held_rows), not prefilled now, and save
+        # nothing by it
+        held = set(self.draft.held_rows([plan[2] for plan in plans]))
+        width = max(len(p) for row, p in enumerate(self.draft.pending) if row not in held)
         saving = 0.0
         for row, record in enumerate(self.starts):
-            if not fed[row]:
+            if row in held:
                 continue
             group = self.start_pools.get(self.row_groups[row]) if self.row_groups[row] is not None else None
             prior = group if group is not None and group.rounds >= self.START_PRIOR_ROUNDS else point

@@ -440,9 +440,8 @@ class RecommendedSchedule(Schedule):
     the round's K too (it pays the wide round either way), a held row commits its one token, and the round drafts
     only where the rows' tokens over its cost (in plain steps: tokens / decode speedup at the batch's longest
     context, over whose cache every row's forward runs) beat a plain step's one token a row; else every row runs
-    off. A batch of one context whose rows are far from their ends
-    drafts its table K, as before; a row at its last tokens, drafting fewer, can turn the round off or to a shorter
-    K."""
+    off. A batch of one context whose rows are far from their ends drafts its table K, as before; a row at its last
+    tokens, drafting fewer, can turn the round off or to a shorter K."""
     name = "recommended"
     reads_context = True
     idles_rows = True

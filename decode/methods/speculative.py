@@ -129,14 +129,16 @@ def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.js
     for batch, by_context in _choices(data, draft, served, path).items():
         for context, (_, _, runnable) in by_context.items():
             at = prices.setdefault(batch, {}).setdefault(context, {})
-            for c in sorted((c for c in runnable if c.get("candidate") != "off"),
-                            key=lambda c: c.get("decode_speedup") if isinstance(c.get("decode_speedup"), (int, float))
-                            else 0):  # the faster of one K's last
+            for c in runnable:
+                if c.get("candidate") == "off":
+                    continue
                 speedup, tokens = c.get("decode_speedup"), c.get("tokens_per_round")
                 if not (isinstance(speedup, (int, float)) and isinstance(tokens, (int, float)) and speedup > 0
                         and tokens >= 1):
                     return None
-                at[int(c["gamma"])] = float(speedup), float(tokens)
+                k = int(c["gamma"])
+                if k not in at or speedup > at[k][0]:  # of two candidates of one K, the faster
+                    at[k] = float(speedup), float(tokens)
     return prices
 
 
