@@ -131,7 +131,7 @@ class DraftModelDrafter(Drafter):
         if not self.off:
             if self.context is not None:  # the window: each (left-padded) row's last tokens
                 prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
-            if self._waits(prompt_ids.shape[0]):  # the prefill waits in the pending tokens (class doc)
+            if self._waits(prompt_mask.sum(dim=1).tolist()):  # the prefill waits in the pending tokens (class doc)
                 if self.state is not None:
                     self.state.add_empty_rows(prompt_ids.shape[0])
                 self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
@@ -145,12 +145,18 @@ class DraftModelDrafter(Drafter):
             state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1), prompt_mask, last_only=True)
             self.state = joined(self.state, state)
 
-    def _waits(self, joining: int) -> bool:
-        """Whether the last `joining` rows' prefill waits for a round that drafts (class doc: defer, idles_rows)."""
-        idles = getattr(self.schedule, "idles_rows", False)
+    def _waits(self, prompts: list[int]) -> bool:
+        """Whether the joining rows' prefill (of these prompt lengths, the last rows) waits for a round that drafts
+        (class doc: defer, idles_rows): none of them drafts at once, by its K and, where the schedule prices
+        catch-ups, by whether its tokens left repay feeding its prompt."""
+        joining, idles = len(prompts), getattr(self.schedule, "idles_rows", False)
         if self.state is None and (self.defer or (idles and len(self.pending) > joining)):  # earlier rows wait too
             return True
-        return idles and not any(self.schedule.lengths()[-joining:])
+        if not idles:
+            return False
+        repaid, first = getattr(self.schedule, "catch_up_repaid", None), len(self.pending) - joining
+        return not any(k and (repaid is None or repaid(first + i, n))
+                       for i, (k, n) in enumerate(zip(self.schedule.lengths()[-joining:], prompts)))
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""

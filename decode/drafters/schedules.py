@@ -441,14 +441,22 @@ class RecommendedSchedule(Schedule):
     only where the rows' tokens over its cost (in plain steps: tokens / decode speedup at the batch's longest
     context, over whose cache every row's forward runs) beat a plain step's one token a row; else every row runs
     off. A batch of one context whose rows are far from their ends drafts its table K, as before; a row at its last
-    tokens, drafting fewer, can turn the round off or to a shorter K."""
+    tokens, drafting fewer, can turn the round off or to a shorter K.
+
+    A row alone in flight, with `lone` (decode/methods/speculative.py lone_prices: at the load of one row, each
+    context's best K, a K tied with off included, and the seconds it saves a token once the draft has the row's
+    context), follows it instead of the table's row of one: where the table's tie with off comes from the draft's
+    prefill (priced on average over the calibration's prompts), the row's own catch-up decides, at that saving. At
+    more rows in flight the table's tie rule stands (its what-ifs at a concurrency above one run optimistic on mixed
+    contexts: docs/benchmarks.md)."""
     name = "recommended"
     reads_context = True
     idles_rows = True
 
     def __init__(self, gamma: int, table: dict[int, dict[int | None, int]],
                  catch_up: tuple[dict[int, dict[int | None, float]], float] | None = None, budget: int | None = None,
-                 rounds: dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None = None):
+                 rounds: dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None = None,
+                 lone: dict[int | None, tuple[int, float]] | None = None):
         super().__init__(gamma)
         if not table or any(not by_context for by_context in table.values()) or \
                 any(k < 0 for by_context in table.values() for k in by_context.values()):
@@ -458,6 +466,7 @@ class RecommendedSchedule(Schedule):
         self.savings, self.price = catch_up if catch_up is not None else (None, None)
         self.budget = budget  # max_new_tokens: a row's tokens left are the budget less those it has
         self.rounds = rounds
+        self.lone = lone or None  # a row alone in flight: its K and saving a token by context
 
     def start(self, rows):
         super().start(rows)
@@ -490,6 +499,8 @@ class RecommendedSchedule(Schedule):
         return min(bins, key=lambda c: (abs(math.log(max(context, 1) / c)), c)) if bins else None
 
     def lengths(self):
+        if self.lone is not None and self.rows == 1:
+            return [min(self.gamma, self.lone[self._bin(self.lone, self.contexts[0])][0])]
         ks = self.by_context()
         return [min(self.gamma, ks[self._bin(ks, context)]) for context in self.contexts]
 
@@ -500,9 +511,14 @@ class RecommendedSchedule(Schedule):
         the batch's forward (price x rows x behind). True without prices or a budget."""
         if self.savings is None or self.budget is None:
             return True
-        savings = self.by_context(self.savings)
-        left = self.budget - (self.contexts[row] - self.prompts[row])
-        return left * savings[self._bin(savings, self.contexts[row])] >= self.price * self.rows * behind
+        context = self.contexts[row]
+        if self.lone is not None and self.rows == 1:
+            saving = self.lone[self._bin(self.lone, context)][1]
+        else:
+            savings = self.by_context(self.savings)
+            saving = savings[self._bin(savings, context)]
+        left = self.budget - (context - self.prompts[row])
+        return left * saving >= self.price * self.rows * behind
 
     def round_lengths(self, lengths: list[int], backlogs: list[int], caps: list[int]) -> list[int]:
         """A chain round's lengths weighed as a whole (class doc). lengths: each row's K from the table (0 off; after
@@ -542,12 +558,14 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
                   v: dict[int, float] | None = None, evidence: PointEvidence | None = None,
                   prefill_cost: dict | None = None, budget: int | None = None,
                   table: dict[int, dict[int | None, int]] | None = None,
-                  catch_up: tuple[dict, float] | None = None, rounds: dict | None = None) -> Schedule:
+                  catch_up: tuple[dict, float] | None = None, rounds: dict | None = None,
+                  lone: dict | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
     and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context, catch_up:
-    its prices of a row's catch-up, rounds: its prices of a round (RecommendedSchedule)."""
+    its prices of a row's catch-up, rounds: its prices of a round, lone: a row alone's K and saving
+    (RecommendedSchedule)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
@@ -557,7 +575,7 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
     if name == "recommended":
         if not table:
             raise ValueError("the recommended schedule needs its table K(batch, context) (speculative.recommendation)")
-        return RecommendedSchedule(gamma, table, catch_up, budget, rounds)
+        return RecommendedSchedule(gamma, table, catch_up, budget, rounds, lone)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -142,11 +142,41 @@ def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.js
     return prices
 
 
+def lone_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
+                ) -> dict[int | None, tuple[int, float]] | None:
+    """What the recommended schedule runs a row alone in flight with (RecommendedSchedule, `lone`): at the load of
+    one row (batch or concurrency 1), context -> (the K of the highest predicted speedup, a K tied with off included,
+    0 where off's is as high or the K's decode speedup is not above 1; the seconds a row saves a token once its draft
+    has its context: 1 / off's tok/s x (1 - 1 / that decode speedup)). A row alone is the calibration's own load, and
+    a tie with off there is the draft's prefill, priced on average over the calibration's prompts, which the schedule
+    prices for each row (its catch-up, at this saving). None where the file has no load of one row, or a K lacks its
+    decode speedup or off its tok/s (a file written before eval.recommend gave them)."""
+    by_context = _choices(data, draft, served, path).get(1)
+    if by_context is None:
+        return None
+    lone: dict[int | None, tuple[int, float]] = {}
+    for context, (_, off_, runnable) in by_context.items():
+        best = min(runnable, key=ranked)
+        if best["candidate"] == "off":
+            lone[context] = 0, 0.0
+            continue
+        tok_s, speedup = (off_ or {}).get("tok_s"), best.get("decode_speedup")
+        if not (isinstance(tok_s, (int, float)) and tok_s > 0 and isinstance(speedup, (int, float)) and speedup > 0):
+            return None
+        lone[context] = (int(best["gamma"]), (1 - 1 / speedup) / tok_s) if speedup > 1 else (0, 0.0)
+    return lone
+
+
 def tied_with_off(candidate: dict) -> bool:
     """Whether the candidate's predicted speedup cannot be told from off's: its 95% interval reaches 1 (off's is
     [1, 1]; eval.recommend says it as a tie). Without an interval, its point estimate decides."""
     interval = candidate.get("speedup_ci95")
     return bool(interval) and isinstance(interval[0], (int, float)) and interval[0] <= 1.0
+
+
+def ranked(candidate: dict) -> tuple:
+    """The order the schedule picks by: the highest predicted speedup; on a tie off, then the shorter K."""
+    return -candidate["speedup"], candidate["candidate"] != "off", candidate.get("gamma") or 0
 
 
 def _choices(data: dict, draft: str, served: bool, path: str
@@ -162,7 +192,7 @@ def _choices(data: dict, draft: str, served: bool, path: str
         off_ = next((c for c in runnable if c.get("candidate") == "off"), None)
         # a K tied with off is not run: the best of the others
         untied = [c for c in runnable if c is off_ or not tied_with_off(c)] if off_ is not None else runnable
-        best = min(untied, key=lambda c: (-c["speedup"], c["candidate"] != "off", c.get("gamma") or 0))
+        best = min(untied, key=ranked)
         tables[kind].setdefault(int(value), {})[load.get("context")] = best, off_, runnable
     preferred, other = ("conc", "batch") if served else ("batch", "conc")
     table = tables[preferred] or tables[other]
@@ -187,7 +217,8 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
         served = ctx.load is not None
         return make_schedule(name, point.gamma, table=recommended_table(data, draft_label, served, path),
                              catch_up=catch_up_prices(data, draft_label, served, path), budget=max_new_tokens,
-                             rounds=round_prices(data, draft_label, served, path))
+                             rounds=round_prices(data, draft_label, served, path),
+                             lone=lone_prices(data, draft_label, served, path))
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run

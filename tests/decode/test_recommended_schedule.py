@@ -10,7 +10,7 @@ import torch
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.schedules import RecommendedSchedule, make_schedule
 from decode.kv import KVState
-from decode.methods.speculative import catch_up_prices, recommended_table, round_prices
+from decode.methods.speculative import catch_up_prices, lone_prices, recommended_table, round_prices
 from decode.serving import Load
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 from utils.config import ConfigError, validate
@@ -296,6 +296,74 @@ def test_catch_up_prices_by_hand():
     assert savings[1][None] == pytest.approx(0.25 * 0.2) and savings[2][None] == 0.0
     assert savings[4][None] == pytest.approx(0.4 * 0.375)
     assert catch_up_prices({"loads": data["loads"]}, "d", served=True) is None
+
+
+def test_lone_prices_by_hand():
+    """recommend.json -> at the load of one row, context -> (the best K, a K tied with off included; the seconds a
+    token saves once the draft has the context: (1 - 1 / its decode speedup) / off's tok/s), while the table's row of
+    one runs the tied K off; off where no K is above off, or where the best K's decode speedup is not above 1. None
+    without a load of one row or without decode speedups."""
+    def load(n, context, *candidates, tok_s=5.0):
+        return {"load": f"conc={n}", "context": context, "candidates": [*candidates, {**off(), "tok_s": tok_s}]}
+
+    def k(gamma, speedup, interval, decode_speedup):
+        return {**chain(gamma, speedup), "speedup_ci95": interval, "decode_speedup": decode_speedup}
+    data = {"loads": [load(1, 75, k(3, 1.2, [1.05, 1.3], 1.35), k(2, 1.1, [1.02, 1.2], 1.3)),
+                      load(1, 310, k(2, 1.01, [0.95, 1.08], 1.2), k(3, 1.03, [0.98, 1.10], 1.25)),
+                      load(1, 1200, k(3, 0.97, [0.9, 1.05], 1.1)), load(1, 5000, k(2, 1.02, [0.9, 1.1], 0.99)),
+                      load(2, 75, k(3, 1.1, [1.02, 1.2], 1.3), tok_s=8.0)]}
+    assert recommended_table(data, "d", served=True) == {1: {75: 3, 310: 0, 1200: 0, 5000: 0}, 2: {75: 3}}
+    assert lone_prices(data, "d", served=True) == {75: (3, pytest.approx(0.35 / 1.35 / 5)),
+                                                   310: (3, pytest.approx(0.2 / 5)), 1200: (0, 0.0), 5000: (0, 0.0)}
+    assert lone_prices({"loads": data["loads"][4:]}, "d", served=True) is None  # no load of one row
+    lacking = json.loads(json.dumps(data))
+    del lacking["loads"][1]["candidates"][1]["decode_speedup"]
+    assert lone_prices(lacking, "d", served=True) is None
+
+
+def test_a_row_alone_is_decided_by_its_own_catch_up():
+    """By hand: the table runs a long context off at one row (its K 3 tied with off) and alone the row saves 0.04 s a
+    token at K 3; the draft's forward costs 0.003 s a row-token fed; 32 tokens a request. A row of a 309-token prompt
+    (context 310, 31 tokens left: 1.24 s) drafts K 3 where its catch-up is up to 413 tokens (1.239 s), not 414; with
+    company the table's off (and its saving of 0) stands; without `lone` the row alone is off."""
+    table = {1: {75: 3, 310: 0}, 2: {75: 3, 310: 0}}
+    catch_up = ({1: {75: 0.05, 310: 0.0}, 2: {75: 0.02, 310: 0.0}}, 0.003)
+    schedule = RecommendedSchedule(4, table, catch_up, 32, lone={75: (3, 0.05), 310: (3, 0.04)})
+    schedule.start(0)
+    schedule.add_rows(1, prompt_tokens=[309])
+    assert schedule.lengths() == [3]
+    assert schedule.catch_up_repaid(0, 413) and not schedule.catch_up_repaid(0, 414)
+    schedule.add_rows(1, prompt_tokens=[74])
+    assert schedule.lengths() == [0, 3] and not schedule.catch_up_repaid(0, 2)
+    schedule.select_rows([0])  # the short row left: alone again
+    assert schedule.lengths() == [3] and schedule.catch_up_repaid(0, 2)
+    without = RecommendedSchedule(4, table, catch_up, 32)
+    without.start(0)
+    without.add_rows(1, prompt_tokens=[309])
+    assert without.lengths() == [0] and not without.catch_up_repaid(0, 2)
+
+
+def test_a_lone_row_drafts_where_the_table_has_it_off_and_stays_exact():
+    """Three requests one at a time, the table off at one row: with `lone` at a K of 2 and a saving that repays any
+    catch-up, every request drafts from its first round and the output is the target's; at a saving that repays none
+    (a microsecond a token against a millisecond a prompt token), or without `lone`, none drafts, and the draft runs
+    no forward, not even a prefill as the row joins."""
+    target = tiny_model("llama", seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch([6, 13, 9])
+    generation = Generation(max_new_tokens=12)
+    with torch.inference_mode():
+        alone = [generate_baseline(target, ids[i:i + 1], mask[i:i + 1], generation)[0].output_ids for i in range(3)]
+        served = {}
+        for name, lone in {"lone": {None: (2, 1.0)}, "unrepaid": {None: (2, 1e-6)}, "table": None}.items():
+            schedule = RecommendedSchedule(4, {1: {None: 0}}, ({1: {None: 0.0}}, 1e-3), 12, lone=lone)
+            drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule)
+            served[name] = generate_speculative(target, drafter, ids, mask, generation, 4, load=Load([0.0] * 3, 1))
+            assert [s.output_ids for s in served[name]] == alone, name
+    assert all(s.rounds[0]["drafted"] == 2 and s.draft_forwards > 0 for s in served["lone"])
+    for name in ("unrepaid", "table"):
+        assert all(r["drafted"] == 0 for s in served[name] for r in s.rounds), name
+        assert all(s.draft_forwards == 0 for s in served[name]), name
 
 
 def test_round_prices_by_hand():
