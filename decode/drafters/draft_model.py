@@ -131,7 +131,7 @@ class DraftModelDrafter(Drafter):
         if not self.off:
             if self.context is not None:  # the window: each (left-padded) row's last tokens
                 prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
-            if self._waits(prompt_mask.sum(dim=1).tolist()):  # the prefill waits in the pending tokens (class doc)
+            if self._waits(prompt_mask):  # the prefill waits in the pending tokens (class doc)
                 if self.state is not None:
                     self.state.add_empty_rows(prompt_ids.shape[0])
                 self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
@@ -145,18 +145,24 @@ class DraftModelDrafter(Drafter):
             state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1), prompt_mask, last_only=True)
             self.state = joined(self.state, state)
 
-    def _waits(self, prompts: list[int]) -> bool:
-        """Whether the joining rows' prefill (of these prompt lengths, the last rows) waits for a round that drafts
+    def _waits(self, prompt_mask: torch.Tensor) -> bool:
+        """Whether the joining rows' prefill (the last rows; prompt_mask [J, P] as fed) waits for a round that drafts
         (class doc: defer, idles_rows): none of them drafts at once, by its K and, where the schedule prices
-        catch-ups, by whether its tokens left repay feeding its prompt."""
-        joining, idles = len(prompts), getattr(self.schedule, "idles_rows", False)
+        catch-ups, by whether its tokens left repay feeding its prompt in the joining rows' own forward (one
+        forward for them all: one row repaid prefills every joining row)."""
+        joining, idles = prompt_mask.shape[0], getattr(self.schedule, "idles_rows", False)
         if self.state is None and (self.defer or (idles and len(self.pending) > joining)):  # earlier rows wait too
             return True
         if not idles:
             return False
+        lengths = self.schedule.lengths()[-joining:]
+        if not any(lengths):
+            return True
         repaid, first = getattr(self.schedule, "catch_up_repaid", None), len(self.pending) - joining
-        return not any(k and (repaid is None or repaid(first + i, n))
-                       for i, (k, n) in enumerate(zip(self.schedule.lengths()[-joining:], prompts)))
+        if repaid is None:
+            return False
+        prompts = prompt_mask.sum(dim=1).tolist()  # on the host: a joining row's prompt length, once
+        return not any(k and repaid(first + i, n, rows=joining) for i, (k, n) in enumerate(zip(lengths, prompts)))
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""

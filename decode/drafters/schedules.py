@@ -445,10 +445,10 @@ class RecommendedSchedule(Schedule):
 
     A row alone in flight, with `lone` (decode/methods/speculative.py lone_prices: at the load of one row, each
     context's best K, a K tied with off included, and the seconds it saves a token once the draft has the row's
-    context), follows it instead of the table's row of one: where the table's tie with off comes from the draft's
-    prefill (priced on average over the calibration's prompts), the row's own catch-up decides, at that saving. At
-    more rows in flight the table's tie rule stands (its what-ifs at a concurrency above one run optimistic on mixed
-    contexts: docs/benchmarks.md)."""
+    context) and catch-up prices, follows it instead of the table's row of one: the end-to-end speedup behind the
+    table's tie rule carries the draft's prefill on average over the calibration's prompts, where the row's own
+    catch-up (catch_up_repaid, at that saving) prices its own. At more rows in flight the table's tie rule stands
+    (its what-ifs at a concurrency above one run optimistic on mixed contexts: docs/benchmarks.md)."""
     name = "recommended"
     reads_context = True
     idles_rows = True
@@ -466,7 +466,8 @@ class RecommendedSchedule(Schedule):
         self.savings, self.price = catch_up if catch_up is not None else (None, None)
         self.budget = budget  # max_new_tokens: a row's tokens left are the budget less those it has
         self.rounds = rounds
-        self.lone = lone or None  # a row alone in flight: its K and saving a token by context
+        # a row alone in flight: its K and saving a token by context, where catch-ups are priced (it decides by its own)
+        self.lone = lone if lone and self.savings is not None and budget is not None else None
 
     def start(self, rows):
         super().start(rows)
@@ -504,11 +505,12 @@ class RecommendedSchedule(Schedule):
         ks = self.by_context()
         return [min(self.gamma, ks[self._bin(ks, context)]) for context in self.contexts]
 
-    def catch_up_repaid(self, row: int, behind: int) -> bool:
+    def catch_up_repaid(self, row: int, behind: int, rows: int | None = None) -> bool:
         """Whether the row, `behind` tokens its draft cache has not seen (besides its last), drafts this round: what
         it saves on its tokens left (the budget less those it has, each round's accepted + 1 after its first) at the
-        recommended K (savings per token, at the batch in flight and its context) at least what feeding them costs
-        the batch's forward (price x rows x behind). True without prices or a budget."""
+        recommended K (savings per token, at the batch in flight and its context; a row alone: `lone`'s) at least
+        what feeding them costs the forward that feeds them (price x rows x behind: the batch's rows in a round, the
+        joining rows' at a prefill as they join). True without prices or a budget."""
         if self.savings is None or self.budget is None:
             return True
         context = self.contexts[row]
@@ -518,7 +520,7 @@ class RecommendedSchedule(Schedule):
             savings = self.by_context(self.savings)
             saving = savings[self._bin(savings, context)]
         left = self.budget - (context - self.prompts[row])
-        return left * saving >= self.price * self.rows * behind
+        return left * saving >= self.price * (self.rows if rows is None else rows) * behind
 
     def round_lengths(self, lengths: list[int], backlogs: list[int], caps: list[int]) -> list[int]:
         """A chain round's lengths weighed as a whole (class doc). lengths: each row's K from the table (0 off; after

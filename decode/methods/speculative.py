@@ -145,12 +145,13 @@ def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.js
 def lone_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
                 ) -> dict[int | None, tuple[int, float]] | None:
     """What the recommended schedule runs a row alone in flight with (RecommendedSchedule, `lone`): at the load of
-    one row (batch or concurrency 1), context -> (the K of the highest predicted speedup, a K tied with off included,
-    0 where off's is as high or the K's decode speedup is not above 1; the seconds a row saves a token once its draft
-    has its context: 1 / off's tok/s x (1 - 1 / that decode speedup)). A row alone is the calibration's own load, and
-    a tie with off there is the draft's prefill, priced on average over the calibration's prompts, which the schedule
-    prices for each row (its catch-up, at this saving). None where the file has no load of one row, or a K lacks its
-    decode speedup or off its tok/s (a file written before eval.recommend gave them)."""
+    one row of the kind the table reads (concurrency 1 under a load, batch 1 for fixed batches), context -> (the K of
+    the highest predicted speedup, a K tied with off included; 0 where off's is as high or that K's decode speedup is
+    not above 1; the seconds the row saves a token once its draft has its context: off's seconds a token x (1 - 1 /
+    that decode speedup), a token's seconds off's TPOT where the load has one, else 1 / off's tok/s). At one row the
+    schedule prices the draft's prefill for each row (its catch-up, at this saving), where the end-to-end speedup
+    carries it on average over the calibration's prompts and budgets. None where the file has no such load, or the
+    chosen K lacks its decode speedup or off its seconds a token (a file written before eval.recommend gave them)."""
     by_context = _choices(data, draft, served, path).get(1)
     if by_context is None:
         return None
@@ -160,10 +161,17 @@ def lone_prices(data: dict, draft: str, served: bool, path: str = "recommend.jso
         if best["candidate"] == "off":
             lone[context] = 0, 0.0
             continue
-        tok_s, speedup = (off_ or {}).get("tok_s"), best.get("decode_speedup")
-        if not (isinstance(tok_s, (int, float)) and tok_s > 0 and isinstance(speedup, (int, float)) and speedup > 0):
+        tpot, tok_s = (off_ or {}).get("tpot_mean_ms"), (off_ or {}).get("tok_s")
+        speedup = best.get("decode_speedup")
+        if isinstance(tpot, (int, float)) and tpot > 0:
+            per_token = tpot / 1000
+        elif isinstance(tok_s, (int, float)) and tok_s > 0:
+            per_token = 1 / tok_s
+        else:
             return None
-        lone[context] = (int(best["gamma"]), (1 - 1 / speedup) / tok_s) if speedup > 1 else (0, 0.0)
+        if not (isinstance(speedup, (int, float)) and speedup > 0):
+            return None
+        lone[context] = (int(best["gamma"]), per_token * (1 - 1 / speedup)) if speedup > 1 else (0, 0.0)
     return lone
 
 

@@ -217,6 +217,22 @@ def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
     assert empty_joins == [1]
 
 
+def test_a_joining_row_is_prefilled_where_its_tokens_left_repay_its_own_forward():
+    """By hand: K 2 at one and two rows, 0.01 s saved a token, 0.001 s a row-token fed, 12 tokens a request (11 left
+    as a row joins: 0.11 s). A row joining beside others is prefilled in a forward of its own: 100 tokens cost 0.1 s,
+    repaid (a round's catch-up at two rows would cost 0.2 s); 120 tokens, 0.12 s, wait in the pending tokens."""
+    draft = tiny_model("llama", seed=2)
+    ids, mask = ragged_batch([8, 100, 120])
+    schedule = RecommendedSchedule(4, {1: {None: 2}, 2: {None: 2}}, ({1: {None: 0.01}, 2: {None: 0.01}}, 0.001), 12)
+    with torch.inference_mode():
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule)
+        drafter.reset()
+        for row in range(3):
+            drafter.add_rows(ids[row:row + 1], mask[row:row + 1])
+    assert drafter.forwards == 2
+    assert drafter.pending == [[], [], ids[2, -120:].tolist()]
+
+
 def test_held_rows_keep_the_draft_cache_whole():
     """The draft a copy of the target: where its cache holds exactly each row's tokens, every draft is accepted. A
     long row off with company builds a backlog in rounds nobody drafts and is held when a short newcomer drafts (K 2
@@ -300,20 +316,20 @@ def test_catch_up_prices_by_hand():
 
 def test_lone_prices_by_hand():
     """recommend.json -> at the load of one row, context -> (the best K, a K tied with off included; the seconds a
-    token saves once the draft has the context: (1 - 1 / its decode speedup) / off's tok/s), while the table's row of
-    one runs the tied K off; off where no K is above off, or where the best K's decode speedup is not above 1. None
+    token saves once the draft has the context: off's seconds a token (its TPOT, 0.15 s, where the load has one, else
+    1 / its tok/s) x (1 - 1 / the K's decode speedup)), while the table's row of one runs the tied K off; off where no K is above off, or where the best K's decode speedup is not above 1. None
     without a load of one row or without decode speedups."""
-    def load(n, context, *candidates, tok_s=5.0):
-        return {"load": f"conc={n}", "context": context, "candidates": [*candidates, {**off(), "tok_s": tok_s}]}
+    def load(n, context, *candidates, tok_s=5.0, **tpot):
+        return {"load": f"conc={n}", "context": context, "candidates": [*candidates, {**off(), "tok_s": tok_s, **tpot}]}
 
     def k(gamma, speedup, interval, decode_speedup):
         return {**chain(gamma, speedup), "speedup_ci95": interval, "decode_speedup": decode_speedup}
-    data = {"loads": [load(1, 75, k(3, 1.2, [1.05, 1.3], 1.35), k(2, 1.1, [1.02, 1.2], 1.3)),
+    data = {"loads": [load(1, 75, k(3, 1.2, [1.05, 1.3], 1.35), k(2, 1.1, [1.02, 1.2], 1.3), tpot_mean_ms=150.0),
                       load(1, 310, k(2, 1.01, [0.95, 1.08], 1.2), k(3, 1.03, [0.98, 1.10], 1.25)),
                       load(1, 1200, k(3, 0.97, [0.9, 1.05], 1.1)), load(1, 5000, k(2, 1.02, [0.9, 1.1], 0.99)),
                       load(2, 75, k(3, 1.1, [1.02, 1.2], 1.3), tok_s=8.0)]}
     assert recommended_table(data, "d", served=True) == {1: {75: 3, 310: 0, 1200: 0, 5000: 0}, 2: {75: 3}}
-    assert lone_prices(data, "d", served=True) == {75: (3, pytest.approx(0.35 / 1.35 / 5)),
+    assert lone_prices(data, "d", served=True) == {75: (3, pytest.approx(0.15 * 0.35 / 1.35)),
                                                    310: (3, pytest.approx(0.2 / 5)), 1200: (0, 0.0), 5000: (0, 0.0)}
     assert lone_prices({"loads": data["loads"][4:]}, "d", served=True) is None  # no load of one row
     lacking = json.loads(json.dumps(data))
@@ -325,7 +341,8 @@ def test_a_row_alone_is_decided_by_its_own_catch_up():
     """By hand: the table runs a long context off at one row (its K 3 tied with off) and alone the row saves 0.04 s a
     token at K 3; the draft's forward costs 0.003 s a row-token fed; 32 tokens a request. A row of a 309-token prompt
     (context 310, 31 tokens left: 1.24 s) drafts K 3 where its catch-up is up to 413 tokens (1.239 s), not 414; with
-    company the table's off (and its saving of 0) stands; without `lone` the row alone is off."""
+    company the table's off (and its saving of 0) stands; without `lone`, or without catch-up prices to weigh it
+    with, the row alone is off (the table's)."""
     table = {1: {75: 3, 310: 0}, 2: {75: 3, 310: 0}}
     catch_up = ({1: {75: 0.05, 310: 0.0}, 2: {75: 0.02, 310: 0.0}}, 0.003)
     schedule = RecommendedSchedule(4, table, catch_up, 32, lone={75: (3, 0.05), 310: (3, 0.04)})
@@ -338,9 +355,12 @@ def test_a_row_alone_is_decided_by_its_own_catch_up():
     schedule.select_rows([0])  # the short row left: alone again
     assert schedule.lengths() == [3] and schedule.catch_up_repaid(0, 2)
     without = RecommendedSchedule(4, table, catch_up, 32)
-    without.start(0)
-    without.add_rows(1, prompt_tokens=[309])
-    assert without.lengths() == [0] and not without.catch_up_repaid(0, 2)
+    unpriced = RecommendedSchedule(4, table, None, 32, lone={75: (3, 0.05), 310: (3, 0.04)})  # nothing weighs it
+    for schedule in (without, unpriced):
+        schedule.start(0)
+        schedule.add_rows(1, prompt_tokens=[309])
+        assert schedule.lengths() == [0]
+    assert not without.catch_up_repaid(0, 2)
 
 
 def test_a_lone_row_drafts_where_the_table_has_it_off_and_stays_exact():
