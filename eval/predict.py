@@ -174,6 +174,10 @@ def table(rows: list[dict], profile: Profile, costs: Path | None = None) -> str:
     beyond = [(r["predicted"] or {}).get("caches_priced_beyond") for r in rows]
     if any(beyond):
         lines += ["", beyond_note([span for span in beyond if span], profile.caches())]
+    withheld = [f"- {r['label']} at conc={r.get('concurrency')}: {r['predicted']['speedup_ci95_withheld']}"
+                for r in rows if (r["predicted"] or {}).get("speedup_ci95_withheld")]
+    if withheld:
+        lines += ["", "no interval on the predicted speedup:", *withheld]
     within = [r["measured_over_predicted"] for r in rows if r.get("measured_over_predicted") is not None]
     if within:
         inside = sum(0.95 <= x <= 1.05 for x in within)

@@ -333,8 +333,8 @@ def predicted(kind: str, rows: list[dict], baseline: list[dict], profile: Profil
             base_figures = replayed_figures(*[replay_load(baseline, Pricer(profile), False, what_if)] * 2)
         except MissingCost as error:
             return None, None, lacking(error)
-        spec = {k: figures.get(k) for k in ("speedup", "speedup_ci95", "tok_s", "ttft_p50_s", "tpot_mean_ms",
-                                            "e2e_p50_s")}
+        spec = {k: figures.get(k) for k in ("speedup", "speedup_ci95", "speedup_ci95_withheld", "tok_s",
+                                            "ttft_p50_s", "tpot_mean_ms", "e2e_p50_s")}
         spec.update(load_latency_ci95(rows, baseline, profile, draft, True, what_if))
         base = {k: base_figures.get(k) for k in ("tok_s", "ttft_p50_s", "tpot_mean_ms", "e2e_p50_s")}
     spec["decode_speedup"] = decode_speedup(figures.get("parts_s"), rows, baseline)
@@ -404,7 +404,9 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
                      "draft": values.get("draft"), "measured_at": point.label,
                      "what_if": what_if is not None, "derived": key in derived_keys, "axes": values, **spec,
                      "tokens_per_round": tokens_per_round(mine, values.get("gamma"))})
-        if spec.get("speedup_ci95") is None:
+        if spec.get("speedup_ci95_withheld"):
+            notes.append(f"{label_of(key)}: no interval: {spec['speedup_ci95_withheld']}; a tie is within {OFF_BY:.0%}")
+        elif spec.get("speedup_ci95") is None:
             no_interval.append(label_of(key))
         if base is None:
             base, off_from = baseline, (theirs, what_if, clamp_of(mine, what_if))

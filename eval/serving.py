@@ -297,7 +297,21 @@ def load_prediction(samples: list[dict], baseline: list[dict], profile, draft: s
     speedups = [replayed(a, b, costs)["speedup"] for (a, b), costs in zip(draws, profile_resamples(profile, len(draws)))]
     speedups = [x for x in speedups if x is not None]
     figures["speedup_ci95"] = expanded_interval(speedups, len({s.get("request") for s in samples}))
+    figures["speedup_ci95_withheld"] = withheld(figures["speedup"], figures["speedup_ci95"])
+    if figures["speedup_ci95_withheld"]:
+        figures["speedup_ci95"] = None
     return figures
+
+
+def withheld(point: float | None, interval: list[float] | None) -> str | None:
+    """Why a replayed speedup's interval is not given where the replay of what ran lies outside it (None where it is
+    inside): a resample re-draws requests into the recorded arrivals, each keeping its rounds, and rounds whose K a
+    schedule chose for the batch they ran in (speculative.schedule: recommended) land beside other rows there, so the
+    resamples do not vary what ran; such an interval is no interval of the point."""
+    if point is None or not interval or interval[0] <= point <= interval[1]:
+        return None
+    return (f"the replay of what ran ({point:.3f}) lies outside its resamples' [{interval[0]:.3f}, {interval[1]:.3f}]: "
+            "requests re-drawn keep rounds whose K was chosen for the batch they ran in, so no interval")
 
 
 def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None, group_by: str | None) -> list[dict]:
@@ -650,6 +664,9 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
             gaps[gap].append(point.label)
         if metrics.get("replay_missing"):
             unreplayed[metrics["replay_missing"]].append(point.label)
+        if (metrics.get("replay") or {}).get("speedup_ci95_withheld"):
+            notes.append(f"{point.label}: no interval on its replayed speedup: "
+                         f"{metrics['replay']['speedup_ci95_withheld']}")
         if (metrics.get("replay") or {}).get("caches_priced_beyond"):
             beyond[point.label] = metrics["replay"]["caches_priced_beyond"]
     for reason, labels in unreplayed.items():

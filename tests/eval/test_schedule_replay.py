@@ -324,3 +324,32 @@ def test_a_profile_without_the_runs_batch_size_is_missing_not_priced_at_another(
             sample("baseline", 0, new_tokens=5), sample("baseline", 1, new_tokens=3)]
     row, = predict_run(twos, only_two)
     assert row["predicted"]["speedup"] == pytest.approx(4.2 / 4.5) and row["predicted"]["rows_priced_above"] == [1]
+
+
+def test_a_replayed_interval_that_misses_its_own_point_is_withheld():
+    from eval.serving import load_prediction, withheld
+
+    # Sixteen requests at concurrency 2, arriving in pairs 100 s apart (each pair alone): pairs that both draft 3
+    # rounds of 2 (10 tokens) and pairs that both draft none (9 one-token rounds), as a schedule that chose K for the
+    # batch records them. A verification 3 wide at 2 rows costs 2.4 s here: a pair drafting together pays a prefill of
+    # 0.2 + 0.1 (draft) and 3 x (2 x 0.3 + 2.4) = 9.3 s; a pair drafting none 0.2 + 0.1 (the draft's prefill at
+    # admission: no round records a deferred one) + 9 x 1.0 = 9.3 s; the baseline's pair 0.2 + 9 x 1.0 = 9.2 s. Both
+    # sides finish in pairs: the throughput speedup is 9.2 / 9.3, whichever pairs draft. A resample that puts a
+    # drafting request beside one that drafts none runs 3 wide for both (9.3 s, then the other alone 6 x 0.8 s):
+    # every resample but those keeping all 8 pairs pure (a chance of 1 in 2^8) lies below what ran, so the interval
+    # cannot hold its point, and is withheld.
+    steps = [(TARGET, 1, 1, 0.8), (TARGET, 1, 3, 1.2), (TARGET, 2, 1, 1.0), (TARGET, 2, 3, 2.4),
+             (draft_model("d"), 1, 1, 0.25), (draft_model("d"), 2, 1, 0.3)]
+    drafts, plain = [{"drafted": 2, "accepted": 2, "emitted": 3}] * 3, [{"drafted": 0, "accepted": 0, "emitted": 1}] * 9
+    mine = [{"request": i, "sample_id": i, "repeat": 0, "arrival_s": 100.0 * (i // 2), "prompt_tokens": 10,
+             "new_tokens": 10, "concurrency": 2, "rounds": drafts if (i // 2) % 2 == 0 else plain} for i in range(16)]
+    theirs = [{k: v for k, v in s.items() if k != "rounds"} for s in mine]
+    figures = load_prediction(mine, theirs, profile(steps), "d")
+    assert figures["speedup"] == pytest.approx(9.2 / 9.3)
+    assert figures["speedup_ci95"] is None and "lies outside" in figures["speedup_ci95_withheld"]
+    # every request drafting: each resample is what ran, its interval holds its point and is given
+    alike = [dict(s, rounds=drafts) for s in mine]
+    assert load_prediction(alike, theirs, profile(steps), "d")["speedup_ci95"] is not None
+    # by hand: a point on its interval's bound is inside; one outside by any margin is not
+    assert withheld(0.942, [0.617, 0.942]) is None and withheld(1.0, None) is None
+    assert "0.974" in withheld(0.974, [0.617, 0.942]) and withheld(0.6, [0.617, 0.942])
