@@ -15,7 +15,7 @@ from eval.flags import old_readings
 from eval.records import OLD_COST_KEYS, OLD_DRIFT_KEYS, batch_key, per_process
 from eval.costs import read_config, read_progress, run_costs, write_run_costs
 from eval.report import write_report
-from utils import UserError
+from utils import UserError, signals_held
 from utils.io import append_jsonl, folder_lock, read_jsonl, write_atomic, write_json
 
 
@@ -126,11 +126,14 @@ class ReportFolder:
 
     # -- writing ----------------------------------------------------------------------------------
     def append(self, rows: list[dict]) -> list[dict]:
-        """Append a batch's records unless that batch is already on disk (a retried unit); returns what was written."""
+        """Append a batch's records unless that batch is already on disk (a retried unit); returns what was written.
+        Ctrl-C and SIGTERM wait until the records are both on disk and in memory: an interrupt between the two left
+        records on disk that the interrupted report did not hold (it said "interrupted before any measurement")."""
         done = self.done_batches()
         fresh = [r for r in rows if batch_key(r) not in done]
-        append_jsonl(self.samples_path, fresh)
-        self.samples.extend(fresh)
+        with signals_held():
+            append_jsonl(self.samples_path, fresh)
+            self.samples.extend(fresh)
         return fresh
 
     def write_env(self, env: dict, process: str) -> None:

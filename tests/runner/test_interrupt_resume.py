@@ -261,3 +261,23 @@ def test_an_interrupt_before_a_resumed_run_starts_keeps_the_saved_records(small,
     assert "before any measurement" not in stderr
     assert f"the {saved} records saved in {out} are kept" in stderr and f"--resume {out}" in stderr
     assert stdout.strip().splitlines()[-1] == str(out)
+
+
+def test_an_interrupt_as_records_are_written_waits_until_the_report_holds_them(tmp_path, monkeypatch):
+    # Ctrl-C right after a batch's records reach the disk (the test above sends it as samples.jsonl appears): the
+    # records are in the folder's memory too before it stops, so the interrupted report holds them
+    import runner.storage as storage
+
+    written = storage.append_jsonl
+
+    def write_then_interrupt(path, rows):
+        written(path, rows)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(storage, "append_jsonl", write_then_interrupt)
+    folder = storage.ReportFolder(tmp_path, {"name": "t"}, "t", None, False)
+    folder.create()
+    rows = [{"method": "baseline", "gamma": None, "batch_size": 1, "batch_index": 0, "repeat": 0, "sample_id": 0}]
+    with pytest.raises(KeyboardInterrupt):
+        folder.append(rows)
+    assert folder.samples == read_jsonl(tmp_path / "samples.jsonl") == rows
