@@ -24,7 +24,7 @@ def setup(tmp_path_factory):
     target, draft = save_tiny_pair(root)
     data = write_prompts(root / "prompts.jsonl", count=8)
     config = base_config(target, draft, data, batch_size=[1, 2], speculative={"gamma": [1, 3]},
-                         generation={"max_new_tokens": 40})
+                         generation={"max_new_tokens": 16})
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     reference = root / "reference"
@@ -148,12 +148,12 @@ def test_nan_model_fails_its_points_not_the_process(setup, tmp_path):
 
 def test_a_serving_run_interrupted_mid_load_point_resumes_to_the_same_records(tmp_path):
     """Under load a unit is a whole load point of every method: Ctrl-C keeps the points it finished, a point cut
-    half-way writes nothing, and --resume serves only what is missing. Requests cycle through fewer prompts (12
+    half-way writes nothing, and --resume serves only what is missing. Requests cycle through fewer prompts (10
     requests, 8 prompts): a load point's rows are told apart by their request index."""
     target, draft = save_tiny_pair(tmp_path)
     data = write_prompts(tmp_path / "prompts.jsonl", count=8)
-    config = base_config(target, draft, data, speculative={"gamma": [1, 3]}, generation={"max_new_tokens": 40},
-                         batch_size=1, load={"concurrency": [1, 2], "requests": 12})
+    config = base_config(target, draft, data, speculative={"gamma": [1, 3]}, generation={"max_new_tokens": 12},
+                         batch_size=1, load={"concurrency": [1, 2], "requests": 10}, warmup=0)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     reference, out = tmp_path / "reference", tmp_path / "run"
@@ -165,12 +165,12 @@ def test_a_serving_run_interrupted_mid_load_point_resumes_to_the_same_records(tm
         assert len(keys) == len(set(keys)), "a request appears twice"
         return {k: s["output_ids"] for k, s in zip(keys, samples)}
 
-    start_and_kill(path, out, signal.SIGINT, 13)  # past the first point of the first load point
+    start_and_kill(path, out, signal.SIGINT, 11)  # past the first point of the first load point
     kept = read_jsonl(out / "samples.jsonl")
     per_point = collections.Counter((s["method"], s["gamma"], s["concurrency"]) for s in kept)
-    assert per_point and set(per_point.values()) == {12}, per_point  # whole load points only
+    assert per_point and set(per_point.values()) == {10}, per_point  # whole load points only
     assert launch(["--resume", out]).returncode == 0
-    assert served(out) == served(reference) and len(served(out)) == 3 * 2 * 12
+    assert served(out) == served(reference) and len(served(out)) == 3 * 2 * 10
     assert read_jsonl(out / "samples.jsonl")[:len(kept)] == kept
 
 
