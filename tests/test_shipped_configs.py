@@ -1,7 +1,6 @@
 """Every shipped config runs from a clone: it validates, names no file outside the repository, and runs
 end to end with tiny models substituted for weights that cannot be had here."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import save_tiny_pair, save_vllm_pair
+from helpers import save_tiny_pair
 from utils.config import load_config
 from utils.data import resolve_path
 
@@ -70,7 +69,7 @@ def test_cpu_config_runs_exactly_compiled(path, tmp_path_factory, tmp_path):
     uncompiled = {"speculative.hybrid_max_draft": None} if load_config(path)[0].speculative.hybrid_max_draft else {}
     summary = run_shipped(path, tmp_path_factory, tmp_path, {"engine.compile": True, "engine.compile_backend": "eager",
                                                              "warmup": 1, "generation.max_new_tokens": 12,
-                                                             **uncompiled}, vllm=False)
+                                                             **uncompiled})
     ours = [r for r in summary["runs"] if not r["method"].startswith(("vllm_", "hf_")) and r["status"] == "ok"]
     assert any(r["metrics"].get("rounds") for r in ours), "no speculative point of ours ran"
     for run in ours:
@@ -103,7 +102,7 @@ def random_head(target: Path, kind: str, root: Path) -> Path:
     return folder
 
 
-def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True) -> dict:
+def run_shipped(path, tmp_path_factory, tmp_path, extra: dict) -> dict:
     target, draft = save_tiny_pair(tmp_path_factory.getbasetemp() / "shipped")
     config, raw = load_config(path)
     overrides = {"device": "cpu", "dataset.num_samples": 2, "generation.max_new_tokens": 4, "warmup": 0, "repeats": 1,
@@ -112,24 +111,9 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict, vllm: bool = True
         overrides["load.requests"] = 4
         if config.load.request_rate:  # arrivals are real seconds: a light rate would wait for them (0.05/s: 20 s apart)
             overrides["load.request_rate"] = [rate if rate == "inf" else rate * 100 for rate in config.load.request_rate]
-    vllm_methods = [m for m in config.methods if m.startswith("vllm_")]
-    heads = [m for m in vllm_methods if m in ("vllm_eagle", "vllm_mtp", "vllm_suffix")]  # no head or MTP model here
-    if heads:
-        overrides["methods"] = [m for m in config.methods if m not in heads]
-        vllm_methods = [m for m in vllm_methods if m not in heads]
-        config.methods = overrides["methods"]
-    if vllm_methods and vllm and os.environ.get("SPECULATE_VLLM_PYTHON"):  # vLLM's CPU build takes heads of 64, not 16
-        # one vLLM method beside vllm_generate: each starts an engine, 40-70 s on 2 cores (tests/vllm runs the others)
-        kept = ["vllm_generate", next((m for m in vllm_methods if m != "vllm_generate"), None)]
-        overrides["methods"] = [m for m in config.methods if m not in vllm_methods or m in kept]
-        target, draft = save_vllm_pair(tmp_path_factory.mktemp("vllm-pair"))
-        overrides.update({"vllm.python": os.environ["SPECULATE_VLLM_PYTHON"], "vllm.enforce_eager": True,
-                          "vllm.kv_cache_memory_bytes": 64 * 2**20})
-    elif vllm_methods:  # no vLLM here: the rest of the config still runs (tests/vllm runs vLLM where it is)
-        overrides["methods"] = [m for m in config.methods if m not in vllm_methods]
-    llama = [m for m in overrides.get("methods", config.methods) if m.startswith("llama_cpp_")]
-    if llama:  # it loads GGUF files, which the tiny pair is not (tests/llama_cpp runs llama.cpp)
-        overrides["methods"] = [m for m in overrides.get("methods", config.methods) if m not in llama]
+    # vLLM's methods run in tests/vllm, every one end to end where vLLM is (each starts an engine: 40-70 s on 2 cores,
+    # CI's time); llama.cpp's load GGUF files, which the tiny pair is not (tests/llama_cpp runs llama.cpp)
+    overrides["methods"] = [m for m in config.methods if not m.startswith(("vllm_", "llama_cpp_"))]
     for role, folder in (("target", target), ("draft", draft)):
         overrides[role] = {"model": str(folder), "dtype": "float32"}
     ours_heads = [m for m in config.methods if m in ("eagle3", "medusa")]  # no trained head here: a random one

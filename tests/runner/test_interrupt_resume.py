@@ -65,8 +65,8 @@ def start_and_kill(config: Path, out: Path, sig: int, after_lines: int) -> int:
     return process.returncode
 
 
-@pytest.mark.parametrize("sig, after_lines", [(signal.SIGINT, 0), (signal.SIGINT, 7), (signal.SIGKILL, 3),
-                                              (signal.SIGKILL, 30), (signal.SIGINT, 45)])
+# Ctrl-C as the first records land and as the last do (the final report may be being written), a kill mid-sweep
+@pytest.mark.parametrize("sig, after_lines", [(signal.SIGINT, 0), (signal.SIGKILL, 7), (signal.SIGINT, 45)])
 def test_interrupt_then_resume_equals_uninterrupted(setup, tmp_path, sig, after_lines):
     _, config, reference = setup
     out = tmp_path / "run"
