@@ -51,11 +51,12 @@ def compiled_features(path: Path) -> set:
 
 def covering(paths: list[Path]) -> list[Path]:
     """The fewest configs (greedy, in name order on ties) that ask every feature any of `paths` asks."""
-    left, chosen = set().union(*map(compiled_features, paths)), []
+    asks = {p: compiled_features(p) for p in paths}  # each config read once
+    left, chosen = set().union(*asks.values()), []
     while left:
-        best = max(paths, key=lambda p: (len(compiled_features(p) & left), -paths.index(p)))
+        best = max(paths, key=lambda p: (len(asks[p] & left), -paths.index(p)))
         chosen.append(best)
-        left -= compiled_features(best)
+        left -= asks[best]
     return chosen
 
 
