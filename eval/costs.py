@@ -6,7 +6,8 @@ A profile is a list of measured points, each the median of timed repetitions:
 
 - step: a decode step of a model over `rows` rows feeding `width` tokens each on a cache of `kv` tokens: the
   target's 1-token baseline step (width 1), its verification of a chain (width gamma + 1) or of a tree (nodes + 1),
-  a draft model's 1-token draft step; each timed as the engine runs it (runner/probes.py: the token's choice, the
+  a draft model's 1-token draft step and its 2-token one (a round's first after a full accept: the last draft, never
+  fed, and the last token); each timed as the engine runs it (runner/probes.py: the token's choice, the
   acceptance and the host read included).
 - prefill: a model's forward over a batch of `rows` prompts `tokens` wide (padded), as a request group's admission
   runs it.
@@ -252,8 +253,9 @@ def from_probe(probe, rows: int) -> tuple[list[dict], list[dict]]:
     draft, at its context) as profile points: its steps, and its prefills where it timed them."""
     kv = probe.context_tokens or 0
     steps = [step_point(TARGET, rows, width, kv, reps) for width, reps in sorted(probe.target_reps_s.items()) if reps]
-    steps += [step_point(draft_model(label), rows, 1, kv, reps) for label, reps in sorted(probe.draft_reps_s.items())
-              if reps]
+    for width, by_label in ((1, probe.draft_reps_s), (2, probe.draft_catch_up_reps_s)):
+        steps += [step_point(draft_model(label), rows, width, kv, reps) for label, reps in sorted(by_label.items())
+                  if reps]
     prefills = [dict(p) for p in getattr(probe, "prefills", None) or []]
     return steps, prefills
 
@@ -334,6 +336,7 @@ def check_probe(probe, key: str, where: str, fix: str) -> None:
     length an integer >= 0, its prefills points."""
     named = [(f"target_reps_s.{w}", reps) for w, reps in probe.target_reps_s.items()]
     named += [(f"draft_reps_s.{label}", reps) for label, reps in probe.draft_reps_s.items()]
+    named += [(f"draft_catch_up_reps_s.{label}", reps) for label, reps in probe.draft_catch_up_reps_s.items()]
     for name, reps in named:
         if not isinstance(reps, list):
             raise ProfileError(f"{where}: {key}.{name} is {reps!r}, not a list of times; {fix}")

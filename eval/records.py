@@ -209,6 +209,9 @@ class CostProbe:
     target_forward_s: float | None = None  # the median baseline step (1-token target forward, its token chosen), seconds
     target_reps_s: dict[int, list[float]] = field(default_factory=dict)  # width -> repetitions (s)
     draft_reps_s: dict[str, list[float]] = field(default_factory=dict)  # draft label -> 1-token repetitions (s)
+    # draft label -> repetitions (s) of its 2-token forward, a round's first after a full accept (the last draft and
+    # the last token), priced in a chain of steps as the 1-token step is (runner/probes.py); none before it was probed
+    draft_catch_up_reps_s: dict[str, list[float]] = field(default_factory=dict)
     draft_prefill: dict[str, dict] = field(default_factory=dict)  # draft label -> {fixed, per_token, width}
     workers: list[str] = field(default_factory=list)  # a Ray run: the workers whose probes these are (medians)
     target_weight_bytes: int | None = None  # bytes of the tensors the model holds (runner/probes.py weight_bytes)
@@ -263,7 +266,8 @@ class CostProbe:
         return {"c_by_draft": self.c_by_draft, "v": {str(k): x for k, x in self.v.items()},
                 "target_forward_s": self.target_forward_s,
                 "target_reps_s": {str(k): x for k, x in self.target_reps_s.items()},
-                "draft_reps_s": self.draft_reps_s, "draft_prefill": self.draft_prefill, "workers": self.workers,
+                "draft_reps_s": self.draft_reps_s, "draft_catch_up_reps_s": self.draft_catch_up_reps_s,
+                "draft_prefill": self.draft_prefill, "workers": self.workers,
                 "target_weight_bytes": self.target_weight_bytes, "draft_weight_bytes": self.draft_weight_bytes,
                 "target_busy_s": self.target_busy_s, "draft_busy_s": self.draft_busy_s,
                 "context_tokens": self.context_tokens, "prefills": self.prefills}
@@ -287,6 +291,7 @@ class CostProbe:
                 draft_reps[name[len("draft_"):-len("_1")]] = values
         return cls(c_by_draft=c_by_draft, v={int(k): x for k, x in (row.get("v") or {}).items()},
                    target_forward_s=row.get("target_forward_s"), target_reps_s=target_reps, draft_reps_s=draft_reps,
+                   draft_catch_up_reps_s=dict(row.get("draft_catch_up_reps_s") or {}),
                    draft_prefill=dict(row.get("draft_prefill") or {}), workers=list(row.get("workers") or []),
                    target_weight_bytes=row.get("target_weight_bytes"),
                    draft_weight_bytes=dict(row.get("draft_weight_bytes") or {}), target_busy_s=row.get("target_busy_s"),

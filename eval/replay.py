@@ -112,6 +112,18 @@ class Pricer:
                               f"{self.profile.rows_measured(self.draft)})")
         return s
 
+    def draft_first(self, rows: int, kv: float, width: int) -> float:
+        """A round's first draft forward, feeding `width` tokens a row (its catch-up: the tokens the draft has not
+        been fed, and the last one): 1, a step; 2 (after a full accept: the last draft, never fed), the profile's
+        2-token draft step, or its 1-token step where it has none (profiles written before it was probed); wider
+        (a prompt or off rounds waiting), a prefill of that width where it costs more than that."""
+        step = self.draft_step(rows, kv)
+        if width <= 1:
+            return step
+        two = _finite(self._step(self.draft, rows, 2, kv))
+        first = step if two is None else two
+        return first if width == 2 else max(first, self.prefill(rows, width, draft=True))
+
     def prefill(self, rows: int, tokens: int, draft: bool = False) -> float:
         model = self.draft if draft else self.target
         s = _finite(self.profile.prefill_s(model, rows, tokens))
@@ -178,6 +190,19 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
         rounds = requests[i].get("rounds")
         return done[i] >= requests[i]["new_tokens"] if rounds is None else taken[i] >= len(rounds)
 
+    unfed = [0] * n  # a chain's tokens the draft has not been fed (decode/drafters/draft_model.py: pending)
+
+    def feed_unfed(rows: list[int], rounds: list[dict], width: int) -> None:
+        """After a chain round whose first draft forward fed `width` tokens a row (0: a round nobody drafted): a row
+        that drafted keeps its last draft where all were accepted (never fed: it waits with the next last token);
+        one that drafted nothing was fed where its tokens fit the forward (riding along), else it was held and its
+        last token waits too."""
+        for i, r in zip(rows, rounds):
+            if r["drafted"]:
+                unfed[i] = int(r["accepted"] >= r["drafted"])
+            else:
+                unfed[i] = 0 if unfed[i] + 1 <= width else unfed[i] + 1
+
     def end(rows: list[int]) -> None:
         for i in rows:
             out[i]["finish_s"] = now
@@ -226,13 +251,17 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
             this = [requests[i]["rounds"][taken[i]] for i in active]
             width, forwards = round_shape(this)
             drafting = 0.0
+            chain = all("batch_nodes" not in r and "sources" not in r for r in this)
+            # the first forward's width: where recorded (catch_up), and a chain's rows' unfed tokens and last one
+            catch_up = max([r.get("catch_up", 0) for r in this]
+                           + [unfed[i] + 1 for i, r in zip(active, this) if chain and r["drafted"]])
             if forwards and drafts:  # the draft's cache: its window of the prompt and the tokens since
                 draft_kv = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) + done[i] for i in active)
                 step = pricer.draft_step(rows, draft_kv)
-                catch_up = max(r.get("catch_up", 0) for r in this)  # the first forward's width, where recorded
-                first = max(step, pricer.prefill(rows, catch_up, draft=True)) if catch_up > 1 else step
-                drafting = first + (forwards - 1) * step
+                drafting = pricer.draft_first(rows, draft_kv, catch_up) + (forwards - 1) * step
                 now += drafting
+            if chain:
+                feed_unfed(active, this, catch_up if forwards else 0)
             verifying = pricer.step(rows, width, kv)
             now += verifying
             for i, r in zip(active, this):

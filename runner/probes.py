@@ -126,6 +126,19 @@ def _timed_draft_step(drafter: DraftModelDrafter, token: torch.Tensor, clock, st
     return elapsed / steps
 
 
+def _timed_draft_catch_up(drafter: DraftModelDrafter, token: torch.Tensor, clock) -> float:
+    """The first forward of a round after a full accept, as the round runs it: the last draft, never fed (waiting in
+    the drafter's pending tokens), and the last token in one 2-token forward (DraftModelDrafter.propose, its host
+    read of the last tokens and the masked forward included), timed alone, then back to the cache."""
+    vocab = drafter.input_vocab_size
+    drafter.pending = [[min(int(t), vocab - 1)] for t in token.tolist()]
+    start = clock.now()
+    drafter.propose(token, 1)
+    elapsed = clock.now() - start
+    _restore(drafter.state, 2, token.shape[0], token.device)
+    return elapsed
+
+
 def _timed_verification(state: KVState, model, token: torch.Tensor, gamma: int, clock, sampling: Sampling) -> float:
     """One chain verification as generate_speculative runs it: the target forward of [last token, gamma drafts], the
     acceptance, the round's host read and the cache's rollback (here to the cache before the round)."""
@@ -310,12 +323,14 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         models[f"draft:{label}"] = model
     # the unit opens and closes each repetition: every ratio divides by it, so it gets twice the repetitions, and a
     # drift within a repetition touches it on both sides
+    # a draft model's 2-token catch-up (a round after a full accept) after its 1-token step, as their ratio (below)
     probes = ([("target", 1)] + [(f"draft:{label}", 1) for label in drafts]
+              + [(f"draft:{label}", 2) for label in drafts if f"draft:{label}" in states]
               + [("target", w) for w in sorted(set(widths)) if w > 1] + [("target", 1)])
     times: dict[tuple, list[float]] = {probe: [] for probe in probes}
     # a draft model's step timed in a chain as long as the longest chain verified (a head's, alone)
     chain = max([w - 1 for w in widths if w > 1 and w not in tree_widths] or [1])
-    busy = {}
+    busy, chained = {}, {}
     for rep in range(reps + 1):
         if rep == 1 and ids.device.type == "cuda" and busy_reps:
             # after the untimed pass (a compiled step's graphs compiled), before the timed ones: what the profiler
@@ -323,9 +338,15 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
             busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
                     for name, model in models.items()}
         for name, width in probes:
-            if name != "target":
-                elapsed = _timed_draft_step(drafters[name.removeprefix("draft:")], token, clock,
-                                            chain if name in states else 1)
+            if name != "target" and width == 2:
+                # the 2-token forward and a 1-token one, each alone (a pair: the machine's drift cancels in their
+                # ratio), priced in the chain: this repetition's chained step times their ratio
+                drafter = drafters[name.removeprefix("draft:")]
+                alone = _timed_draft_step(drafter, token, clock, 1)
+                elapsed = chained[name] * _timed_draft_catch_up(drafter, token, clock) / alone
+            elif name != "target":
+                elapsed = chained[name] = _timed_draft_step(drafters[name.removeprefix("draft:")], token, clock,
+                                                            chain if name in states else 1)
             elif width == 1:
                 elapsed = _timed_target_step(states[name], target, token, clock, sampling)
             elif width in tree_widths:
@@ -346,7 +367,10 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
         v={w - 1: median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
         target_forward_s=target_one,
         target_reps_s={width: values for (name, width), values in times.items() if name == "target"},
-        draft_reps_s={name.removeprefix("draft:"): values for (name, _), values in times.items() if name != "target"},
+        draft_reps_s={name.removeprefix("draft:"): values for (name, width), values in times.items()
+                      if name != "target" and width == 1},
+        draft_catch_up_reps_s={name.removeprefix("draft:"): values for (name, width), values in times.items()
+                               if name != "target" and width == 2},
         draft_prefill={label: draft_prefill_cost(model, ids, mask, clock, target_one)
                        for label, model in drafts.items() if not is_head(model)} if draft_prefill else {},
         target_weight_bytes=weight_bytes(target),

@@ -9,7 +9,8 @@ random ids in the target's vocabulary, seeded by the config's seed), and each st
 - for each rows R (default: the config's batch sizes; under a load, 1, its concurrencies and the most requests in
   flight) and each cache length K (default: the prompt, and the prompt + generation.max_new_tokens): the target's
   1-token step, its verification of every width the config's speculative points verify (gamma + 1, a tree's
-  nodes + 1) and each draft's 1-token step, at a cache of K tokens;
+  nodes + 1) and each draft's 1-token step and 2-token one (a round's first after a full accept), at a cache of K
+  tokens;
 - the prefills of R prompts of --prompt-tokens P tokens (and of one), by each model, and of one prompt of 2P.
 
 The repetitions are spread over --passes passes over every rows x cache (default 3, at most --reps): a slow spell of

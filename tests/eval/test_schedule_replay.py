@@ -284,6 +284,40 @@ def test_a_deferred_draft_prefill_is_priced_in_the_round_that_drafts_first():
     assert simulate([eager], 1, Pricer(profile(), "d"))[0]["finish_s"] == pytest.approx(4.4)
 
 
+TWO_TOKEN_DRAFT = [(TARGET, 1, 1, 0.8), (TARGET, 1, 3, 1.2), (TARGET, 2, 1, 1.0), (TARGET, 2, 3, 1.5),
+                   (draft_model("d"), 1, 1, 0.25), (draft_model("d"), 2, 1, 0.3),
+                   (draft_model("d"), 1, 2, 0.35), (draft_model("d"), 2, 2, 0.4)]
+
+
+def test_a_round_after_a_full_accept_feeds_the_draft_two_tokens():
+    """The last draft of a fully accepted chain was never fed to the draft: the next round's first forward feeds it
+    and the last token (decode/drafters/draft_model.py), priced at the profile's 2-token draft step."""
+    # prefill 0.1, the draft's 0.05 -> 0.15; round 1 (unfed nothing): 2 x 0.25 + 1.2 -> 1.85; round 2 after its full
+    # accept: 0.35 + 0.25 + 1.2 -> 3.65
+    two = Pricer(profile(TWO_TOKEN_DRAFT), "d")
+    assert simulate([request([(2, 2), (2, 0)])], 1, two)[0]["finish_s"] == pytest.approx(3.65)
+    # a profile without the 2-token step (written before it was probed): the 1-token step, 3.55
+    assert simulate([request([(2, 2), (2, 0)])], 1, Pricer(profile(), "d"))[0]["finish_s"] == pytest.approx(3.55)
+    # a round nobody drafts leaves its last token unfed: round 1 1.85 (a partial accept), round 2 a plain step 0.8
+    # -> 2.65, round 3 feeds that token and the last one: 0.35 + 0.25 + 1.2 -> 4.45
+    assert simulate([request([(2, 1), (0, 0), (2, 1)])], 1, two)[0]["finish_s"] == pytest.approx(4.45)
+
+
+def test_a_held_rows_unfed_tokens_widen_the_round_it_drafts_in():
+    """A row that drafts nothing beside drafting rows whose catch-up is narrower than its unfed tokens is held (its
+    last token waits too); the round it drafts in feeds them all, priced as a draft prefill of that width where that
+    costs more than the 2-token step."""
+    prefills = [(TARGET, 1, 10, 0.1), (TARGET, 2, 10, 0.2), (draft_model("d"), 1, 10, 1.0),
+                (draft_model("d"), 2, 10, 2.0)]  # the draft's line: 0.1 s a row-token
+    a = request([(2, 2), (0, 0), (2, 0)])  # a full accept, then nothing drafted, held
+    b = request([(2, 1), (2, 1), (2, 0)])
+    timed = simulate([a, b], 2, Pricer(profile(TWO_TOKEN_DRAFT, prefills), "d"))
+    # prefills 0.2 + 2.0 -> 2.2; round 1: 2 x 0.3 + 1.5 -> 4.3 (A keeps its last draft unfed); round 2: B's catch-up
+    # is 1 token, so A (1 unfed) is held, its last token unfed too: 0.6 + 1.5 -> 6.4; round 3 feeds A's 2 unfed and
+    # its last: max(0.4, 0.1 x 2 x 3) = 0.6, one more step 0.3, the verification 1.5 -> 8.8
+    assert [t["finish_s"] for t in timed] == pytest.approx([8.8, 8.8])
+
+
 def test_a_cache_line_beyond_its_profiled_caches_never_falls_and_the_prediction_says_so():
     # a probe that timed the longer cache cheaper (noise): the target's step 1.0 s at a cache of 16, 0.5 s at 40; its
     # 3-token verification 1.5 and 0.75; the draft's step 0.3 and 0.15. Prefills 0.01 s a target token, 0.005 a draft's

@@ -165,3 +165,40 @@ def test_the_probed_costs_predict_what_the_run_measures(monkeypatch):
     assert measured == pytest.approx(2.5)
     assert predicted_speedup(solve_alpha(spec.rounds), gamma, costs.c_by_draft["d"], costs.v[gamma]) == \
         pytest.approx(measured)
+
+
+def test_the_drafts_two_token_catch_up_is_timed_beside_its_step(monkeypatch):
+    """A round after a full accept feeds the draft its last draft and the last token in one forward: the probes time
+    that 2-token forward against a 1-token one alone and price it in the chain (the chained step times their ratio),
+    each back to the cache it found; the profile reads it as the draft's step of width 2."""
+    import runner.probes as probes
+    from decode.kv import KVState
+    from eval.costs import from_probe
+
+    class Clock:  # a reading costs 0.1 s (a host sync); a draft forward 0.2 s a token, the target's 1.0 s
+        t = 0.0
+
+        def now(self):
+            self.t += 0.1
+            return self.t
+
+    target, draft = tiny_model("llama", seed=1), tiny_model("llama", seed=2, layers=1)
+    clock, forward, fed = Clock(), KVState.forward, []
+
+    def timed_forward(self, model, ids, *args, **kwargs):
+        if model is draft:
+            fed.append(ids.shape[1])
+        clock.t += 0.2 * ids.shape[1] if model is draft else 1.0
+        return forward(self, model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(KVState, "forward", timed_forward)
+    ids, mask = ragged_batch([5, 8], seed=3)
+    costs = probes.measure_costs(target, {"d": draft}, ids, mask, [3], clock, reps=2, prefills=False)
+    # a draft step chained over 2 steps (the widest chain) reads (2 x 0.2 + 0.1) / 2 = 0.25, one alone 0.3, the
+    # 2-token forward 0.5: priced in the chain 0.25 x 0.5 / 0.3
+    assert costs.draft_reps_s == {"d": [pytest.approx(0.25)] * 2}
+    assert costs.draft_catch_up_reps_s == {"d": [pytest.approx(0.25 * 0.5 / 0.3)] * 2}
+    assert fed.count(2) == 3  # the untimed pass and 2 repetitions
+    steps, _ = from_probe(costs, 2)
+    assert {(p["model"], p["width"]): p["s"] for p in steps if p["model"] == "draft:d"} == {
+        ("draft:d", 1): pytest.approx(0.25), ("draft:d", 2): pytest.approx(0.25 * 0.5 / 0.3)}

@@ -39,7 +39,7 @@ def test_the_profile_command_writes_a_profile_of_the_pair(config_path, tmp_path,
     widths = [1, 3, 5]  # 1, and gamma + 1 of gamma 2 and 4
     steps = [(p["model"], p["rows"], p["width"], p["kv"]) for p in profile.steps]
     assert sorted(steps) == sorted([(TARGET, r, w, kv) for r in ROWS for w in widths for kv in KV]
-                                   + [(draft_model("d"), r, 1, kv) for r in ROWS for kv in KV])
+                                   + [(draft_model("d"), r, w, kv) for r in ROWS for w in (1, 2) for kv in KV])
     assert all(len(p["reps_s"]) == (4 if p["model"] == TARGET and p["width"] == 1 else 2) for p in profile.steps)
     prefills = {(p["model"], p["rows"], p["tokens"]) for p in profile.prefills}
     for model in (TARGET, draft_model("d")):
