@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from decode.methods import caps_of, spec
 from helpers import save_tiny_pair
 from utils.config import load_config
 from utils.data import resolve_path
@@ -40,11 +41,16 @@ def test_config_runs_with_tiny_models(path, tmp_path_factory, tmp_path):
 CPU_CONFIGS = [p for p in CONFIGS if load_config(p)[0].device == "cpu" and load_config(p)[0].load is None]
 
 
+def compiled(method: str) -> bool:
+    """A method engine.compile compiles: our engine's own, not transformers' peers run beside it."""
+    return caps_of(method).compiles and not spec(method).peer
+
+
 def compiled_features(path: Path) -> set:
     """What a config asks of the compiled engine: our methods, schedules, gammas, batch sizes and turns."""
     config = load_config(path)[0]
     spec = config.speculative
-    return ({("method", m) for m in config.methods if not m.startswith(("vllm_", "llama_cpp_", "hf_"))}
+    return ({("method", m) for m in config.methods if compiled(m)}
             | {("schedule", s) for s in spec.schedule} | {("gamma", str(g)) for g in spec.gamma}
             | {("batch_size", b) for b in config.batch_size} | {("turns", str(config.dataset.turns))})
 
@@ -71,15 +77,15 @@ def test_cpu_config_runs_exactly_compiled(path, tmp_path_factory, tmp_path):
     summary = run_shipped(path, tmp_path_factory, tmp_path, {"engine.compile": True, "engine.compile_backend": "eager",
                                                              "warmup": 1, "generation.max_new_tokens": 12,
                                                              **uncompiled})
-    ours = [r for r in summary["runs"] if not r["method"].startswith(("vllm_", "hf_")) and r["status"] == "ok"]
+    ours = [r for r in summary["runs"] if compiled(r["method"]) and r["status"] == "ok"]
     assert any(r["metrics"].get("rounds") for r in ours), "no speculative point of ours ran"
     for run in ours:
         if run["temperature"] is None:
             assert run["metrics"]["exact_match"] == 1.0, run["label"]
     assert any(n.startswith("engine.compile: static KV caches") for n in summary["notes"])
     assert not [n for n in summary["notes"] if "compiled a graph inside a timed batch" in n]
-    compiled = summary["engine_info"]["ours"]["compiled"]  # the compiled models' own counters, kept in the report
-    assert compiled["target"]["graphs"] > 0 and all(m["recompiles_after_warmup"] == 0 for m in compiled.values())
+    counters = summary["engine_info"]["ours"]["compiled"]  # the compiled models' own counters, kept in the report
+    assert counters["target"]["graphs"] > 0 and all(m["recompiles_after_warmup"] == 0 for m in counters.values())
 
 
 def random_head(target: Path, kind: str, root: Path) -> Path:
@@ -114,7 +120,7 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict) -> dict:
             overrides["load.request_rate"] = [rate if rate == "inf" else rate * 100 for rate in config.load.request_rate]
     # vLLM's methods run in tests/vllm, every one end to end where vLLM is (each starts an engine: 40-70 s on 2 cores,
     # CI's time); llama.cpp's load GGUF files, which the tiny pair is not (tests/llama_cpp runs llama.cpp)
-    overrides["methods"] = [m for m in config.methods if not m.startswith(("vllm_", "llama_cpp_"))]
+    overrides["methods"] = [m for m in config.methods if caps_of(m).home]
     for role, folder in (("target", target), ("draft", draft)):
         overrides[role] = {"model": str(folder), "dtype": "float32"}
     ours_heads = [m for m in config.methods if m in ("eagle3", "medusa")]  # no trained head here: a random one

@@ -499,8 +499,12 @@ class RecommendedSchedule(Schedule):
         bins = sorted(c for c in by_context if c is not None)
         return min(bins, key=lambda c: (abs(math.log(max(context, 1) / c)), c)) if bins else None
 
+    def _alone(self) -> bool:
+        """A row alone in flight, where `lone` prices it (class doc)."""
+        return self.lone is not None and self.rows == 1
+
     def lengths(self):
-        if self.lone is not None and self.rows == 1:
+        if self._alone():
             return [min(self.gamma, self.lone[self._bin(self.lone, self.contexts[0])][0])]
         ks = self.by_context()
         return [min(self.gamma, ks[self._bin(ks, context)]) for context in self.contexts]
@@ -514,7 +518,7 @@ class RecommendedSchedule(Schedule):
         if self.savings is None or self.budget is None:
             return True
         context = self.contexts[row]
-        if self.lone is not None and self.rows == 1:
+        if self._alone():
             saving = self.lone[self._bin(self.lone, context)][1]
         else:
             savings = self.by_context(self.savings)

@@ -223,10 +223,14 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
         if data is None:  # read at the point's first batch (the config's load checked it)
             data = ctx.memory[("recommended", path)] = read_recommendation(path)
         served = ctx.load is not None
-        return make_schedule(name, point.gamma, table=recommended_table(data, draft_label, served, path),
-                             catch_up=catch_up_prices(data, draft_label, served, path), budget=max_new_tokens,
-                             rounds=round_prices(data, draft_label, served, path),
-                             lone=lone_prices(data, draft_label, served, path))
+        key = ("recommended prices", path, draft_label, served)
+        prices = ctx.memory.get(key)
+        if prices is None:  # the point's tables, read from the file once (the schedule only reads them)
+            prices = ctx.memory[key] = {"table": recommended_table(data, draft_label, served, path),
+                                        "catch_up": catch_up_prices(data, draft_label, served, path),
+                                        "rounds": round_prices(data, draft_label, served, path),
+                                        "lone": lone_prices(data, draft_label, served, path)}
+        return make_schedule(name, point.gamma, budget=max_new_tokens, **prices)
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run
