@@ -28,16 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from decode.methods import HOME_ENGINE
+from decode.names import TARGET, draft_model, label_of
 from eval.stats import between
 from utils import UserError
 
 FORMAT = "speculate-cost-profile"
 VERSION = 1
-TARGET = "target"
-
-
-def draft_model(label: str) -> str:
-    return f"draft:{label}"
 
 
 class ProfileError(UserError, ValueError):
@@ -73,7 +69,7 @@ def check_point(p, key: str, where: str, counts: tuple[str, ...], fix: str = AGA
     for name in ("model", *counts, "s"):
         if name not in p:
             raise ProfileError(f"{where}: {key} has no {name}; {fix}")
-    if not (isinstance(p["model"], str) and (p["model"] == TARGET or p["model"].startswith("draft:"))):
+    if not (isinstance(p["model"], str) and (p["model"] == TARGET or label_of(p["model"]) is not None)):
         raise ProfileError(f"{where}: {key}.model is {p['model']!r}, neither {TARGET!r} nor 'draft:<label>'; {fix}")
     for name in counts:
         check_count(p[name], f"{key}.{name}", where, 0 if name == "kv" else 1, fix)
@@ -193,7 +189,7 @@ class Profile:
         return sorted({int(p["kv"]) for p in self.steps})
 
     def drafts(self) -> list[str]:
-        return sorted({p["model"].removeprefix("draft:") for p in self.steps if p["model"].startswith("draft:")})
+        return sorted({label_of(p["model"]) for p in self.steps if label_of(p["model"]) is not None})
 
     # ---- the file --------------------------------------------------------------------------------------------
 
@@ -327,7 +323,7 @@ def run_costs(progress: dict, env: dict, config: dict | None, where: str = "prog
     meta.update(source="the run's probes", engine=HOME_ENGINE, dtype=target.get("dtype"),
                 quantization=target.get("quantization"), compile=(config.get("engine") or {}).get("compile"),
                 target_model=target.get("model"),
-                draft_labels=sorted({p["model"].removeprefix("draft:") for p in steps if p["model"] != TARGET}))
+                draft_labels=sorted({label_of(p["model"]) for p in steps if p["model"] != TARGET}))
     return Profile(meta=meta, steps=steps, prefills=prefills)
 
 

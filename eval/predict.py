@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from decode.methods import REGISTRY, caps_of
+from decode.names import TARGET, label_of
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
 from eval.records import Point
 from eval.replay import MissingCost, beyond_note, lacking, part_times, prediction_off, static_prediction
@@ -66,6 +67,59 @@ def differences(profile: dict, run: dict) -> list[str]:
                    f"{run.get('device')} ({run.get('device_name') or '?'}): the run's rounds priced on the profile's "
                    "device (where that transfer holds: docs/predict.md)")
     return out
+
+
+PRICE_WITHIN = 1.25  # the target's step priced within this factor of what the run's probes measured
+SHAPE_WITHIN = 1.10  # a step in units of the target's step (a draft's c, a verification's width): within this factor
+
+
+def priced_otherwise(profile: Profile, run: Profile) -> list[str]:
+    """Where the profile prices the steps the run's own probes timed otherwise than they ran, in one line: the
+    target's 1-token step (how fast the machine ran) and, what decides K, each other step in units of the target's
+    step at the same rows and cache (the draft's c, a verification's cost over a plain step), the furthest apart of
+    those named. A profile of the same machine at another time can be another device: a machine whose memory is
+    shared with other work prices wide verifications cheaper while it is slow. Empty where they agree within
+    PRICE_WITHIN and SHAPE_WITHIN, or where no step is priced by both."""
+    def apart(a: float, b: float) -> float:
+        return max(a / b, b / a)
+
+    speed, shape = None, None
+    for p in run.steps:
+        model, rows, width, kv = p["model"], int(p["rows"]), int(p["width"]), float(p["kv"])
+        theirs, unit_run, unit_theirs = (profile.step_s(model, rows, width, kv), run.step_s(TARGET, rows, 1, kv),
+                                         profile.step_s(TARGET, rows, 1, kv))
+        if None in (theirs, unit_run, unit_theirs) or not (theirs > 0 and unit_run > 0 and unit_theirs > 0):
+            continue
+        if model == TARGET and width == 1:
+            if speed is None or apart(p["s"], theirs) > apart(*speed[1:]):
+                speed = ((rows, kv), p["s"], theirs)
+            continue
+        mine, priced = p["s"] / unit_run, theirs / unit_theirs
+        if shape is None or apart(mine, priced) > apart(*shape[1:]):
+            label = label_of(model)
+            what = (f"the draft {label}'s {width}-token step" if label is not None else f"a verification of {width}")
+            shape = (f"{what} at {rows} row{'s' * (rows > 1)} and a {kv:.0f}-token cache", mine, priced)
+    said = []
+    if speed is not None and apart(speed[1], speed[2]) > PRICE_WITHIN:
+        (rows, kv), mine, priced = speed
+        said.append(f"the target's step at {rows} row{'s' * (rows > 1)} ({kv:.0f}-token cache) ran {mine:.3f} s in "
+                    f"the run and is priced {priced:.3f} s ({mine / priced:.2f}x)")
+    if shape is not None and apart(shape[1], shape[2]) > SHAPE_WITHIN:
+        what, mine, priced = shape
+        said.append(f"{what} ran {mine:.2f}x the target's step in the run and is priced {priced:.2f}x")
+    if not said:
+        return []
+    return [f"the profile prices this run's steps otherwise than its own probes timed them: {'; '.join(said)}. The "
+            "figures are the profile's machine as it was profiled; profile the machine as it runs now (python -m "
+            "runner.profile) to price this one"]
+
+
+def against_own_probes(profile: Profile, folder: Path, progress: dict) -> list[str]:
+    """priced_otherwise against the run's own profile (run_profile); nothing where the run has none to compare."""
+    try:
+        return priced_otherwise(profile, run_profile(folder, progress))
+    except UserError:  # no probe, or one the run's own prediction would refuse: said where that is read
+        return []
 
 
 # ---- measured and predicted ------------------------------------------------------------------------------------
@@ -227,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     substituted = sorted({r["draft_priced_as"] for r in rows if r.get("draft_priced_as")})
     if substituted:
         text += f"\n\nthe draft model priced as the profile's {', '.join(substituted)} (the profile's only draft)"
-    for difference in differences(profile.meta, run_costs({}, read_env(folder), config).meta):
+    for difference in differences(profile.meta, run_costs({}, read_env(folder), config).meta) + (
+            against_own_probes(profile, folder, progress) if args.costs else []):
         text += f"\n{difference}"
     print(text)
     return written(args.out or folder / "prediction.json",

@@ -27,7 +27,7 @@ from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
 from eval.costs import TARGET, Profile, read_config, read_env, read_progress, run_costs
 from eval.groups import natural
-from eval.predict import differences, draft_label, run_profile, written
+from eval.predict import against_own_probes, differences, draft_label, run_profile, written
 from eval.records import Point
 from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, profile_resamples,
                          replay_load, replay_static, static_prediction)
@@ -721,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.costs:
                 run_meta = run_costs({}, read_env(folder), config).meta
                 check_target(profile.meta, run_meta, args.costs)
-                said_first += differences(profile.meta, run_meta)
+                said_first += differences(profile.meta, run_meta) + against_own_probes(profile, folder, progress)
             samples = read_jsonl(folder / "samples.jsonl")
             loads = loads or default_loads(samples)
             check_loads(samples, loads)

@@ -18,6 +18,7 @@ from decode.drafters.draft_model import DraftModelDrafter
 from decode.drafters.heads import head_drafter, is_head
 from decode.generate import Clock, baseline_step, prefill, round_layout
 from decode.kv import KVState
+from decode.names import TARGET, draft_model, label_of
 from decode.settings import Sampling
 from decode.static_kv import new_state
 from decode.tree_layout import AUTO, tree_nodes
@@ -310,8 +311,8 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     vocab = target_vocab_size or target.get_output_embeddings().out_features
     at_ids, at_mask = decoding_context(ids, mask, context)
     token = at_ids[:, -1]
-    states = {"target": _prefilled(target, at_ids, at_mask)}
-    models = {"target": target}
+    states = {TARGET: _prefilled(target, at_ids, at_mask)}
+    models = {TARGET: target}
     drafters = {}
     for label, model in drafts.items():
         if is_head(model):  # timed as its drafter runs it; the busy-time probe times causal LMs' forwards alone
@@ -319,14 +320,14 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
             continue
         drafters[label] = DraftModelDrafter(model, vocab, sampling)
         drafters[label].start(at_ids, at_mask)
-        states[f"draft:{label}"] = drafters[label].state
-        models[f"draft:{label}"] = model
+        states[draft_model(label)] = drafters[label].state
+        models[draft_model(label)] = model
     # the unit opens and closes each repetition: every ratio divides by it, so it gets twice the repetitions, and a
     # drift within a repetition touches it on both sides
     # a draft model's 2-token catch-up (a round after a full accept) after its 1-token step, as their ratio (below)
-    probes = ([("target", 1)] + [(f"draft:{label}", 1) for label in drafts]
-              + [(f"draft:{label}", 2) for label in drafts if f"draft:{label}" in states]
-              + [("target", w) for w in sorted(set(widths)) if w > 1] + [("target", 1)])
+    probes = ([(TARGET, 1)] + [(draft_model(label), 1) for label in drafts]
+              + [(draft_model(label), 2) for label in drafts if draft_model(label) in states]
+              + [(TARGET, w) for w in sorted(set(widths)) if w > 1] + [(TARGET, 1)])
     times: dict[tuple, list[float]] = {probe: [] for probe in probes}
     # a draft model's step timed in a chain as long as the longest chain verified (a head's, alone)
     chain = max([w - 1 for w in widths if w > 1 and w not in tree_widths] or [1])
@@ -338,14 +339,14 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
             busy = {name: _busy_forward_s(states[name], model, token[:, None].contiguous(), clock, busy_reps)
                     for name, model in models.items()}
         for name, width in probes:
-            if name != "target" and width == 2:
+            if name != TARGET and width == 2:
                 # the 2-token forward and a 1-token one, each alone (a pair: the machine's drift cancels in their
                 # ratio), priced in the chain: this repetition's chained step times their ratio
-                drafter = drafters[name.removeprefix("draft:")]
+                drafter = drafters[label_of(name)]
                 alone = _timed_draft_step(drafter, token, clock, 1)
                 elapsed = chained[name] * _timed_draft_catch_up(drafter, token, clock) / alone
-            elif name != "target":
-                elapsed = chained[name] = _timed_draft_step(drafters[name.removeprefix("draft:")], token, clock,
+            elif name != TARGET:
+                elapsed = chained[name] = _timed_draft_step(drafters[label_of(name)], token, clock,
                                                             chain if name in states else 1)
             elif width == 1:
                 elapsed = _timed_target_step(states[name], target, token, clock, sampling)
@@ -356,27 +357,27 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
             if rep:
                 times[(name, width)].append(elapsed)
     median = {key: statistics.median(values) for key, values in times.items()}
-    target_one = median[("target", 1)]
+    target_one = median[(TARGET, 1)]
     # the steps' caches go before the prefills make theirs (engine.compile: a prefill takes their static buffers
     # rather than a second set, which the model's pool would keep for the whole run)
     states.clear()
     drafters.clear()
     prefilled = prefill_points(target, drafts, ids, mask, clock) if prefills else []
     return CostProbe(
-        c_by_draft={label: median[(f"draft:{label}", 1)] / target_one for label in drafts},
-        v={w - 1: median[("target", w)] / target_one for w in sorted(set(widths)) if w > 1},
+        c_by_draft={label: median[(draft_model(label), 1)] / target_one for label in drafts},
+        v={w - 1: median[(TARGET, w)] / target_one for w in sorted(set(widths)) if w > 1},
         target_forward_s=target_one,
-        target_reps_s={width: values for (name, width), values in times.items() if name == "target"},
-        draft_reps_s={name.removeprefix("draft:"): values for (name, width), values in times.items()
-                      if name != "target" and width == 1},
-        draft_catch_up_reps_s={name.removeprefix("draft:"): values for (name, width), values in times.items()
-                               if name != "target" and width == 2},
+        target_reps_s={width: values for (name, width), values in times.items() if name == TARGET},
+        draft_reps_s={label_of(name): values for (name, width), values in times.items()
+                      if name != TARGET and width == 1},
+        draft_catch_up_reps_s={label_of(name): values for (name, width), values in times.items()
+                               if name != TARGET and width == 2},
         draft_prefill={label: draft_prefill_cost(model, ids, mask, clock, target_one)
                        for label, model in drafts.items() if not is_head(model)} if draft_prefill else {},
         target_weight_bytes=weight_bytes(target),
         draft_weight_bytes={label: weight_bytes(model) for label, model in drafts.items()},
-        target_busy_s=busy.get("target"),
-        draft_busy_s={label: busy[f"draft:{label}"] for label in drafts if busy.get(f"draft:{label}") is not None},
+        target_busy_s=busy.get(TARGET),
+        draft_busy_s={label: busy[draft_model(label)] for label in drafts if busy.get(draft_model(label)) is not None},
         context_tokens=at_ids.shape[1],
         prefills=prefilled,
     )
@@ -388,7 +389,7 @@ def prefill_points(target, drafts: dict, ids, mask, clock, reps: int = 2, first_
     the target and by each draft, as a request group's admission runs them (the target: decode/generate.py prefill,
     its next-token logits and their finiteness check included; a draft: its prompt's cache, _prefilled), each the
     median of `reps` timed repetitions: eval/costs.py prefill points, which the replay prices an admission with."""
-    from eval.costs import TARGET, draft_model, prefill_point
+    from eval.costs import prefill_point
 
     shapes = [(ids, mask)]
     if first_row:

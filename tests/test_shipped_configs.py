@@ -104,8 +104,10 @@ def random_head(target: Path, kind: str, root: Path) -> Path:
                                  num_key_value_heads=2, vocab_size=tc.vocab_size, max_position_embeddings=512)
             save_eagle3(Eagle3Head(config, tc.hidden_size, tc.vocab_size, default_aux_layers(tc.num_hidden_layers)),
                         folder)
-        else:
+        elif kind == "medusa":
             save_medusa(MedusaHeads(tc.hidden_size, tc.vocab_size, 2, 1, tc.num_hidden_layers), folder)
+        else:
+            raise AssertionError(f"no random head of kind {kind!r} here: add one to random_head")
     return folder
 
 
@@ -123,7 +125,9 @@ def run_shipped(path, tmp_path_factory, tmp_path, extra: dict) -> dict:
     overrides["methods"] = [m for m in config.methods if caps_of(m).home]
     for role, folder in (("target", target), ("draft", draft)):
         overrides[role] = {"model": str(folder), "dtype": "float32"}
-    ours_heads = [m for m in config.methods if m in ("eagle3", "medusa")]  # no trained head here: a random one
+    # a head our engine runs (its draft kind is not a draft model's): no trained head here, a random one of that kind
+    ours_heads = list(dict.fromkeys(kind for m in overrides["methods"] for kind in spec(m).draft_kinds
+                                    if kind != "model"))
     if ours_heads:
         overrides["draft"] = [overrides["draft"]] + [
             {"model": str(random_head(target, kind, tmp_path_factory.getbasetemp() / "shipped")), "kind": kind,

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decode.methods.base import MethodSpec, option
+from decode.names import draft_model
 
 SCHEDULES = ("constant", "heuristic", "confidence", "cost_model", "recommended")  # the draft-length schedules (decode/drafters/
 #   schedules.py SCHEDULES: a test keeps them equal)
@@ -103,7 +104,7 @@ def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend
     speculation, times 1 - 1 / the K's predicted speedup; 0 where off is recommended), and the draft's prefill line's
     slope (seconds per row-token fed, eval.recommend's draft_prefill). None where the file lacks either (written
     before eval.recommend priced catch-ups)."""
-    line = (data.get("draft_prefill") or {}).get(f"draft:{draft}") or {}
+    line = (data.get("draft_prefill") or {}).get(draft_model(draft)) or {}
     slope = line.get("s_per_row_token")
     if not isinstance(slope, (int, float)) or slope < 0:
         return None

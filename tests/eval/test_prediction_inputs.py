@@ -180,3 +180,31 @@ def test_what_the_profile_and_the_run_differ_in_is_said(tmp_path, capsys, meta, 
         out = capsys.readouterr().out
         assert ("the profile is" in out or "the profile's" in out) == (expected is not None), out
         assert expected is None or expected in out
+
+
+@pytest.mark.parametrize("target, verify, draft, said", [
+    # the machine ran the target's step 2x slower than profiled (1.0 s against 0.5), and the 3-token verification
+    # at 1.5x a step where the profile prices it 1.2x (0.6 / 0.5): both said; the draft's c is 0.3 in both
+    (0.5, 0.6, 0.15, ["the target's step at 1 row (10-token cache) ran 1.000 s in the run and is priced 0.500 s "
+                      "(2.00x)", "a verification of 3 at 1 row and a 10-token cache ran 1.50x the target's step in "
+                      "the run and is priced 1.20x"]),
+    # the draft's c 0.3 in the run, 0.2 in the profile (0.18 / 0.9): its step said, the target's 1.11x is within 1.25
+    (0.9, 1.35, 0.18, ["the draft d's 1-token step at 1 row and a 10-token cache ran 0.30x the target's step in the "
+                       "run and is priced 0.20x"]),
+    # within both: 1.0 / 0.9 = 1.11x, and the verification 1.5 against 1.4 / 0.9 = 1.56 (1.04x apart)
+    (0.9, 1.4, 0.28, []),
+], ids=["slower-and-verification-cheaper", "draft", "within"])
+def test_a_profile_that_prices_the_runs_steps_otherwise_is_said(tmp_path, capsys, target, verify, draft, said):
+    """The run's probes (probe(): the target's step 1.0 s, a 3-token verification 1.5 s, the draft 0.3 s) against a
+    profile of the same machine that priced them otherwise."""
+    run = folder(tmp_path / "run")
+    data = profile(device="cpu", device_name="Some CPU")
+    for step, s in zip(data["steps"], (target, verify, draft)):
+        step.update(s=s, reps_s=[s, s, s])
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    assert predict([str(run), "--costs", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert ("prices this run's steps otherwise" in out) == bool(said), out
+    for fragment in said:
+        assert fragment in out, out
+    assert ("the target's step at" in out) == any("the target's step at" in f for f in said)

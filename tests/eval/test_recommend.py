@@ -543,3 +543,24 @@ def test_a_loads_latency_has_its_interval():
     # two requests: none
     (two,), _ = rec.recommend(served(samples[:4]), profile(), [("concurrency", 1)])
     assert by_candidate(two)[rec.OFF]["e2e_p50_s_ci95"] is None
+
+
+def test_a_profile_that_prices_the_runs_steps_otherwise_is_said(tmp_path, capsys):
+    """The run's own probes (costs.json: STEPS) against a profile of the machine at half those times, the 2-row
+    verifications priced as at 1 row in units of a step (1.125x and 1.25x where the run measured 1.5x and 2.4x): the
+    note names the target's speed and the furthest apart of the shapes, the 3-token verification at 2 rows
+    (2.4 against 1.25: 1.92x apart)."""
+    run_dir = folder(tmp_path / "run", run())
+    half = {1: {1: 0.4, 2: 0.45, 3: 0.5}, 2: {1: 0.5, 2: 0.5625, 3: 0.625}}
+    profile(draft=0.05, steps=half).save(tmp_path / "other.json")
+    assert rec.main([str(run_dir), "--batch", "1", "--costs", str(tmp_path / "other.json")]) == 0
+    out = capsys.readouterr().out
+    notes = json.loads((run_dir / "recommend.json").read_text())["notes"]
+    said = [n for n in notes if "prices this run's steps otherwise" in n]
+    assert len(said) == 1 and said[0] in out.replace("\n- ", "\n")
+    assert "the target's step at 1 row (100-token cache) ran 0.800 s in the run and is priced 0.400 s (2.00x)" in said[0]
+    assert "a verification of 3 at 2 rows and a 100-token cache ran 2.40x the target's step in the run and is " \
+           "priced 1.25x" in said[0]
+    # the same profile as the run's: nothing said
+    assert rec.main([str(run_dir), "--batch", "1", "--costs", str(run_dir / "costs.json")]) == 0
+    assert "prices this run's steps otherwise" not in capsys.readouterr().out
