@@ -1,6 +1,6 @@
 """The repository's import graph: no module is in an import cycle (function-level imports included), decode/ imports
-nothing above it, eval/ does not import the runner and takes from decode/ only the method registry, the tree labels and the
-serving queue, and utils/ takes
+nothing above it, eval/ does not import the runner and takes from decode/ only the method registry, the tree labels, the
+serving queue and the models' names in cost files, and utils/ takes
 from decode/ only the method registry and the tree labels (utils/__init__.py says why). And engines are plugins: no
 module outside an engine's package (runner/engines/NAME/) and its method files names the engine."""
 import ast
@@ -74,9 +74,9 @@ def test_layers():
         if top == "eval":
             assert not {t for t in above if t.startswith("runner")}, f"{module} imports {sorted(above)}"
             assert {t for t in above if t.startswith("decode")} <= {"decode", "decode.methods", "decode.tree_layout",
-                                                                   "decode.serving"}, \
-                f"{module} imports {sorted(above)}: eval/ reads the method registry, tree labels and the serving queue " \
-                "(the replay admits as the engine does), nothing else of decode/"
+                                                                   "decode.serving", "decode.names"}, \
+                f"{module} imports {sorted(above)}: eval/ reads the method registry, tree labels, the serving queue " \
+                "(the replay admits as the engine does) and the models' names in cost files, nothing else of decode/"
         if top == "utils":
             allowed = {"decode", "decode.methods", "decode.tree_layout"}
             assert {t for t in above if t.startswith("decode")} <= allowed, f"{module} imports {sorted(above)}"
