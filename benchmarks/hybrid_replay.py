@@ -45,10 +45,10 @@ import torch  # noqa: E402
 from decode.drafters.base import Drafter, Proposal, unpadded  # noqa: E402
 from decode.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from decode.drafters.hybrid import FREE, HybridDrafter, LengthRecord, plan_row  # noqa: E402
-from decode.names import draft_model  # noqa: E402
 from decode.drafters.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, prompt_key  # noqa: E402
 from decode.methods.suffix import Options as SuffixOptions  # noqa: E402
+from decode.names import TARGET, draft_model  # noqa: E402
 
 METHODS = ("speculative", "prompt_lookup", "suffix", "hybrid")
 MAX_DEPTH, MIN_PROB, CACHE_TOKENS = (SuffixOptions().suffix_max_depth, SuffixOptions().suffix_min_prob,
@@ -65,7 +65,7 @@ class Prices:
 
     def __init__(self, run: Path, draft: str):
         profile = json.loads((run / "costs.json").read_text())
-        steps = sorted((p["width"], p["s"]) for p in profile["steps"] if p["model"] == "target" and p["rows"] == 1)
+        steps = sorted((p["width"], p["s"]) for p in profile["steps"] if p["model"] == TARGET and p["rows"] == 1)
         drafts = [p["s"] for p in profile["steps"] if p["model"] == draft_model(draft) and p["rows"] == 1]
         probes = list(json.loads((run / "progress.json").read_text()).get("costs", {}).get("1", {}).values())
         if len(steps) < 2 or not drafts or not probes:
