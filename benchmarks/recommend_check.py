@@ -18,7 +18,8 @@ The checks, per load and context:
   sweep ran repeats, each repeat's reading (static: sum(N) / sum(batch wall times); a load: its new tokens over its
   span) gives the ratio once per repeat both points ran, the two points measured in the same pass: a pooled ratio
   below 1 - within that some repeat reads at or above it is "unresolved" (the sweep's own readings disagree), not
-  "no"; a single reading below it is "no (one reading)";
+  "no"; a single reading below it is "no (one reading)"; a miss where the sweep flagged either point `drift` (the
+  machine changed speed during that load's points: eval/flags.py) says so, "(drift)", as the report does;
 - off: "off" recommended (or the recommendation tied with off) exactly where no K measured a speedup of 1 or more,
   a K whose interval holds 1 counting as a tie either way.
 """
@@ -81,7 +82,7 @@ def measured_points(folder: Path) -> dict:
             "tok_s": m.get(tok_s), "tok_s_repeats": readings.get(run["label"], {}),
             "speedup": 1.0 if key == OFF else m.get(speedup),
             "speedup_ci95": [1.0, 1.0] if key == OFF else m.get(interval) if interval else None,
-            "label": run["label"]}
+            "label": run["label"], "drift": any(f.get("code") == "drift" for f in run.get("flags") or [])}
     return out
 
 
@@ -131,13 +132,16 @@ def check(result: dict, measured: dict, within: float = WITHIN) -> dict:
     mine = measured[key]
     ratio = mine["tok_s"] / measured[best_key]["tok_s"]
     verdict, ratios = within_verdict(ratio, mine["tok_s_repeats"], measured[best_key]["tok_s_repeats"], within)
+    # a miss read while the machine changed speed (the sweep's own flag on either point) is said to be one
+    drift = bool(mine.get("drift") or measured[best_key].get("drift"))
     pays = speculation_pays(measured)
     # where the recommendation ties off with a K (their predicted intervals overlap) either answer is right
     tied_off = (key == OFF and bool(out["tied_with"])) or OFF in out["tied_with"]
     off_right = tied_off or pays == "tied" or ((key == OFF) == (pays == "no"))
     return {**out, "measured_tok_s": mine["tok_s"], "measured_speedup": mine["speedup"],
             "measured_speedup_ci95": mine.get("speedup_ci95"), "ratio": ratio, "ratio_repeats": ratios,
-            "within": ratio >= 1 - within, "verdict": verdict, "speculation_pays": pays, "off_right": off_right}
+            "within": ratio >= 1 - within, "verdict": verdict, "drift": drift, "speculation_pays": pays,
+            "off_right": off_right}
 
 
 def within_verdict(ratio: float, mine: dict[int, float], best: dict[int, float], within: float
@@ -206,9 +210,12 @@ def table(rows: list[dict], within: float = WITHIN) -> str:
                      f" ({r.get('speculation_pays', r.get('why'))}) |")
     n = [r for r in rows if r.get("within") is not None]
     unresolved = sum(r["verdict"] == "unresolved" for r in n)
+    drifted = sum(not r["within"] and bool(r.get("drift")) for r in n)
+    said = [f"{unresolved} of the rest unresolved by the repeats"] if unresolved else []
+    said += [f"{drifted} of the misses read under the sweep's drift flag"] if drifted else []
+    aside = " (" + "; ".join(said) + ")" if said else ""
     lines.append("")
-    lines.append(f"within {within:.0%}: {sum(r['within'] for r in n)} of {len(n)}"
-                 f"{f' ({unresolved} of the rest unresolved by the repeats)' if unresolved else ''}; off right: "
+    lines.append(f"within {within:.0%}: {sum(r['within'] for r in n)} of {len(n)}{aside}; off right: "
                  f"{sum(r['off_right'] for r in n)} of {len(n)}; worst ratio "
                  f"{min((r['ratio'] for r in n), default=float('nan')):.3f}")
     return "\n".join(lines)
@@ -221,7 +228,7 @@ def verdict_cell(r: dict) -> str:
     if r["verdict"] == "yes":
         return "yes"
     repeats = f" (repeats: {', '.join(f'{x:.3f}' for x in r['ratio_repeats'])})" if r["ratio_repeats"] else ""
-    return f"**{r['verdict']}**{repeats}"
+    return f"**{r['verdict']}**{repeats}{' (drift)' if r.get('drift') else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,8 +54,10 @@ def test_each_recommendation_is_checked_on_its_nearest_sweep(tmp_path):
         _run("speculative", 4, 4, 24.0, 0.8, [0.75, 0.85])], [
         # under load the system's tok/s and its ratio, not the per-request rate (speedup_tput) and its interval
         _served("baseline", None, 2, 5.0, 1.0, 1.0), _served("speculative", 2, 2, 5.2, 1.04, 0.97)])
+    # the long sweep's batch 1 flagged drift (the machine changed speed during its points): its miss says so
+    drifted = {**_run("baseline", None, 1, 8.0), "flags": [{"code": "drift", "message": "moved by 25%"}]}
     long = _sweep(tmp_path / "long", [300], [
-        _run("baseline", None, 1, 8.0), _run("speculative", 2, 1, 8.4, 1.05, [0.98, 1.12]),
+        drifted, _run("speculative", 2, 1, 8.4, 1.05, [0.98, 1.12]),
         _run("speculative", 4, 1, 7.6, 0.95, [0.9, 1.0])])
     k2, k4, off = (f"speculative draft={DRAFT} gamma=2", f"speculative draft={DRAFT} gamma=4", "off")
     recommend = {"loads": [
@@ -87,7 +89,10 @@ def test_each_recommendation_is_checked_on_its_nearest_sweep(tmp_path):
     assert fourth["best_speedup"] == 1.04  # output_tok_s_ratio, not speedup_tput (0.97)
     assert fourth["speculation_pays"] == "yes" and not fourth["off_right"]
     assert fifth == {"load": "conc=4", "context": 75, "why": "no sweep measured it"}
-    assert "within 3%: 1 of 4; off right: 2 of 4; worst ratio 0.900" in result.stdout
+    assert third["drift"] and not first["drift"] and not second["drift"]
+    assert "**no (one reading)** (drift)" in result.stdout and "**no (one reading)** |" in result.stdout
+    assert ("within 3%: 1 of 4 (1 of the misses read under the sweep's drift flag); off right: 2 of 4; "
+            "worst ratio 0.900") in result.stdout
     assert "| K=4: 1.32 |" in result.stdout  # a draft's chain printed as its K (13.2 tok/s against the target's 10.0)
 
 
