@@ -21,7 +21,8 @@ The checks, per load and context:
   "no"; a single reading below it is "no (one reading)"; a miss where the sweep flagged either point `drift` (the
   machine changed speed during that load's points: eval/flags.py) says so, "(drift)", as the report does;
 - off: "off" recommended (or the recommendation tied with off) exactly where no K measured a speedup of 1 or more,
-  a K whose interval holds 1 counting as a tie either way.
+  a K whose interval holds 1, or whose one reading (no interval) is within `within` of 1, counting as a tie either
+  way.
 """
 from __future__ import annotations
 
@@ -102,17 +103,18 @@ def candidate_key(row: dict):
     return OFF if row.get("candidate") == OFF else (row["method"], row.get("draft"), row.get("gamma"))
 
 
-def speculation_pays(measured: dict) -> str:
+def speculation_pays(measured: dict, within: float = WITHIN) -> str:
     """'yes' where some K measured above 1 (its interval above 1, where it has one), 'no' where every K measured below
-    1 (its interval below 1), else 'tied' (a K whose interval holds 1). A point without an interval is read as
-    measured: a reading, not a tie."""
+    1 (its interval below 1), else 'tied' (a K whose interval holds 1). A point without an interval is one reading:
+    within the check's own tolerance of 1 (a reading of 1.01 or 0.98 at within 0.03, which the within check cannot
+    tell from off either) it is a tie; beyond it, read as measured."""
     verdicts = set()
     for key, m in measured.items():
         if key == OFF or m["speedup"] is None:
             continue
         ci = m.get("speedup_ci95")
         verdicts.add(("yes" if ci[0] > 1 else "no" if ci[1] < 1 else "tied") if ci else
-                     "yes" if m["speedup"] > 1 else "no")
+                     "tied" if abs(m["speedup"] - 1) < within else "yes" if m["speedup"] > 1 else "no")
     return "yes" if "yes" in verdicts else "tied" if "tied" in verdicts else "no"
 
 
@@ -134,7 +136,7 @@ def check(result: dict, measured: dict, within: float = WITHIN) -> dict:
     verdict, ratios = within_verdict(ratio, mine["tok_s_repeats"], measured[best_key]["tok_s_repeats"], within)
     # a miss read while the machine changed speed (the sweep's own flag on either point) is said to be one
     drift = bool(mine.get("drift") or measured[best_key].get("drift"))
-    pays = speculation_pays(measured)
+    pays = speculation_pays(measured, within)
     # where the recommendation ties off with a K (their predicted intervals overlap) either answer is right
     tied_off = (key == OFF and bool(out["tied_with"])) or OFF in out["tied_with"]
     off_right = tied_off or pays == "tied" or ((key == OFF) == (pays == "no"))
