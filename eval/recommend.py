@@ -249,6 +249,23 @@ def measured_at(points: dict, kind: str, value) -> tuple[Point, int | None] | No
 
 
 LOAD_LATENCY = ("ttft_p50_s", "tpot_mean_ms", "e2e_p50_s")  # a load's latency figures, each with its interval
+LATENCY_NAMES = {"latency_s": "latency", "ttft_p50_s": "TTFT P50", "tpot_mean_ms": "TPOT", "e2e_p50_s": "E2E P50"}
+
+
+def without_stray_intervals(figures: dict) -> list[str]:
+    """Drops each latency interval that misses its own point (figures[k] outside figures[k + '_ci95']), as a load's
+    speedup interval is withheld (eval/serving.py withheld): the resamples re-draw requests into the load, which
+    changes who runs beside whom, so their spread can sit beside the replay of what ran; an interval that misses its
+    point is no interval of it. Returns why, one line a figure dropped."""
+    said = []
+    for key, name in LATENCY_NAMES.items():
+        point, interval = figures.get(key), figures.get(f"{key}_ci95")
+        if point is None or not interval or interval[0] <= point <= interval[1]:
+            continue
+        figures[f"{key}_ci95"] = None
+        said.append(f"{name}'s replay of what ran ({point:.4g}) lies outside its resamples' [{interval[0]:.4g}, "
+                    f"{interval[1]:.4g}]: no interval")
+    return said
 
 
 def clamp_of(rows: list[dict], what_if: int | None) -> int:
@@ -384,6 +401,7 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
                    context: int | None, asked_contexts: list[int], derived_keys: frozenset = frozenset()) -> dict:
     """One load (and context length): every candidate and "off" predicted, and the choice."""
     rows, notes, base, no_interval = [], [], None, []
+    where_said = load_name(kind, value) + ("" if context is None else f" at {context} tokens")
     for key, points in sorted(cands.items(), key=lambda kv: label_of(kv[0])):
         where = measured_at(points, kind, value)
         if where is None:
@@ -404,6 +422,7 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
                      "draft": values.get("draft"), "measured_at": point.label,
                      "what_if": what_if is not None, "derived": key in derived_keys, "axes": values, **spec,
                      "tokens_per_round": tokens_per_round(mine, values.get("gamma"))})
+        notes.extend(f"{where_said}, {label_of(key)}: {why}" for why in without_stray_intervals(rows[-1]))
         if spec.get("speedup_ci95_withheld"):
             notes.append(f"{label_of(key)}: no interval: {spec['speedup_ci95_withheld']}; a tie is within {OFF_BY:.0%}")
         elif spec.get("speedup_ci95") is None:
@@ -418,6 +437,7 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
     rows.append({"candidate": OFF, "method": None, "gamma": None, "draft": None, "speedup": 1.0,
                  "speedup_ci95": [1.0, 1.0], **base, "tok_s_ci95": [base["tok_s"]] * 2 if base.get("tok_s") else None,
                  **off_latency_ci95(kind, off_from[0], profile, *off_from[1:])})
+    notes.extend(f"{where_said}, {OFF}: {why}" for why in without_stray_intervals(rows[-1]))
     return {"load": load_name(kind, value), "context": context, "candidates": rows, **choose(rows), "notes": notes}
 
 

@@ -564,3 +564,26 @@ def test_a_profile_that_prices_the_runs_steps_otherwise_is_said(tmp_path, capsys
     # the same profile as the run's: nothing said
     assert rec.main([str(run_dir), "--batch", "1", "--costs", str(run_dir / "costs.json")]) == 0
     assert "prices this run's steps otherwise" not in capsys.readouterr().out
+
+
+def test_a_latency_interval_that_misses_its_point_is_dropped_and_said(monkeypatch):
+    # the load of test_a_loads_latency_has_its_interval (off: TTFT 0.1 s, TPOT 800 ms, E2E 4.9 s; gamma 1: the first
+    # token at the target's prefill, 0.1 s, the draft's 0.05 s in the first round: TPOT (3.15 - 0.1) s / 6 = 508.3 ms),
+    # its resamples made to put TPOT at 900-950 ms and TTFT at 0-10 s: TPOT's interval
+    # misses both points and is dropped, each said with its load; TTFT's holds its points and stays
+    monkeypatch.setattr(rec, "load_latency_ci95", lambda *a, **k: {
+        "ttft_p50_s_ci95": [0.0, 10.0], "tpot_mean_ms_ci95": [900.0, 950.0], "e2e_p50_s_ci95": None})
+    samples = served([row(method, i, gamma, None if gamma is None else [(1, 1)] * 3)
+                      for i in range(8) for method, gamma in (("baseline", None), ("speculative", 1))])
+    (result,), _ = rec.recommend(samples, profile(), [("concurrency", 1)])
+    off, g1 = by_candidate(result)[rec.OFF], by_candidate(result)[G1]
+    assert (off["tpot_mean_ms"], off["tpot_mean_ms_ci95"], g1["tpot_mean_ms"], g1["tpot_mean_ms_ci95"]) == (
+        pytest.approx(800), None, pytest.approx(3050 / 6), None)
+    assert off["ttft_p50_s_ci95"] == g1["ttft_p50_s_ci95"] == [0.0, 10.0]
+    assert "TTFT 0.10 [0.00, 10.00] s, TPOT 800 ms, E2E 4.90 s" in rec.table([result])
+    assert "conc=1, off: TPOT's replay of what ran (800) lies outside its resamples' [900, 950]: no interval" in (
+        result["notes"])
+    assert [n for n in result["notes"] if n.startswith(f"conc=1, {G1}: TPOT's replay of what ran (508.3)")]
+    # a point on its interval's edge is inside it
+    edge = {"latency_s": 2.0, "latency_s_ci95": [2.0, 3.0]}
+    assert rec.without_stray_intervals(edge) == [] and edge["latency_s_ci95"] == [2.0, 3.0]
