@@ -5,6 +5,15 @@ from __future__ import annotations
 import time
 
 
+def seconds_of(rows: list[dict]) -> float:
+    """The seconds a finished batch of a point took: a static batch's longest row; a load point's span, from its
+    start (t = 0) to its last finish, as its tok/s is reported (eval/serving.py load_figures), not its slowest
+    request, which overlapped the others."""
+    if all(r.get("finish_s") is not None for r in rows):
+        return max(r["finish_s"] for r in rows)
+    return max(r["latency_s"] for r in rows)
+
+
 class Display:
     def __init__(self, console, total: int):
         self.console, self.total = console, total
@@ -47,7 +56,7 @@ class Display:
         rate = ""
         if rows:
             self.tokens[label] = self.tokens.get(label, 0) + sum(r["new_tokens"] for r in rows)
-            self.seconds[label] = self.seconds.get(label, 0.0) + max(r["latency_s"] for r in rows)
+            self.seconds[label] = self.seconds.get(label, 0.0) + seconds_of(rows)
             rate = f"{self.tokens[label] / self.seconds[label]:.2f} tok/s so far"
         if self.bar:
             self.bar.update(self.task, description=label, rate=rate)
