@@ -11,12 +11,15 @@
 #   predict  python -m eval.predict on it with the standalone profile                             -> predict-static.json
 #   xfer-bf16, xfer-4bit, xfer-sample   the transfer's config eager in bf16, 4-bit, sampling      -> xfer.tgz
 #   load     launch.py under load, concurrency 1 and 4 (eager only: compiled caches take no joins) -> load.tgz
+#   profile-long  the same profile eager at rows 1 and 4 and caches to 32k tokens (#55: the KV axis at
+#            long contexts, for python -m eval.recommend --context)                                 -> profile-long.json
 #   check    benchmarks/gpu_check.py, its budget what is left (rows in order)                     -> gpu-check.json
 # The transfer's CPU side runs here beforehand (configs/transfer-synthetic.yaml says how); eval.predict of that
 # CPU folder with xfer-profile.json predicts xfer-fp32's speedup. Environment (for a dry run on a CPU):
 # GPU_SESSION_DEVICE, _TARGET, _DRAFT, _DTYPE, _TOTAL_S, _CHECKS (the check's rows), _SCALE (a divisor of the
-# requests and tokens), _SKIP (steps to skip, comma-separated), _COMPILE (1: the profile and the static run
-# compiled, CUDA graphs; the mission's 36-layer shape then compiles per width for minutes: cut it with ?layers=).
+# requests and tokens), _LONG_KV (profile-long's caches, default 2048,8192,32768), _SKIP (steps to skip,
+# comma-separated), _COMPILE (1: the profile and the static run compiled, CUDA graphs; the mission's 36-layer shape
+# then compiles per width for minutes: cut it with ?layers=).
 set -u
 OUT="${1:?usage: $0 OUT_DIR}"
 mkdir -p "$OUT"
@@ -96,6 +99,11 @@ step load 150 "$PY" launch.py --config configs/gpu-synthetic.yaml "${MODELS[@]}"
     --set "load={concurrency: [1, 4], requests: $((16 / SCALE))}" --output-dir "$WORK/load"
 step predict-load 45 "$PY" -m eval.predict "$WORK/load" --costs "$OUT/profile.json" --out "$OUT/predict-load.json"
 [ -d "$WORK/load" ] && tar czf "$OUT/load.tgz" -C "$WORK" load
+# long caches: synthetic weights make a 32k-token cache one prefill; eager (a compiled engine sizes its static caches
+# to the longest), at the rows a served batch passes through
+step profile-long 90 "$PY" -m runner.profile --config configs/gpu-synthetic.yaml "${MODELS[@]}" \
+    --set engine.compile=false --rows 1,4 --kv "${GPU_SESSION_LONG_KV:-2048,8192,32768}" --prompt-tokens 64 --reps 3 \
+    --out "$OUT/profile-long.json"
 
 left=$((DEADLINE - $(date +%s) - 40))  # the check's rows start within its budget; the last may run ~40 s more
 if ((left > 0)); then
