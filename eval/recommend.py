@@ -32,7 +32,7 @@ from eval.records import Point
 from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, profile_resamples,
                          replay_load, replay_static, static_prediction)
 from eval.serving import load_prediction, replayed_figures
-from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval
+from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, misses
 from eval.totals import clusters_of, units
 from utils import UserError, positive_ints
 from utils.io import read_jsonl, write_json
@@ -260,7 +260,7 @@ def without_stray_intervals(figures: dict) -> list[str]:
     said = []
     for key, name in LATENCY_NAMES.items():
         point, interval = figures.get(key), figures.get(f"{key}_ci95")
-        if point is None or not interval or interval[0] <= point <= interval[1]:
+        if not misses(point, interval):
             continue
         figures[f"{key}_ci95"] = None
         said.append(f"{name}'s replay of what ran ({point:.4g}) lies outside its resamples' [{interval[0]:.4g}, "

@@ -25,7 +25,8 @@ from eval.records import Comparison, CostProbe, Point
 from eval.replay import (MissingCost, Pricer, beyond_caches, beyond_note, lacking, load_resamples, part_times,
                          prediction_off, profile_resamples, replay_load)
 from eval.sources import acceptance_by_source
-from eval.stats import MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, ratio, ratio_of_totals, strict
+from eval.stats import (MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, misses, ratio, ratio_of_totals,
+                        strict)
 from eval.synthetic import not_the_targets, synthetic_prediction
 from eval.totals import cross_process_pairs
 from eval.trees import acceptance_by_depth_rank, tree_of
@@ -308,7 +309,7 @@ def withheld(point: float | None, interval: list[float] | None) -> str | None:
     inside): a resample re-draws requests into the recorded arrivals, each keeping its rounds, and rounds whose K a
     schedule chose for the batch they ran in (speculative.schedule: recommended) land beside other rows there, so the
     resamples do not vary what ran; such an interval is no interval of the point."""
-    if point is None or not interval or interval[0] <= point <= interval[1]:
+    if not misses(point, interval):
         return None
     return (f"the replay of what ran ({point:.3f}) lies outside its resamples' [{interval[0]:.3f}, {interval[1]:.3f}]: "
             "requests re-drawn keep rounds whose K was chosen for the batch they ran in, so no interval")

@@ -101,6 +101,12 @@ def expanded_interval(values: list[float], n: int) -> list[float] | None:
     return [percentile(values, tail), percentile(values, 1 - tail)]
 
 
+def misses(point: float | None, interval: list[float] | None) -> bool:
+    """Whether an interval misses its own point (both given, the point outside; an edge is inside): such an interval
+    is no interval of the point, and the figures withhold it."""
+    return point is not None and bool(interval) and not interval[0] <= point <= interval[1]
+
+
 def bootstrap_ci(clusters: list[tuple], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
                  ) -> list[float] | None:
     """95% CI of the ratio of totals, resampling prompt clusters with replacement; None with fewer than MIN_PROMPTS.
