@@ -448,7 +448,14 @@ class RecommendedSchedule(Schedule):
     context) and catch-up prices, follows it instead of the table's row of one: the end-to-end speedup behind the
     table's tie rule carries the draft's prefill on average over the calibration's prompts, where the row's own
     catch-up (catch_up_repaid, at that saving) prices its own. At more rows in flight the table's tie rule stands
-    (its what-ifs at a concurrency above one run optimistic on mixed contexts: docs/benchmarks.md)."""
+    (its what-ifs at a concurrency above one run optimistic on mixed contexts: docs/benchmarks.md).
+
+    Under a load whose batch grows (requests arriving at a rate, not one joining as one leaves), a catch-up's saving
+    is what the row is expected to save before and after the batch next grows (catch_up_repaid, `lasting`): the
+    batch it was priced at lasts, in rounds, as long as the rounds between growths this run has seen so far (a
+    budget's worth of rounds without one assumed before the first), and after the growth the row saves at one row
+    more in flight (off where the table is). A static batch, a load at its concurrency cap and one whose batch has
+    not grown are priced as before."""
     name = "recommended"
     reads_context = True
     idles_rows = True
@@ -456,7 +463,7 @@ class RecommendedSchedule(Schedule):
     def __init__(self, gamma: int, table: dict[int, dict[int | None, int]],
                  catch_up: tuple[dict[int, dict[int | None, float]], float] | None = None, budget: int | None = None,
                  rounds: dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None = None,
-                 lone: dict[int | None, tuple[int, float]] | None = None):
+                 lone: dict[int | None, tuple[int, float]] | None = None, most_rows: int | None = None):
         super().__init__(gamma)
         if not table or any(not by_context for by_context in table.values()) or \
                 any(k < 0 for by_context in table.values() for k in by_context.values()):
@@ -468,6 +475,11 @@ class RecommendedSchedule(Schedule):
         self.rounds = rounds
         # a row alone in flight: its K and saving a token by context, where catch-ups are priced (it decides by its own)
         self.lone = lone if lone and self.savings is not None and budget is not None else None
+        # how long a batch lasts: the rounds seen while it could grow (below most_rows, the load's concurrency) and
+        # the times it grew (a round with more rows than the last: arrivals, not one joining as one leaves); kept
+        # across the drafter's resets (a served run's idle gaps)
+        self.most_rows = most_rows
+        self.open_rounds, self.growths, self.last_round_rows, self.grown = 0, 0, None, False
 
     def start(self, rows):
         super().start(rows)
@@ -476,6 +488,8 @@ class RecommendedSchedule(Schedule):
 
     def add_rows(self, rows, prompt_tokens: list[int] | None = None):
         super().add_rows(rows)
+        if self.last_round_rows is not None and self.rows > self.last_round_rows and not self.grown:
+            self.growths, self.grown = self.growths + 1, True  # one growth however many rows join before a round
         self.prompts += list(prompt_tokens) if prompt_tokens is not None else [0] * rows
         self.contexts += [p + 1 for p in self.prompts[-rows:]] if rows else []
 
@@ -486,11 +500,16 @@ class RecommendedSchedule(Schedule):
 
     def update(self, drafted, accepted):
         self.contexts = [c + a + 1 for c, a in zip(self.contexts, accepted)]
+        self.last_round_rows, self.grown = self.rows, False
+        if self.most_rows is None or self.rows < self.most_rows:
+            self.open_rounds += 1
 
-    def by_context(self, table: dict | None = None) -> dict:
-        """The table's row for the batch in flight (of `table`: the savings, keyed as the table)."""
+    def by_context(self, table: dict | None = None, rows: int | None = None) -> dict:
+        """The table's row for the batch in flight, or for `rows` rows (of `table`: the savings, keyed as the
+        table)."""
         table = self.table if table is None else table
-        below = [b for b in self.batches if b <= self.rows]
+        rows = self.rows if rows is None else rows
+        below = [b for b in self.batches if b <= rows]
         return table[below[-1] if below else self.batches[0]]
 
     @staticmethod
@@ -514,17 +533,43 @@ class RecommendedSchedule(Schedule):
         it saves on its tokens left (the budget less those it has, each round's accepted + 1 after its first) at the
         recommended K (savings per token, at the batch in flight and its context; a row alone: `lone`'s) at least
         what feeding them costs the forward that feeds them (price x rows x behind: the batch's rows in a round, the
-        joining rows' at a prefill as they join). True without prices or a budget."""
+        joining rows' at a prefill as they join). Where the batch grows under the load, the saving is the expected
+        one over the batch's life (`lasting`; class doc). True without prices or a budget."""
         if self.savings is None or self.budget is None:
             return True
         context = self.contexts[row]
         if self._alone():
-            saving = self.lone[self._bin(self.lone, context)][1]
+            k, saving = self.lone[self._bin(self.lone, context)]
         else:
             savings = self.by_context(self.savings)
             saving = savings[self._bin(savings, context)]
+            k = min(self.gamma, self.by_context()[self._bin(self.by_context(), context)])
         left = self.budget - (context - self.prompts[row])
+        lasts = self.lasting(left, self._tokens_per_round(context, k))
+        if lasts < 1:
+            after = self.by_context(self.savings, self.rows + 1)
+            saving = lasts * saving + (1 - lasts) * after[self._bin(after, context)]
         return left * saving >= self.price * (self.rows if rows is None else rows) * behind
+
+    def _tokens_per_round(self, context: int, k: int) -> float:
+        """The tokens a row at this context commits per round at K (`rounds`' prices at the batch in flight); 1 where
+        they are not given (a row that needs as many rounds as tokens: the batch's growth weighs most)."""
+        if self.rounds is None or not k:
+            return 1.0
+        prices = self.by_context(self.rounds)
+        return prices[self._bin(prices, context)].get(k, (None, 1.0))[1]
+
+    def lasting(self, left: int, per_round: float) -> float:
+        """The share of a row's `left` tokens (at `per_round` a round) it is expected to make before the batch in
+        flight next grows: with growths at random at this run's rate so far (a mean of m rounds between them: the
+        rounds seen while the batch could grow, plus a budget's worth before any growth, over the growths), and the
+        row needing L = left / per_round rounds, E[min(X, L)] / L = (m / L)(1 - e^(-L / m)) for X exponential of
+        mean m. 1 where the batch has not grown, cannot (at most_rows) or no tokens are left."""
+        if self.growths == 0 or left <= 0 or (self.most_rows is not None and self.rows >= self.most_rows):
+            return 1.0
+        m = (self.open_rounds + (self.budget or 0)) / self.growths
+        rounds = left / max(per_round, 1.0)
+        return m / rounds * (1 - math.exp(-rounds / m))
 
     def round_lengths(self, lengths: list[int], backlogs: list[int], caps: list[int]) -> list[int]:
         """A chain round's lengths weighed as a whole (class doc). lengths: each row's K from the table (0 off; after
@@ -565,13 +610,13 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
                   prefill_cost: dict | None = None, budget: int | None = None,
                   table: dict[int, dict[int | None, int]] | None = None,
                   catch_up: tuple[dict, float] | None = None, rounds: dict | None = None,
-                  lone: dict | None = None) -> Schedule:
+                  lone: dict | None = None, most_rows: int | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
     and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context, catch_up:
-    its prices of a row's catch-up, rounds: its prices of a round, lone: a row alone's K and saving
-    (RecommendedSchedule)."""
+    its prices of a row's catch-up, rounds: its prices of a round, lone: a row alone's K and saving, most_rows: the
+    load's concurrency (RecommendedSchedule)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
@@ -581,7 +626,7 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
     if name == "recommended":
         if not table:
             raise ValueError("the recommended schedule needs its table K(batch, context) (speculative.recommendation)")
-        return RecommendedSchedule(gamma, table, catch_up, budget, rounds, lone)
+        return RecommendedSchedule(gamma, table, catch_up, budget, rounds, lone, most_rows)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

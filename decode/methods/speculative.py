@@ -231,7 +231,8 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
                                         "catch_up": catch_up_prices(data, draft_label, served, path),
                                         "rounds": round_prices(data, draft_label, served, path),
                                         "lone": lone_prices(data, draft_label, served, path)}
-        return make_schedule(name, point.gamma, budget=max_new_tokens, **prices)
+        return make_schedule(name, point.gamma, budget=max_new_tokens, most_rows=ctx.load.concurrency if served else None,
+                             **prices)
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run

@@ -283,6 +283,44 @@ def test_a_catch_up_is_paid_where_the_tokens_left_repay_it():
     assert RecommendedSchedule(4, {1: {None: 3}}).catch_up_repaid(0, 10 ** 6)  # without prices: drafts where K says
 
 
+def test_a_catch_up_is_weighed_by_how_long_the_batch_lasts():
+    """By hand: K 3 alone, K 2 at two or three rows (0.004 s a token), off at four (nothing saved); a forward costs
+    0.001 s a row-token fed; 32 tokens a request. A row alone for 9 rounds, then two join before one round: one growth
+    in 9 rounds that could grow, so a batch lasts m = (9 + 32) / 1 = 41 rounds. A joiner of 31 tokens left at a token a
+    round makes E[min(X, 31)] / 31 = (41 / 31)(1 - e^(-31/41)) = 0.7016 of them before the next growth, after which
+    (four rows) it saves nothing: 31 x 0.004 x 0.7016 = 0.0870 s, which repays 29 tokens fed at three rows (0.087 s),
+    not 30; at two tokens a round (`rounds`) the share is (41 / 15.5)(1 - e^(-15.5/41)) = 0.8327: 34 tokens, not 35.
+    A batch that has not grown, one at the load's cap, and one that only replaces the row that left are priced as
+    before: 31 x 0.004 = 0.124 s repays 41 tokens at three rows, not 42."""
+    table, prices = {1: {None: 3}, 2: {None: 2}, 4: {None: 0}}, ({1: {None: 0.01}, 2: {None: 0.004}, 4: {None: 0.0}}, 0.001)
+
+    def joined(**options):
+        schedule = RecommendedSchedule(4, table, prices, 32, **options)
+        schedule.start(0)
+        schedule.add_rows(1, prompt_tokens=[100])
+        for _ in range(9):
+            schedule.update([0], [0])
+        schedule.add_rows(1, prompt_tokens=[10])
+        schedule.add_rows(1, prompt_tokens=[20])  # before a round: the same growth
+        return schedule
+
+    grown = joined()
+    assert grown.growths == 1 and grown.lengths() == [2, 2, 2]
+    assert grown.catch_up_repaid(2, 29) and not grown.catch_up_repaid(2, 30)
+    faster = joined(rounds={2: {None: {2: (1.2, 2.0)}}, 4: {None: {}}})
+    assert faster.catch_up_repaid(2, 34) and not faster.catch_up_repaid(2, 35)
+    capped = joined(most_rows=3)  # three rows in flight at most: the batch cannot grow
+    assert capped.catch_up_repaid(2, 41) and not capped.catch_up_repaid(2, 42)
+    replaced = RecommendedSchedule(4, table, prices, 32)
+    replaced.start(0)
+    replaced.add_rows(3, prompt_tokens=[100, 10, 30])
+    replaced.update([0, 0, 0], [0, 0, 0])
+    replaced.select_rows([1, 2])  # one leaves, one joins: three rows as before
+    replaced.add_rows(1, prompt_tokens=[20])
+    assert replaced.growths == 0
+    assert replaced.catch_up_repaid(2, 41) and not replaced.catch_up_repaid(2, 42)
+
+
 def test_a_k_tied_with_off_is_off():
     """A K whose predicted speedup's 95% interval reaches 1 cannot be told from off: the table leaves it out (off, or
     the best K whose interval is above 1, and saves nothing a token where off); one above 1 is followed."""
