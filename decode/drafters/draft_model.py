@@ -148,8 +148,8 @@ class DraftModelDrafter(Drafter):
     def _waits(self, prompt_mask: torch.Tensor) -> bool:
         """Whether the joining rows' prefill (the last rows; prompt_mask [J, P] as fed) waits for a round that drafts
         (class doc: defer, idles_rows): none of them drafts at once, by its K and, where the schedule prices
-        catch-ups, by whether its tokens left repay feeding its prompt in the joining rows' own forward (one
-        forward for them all: one row repaid prefills every joining row)."""
+        catch-ups, by whether what the drafting ones save on their tokens left repays the joining rows' own forward
+        (one forward for them all, as wide as the widest prompt: Schedule.joining_repaid)."""
         joining, idles = prompt_mask.shape[0], getattr(self.schedule, "idles_rows", False)
         if self.state is None and (self.defer or (idles and len(self.pending) > joining)):  # earlier rows wait too
             return True
@@ -158,11 +158,11 @@ class DraftModelDrafter(Drafter):
         lengths = self.schedule.lengths()[-joining:]
         if not any(lengths):
             return True
-        repaid, first = getattr(self.schedule, "catch_up_repaid", None), len(self.pending) - joining
+        repaid, first = getattr(self.schedule, "joining_repaid", None), len(self.pending) - joining
         if repaid is None:
             return False
-        prompts = prompt_mask.sum(dim=1).tolist()  # on the host: a joining row's prompt length, once
-        return not any(k and repaid(first + i, n, rows=joining) for i, (k, n) in enumerate(zip(lengths, prompts)))
+        return not repaid(list(range(first, first + joining)), [first + i for i, k in enumerate(lengths) if k],
+                          prompt_mask.shape[1])
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""

@@ -429,9 +429,11 @@ class RecommendedSchedule(Schedule):
     A row that ran off has tokens its draft cache has not seen (its prompt, where it joined off: decode/drafters/
     draft_model.py), and drafting again first feeds them all. With `catch_up` (decode/methods/speculative.py
     catch_up_prices: the seconds a row saves per token at each load and context, and the seconds a forward costs per
-    row-token fed) the row starts drafting only where its tokens left repay that feed (catch_up_repaid): a long
-    prompt near its end, or at a load where drafting barely pays, stays off. Without it every row drafts where its
-    K says.
+    row-token fed) the row starts drafting only where its tokens left repay that feed (catch_up_repaid; at the lower
+    of its context's saving and the batch's longest context's), and rows joining together are prefilled only where
+    the drafting ones' savings repay their one forward, as wide as the widest prompt (joining_repaid): a long prompt
+    near its end, a short one beside a long one, or at a load where drafting barely pays, stays off. Without it every
+    row drafts where its K says.
 
     A round is one batched forward for every row: where one row drafts K, every row's verification is K + 1 wide and
     the draft runs K steps for the batch. With `rounds` (decode/methods/speculative.py round_prices: at each load and
@@ -485,6 +487,7 @@ class RecommendedSchedule(Schedule):
         super().start(rows)
         self.contexts = [1] * rows  # a row of unknown prompt: its first token only
         self.prompts = [0] * rows
+        self.last_round_rows = None  # an empty batch (a served run's idle gap) does not grow: its first rows start it
 
     def add_rows(self, rows, prompt_tokens: list[int] | None = None):
         super().add_rows(rows)
@@ -528,28 +531,46 @@ class RecommendedSchedule(Schedule):
         ks = self.by_context()
         return [min(self.gamma, ks[self._bin(ks, context)]) for context in self.contexts]
 
-    def catch_up_repaid(self, row: int, behind: int, rows: int | None = None) -> bool:
-        """Whether the row, `behind` tokens its draft cache has not seen (besides its last), drafts this round: what
-        it saves on its tokens left (the budget less those it has, each round's accepted + 1 after its first) at the
-        recommended K (savings per token, at the batch in flight and its context; a row alone: `lone`'s) at least
-        what feeding them costs the forward that feeds them (price x rows x behind: the batch's rows in a round, the
-        joining rows' at a prefill as they join). Where the batch grows under the load, the saving is the expected
-        one over the batch's life (`lasting`; class doc). True without prices or a budget."""
-        if self.savings is None or self.budget is None:
-            return True
+    def catch_up_saving(self, row: int) -> float:
+        """The seconds the row is expected to save on its tokens left (the budget less those it has, each round's
+        accepted + 1 after its first) once its draft has caught up: tokens left x the saving a token at the
+        recommended K (savings per token, at the batch in flight: a row alone `lone`'s at its context; with company
+        the lower of its context's and the batch's longest's, over whose cache every row's forward runs, as a round
+        is weighed: round_lengths). Where the batch grows under the load, the expected one over the batch's life
+        (`lasting`; class doc). Needs prices and a budget."""
         context = self.contexts[row]
         if self._alone():
             k, saving = self.lone[self._bin(self.lone, context)]
         else:
-            savings = self.by_context(self.savings)
-            saving = savings[self._bin(savings, context)]
+            saving = self._saving(self.by_context(self.savings), context)
             k = min(self.gamma, self.by_context()[self._bin(self.by_context(), context)])
         left = self.budget - (context - self.prompts[row])
-        lasts = self.lasting(left, self._tokens_per_round(context, k))
+        lasts = self.lasting(left, self._tokens_per_round(context, k)) if self.growths else 1.0
         if lasts < 1:
-            after = self.by_context(self.savings, self.rows + 1)
-            saving = lasts * saving + (1 - lasts) * after[self._bin(after, context)]
-        return left * saving >= self.price * (self.rows if rows is None else rows) * behind
+            saving = lasts * saving + (1 - lasts) * self._saving(self.by_context(self.savings, self.rows + 1), context)
+        return left * saving
+
+    def _saving(self, savings: dict, context: int) -> float:
+        """A row's saving a token in a batch (savings: the table's row for its size): the lower of its context's and
+        the batch's longest context's."""
+        return min(savings[self._bin(savings, context)], savings[self._bin(savings, max(self.contexts))])
+
+    def catch_up_repaid(self, row: int, behind: int, rows: int | None = None) -> bool:
+        """Whether the row, `behind` tokens its draft cache has not seen (besides its last), drafts this round: what
+        it saves (catch_up_saving) at least what feeding them costs the forward that feeds them (price x rows x
+        behind: the batch's rows in a round). True without prices or a budget."""
+        if self.savings is None or self.budget is None:
+            return True
+        return self.catch_up_saving(row) >= self.price * (self.rows if rows is None else rows) * behind
+
+    def joining_repaid(self, rows: list[int], drafting: list[int], width: int) -> bool:
+        """Whether joining rows (`rows`, the last of the batch) are prefilled by the draft as they join: the one
+        forward that feeds them all costs price x their number x `width`, the widest prompt as fed (the narrower are
+        left padded to it), and the rows that would draft (`drafting`, K above 0) save the sum of their
+        catch_up_saving. True without prices or a budget."""
+        if self.savings is None or self.budget is None:
+            return True
+        return sum(self.catch_up_saving(row) for row in drafting) >= self.price * len(rows) * width
 
     def _tokens_per_round(self, context: int, k: int) -> float:
         """The tokens a row at this context commits per round at K (`rounds`' prices at the batch in flight); 1 where

@@ -227,10 +227,33 @@ def test_a_joining_row_is_prefilled_where_its_tokens_left_repay_its_own_forward(
     with torch.inference_mode():
         drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule)
         drafter.reset()
-        for row in range(3):
-            drafter.add_rows(ids[row:row + 1], mask[row:row + 1])
+        for row, n in enumerate([8, 100, 120]):  # each as the engine admits it: its own width, no left padding
+            drafter.add_rows(ids[row:row + 1, -n:], mask[row:row + 1, -n:])
     assert drafter.forwards == 2
     assert drafter.pending == [[], [], ids[2, -120:].tolist()]
+
+
+def test_rows_joining_together_pay_one_forward_as_wide_as_the_widest():
+    """By hand: K 2 at two rows; a row saves 0.03 s a token at context 50 and 0.01 s at 300 (every row's forward runs
+    over the batch's longest cache: beside a 300-token row, a short one saves the lower, 0.01 s); 0.001 s a row-token
+    fed; 32 tokens (31 left as they join). Rows of 49 and 299 tokens joining together are fed in one forward of 2
+    rows x 299 (0.598 s) and save 31 x 0.01 x 2 = 0.62 s: repaid; fed 320 wide (0.64 s) they are not (the short row's
+    own 49 tokens at its own 0.03 s would have been: 0.93 s against 0.098 s). Where the table runs the long context off
+    at two rows, the short row saves nothing beside it and the two wait."""
+    def joined(long_k):
+        table = {1: {50: 3, 300: 3}, 2: {50: 2, 300: long_k}}
+        prices = ({1: {50: 0.05, 300: 0.04}, 2: {50: 0.03, 300: 0.01 if long_k else 0.0}}, 0.001)
+        schedule = RecommendedSchedule(4, table, prices, 32)
+        schedule.start(0)
+        schedule.add_rows(2, prompt_tokens=[49, 299])
+        return schedule
+
+    both = joined(2)
+    assert both.lengths() == [2, 2]
+    assert both.joining_repaid([0, 1], [0, 1], 299) and not both.joining_repaid([0, 1], [0, 1], 320)
+    assert not both.joining_repaid([0, 1], [0], 299)  # the short row alone drafting: 0.31 s
+    short_only = joined(0)
+    assert short_only.lengths() == [2, 0] and not short_only.joining_repaid([0, 1], [0], 1)
 
 
 def test_held_rows_keep_the_draft_cache_whole():
@@ -319,6 +342,37 @@ def test_a_catch_up_is_weighed_by_how_long_the_batch_lasts():
     replaced.add_rows(1, prompt_tokens=[20])
     assert replaced.growths == 0
     assert replaced.catch_up_repaid(2, 41) and not replaced.catch_up_repaid(2, 42)
+    emptied = RecommendedSchedule(4, table, prices, 32)
+    emptied.start(0)
+    emptied.add_rows(1, prompt_tokens=[100])
+    emptied.update([0], [0])
+    emptied.start(0)  # the batch emptied (the drafter's reset): the next rows start a batch, they do not grow one
+    emptied.add_rows(2, prompt_tokens=[10, 20])
+    assert emptied.growths == 0
+
+
+def test_a_lone_catch_up_is_weighed_by_how_long_it_stays_alone():
+    """By hand, at most two rows in flight: alone, K 3 saves 0.01 s a token, with company K 2 0.004 s; 0.001 s a
+    row-token fed; 32 tokens. A row alone for 9 rounds, one joins (a growth), 5 rounds at the cap (not rounds the
+    batch could grow in), the first leaves: m = (9 + 32) / 1 = 41. The joiner (10-token prompt, 6 tokens so far: 26
+    left, a token a round) makes (41 / 26)(1 - e^(-26/41)) = 0.7405 of them alone, the rest with company: 26 x
+    (0.7405 x 0.01 + 0.2595 x 0.004) = 0.2195 s, which repays 219 tokens fed alone, not 220 (as if the batch lasted:
+    0.26 s, 260 tokens; the rounds at the cap counted: m = 46, 223 tokens)."""
+    schedule = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}}, ({1: {None: 0.01}, 2: {None: 0.004}}, 0.001), 32,
+                                   lone={None: (3, 0.01)}, most_rows=2)
+    schedule.start(0)
+    schedule.add_rows(1, prompt_tokens=[100])
+    for _ in range(9):
+        schedule.update([0], [0])
+    schedule.add_rows(1, prompt_tokens=[10])
+    for _ in range(5):
+        schedule.update([0, 0], [0, 0])
+    # at the cap the batch cannot grow: priced as before, 26 x 0.004 = 0.104 s repays 51 tokens fed at two rows
+    # (0.102 s), not 53 (0.106 s)
+    assert schedule.catch_up_repaid(1, 51) and not schedule.catch_up_repaid(1, 53)
+    schedule.select_rows([1])
+    assert schedule.growths == 1 and schedule.lengths() == [3]
+    assert schedule.catch_up_repaid(0, 219) and not schedule.catch_up_repaid(0, 220)
 
 
 def test_a_k_tied_with_off_is_off():
