@@ -180,7 +180,7 @@ class DraftModelDrafter(Drafter):
             lengths = [k if k == 0 or len(p) <= 1 or repaid(row, len(p)) else 0
                        for row, (k, p) in enumerate(zip(lengths, self.pending))]
         whole = getattr(self.schedule, "round_lengths", None)
-        if whole is not None and self.tree is None and any(lengths):  # the round weighed as a whole (its doc)
+        if whole is not None and self.tree is None:  # the round weighed as a whole (its doc; all off included)
             lengths = whole(lengths, [len(p) for p in self.pending], caps)
         return lengths
 

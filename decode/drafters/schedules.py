@@ -601,17 +601,22 @@ class RecommendedSchedule(Schedule):
         cap), the others are held (one token); the round's value is the rows' tokens (tokens per round at their
         context and K, 1 where none) over its cost in plain steps of the batch: each row's forward runs over the
         batch's longest cache (left padded), so tokens / decode speedup at the round's K and the longest context,
-        rows times. The best K whose value is above 1; all off where none is. As given without prices (no `rounds`,
-        or a K or context they do not have)."""
-        if self.rounds is None or not any(lengths):
+        rows times. The best K whose value is above 1; all off where none is. Where the table runs every row off,
+        the rows whose draft cache has caught up (a backlog of at most one token: their prefill is paid) are weighed
+        the same way at every K priced at the batch's longest context, the others held. As given without prices (no
+        `rounds`, or a K or context they do not have) or where every row is off and none has caught up."""
+        if self.rounds is None or not lengths or (not any(lengths) and min(backlogs) > 1):
             return lengths
         prices = self.by_context(self.rounds)
         at = [prices[self._bin(prices, context)] for context in self.contexts]
         longest = prices[self._bin(prices, max(self.contexts))]
-        width = max(b for k, b in zip(lengths, backlogs) if k)
+        width = max((b for k, b in zip(lengths, backlogs) if k), default=0)
         rides = [k > 0 or b <= width + 1 for k, b in zip(lengths, backlogs)]
         best, value = [0] * len(lengths), 1.0
-        for k in sorted(set(lengths) - {0}):
+        # the table's Ks; where it runs every row off, the rows whose draft has caught up (its prefill paid) weigh
+        # every priced K: they draft on where the round's decode gain pays, as the table's end-to-end figure (which
+        # charges each row's prefill) cannot say
+        for k in sorted(set(lengths) - {0}) if any(lengths) else sorted(k for k in longest if k <= self.gamma):
             ks = [min(k, cap) if ride else 0 for ride, cap in zip(rides, caps)]
             if k not in longest or any(r and r not in p for p, r in zip(at, ks)):
                 return lengths

@@ -100,10 +100,11 @@ def recommended_table(data: dict, draft: str, served: bool, path: str = "recomme
 def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
                     ) -> tuple[dict[int, dict[int | None, float]], float] | None:
     """What the recommended schedule weighs a catch-up with (RecommendedSchedule.catch_up_repaid): batch -> context
-    -> the seconds a row saves per token at the recommended K (batch / off's tok/s, a row's time per token without
-    speculation, times 1 - 1 / the K's predicted speedup; 0 where off is recommended), and the draft's prefill line's
-    slope (seconds per row-token fed, eval.recommend's draft_prefill). None where the file lacks either (written
-    before eval.recommend priced catch-ups)."""
+    -> the seconds a row saves per token at the recommended K once its draft has caught up (off's seconds a token,
+    `per_token`, times 1 - 1 / the K's decode speedup: after the prefills, which the catch-up is charged for apart;
+    0 where off is recommended), and the draft's prefill line's slope (seconds per row-token fed, eval.recommend's
+    draft_prefill). None where the file lacks either (written before eval.recommend priced catch-ups or gave decode
+    speedups)."""
     line = (data.get("draft_prefill") or {}).get(draft_model(draft)) or {}
     slope = line.get("s_per_row_token")
     if not isinstance(slope, (int, float)) or slope < 0:
@@ -111,12 +112,25 @@ def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend
     savings: dict[int, dict[int | None, float]] = {}
     for batch, by_context in _choices(data, draft, served, path).items():
         for context, (best, off_, _) in by_context.items():
-            tok_s, speedup = (off_ or {}).get("tok_s"), best.get("speedup")
-            if best["candidate"] != "off" and not (tok_s and speedup):
+            if best["candidate"] == "off":
+                savings.setdefault(batch, {})[context] = 0.0
+                continue
+            per_token, speedup = _per_token(off_, batch), best.get("decode_speedup")
+            if per_token is None or not (isinstance(speedup, (int, float)) and speedup > 0):
                 return None
-            savings.setdefault(batch, {})[context] = 0.0 if best["candidate"] == "off" else \
-                max(0.0, batch / tok_s * (1 - 1 / speedup))
+            savings.setdefault(batch, {})[context] = max(0.0, per_token * (1 - 1 / speedup))
     return savings, float(slope)
+
+
+def _per_token(off_: dict | None, batch: int) -> float | None:
+    """A row's seconds a token without speculation at a load: off's TPOT where the load has one, else batch / off's
+    tok/s; None where off has neither."""
+    tpot, tok_s = (off_ or {}).get("tpot_mean_ms"), (off_ or {}).get("tok_s")
+    if isinstance(tpot, (int, float)) and tpot > 0:
+        return tpot / 1000
+    if isinstance(tok_s, (int, float)) and tok_s > 0:
+        return batch / tok_s
+    return None
 
 
 def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
@@ -162,15 +176,8 @@ def lone_prices(data: dict, draft: str, served: bool, path: str = "recommend.jso
         if best["candidate"] == "off":
             lone[context] = 0, 0.0
             continue
-        tpot, tok_s = (off_ or {}).get("tpot_mean_ms"), (off_ or {}).get("tok_s")
-        speedup = best.get("decode_speedup")
-        if isinstance(tpot, (int, float)) and tpot > 0:
-            per_token = tpot / 1000
-        elif isinstance(tok_s, (int, float)) and tok_s > 0:
-            per_token = 1 / tok_s
-        else:
-            return None
-        if not (isinstance(speedup, (int, float)) and speedup > 0):
+        per_token, speedup = _per_token(off_, 1), best.get("decode_speedup")
+        if per_token is None or not (isinstance(speedup, (int, float)) and speedup > 0):
             return None
         lone[context] = (int(best["gamma"]), per_token * (1 - 1 / speedup)) if speedup > 1 else (0, 0.0)
     return lone

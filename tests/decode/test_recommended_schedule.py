@@ -380,7 +380,8 @@ def test_a_k_tied_with_off_is_off():
     the best K whose interval is above 1, and saves nothing a token where off); one above 1 is followed."""
     def load(n, interval, *more):
         return {"load": f"conc={n}", "context": None,
-                "candidates": [{**chain(2, 1.05), "speedup_ci95": interval}, *more, {**off(), "tok_s": 4.0}]}
+                "candidates": [{**chain(2, 1.05), "speedup_ci95": interval, "decode_speedup": 1.25}, *more,
+                               {**off(), "tok_s": 4.0}]}
     data = {"loads": [load(1, [1.01, 1.1]), load(2, [0.99, 1.1]), load(4, [1.0, 1.1]),
                       load(8, [1.0, 1.1], {**chain(4, 1.02), "speedup_ci95": [1.01, 1.03]}),
                       load(16, [1.0, 1.1], {**chain(4, 1.02), "speedup_ci95": [None, None]})],
@@ -388,22 +389,30 @@ def test_a_k_tied_with_off_is_off():
     assert recommended_table(data, "d", served=True) == {1: {None: 2}, 2: {None: 0}, 4: {None: 0}, 8: {None: 4},
                                                          16: {None: 4}}
     data["loads"] = data["loads"][:3]
-    assert catch_up_prices(data, "d", served=True)[0] == {1: {None: pytest.approx(0.25 * (1 - 1 / 1.05))},
+    assert catch_up_prices(data, "d", served=True)[0] == {1: {None: pytest.approx(0.25 * 0.2)},  # 1 / 4 x (1 - 1 / 1.25)
                                                           2: {None: 0.0}, 4: {None: 0.0}}
 
 
 def test_catch_up_prices_by_hand():
-    """recommend.json -> each load's saving a token (concurrency / off's tok/s x (1 - 1 / the K's speedup); 0 where off
-    is recommended) and the draft's prefill slope; None where the file has no draft prefill line."""
-    data = {"loads": [{"load": "conc=1", "context": None, "candidates": [chain(2, 1.25), {**off(), "tok_s": 4.0}]},
-                      {"load": "conc=2", "context": None, "candidates": [chain(2, 0.9), {**off(), "tok_s": 7.0}]},
-                      {"load": "conc=4", "context": None, "candidates": [chain(3, 1.6), {**off(), "tok_s": 10.0}]}],
+    """recommend.json -> each load's saving a token once the draft has caught up: off's seconds a token (its TPOT,
+    0.2 s, where the load has one, else concurrency / its tok/s: 4 / 10) x (1 - 1 / the K's decode speedup: after the
+    prefills, which a catch-up is charged for apart); 0 where off is recommended; and the draft's prefill slope. None
+    where the file has no draft prefill line, or the recommended K no decode speedup."""
+    def k(gamma, speedup, decode_speedup):
+        return {**chain(gamma, speedup), "decode_speedup": decode_speedup}
+    data = {"loads": [{"load": "conc=1", "context": None,
+                       "candidates": [k(2, 1.25, 1.5), {**off(), "tok_s": 4.0, "tpot_mean_ms": 200.0}]},
+                      {"load": "conc=2", "context": None, "candidates": [k(2, 0.9, 1.2), {**off(), "tok_s": 7.0}]},
+                      {"load": "conc=4", "context": None, "candidates": [k(3, 1.6, 2.0), {**off(), "tok_s": 10.0}]}],
             "draft_prefill": {"draft:d": {"intercept_s": 0.01, "s_per_row_token": 0.002}}}
     savings, slope = catch_up_prices(data, "d", served=True)
     assert slope == 0.002
-    assert savings[1][None] == pytest.approx(0.25 * 0.2) and savings[2][None] == 0.0
-    assert savings[4][None] == pytest.approx(0.4 * 0.375)
+    assert savings[1][None] == pytest.approx(0.2 / 3) and savings[2][None] == 0.0
+    assert savings[4][None] == pytest.approx(0.4 * 0.5)
     assert catch_up_prices({"loads": data["loads"]}, "d", served=True) is None
+    lacking = json.loads(json.dumps(data))
+    del lacking["loads"][2]["candidates"][0]["decode_speedup"]
+    assert catch_up_prices(lacking, "d", served=True) is None
 
 
 def test_lone_prices_by_hand():
@@ -540,6 +549,28 @@ def test_a_round_is_weighed_as_a_whole():
     # without a price for the K, or without prices: as the table says
     assert two_rows({2: {75: {3: (1.2, 3.0)}, 310: {1: (0.95, 1.5)}}}).round_lengths([3, 0], [1, 1], [4, 4]) == [3, 0]
     assert two_rows(None).round_lengths([3, 0], [1, 300], [4, 4]) == [3, 0]
+
+
+def test_rows_whose_draft_has_caught_up_draft_on_where_the_table_is_off():
+    """By hand, the table off for both rows (its end-to-end figure charges each row's prefill); rows whose draft cache
+    has caught up (a backlog of at most one token) weigh every priced K at the longest context (ROUNDS at 310: K 1
+    (0.95, 1.5), K 3 (1.0, 2.7)): K 1 is 1.7 + 1.5 tokens for 2 x 1.5 / 0.95 = 3.16 plain steps (1.01), K 3 is 3.0 +
+    2.7 for 2 x 2.7 / 1.0 = 5.4 (1.06): both draft 3. At gamma 2 only K 1 is weighed: both draft 1. The long row
+    behind by 300 is held: K 1 is 1.7 + 1 for 3.16 (0.85), K 3 is 3.0 + 1 for 5.4 (0.74): off. Neither caught up:
+    off, as the table says. A dearer long context (K 3 at 0.9: 5.7 for 6.0, 0.95) leaves K 1."""
+    def off_rows(gamma=4, rounds=ROUNDS):
+        schedule = RecommendedSchedule(gamma, {2: {75: 0, 310: 0}}, rounds=rounds)
+        schedule.start(0)
+        schedule.add_rows(2, prompt_tokens=[74, 309])
+        assert schedule.lengths() == [0, 0]
+        return schedule
+
+    assert off_rows().round_lengths([0, 0], [1, 1], [4, 4]) == [3, 3]
+    assert off_rows(2).round_lengths([0, 0], [1, 1], [2, 2]) == [1, 1]
+    assert off_rows().round_lengths([0, 0], [1, 300], [4, 4]) == [0, 0]
+    assert off_rows().round_lengths([0, 0], [2, 2], [4, 4]) == [0, 0]
+    dearer = {2: {75: ROUNDS[2][75], 310: {3: (0.9, 2.7), 1: (0.95, 1.5)}}}
+    assert off_rows(rounds=dearer).round_lengths([0, 0], [1, 1], [4, 4]) == [1, 1]
 
 
 def test_rows_ride_along_where_the_round_pays_and_none_drafts_where_it_does_not():
