@@ -542,8 +542,8 @@ class RecommendedSchedule(Schedule):
         if self._alone():
             k, saving = self.lone[self._bin(self.lone, context)]
         else:
-            saving = self._saving(self.by_context(self.savings), context)
-            k = min(self.gamma, self.by_context()[self._bin(self.by_context(), context)])
+            saving, ks = self._saving(self.by_context(self.savings), context), self.by_context()
+            k = min(self.gamma, ks[self._bin(ks, context)])
         left = self.budget - (context - self.prompts[row])
         lasts = self.lasting(left, self._tokens_per_round(context, k)) if self.growths else 1.0
         if lasts < 1:
@@ -555,13 +555,13 @@ class RecommendedSchedule(Schedule):
         the batch's longest context's."""
         return min(savings[self._bin(savings, context)], savings[self._bin(savings, max(self.contexts))])
 
-    def catch_up_repaid(self, row: int, behind: int, rows: int | None = None) -> bool:
+    def catch_up_repaid(self, row: int, behind: int) -> bool:
         """Whether the row, `behind` tokens its draft cache has not seen (besides its last), drafts this round: what
-        it saves (catch_up_saving) at least what feeding them costs the forward that feeds them (price x rows x
-        behind: the batch's rows in a round). True without prices or a budget."""
+        it saves (catch_up_saving) at least what feeding them costs the round's forward that feeds them (price x the
+        batch's rows x behind; rows joining together: joining_repaid). True without prices or a budget."""
         if self.savings is None or self.budget is None:
             return True
-        return self.catch_up_saving(row) >= self.price * (self.rows if rows is None else rows) * behind
+        return self.catch_up_saving(row) >= self.price * self.rows * behind
 
     def joining_repaid(self, rows: list[int], drafting: list[int], width: int) -> bool:
         """Whether joining rows (`rows`, the last of the batch) are prefilled by the draft as they join: the one
