@@ -482,11 +482,15 @@ class _Loop:
                 # a static batch: all arrive at 0, admitted at once, no clock read before the prefill
                 now = clock.now() - self.start if self.served else 0.0
                 group = queue.admit(now, self.load.concurrency - len(self.active))
+                if self.served and self.drafter is not None:  # those still waiting refill rows that end
+                    self.drafter.queued(queue.waiting(now))
                 if not group and not self.active:  # nobody in flight: wait for the next arrival
                     time.sleep(max(0.0, queue.next_arrival() - now))
                     continue
                 if group:
                     self._admit(group, now)
+            elif self.served and self.drafter is not None:
+                self.drafter.queued(0)
             if not self.active:
                 continue
             running = self._round()

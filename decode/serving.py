@@ -84,6 +84,10 @@ class Queue:
         """The earliest known arrival still waiting (None: every waiting request follows one in flight)."""
         return self.heap[0][0] if self.heap else None
 
+    def waiting(self, now: float) -> int:
+        """The requests that have arrived by `now` and are not admitted."""
+        return sum(1 for arrival, _ in self.heap if arrival <= now)
+
     def admit(self, now: float, free: int) -> list[int]:
         """Up to `free` requests that have arrived by `now`, in admission order."""
         group = []

@@ -147,22 +147,18 @@ class DraftModelDrafter(Drafter):
 
     def _waits(self, prompt_mask: torch.Tensor) -> bool:
         """Whether the joining rows' prefill (the last rows; prompt_mask [J, P] as fed) waits for a round that drafts
-        (class doc: defer, idles_rows): none of them drafts at once, by its K and, where the schedule prices
-        catch-ups, by whether what the drafting ones save on their tokens left repays the joining rows' own forward
-        (one forward for them all, as wide as the widest prompt: Schedule.joining_repaid)."""
+        (class doc: defer, idles_rows): none of them drafts at once by its K or, where the schedule prices catch-ups,
+        what they save on their tokens left (at the batch in flight and at the fewer rows they outlive it at) does
+        not repay their own forward (one for them all, as wide as the widest prompt: Schedule.joining_repaid)."""
         joining, idles = prompt_mask.shape[0], getattr(self.schedule, "idles_rows", False)
         if self.state is None and (self.defer or (idles and len(self.pending) > joining)):  # earlier rows wait too
             return True
         if not idles:
             return False
-        lengths = self.schedule.lengths()[-joining:]
-        if not any(lengths):
-            return True
         repaid, first = getattr(self.schedule, "joining_repaid", None), len(self.pending) - joining
         if repaid is None:
-            return False
-        return not repaid(list(range(first, first + joining)), [first + i for i, k in enumerate(lengths) if k],
-                          prompt_mask.shape[1])
+            return not any(self.schedule.lengths()[-joining:])
+        return not repaid(list(range(first, first + joining)), prompt_mask.shape[1])
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""
@@ -183,6 +179,10 @@ class DraftModelDrafter(Drafter):
         if whole is not None and self.tree is None:  # the round weighed as a whole (its doc; all off included)
             lengths = whole(lengths, [len(p) for p in self.pending], caps)
         return lengths
+
+    def queued(self, requests: int) -> None:
+        if self.schedule is not None and hasattr(self.schedule, "queued"):
+            self.schedule.queued(requests)
 
     def held_rows(self, lengths: list[int]) -> list[int]:
         """The rows a drafting chain round of these lengths holds (class doc): drafting nothing, with more pending

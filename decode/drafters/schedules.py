@@ -457,7 +457,12 @@ class RecommendedSchedule(Schedule):
     batch it was priced at lasts, in rounds, as long as the rounds between growths this run has seen so far (a
     budget's worth of rounds without one assumed before the first), and after the growth the row saves at one row
     more in flight (off where the table is). A static batch, a load at its concurrency cap and one whose batch has
-    not grown are priced as before."""
+    not grown are priced as before. A row also outlives the rows beside it that are nearer their ends: its tokens
+    after each one's end are priced at one row fewer in flight (`ahead`), but for the first as many ends as requests
+    wait in the queue (`queued`: they refill those rows). So a newcomer joining a batch that runs off, beside rows near
+    their ends, is prefilled as it joins (in a forward of its own) where what it saves at the fewer rows repays it: put
+    off, its prefill would cost a round's catch-up as wide for every row in flight, and the rows already caught up
+    could not draft beside it."""
     name = "recommended"
     reads_context = True
     idles_rows = True
@@ -482,6 +487,7 @@ class RecommendedSchedule(Schedule):
         # across the drafter's resets (a served run's idle gaps)
         self.most_rows = most_rows
         self.open_rounds, self.growths, self.last_round_rows, self.grown = 0, 0, None, False
+        self.waiting = 0  # requests that arrived and wait for a row (queued): each refills a row that ends
 
     def start(self, rows):
         super().start(rows)
@@ -495,6 +501,12 @@ class RecommendedSchedule(Schedule):
             self.growths, self.grown = self.growths + 1, True  # one growth however many rows join before a round
         self.prompts += list(prompt_tokens) if prompt_tokens is not None else [0] * rows
         self.contexts += [p + 1 for p in self.prompts[-rows:]] if rows else []
+
+    def queued(self, requests: int) -> None:
+        """The requests that have arrived and wait for a row (a load at its concurrency cap), as the serving loop
+        reads its queue before each admission: the first that many rows to end are refilled, so the batch does not
+        shrink by them (catch_up_saving)."""
+        self.waiting = requests
 
     def select_rows(self, rows):
         super().select_rows(rows)
@@ -533,27 +545,57 @@ class RecommendedSchedule(Schedule):
 
     def catch_up_saving(self, row: int) -> float:
         """The seconds the row is expected to save on its tokens left (the budget less those it has, each round's
-        accepted + 1 after its first) once its draft has caught up: tokens left x the saving a token at the
-        recommended K (savings per token, at the batch in flight: a row alone `lone`'s at its context; with company
-        the lower of its context's and the batch's longest's, over whose cache every row's forward runs, as a round
-        is weighed: round_lengths). Where the batch grows under the load, the expected one over the batch's life
+        accepted + 1 after its first) once its draft has caught up: each token at the saving of the batch it runs in
+        (savings per token at the recommended K: a row alone `lone`'s where given; with company the lower of its
+        context's and the longest context's in flight, over whose cache every row's forward runs, as a round is
+        weighed: round_lengths). The batch shrinks as the rows beside it end, each at its own tokens left (the
+        budget's: one that stops early only shrinks it sooner), but for the first `waiting` of them, which queued
+        requests refill (`ahead`): a newcomer beside rows near their ends drafts at the fewer rows it outlives them
+        at. Where the batch grows under the load, that over the batch's life, the rest at one more row in flight
         (`lasting`; class doc). Needs prices and a budget."""
         context = self.contexts[row]
-        if self._alone():
-            k, saving = self.lone[self._bin(self.lone, context)]
-        else:
-            saving, ks = self._saving(self.by_context(self.savings), context), self.by_context()
-            k = min(self.gamma, ks[self._bin(ks, context)])
         left = self.budget - (context - self.prompts[row])
+        if self._alone():
+            k = self.lone[self._bin(self.lone, context)][0]
+        else:
+            ks = self.by_context()
+            k = min(self.gamma, ks[self._bin(ks, context)])
+        saved = self.ahead(row, left)
         lasts = self.lasting(left, self._tokens_per_round(context, k)) if self.growths else 1.0
         if lasts < 1:
-            saving = lasts * saving + (1 - lasts) * self._saving(self.by_context(self.savings, self.rows + 1), context)
-        return left * saving
+            grown = self._saving(self.by_context(self.savings, self.rows + 1), context, max(self.contexts))
+            saved = lasts * saved + (1 - lasts) * left * grown
+        return saved
 
-    def _saving(self, savings: dict, context: int) -> float:
+    def ahead(self, row: int, left: int) -> float:
+        """The seconds the row saves on its `left` tokens as the batch shrinks (catch_up_saving): the rows beside it
+        ordered by their tokens left, the first `waiting` refilled, each other one's end leaves one row fewer for
+        the stretch after it, and each stretch is priced at its rows in flight and the longest context still in
+        flight (a refilled row's kept: its newcomer's is not known)."""
+        others = sorted((self.budget - (c - p), c) for i, (c, p) in enumerate(zip(self.contexts, self.prompts))
+                        if i != row)
+        context, rows, done, saved = self.contexts[row], self.rows, 0, 0.0
+        flight = [context] + [c for _, c in others]
+        for end, other in others[min(self.waiting, len(others)):]:
+            stretch = min(end, left) - done
+            if stretch > 0:
+                saved += stretch * self._saving_at(rows, context, max(flight))
+                done += stretch
+            rows -= 1
+            flight.remove(other)
+        return saved + (left - done) * self._saving_at(rows, context, max(flight))
+
+    def _saving_at(self, rows: int, context: int, longest: int) -> float:
+        """A row's saving a token at `rows` in flight: alone, `lone`'s where given; else _saving at the table's row
+        for that many."""
+        if rows == 1 and self.lone is not None:
+            return self.lone[self._bin(self.lone, context)][1]
+        return self._saving(self.by_context(self.savings, rows), context, longest)
+
+    def _saving(self, savings: dict, context: int, longest: int) -> float:
         """A row's saving a token in a batch (savings: the table's row for its size): the lower of its context's and
         the batch's longest context's."""
-        return min(savings[self._bin(savings, context)], savings[self._bin(savings, max(self.contexts))])
+        return min(savings[self._bin(savings, context)], savings[self._bin(savings, longest)])
 
     def catch_up_repaid(self, row: int, behind: int) -> bool:
         """Whether the row, `behind` tokens its draft cache has not seen (besides its last), drafts this round: what
@@ -563,14 +605,15 @@ class RecommendedSchedule(Schedule):
             return True
         return self.catch_up_saving(row) >= self.price * self.rows * behind
 
-    def joining_repaid(self, rows: list[int], drafting: list[int], width: int) -> bool:
-        """Whether joining rows (`rows`, the last of the batch) are prefilled by the draft as they join: the one
-        forward that feeds them all costs price x their number x `width`, the widest prompt as fed (the narrower are
-        left padded to it), and the rows that would draft (`drafting`, K above 0) save the sum of their
-        catch_up_saving. True without prices or a budget."""
+    def joining_repaid(self, rows: list[int], width: int) -> bool:
+        """Whether joining rows (`rows`, the last of the batch) are prefilled by the draft as they join, in one
+        forward of their own: it costs price x their number x `width`, the widest prompt as fed (the narrower are
+        left padded to it), and they save the sum of their catch_up_saving, which counts what a row off at the batch
+        in flight saves once the batch has shrunk (a prefill put off costs a round's forward as wide for every row in
+        flight). Without prices or a budget, where any of them drafts by its K now."""
         if self.savings is None or self.budget is None:
-            return True
-        return sum(self.catch_up_saving(row) for row in drafting) >= self.price * len(rows) * width
+            return any(self.lengths()[row] for row in rows)
+        return sum(self.catch_up_saving(row) for row in rows) >= self.price * len(rows) * width
 
     def _tokens_per_round(self, context: int, k: int) -> float:
         """The tokens a row at this context commits per round at K (`rounds`' prices at the batch in flight); 1 where

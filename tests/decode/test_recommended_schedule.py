@@ -250,10 +250,60 @@ def test_rows_joining_together_pay_one_forward_as_wide_as_the_widest():
 
     both = joined(2)
     assert both.lengths() == [2, 2]
-    assert both.joining_repaid([0, 1], [0, 1], 299) and not both.joining_repaid([0, 1], [0, 1], 320)
-    assert not both.joining_repaid([0, 1], [0], 299)  # the short row alone drafting: 0.31 s
+    assert both.joining_repaid([0, 1], 299) and not both.joining_repaid([0, 1], 320)
     short_only = joined(0)
-    assert short_only.lengths() == [2, 0] and not short_only.joining_repaid([0, 1], [0], 1)
+    assert short_only.lengths() == [2, 0] and not short_only.joining_repaid([0, 1], 1)
+
+
+def shrinking(waiting=0):
+    """Three rows in flight with 5, 12 and 20 tokens left of 32 (27, 20 and 12 so far) at K 2, at most four in flight
+    (the cap: no growth to weigh); a fourth, a 100-token prompt, joins where four rows run off."""
+    schedule = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}, 4: {None: 0}},
+                                   ({1: {None: 0.01}, 2: {None: 0.004}, 4: {None: 0.0}}, 0.001), 32, most_rows=4)
+    schedule.start(0)
+    schedule.add_rows(3, prompt_tokens=[10, 20, 30])
+    schedule.update([2, 2, 2], [25, 18, 10])
+    schedule.queued(waiting)
+    schedule.add_rows(1, prompt_tokens=[100])
+    return schedule
+
+
+def test_a_newcomer_is_priced_at_the_fewer_rows_it_outlives_the_batch_at():
+    """By hand: K 3 alone (0.01 s a token), K 2 at two or three rows (0.004 s), off at four (nothing); 0.001 s a
+    row-token fed. The newcomer's 31 tokens: 5 at four rows (0), 7 at three (0.028 s), 8 at two (0.032 s), 11 alone
+    (0.11 s): 0.17 s, which repays its own prefill 160 wide (0.16 s), not 180 (0.18 s), though its K is 0 now. With a
+    request waiting, the first row to end is refilled: 12 at four rows, 8 at three (0.032 s), 11 at two (0.044 s):
+    0.076 s, 70 wide, not 80. A row near its end outlives none: the first saves 5 x 0 s."""
+    alone = shrinking()
+    assert alone.lengths() == [0, 0, 0, 0]
+    assert alone.joining_repaid([3], 160) and not alone.joining_repaid([3], 180)
+    queued = shrinking(waiting=1)
+    assert queued.joining_repaid([3], 70) and not queued.joining_repaid([3], 80)
+    assert alone.catch_up_saving(0) == 0.0
+
+
+def test_a_newcomer_whose_k_is_0_now_is_prefilled_where_the_batch_shrinking_repays_it():
+    """The drafter asks the schedule as the row joins: the same batch as above (its rows prefilled as they joined),
+    a newcomer of 160 tokens is prefilled in a forward of its own; one of 180 waits in the pending tokens, as does
+    the 160 one where a request waits to refill the first row that ends."""
+    draft = tiny_model("llama", seed=2)
+    ids, mask = ragged_batch([10, 20, 30, 160])
+    results = {}
+    for name, width, waiting in (("repaid", 160, 0), ("wide", 180, 0), ("queued", 160, 1)):
+        ids, mask = ragged_batch([10, 20, 30, width])
+        schedule = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}, 4: {None: 0}},
+                                       ({1: {None: 0.01}, 2: {None: 0.004}, 4: {None: 0.0}}, 0.001), 32, most_rows=4)
+        with torch.inference_mode():
+            drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule)
+            drafter.reset()
+            for row, n in enumerate([10, 20, 30]):
+                drafter.add_rows(ids[row:row + 1, -n:], mask[row:row + 1, -n:])
+            schedule.update([2, 2, 2], [25, 18, 10])
+            forwards = drafter.forwards
+            drafter.queued(waiting)
+            drafter.add_rows(ids[3:, -width:], mask[3:, -width:])
+        results[name] = (drafter.forwards - forwards, len(drafter.pending[3]))
+    assert results == {"repaid": (1, 0), "wide": (0, 180), "queued": (0, 160)}
 
 
 def test_held_rows_keep_the_draft_cache_whole():
@@ -294,15 +344,20 @@ def test_rows_whose_tokens_left_cannot_repay_their_catch_up_stay_off():
 
 def test_a_catch_up_is_paid_where_the_tokens_left_repay_it():
     """By hand: alone, K 3 saves 0.01 s a token; with company K 2 saves 0.004 s; a forward costs 0.001 s a row-token
-    fed; 32 tokens a request. A row's tokens left are 32 less those it has (its prefill's first, then accepted + 1)."""
-    schedule = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}}, ({1: {None: 0.01}, 2: {None: 0.004}}, 0.001), 32)
+    fed; 32 tokens a request, at most two in flight (the batch's growth is weighed in the test below). A row's tokens
+    left are 32 less those it has (its prefill's first, then accepted + 1)."""
+    schedule = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}}, ({1: {None: 0.01}, 2: {None: 0.004}}, 0.001), 32,
+                                   most_rows=2)
     schedule.start(0)
     schedule.add_rows(1, prompt_tokens=[100])
     assert schedule.catch_up_repaid(0, 300) and not schedule.catch_up_repaid(0, 320)  # 31 left: 0.31 s saved
     schedule.update([3], [2])  # 3 more tokens: 28 left, 0.28 s
     assert schedule.catch_up_repaid(0, 270) and not schedule.catch_up_repaid(0, 290)
-    schedule.add_rows(1, prompt_tokens=[10])  # two rows: 0.004 s a token, and the forward feeds both rows' width
-    assert schedule.catch_up_repaid(1, 60) and not schedule.catch_up_repaid(1, 64)  # 31 x 0.004 = 0.124 s vs 0.002 a token
+    # two rows: the forward feeds both rows' width (0.002 s a token). The newcomer saves 0.004 s a token for the 28
+    # the first row has left, then 0.01 s alone for its last 3: 0.142 s
+    schedule.add_rows(1, prompt_tokens=[10])
+    assert schedule.catch_up_repaid(1, 70) and not schedule.catch_up_repaid(1, 72)
+    assert schedule.catch_up_repaid(0, 55) and not schedule.catch_up_repaid(0, 57)  # the first: 28 x 0.004 = 0.112 s
     assert RecommendedSchedule(4, {1: {None: 3}}).catch_up_repaid(0, 10 ** 6)  # without prices: drafts where K says
 
 
@@ -314,7 +369,8 @@ def test_a_catch_up_is_weighed_by_how_long_the_batch_lasts():
     (four rows) it saves nothing: 31 x 0.004 x 0.7016 = 0.0870 s, which repays 29 tokens fed at three rows (0.087 s),
     not 30; at two tokens a round (`rounds`) the share is (41 / 15.5)(1 - e^(-15.5/41)) = 0.8327: 34 tokens, not 35.
     A batch that has not grown, one at the load's cap, and one that only replaces the row that left are priced as
-    before: 31 x 0.004 = 0.124 s repays 41 tokens at three rows, not 42."""
+    before: 31 x 0.004 = 0.124 s repays 41 tokens at three rows, not 42 (the replaced row's companions have 30 tokens
+    left, it outlives them alone for its last: 30 x 0.004 + 0.01 = 0.13 s, 43 tokens, not 44)."""
     table, prices = {1: {None: 3}, 2: {None: 2}, 4: {None: 0}}, ({1: {None: 0.01}, 2: {None: 0.004}, 4: {None: 0.0}}, 0.001)
 
     def joined(**options):
@@ -341,7 +397,7 @@ def test_a_catch_up_is_weighed_by_how_long_the_batch_lasts():
     replaced.select_rows([1, 2])  # one leaves, one joins: three rows as before
     replaced.add_rows(1, prompt_tokens=[20])
     assert replaced.growths == 0
-    assert replaced.catch_up_repaid(2, 41) and not replaced.catch_up_repaid(2, 42)
+    assert replaced.catch_up_repaid(2, 43) and not replaced.catch_up_repaid(2, 44)
     emptied = RecommendedSchedule(4, table, prices, 32)
     emptied.start(0)
     emptied.add_rows(1, prompt_tokens=[100])
@@ -367,9 +423,9 @@ def test_a_lone_catch_up_is_weighed_by_how_long_it_stays_alone():
     schedule.add_rows(1, prompt_tokens=[10])
     for _ in range(5):
         schedule.update([0, 0], [0, 0])
-    # at the cap the batch cannot grow: priced as before, 26 x 0.004 = 0.104 s repays 51 tokens fed at two rows
-    # (0.102 s), not 53 (0.106 s)
-    assert schedule.catch_up_repaid(1, 51) and not schedule.catch_up_repaid(1, 53)
+    # at the cap the batch cannot grow: the first row's 17 tokens left at two rows (0.004 s a token), the joiner's
+    # last 9 alone (0.01 s): 0.158 s repays 78 tokens fed at two rows (0.156 s), not 80 (0.160 s)
+    assert schedule.catch_up_repaid(1, 78) and not schedule.catch_up_repaid(1, 80)
     schedule.select_rows([1])
     assert schedule.growths == 1 and schedule.lengths() == [3]
     assert schedule.catch_up_repaid(0, 219) and not schedule.catch_up_repaid(0, 220)

@@ -183,6 +183,24 @@ def test_queue_waits_count_in_ttft(method):
     assert late[0].admitted_s == late[1].admitted_s  # both at once: one prefill for the two
 
 
+def test_the_drafter_hears_how_many_requests_wait_for_a_row():
+    """Three requests at once, one row: as each is admitted the others still wait (2, then 1, then none), and the
+    drafter is told before each admission and each round (RecommendedSchedule prices a newcomer by it)."""
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([5, 9, 3], seed=0)
+    heard = []
+
+    class Listening(DraftModelDrafter):
+        def queued(self, requests):
+            heard.append(requests)
+            super().queued(requests)
+
+    with torch.inference_mode():
+        generate_speculative(target, Listening(noisy_copy(target, 0.1), VOCAB, GREEDY), ids, mask,
+                             Generation(max_new_tokens=6), 3, load=Load([0.0, 0.0, 0.0], 1))
+    assert heard and heard == sorted(heard, reverse=True) and sorted(set(heard)) == [0, 1, 2]
+
+
 @pytest.mark.parametrize("method", ["baseline", "speculative"])
 def test_a_conversations_next_turn_arrives_after_its_previous_answer(method):
     """Request 1 follows request 0 (a conversation's turn 2): it arrives think_s after request 0's last token, and
