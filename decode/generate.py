@@ -476,21 +476,22 @@ class _Loop:
         clock = self.clock
         self.start = clock.now()
         self.last_read = 0.0  # seconds from the start at the latest clock read: a baseline step's time runs from it
-        queue = self.queue
+        queue, rate = self.queue, None
         while queue.left or self.active:
             if queue.left:
                 # a static batch: all arrive at 0, admitted at once, no clock read before the prefill
                 now = clock.now() - self.start if self.served else 0.0
                 group = queue.admit(now, self.load.concurrency - len(self.active))
-                if self.served and self.drafter is not None:  # those still waiting refill rows that end
-                    self.drafter.queued(queue.waiting(now))
+                if self.served and self.drafter is not None:  # those waiting, and arriving, refill rows that end
+                    rate = queue.rate(now)
+                    self.drafter.queued(queue.waiting(now), rate)
                 if not group and not self.active:  # nobody in flight: wait for the next arrival
                     time.sleep(max(0.0, queue.next_arrival() - now))
                     continue
                 if group:
                     self._admit(group, now)
-            elif self.served and self.drafter is not None:
-                self.drafter.queued(0)
+            elif self.served and self.drafter is not None:  # every request admitted: the rate as last read
+                self.drafter.queued(0, rate)
             if not self.active:
                 continue
             running = self._round()

@@ -88,6 +88,10 @@ class Queue:
         """The requests that have arrived by `now` and are not admitted."""
         return sum(1 for arrival, _ in self.heap if arrival <= now)
 
+    def rate(self, now: float) -> float | None:
+        """Requests arrived a second so far: those admitted and those waiting by `now`, over `now` (None at 0)."""
+        return (len(self.arrival) - self.left + self.waiting(now)) / now if now > 0 else None
+
     def admit(self, now: float, free: int) -> list[int]:
         """Up to `free` requests that have arrived by `now`, in admission order."""
         group = []

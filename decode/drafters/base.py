@@ -73,9 +73,10 @@ class Drafter(ABC):
         the host takes them from here (`_last_tokens_host`, `_drafts_host`)."""
         self._observed, self._observed_drafts = list(last_tokens), drafts
 
-    def queued(self, requests: int) -> None:
-        """Serving: the requests that have arrived and wait for a row, read from the queue before each admission (a
-        schedule may price a row's future by the batch it will run in: RecommendedSchedule.queued). Most ignore it."""
+    def queued(self, requests: int, rate: float | None = None) -> None:
+        """Serving: the requests that have arrived and wait for a row, and the rate requests have arrived at so far
+        (per second), read from the queue before each admission (a schedule may price a row's future by the batch it
+        will run in: RecommendedSchedule.queued). Most ignore it."""
 
     def take_features(self, features: torch.Tensor) -> None:
         """The target's hidden states at `target_layers` [B, S, F] of its last forward, handed over right after it:

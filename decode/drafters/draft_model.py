@@ -148,8 +148,9 @@ class DraftModelDrafter(Drafter):
     def _waits(self, prompt_mask: torch.Tensor) -> bool:
         """Whether the joining rows' prefill (the last rows; prompt_mask [J, P] as fed) waits for a round that drafts
         (class doc: defer, idles_rows): none of them drafts at once by its K or, where the schedule prices catch-ups,
-        what they save on their tokens left (at the batch in flight and at the fewer rows they outlive it at) does
-        not repay their own forward (one for them all, as wide as the widest prompt: Schedule.joining_repaid)."""
+        what they save on their tokens left (at the batch in flight and at the fewer rows they outlive it at), and
+        what their joining lets the batch save where it runs off (the other rows' backlogs), does not repay their
+        own forward (one for them all, as wide as the widest prompt: Schedule.joining_repaid)."""
         joining, idles = prompt_mask.shape[0], getattr(self.schedule, "idles_rows", False)
         if self.state is None and (self.defer or (idles and len(self.pending) > joining)):  # earlier rows wait too
             return True
@@ -158,7 +159,8 @@ class DraftModelDrafter(Drafter):
         repaid, first = getattr(self.schedule, "joining_repaid", None), len(self.pending) - joining
         if repaid is None:
             return not any(self.schedule.lengths()[-joining:])
-        return not repaid(list(range(first, first + joining)), prompt_mask.shape[1])
+        return not repaid(list(range(first, first + joining)), prompt_mask.shape[1],
+                          [len(p) for p in self.pending[:first]])
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""
@@ -180,9 +182,9 @@ class DraftModelDrafter(Drafter):
             lengths = whole(lengths, [len(p) for p in self.pending], caps)
         return lengths
 
-    def queued(self, requests: int) -> None:
+    def queued(self, requests: int, rate: float | None = None) -> None:
         if self.schedule is not None and hasattr(self.schedule, "queued"):
-            self.schedule.queued(requests)
+            self.schedule.queued(requests, rate)
 
     def held_rows(self, lengths: list[int]) -> list[int]:
         """The rows a drafting chain round of these lengths holds (class doc): drafting nothing, with more pending

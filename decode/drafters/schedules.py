@@ -462,7 +462,8 @@ class RecommendedSchedule(Schedule):
     wait in the queue (`queued`: they refill those rows). So a newcomer joining a batch that runs off, beside rows near
     their ends, is prefilled as it joins (in a forward of its own) where what it saves at the fewer rows repays it: put
     off, its prefill would cost a round's catch-up as wide for every row in flight, and the rows already caught up
-    could not draft beside it."""
+    could not draft beside it: with `plain` (decode/methods/speculative.py plain_prices: a row's seconds a token off)
+    what that lets the batch save counts too (`enabling`)."""
     name = "recommended"
     reads_context = True
     idles_rows = True
@@ -470,7 +471,8 @@ class RecommendedSchedule(Schedule):
     def __init__(self, gamma: int, table: dict[int, dict[int | None, int]],
                  catch_up: tuple[dict[int, dict[int | None, float]], float] | None = None, budget: int | None = None,
                  rounds: dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None = None,
-                 lone: dict[int | None, tuple[int, float]] | None = None, most_rows: int | None = None):
+                 lone: dict[int | None, tuple[int, float]] | None = None, most_rows: int | None = None,
+                 plain: dict[int, dict[int | None, float]] | None = None):
         super().__init__(gamma)
         if not table or any(not by_context for by_context in table.values()) or \
                 any(k < 0 for by_context in table.values() for k in by_context.values()):
@@ -487,7 +489,8 @@ class RecommendedSchedule(Schedule):
         # across the drafter's resets (a served run's idle gaps)
         self.most_rows = most_rows
         self.open_rounds, self.growths, self.last_round_rows, self.grown = 0, 0, None, False
-        self.waiting = 0  # requests that arrived and wait for a row (queued): each refills a row that ends
+        self.waiting, self.rate = 0, None  # the queue (`queued`): requests waiting, and arriving a second
+        self.plain = plain  # a row's seconds a token off, by batch and context (what a round drafting saves: enabling)
 
     def start(self, rows):
         super().start(rows)
@@ -502,11 +505,11 @@ class RecommendedSchedule(Schedule):
         self.prompts += list(prompt_tokens) if prompt_tokens is not None else [0] * rows
         self.contexts += [p + 1 for p in self.prompts[-rows:]] if rows else []
 
-    def queued(self, requests: int) -> None:
-        """The requests that have arrived and wait for a row (a load at its concurrency cap), as the serving loop
-        reads its queue before each admission: the first that many rows to end are refilled, so the batch does not
-        shrink by them (catch_up_saving)."""
-        self.waiting = requests
+    def queued(self, requests: int, rate: float | None = None) -> None:
+        """What the serving loop sees of its queue before each admission: the requests that have arrived and wait
+        for a row (a load at its concurrency cap: they refill the first rows that end) and the rate requests have
+        arrived at so far, per second (more refill rows as they arrive: catch_up_saving, `ahead`)."""
+        self.waiting, self.rate = requests, rate
 
     def select_rows(self, rows):
         super().select_rows(rows)
@@ -569,21 +572,40 @@ class RecommendedSchedule(Schedule):
 
     def ahead(self, row: int, left: int) -> float:
         """The seconds the row saves on its `left` tokens as the batch shrinks (catch_up_saving): the rows beside it
-        ordered by their tokens left, the first `waiting` refilled, each other one's end leaves one row fewer for
-        the stretch after it, and each stretch is priced at its rows in flight and the longest context still in
-        flight (a refilled row's kept: its newcomer's is not known)."""
+        end in the order of their tokens left, the first `waiting` of them refilled by the queue; a later one is
+        refilled where a request has arrived by then (arrivals Poisson at `rate`, over the seconds to its end at off's
+        seconds a token, `plain`; none without either), else the batch runs one row fewer. Each stretch between ends
+        is priced at its expected saving a token over how many rows it has lost: at those rows in flight and the
+        longest context still in flight (a refilled row's kept: its newcomer's is not known)."""
         others = sorted((self.budget - (c - p), c) for i, (c, p) in enumerate(zip(self.contexts, self.prompts))
                         if i != row)
-        context, rows, done, saved = self.contexts[row], self.rows, 0, 0.0
-        flight = [context] + [c for _, c in others]
-        for end, other in others[min(self.waiting, len(others)):]:
-            stretch = min(end, left) - done
-            if stretch > 0:
-                saved += stretch * self._saving_at(rows, context, max(flight))
-                done += stretch
-            rows -= 1
-            flight.remove(other)
-        return saved + (left - done) * self._saving_at(rows, context, max(flight))
+        context, saved, done = self.contexts[row], 0.0, 0
+        plain = self._plain(self.rows)
+        rate = self.rate if plain is not None and self.rate else 0.0
+        for i in range(len(others) + 1):  # the stretch after the first i rows beside it have ended
+            end = min(others[i][0], left) if i < len(others) else left
+            if end <= done:
+                continue
+            stretch, done = end - done, end
+            short = max(0, i - self.waiting)  # rows ended that the queue does not refill
+            mu = rate * others[i - 1][0] * plain if i and rate else 0.0  # requests arriving by the i-th end
+            ended, mass, expected = [c for _, c in others[:i]], 0.0, 0.0
+            for arrived in range(short):  # fewer arrivals than ends: short - arrived rows fewer
+                p = math.exp(-mu) * mu ** arrived / math.factorial(arrived)
+                fewer = short - arrived
+                flight = [context] + [c for _, c in others[i:]] + ended[:i - fewer]
+                expected += p * self._saving_at(self.rows - fewer, context, max(flight))
+                mass += p
+            expected += (1 - mass) * self._saving_at(self.rows, context, max([context] + [c for _, c in others]))
+            saved += stretch * expected
+        return saved
+
+    def _plain(self, rows: int) -> float | None:
+        """A row's seconds a token off at `rows` in flight and the batch's longest context (`plain`); None without."""
+        if self.plain is None:
+            return None
+        plain = self.by_context(self.plain, rows)
+        return plain[self._bin(plain, max(self.contexts))]
 
     def _saving_at(self, rows: int, context: int, longest: int) -> float:
         """A row's saving a token at `rows` in flight: alone, `lone`'s where given; else _saving at the table's row
@@ -605,15 +627,67 @@ class RecommendedSchedule(Schedule):
             return True
         return self.catch_up_saving(row) >= self.price * self.rows * behind
 
-    def joining_repaid(self, rows: list[int], width: int) -> bool:
+    def joining_repaid(self, rows: list[int], width: int, backlogs: list[int] | None = None) -> bool:
         """Whether joining rows (`rows`, the last of the batch) are prefilled by the draft as they join, in one
         forward of their own: it costs price x their number x `width`, the widest prompt as fed (the narrower are
         left padded to it), and they save the sum of their catch_up_saving, which counts what a row off at the batch
         in flight saves once the batch has shrunk (a prefill put off costs a round's forward as wide for every row in
-        flight). Without prices or a budget, where any of them drafts by its K now."""
+        flight), plus what their prefill lets the whole batch save where the table runs it off (`enabling`, with the
+        other rows' backlogs). Without prices or a budget, where any of them drafts by its K now."""
         if self.savings is None or self.budget is None:
             return any(self.lengths()[row] for row in rows)
-        return sum(self.catch_up_saving(row) for row in rows) >= self.price * len(rows) * width
+        saved = sum(self.catch_up_saving(row) for row in rows)
+        if backlogs is not None:
+            saved += self.enabling(rows, backlogs)
+        return saved >= self.price * len(rows) * width
+
+    def enabling(self, rows: list[int], backlogs: list[int]) -> float:
+        """The seconds the joining `rows` let the batch save by joining the draft's cache now, where the table runs
+        every row off at the batch in flight: its rounds are then weighed as a whole (round_lengths), every row whose
+        draft has caught up riding at each priced K, and a row held (its prefill put off) makes the round's tokens
+        fewer, often too few to beat a plain step. So: the batch's wall time for the stretch it keeps its rows (the
+        joiners' tokens until the first row beside them ends that no queued request refills), off a row's seconds a
+        token at the batch and its longest context (`plain`), times 1 / the best round's value with the joiners held
+        less 1 / that with them riding (a value under 1 runs off: 1). backlogs: the draft's pending tokens of the
+        other rows (a row with more than one is held either way). 0 without `rounds` or `plain`, or where the table
+        drafts some row (each row's own saving prices it there)."""
+        if self.rounds is None or self.plain is None or any(self.lengths()):
+            return 0.0
+        joining = set(rows)
+        caps = [min(self.gamma, max(0, self.budget - (c - p))) for c, p in zip(self.contexts, self.prompts)]
+        riding = [row in joining or b <= 1 for row, b in enumerate(backlogs + [0] * len(rows))]
+        held = [ride and row not in joining for row, ride in enumerate(riding)]
+        (ks, with_them), (_, without) = self._round_value(riding, caps), self._round_value(held, caps)
+        if ks is None or with_them <= without:
+            return 0.0
+        lefts = sorted(self.budget - (c - p) for row, (c, p) in enumerate(zip(self.contexts, self.prompts))
+                       if row not in joining)
+        stretch = max(self.budget - (self.contexts[row] - self.prompts[row]) for row in rows)
+        if len(lefts) > self.waiting:
+            stretch = min(stretch, lefts[self.waiting])
+        return max(0, stretch) * self._plain(self.rows) * (1 / without - 1 / with_them)
+
+    def _round_value(self, riding: list[bool], caps: list[int], ks: list[int] | None = None
+                     ) -> tuple[list[int], float]:
+        """The best chain round of the batch in flight with these rows riding (the others held: one token): at each
+        K of `ks` (every K priced at the longest context up to gamma where None), the riding rows draft min(K, cap);
+        its value is the rows' tokens (tokens per round at their context and K, 1 where held) over its cost in plain
+        steps of the batch (each row's forward runs over the longest cache: tokens / decode speedup at the round's K
+        and the longest context, rows times). Returns the lengths and value of the best K whose value is above 1,
+        else every row off at value 1; None lengths where a K or context the round needs is not priced."""
+        prices = self.by_context(self.rounds)
+        at = [prices[self._bin(prices, context)] for context in self.contexts]
+        longest = prices[self._bin(prices, max(self.contexts))]
+        best, value = [0] * len(riding), 1.0
+        for k in ks if ks is not None else sorted(k for k in longest if k <= self.gamma):
+            lengths = [min(k, cap) if ride else 0 for ride, cap in zip(riding, caps)]
+            if k not in longest or any(r and r not in p for p, r in zip(at, lengths)):
+                return None, value
+            tokens = sum(p[r][1] if r else 1.0 for p, r in zip(at, lengths))
+            cost = len(lengths) * longest[k][1] / longest[k][0]
+            if tokens / cost > value:
+                best, value = lengths, tokens / cost
+        return best, value
 
     def _tokens_per_round(self, context: int, k: int) -> float:
         """The tokens a row at this context commits per round at K (`rounds`' prices at the batch in flight); 1 where
@@ -650,24 +724,13 @@ class RecommendedSchedule(Schedule):
         `rounds`, or a K or context they do not have) or where every row is off and none has caught up."""
         if self.rounds is None or not lengths or (not any(lengths) and min(backlogs) > 1):
             return lengths
-        prices = self.by_context(self.rounds)
-        at = [prices[self._bin(prices, context)] for context in self.contexts]
-        longest = prices[self._bin(prices, max(self.contexts))]
         width = max((b for k, b in zip(lengths, backlogs) if k), default=0)
         rides = [k > 0 or b <= width + 1 for k, b in zip(lengths, backlogs)]
-        best, value = [0] * len(lengths), 1.0
         # the table's Ks; where it runs every row off, the rows whose draft has caught up (its prefill paid) weigh
         # every priced K: they draft on where the round's decode gain pays, as the table's end-to-end figure (which
         # charges each row's prefill) cannot say
-        for k in sorted(set(lengths) - {0}) if any(lengths) else sorted(k for k in longest if k <= self.gamma):
-            ks = [min(k, cap) if ride else 0 for ride, cap in zip(rides, caps)]
-            if k not in longest or any(r and r not in p for p, r in zip(at, ks)):
-                return lengths
-            tokens = sum(p[r][1] if r else 1.0 for p, r in zip(at, ks))
-            cost = len(ks) * longest[k][1] / longest[k][0]
-            if tokens / cost > value:
-                best, value = ks, tokens / cost
-        return best
+        best, _ = self._round_value(rides, caps, sorted(set(lengths) - {0}) if any(lengths) else None)
+        return lengths if best is None else best
 
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,
@@ -679,13 +742,13 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
                   prefill_cost: dict | None = None, budget: int | None = None,
                   table: dict[int, dict[int | None, int]] | None = None,
                   catch_up: tuple[dict, float] | None = None, rounds: dict | None = None,
-                  lone: dict | None = None, most_rows: int | None = None) -> Schedule:
+                  lone: dict | None = None, most_rows: int | None = None, plain: dict | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
     and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context, catch_up:
     its prices of a row's catch-up, rounds: its prices of a round, lone: a row alone's K and saving, most_rows: the
-    load's concurrency (RecommendedSchedule)."""
+    load's concurrency, plain: a row's seconds a token off (RecommendedSchedule)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
@@ -695,7 +758,7 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
     if name == "recommended":
         if not table:
             raise ValueError("the recommended schedule needs its table K(batch, context) (speculative.recommendation)")
-        return RecommendedSchedule(gamma, table, catch_up, budget, rounds, lone, most_rows)
+        return RecommendedSchedule(gamma, table, catch_up, budget, rounds, lone, most_rows, plain)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -133,6 +133,21 @@ def _per_token(off_: dict | None, batch: int) -> float | None:
     return None
 
 
+def plain_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
+                 ) -> dict[int, dict[int | None, float]] | None:
+    """What the recommended schedule prices a plain step of the batch with (RecommendedSchedule.enabling): batch ->
+    context -> a row's seconds a token without speculation (`_per_token`: off's TPOT at the load, else batch / off's
+    tok/s). None where a load lacks off or both of its figures."""
+    plain: dict[int, dict[int | None, float]] = {}
+    for batch, by_context in _choices(data, draft, served, path).items():
+        for context, (_, off_, _) in by_context.items():
+            per_token = _per_token(off_, batch)
+            if per_token is None:
+                return None
+            plain.setdefault(batch, {})[context] = per_token
+    return plain
+
+
 def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
                  ) -> dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None:
     """What the recommended schedule weighs a round of rows at different contexts with (RecommendedSchedule.
@@ -237,7 +252,8 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
             prices = ctx.memory[key] = {"table": recommended_table(data, draft_label, served, path),
                                         "catch_up": catch_up_prices(data, draft_label, served, path),
                                         "rounds": round_prices(data, draft_label, served, path),
-                                        "lone": lone_prices(data, draft_label, served, path)}
+                                        "lone": lone_prices(data, draft_label, served, path),
+                                        "plain": plain_prices(data, draft_label, served, path)}
         return make_schedule(name, point.gamma, budget=max_new_tokens, most_rows=ctx.load.concurrency if served else None,
                              **prices)
     if name not in MEASURED:

@@ -2,6 +2,7 @@
 recommend.json read into K(batch, context) by hand, the lengths rows get from it as the batch and their contexts
 change, "off" as K 0, greedy output equal to the baseline's, and the config's refusals as one line."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.schedules import RecommendedSchedule, make_schedule
 from decode.kv import KVState
-from decode.methods.speculative import catch_up_prices, lone_prices, recommended_table, round_prices
+from decode.methods.speculative import catch_up_prices, lone_prices, plain_prices, recommended_table, round_prices
 from decode.serving import Load
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 from utils.config import ConfigError, validate
@@ -255,11 +256,12 @@ def test_rows_joining_together_pay_one_forward_as_wide_as_the_widest():
     assert short_only.lengths() == [2, 0] and not short_only.joining_repaid([0, 1], 1)
 
 
-def shrinking(waiting=0):
+def shrinking(waiting=0, **options):
     """Three rows in flight with 5, 12 and 20 tokens left of 32 (27, 20 and 12 so far) at K 2, at most four in flight
     (the cap: no growth to weigh); a fourth, a 100-token prompt, joins where four rows run off."""
     schedule = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}, 4: {None: 0}},
-                                   ({1: {None: 0.01}, 2: {None: 0.004}, 4: {None: 0.0}}, 0.001), 32, most_rows=4)
+                                   ({1: {None: 0.01}, 2: {None: 0.004}, 4: {None: 0.0}}, 0.001), 32, most_rows=4,
+                                   **options)
     schedule.start(0)
     schedule.add_rows(3, prompt_tokens=[10, 20, 30])
     schedule.update([2, 2, 2], [25, 18, 10])
@@ -280,6 +282,40 @@ def test_a_newcomer_is_priced_at_the_fewer_rows_it_outlives_the_batch_at():
     queued = shrinking(waiting=1)
     assert queued.joining_repaid([3], 70) and not queued.joining_repaid([3], 80)
     assert alone.catch_up_saving(0) == 0.0
+
+
+def test_rows_that_end_are_refilled_as_requests_arrive():
+    """By hand, the batch above with requests arriving at 0.1 a second and a plain step 0.3 s a token at four rows:
+    the rows beside the newcomer end after 1.5, 3.6 and 6 s (5, 12 and 20 tokens), by when 0.15, 0.36 and 0.6
+    requests are expected (Poisson). After the first end: three rows with probability e^-0.15 = 0.8607, else four:
+    7 x 0.004 x 0.8607 = 0.02410 s; after the second: two or three rows (e^-0.36 (1 + 0.36) = 0.9488): 8 x 0.004 x
+    0.9488 = 0.03036 s; after the third: alone with e^-0.6 = 0.5488 (0.01 s a token), two or three rows with 0.4281
+    (0.004): 11 x 0.00720 = 0.07921 s. 0.1337 s in all (0.17 s where nobody arrives) repays 130 tokens, not 135."""
+    schedule = shrinking(plain={1: {None: 0.2}, 2: {None: 0.25}, 4: {None: 0.3}})
+    schedule.queued(0, 0.1)
+    assert schedule.catch_up_saving(3) == pytest.approx(
+        7 * 0.004 * math.exp(-0.15) + 8 * 0.004 * math.exp(-0.36) * 1.36
+        + 11 * (0.01 * math.exp(-0.6) + 0.004 * math.exp(-0.6) * (0.6 + 0.18)))
+    assert schedule.joining_repaid([3], 130) and not schedule.joining_repaid([3], 135)
+
+
+def test_a_newcomer_is_priced_by_what_its_prefill_lets_the_batch_save():
+    """By hand, the batch above where four rows run off by the table but a round of K 2 at four rows is priced at a
+    decode speedup of 1.2 and 2 tokens a row (its cost in plain steps: 4 x 2 / 1.2 = 6.667), a plain step 0.3 s a
+    token. Every row caught up, the newcomer riding: 8 tokens, value 1.2; held: 7 tokens, 1.05. Until the first row
+    ends (5 tokens) the batch's 1.5 s off become 1.5 / 1.05 held and 1.5 / 1.2 with it: 0.1786 s, on top of its own
+    0.17 s: 0.3486 s repays 340 tokens, not 350. The first row's draft behind (5 tokens pending, held either way): 7
+    tokens (1.05) against 6 (0.9: off), 1.5 x (1 - 1 / 1.05) = 0.0714 s: 240 tokens, not 245. A request waiting
+    refills that row: 12 tokens, 0.4286 s + its own 0.076 s: 500, not 510. Without the plain step's price, none."""
+    options = {"rounds": {1: {None: {2: (1.5, 2.0)}}, 2: {None: {2: (1.3, 2.0)}}, 4: {None: {2: (1.2, 2.0)}}},
+               "plain": {1: {None: 0.2}, 2: {None: 0.25}, 4: {None: 0.3}}}
+    caught_up = shrinking(**options)
+    assert caught_up.enabling([3], [1, 1, 1]) == pytest.approx(1.5 * (1 / 1.05 - 1 / 1.2))
+    assert caught_up.joining_repaid([3], 340, [1, 1, 1]) and not caught_up.joining_repaid([3], 350, [1, 1, 1])
+    assert caught_up.joining_repaid([3], 240, [5, 1, 1]) and not caught_up.joining_repaid([3], 245, [5, 1, 1])
+    queued = shrinking(waiting=1, **options)
+    assert queued.joining_repaid([3], 500, [1, 1, 1]) and not queued.joining_repaid([3], 510, [1, 1, 1])
+    assert shrinking(rounds=options["rounds"]).enabling([3], [1, 1, 1]) == 0.0
 
 
 def test_a_newcomer_whose_k_is_0_now_is_prefilled_where_the_batch_shrinking_repays_it():
@@ -559,6 +595,16 @@ def test_round_prices_by_hand():
         lacking = json.loads(json.dumps(data))
         del lacking["loads"][1]["candidates"][0][missing]
         assert round_prices(lacking, "d", served=True) is None, missing
+
+
+def test_plain_prices_by_hand():
+    """recommend.json -> batch -> context -> a row's seconds a token off: off's TPOT (ms) where the load has one, else
+    the batch over off's tok/s; None where off has neither."""
+    def load(context, **figures):
+        return {"load": "conc=2", "context": context, "candidates": [chain(2, 1.2), {**off(), **figures}]}
+    data = {"loads": [load(75, tpot_mean_ms=250.0, tok_s=100.0), load(310, tok_s=5.0)]}
+    assert plain_prices(data, "d", served=True) == {2: {75: 0.25, 310: 0.4}}
+    assert plain_prices({"loads": [load(75)]}, "d", served=True) is None
 
 
 # two rows at concurrency 2: K 3 at a context of 75, off at 310 (eval.recommend's K 3 there: 1.0, 2.7 tokens a round)

@@ -185,20 +185,23 @@ def test_queue_waits_count_in_ttft(method):
 
 def test_the_drafter_hears_how_many_requests_wait_for_a_row():
     """Three requests at once, one row: as each is admitted the others still wait (2, then 1, then none), and the
-    drafter is told before each admission and each round (RecommendedSchedule prices a newcomer by it)."""
+    drafter is told before each admission and each round (RecommendedSchedule prices a newcomer by it), with the
+    rate they arrived at so far: all three by the time it reads, so at least 3 over the run's length."""
     target = tiny_model("llama", seed=1, layers=2)
     ids, mask = _repetitive([5, 9, 3], seed=0)
-    heard = []
+    heard, rates = [], []
 
     class Listening(DraftModelDrafter):
-        def queued(self, requests):
+        def queued(self, requests, rate=None):
             heard.append(requests)
-            super().queued(requests)
+            rates.append(rate)
+            super().queued(requests, rate)
 
     with torch.inference_mode():
-        generate_speculative(target, Listening(noisy_copy(target, 0.1), VOCAB, GREEDY), ids, mask,
-                             Generation(max_new_tokens=6), 3, load=Load([0.0, 0.0, 0.0], 1))
+        served = generate_speculative(target, Listening(noisy_copy(target, 0.1), VOCAB, GREEDY), ids, mask,
+                                      Generation(max_new_tokens=6), 3, load=Load([0.0, 0.0, 0.0], 1))
     assert heard and heard == sorted(heard, reverse=True) and sorted(set(heard)) == [0, 1, 2]
+    assert all(rate is not None and rate >= 3 / max(r.finish_s for r in served) for rate in rates)
 
 
 @pytest.mark.parametrize("method", ["baseline", "speculative"])
