@@ -459,11 +459,12 @@ class RecommendedSchedule(Schedule):
     more in flight (off where the table is). A static batch, a load at its concurrency cap and one whose batch has
     not grown are priced as before. A row also outlives the rows beside it that are nearer their ends: its tokens
     after each one's end are priced at one row fewer in flight (`ahead`), but for the first as many ends as requests
-    wait in the queue (`queued`: they refill those rows). So a newcomer joining a batch that runs off, beside rows near
-    their ends, is prefilled as it joins (in a forward of its own) where what it saves at the fewer rows repays it: put
-    off, its prefill would cost a round's catch-up as wide for every row in flight, and the rows already caught up
-    could not draft beside it: with `plain` (decode/methods/speculative.py plain_prices: a row's seconds a token off)
-    what that lets the batch save counts too (`enabling`)."""
+    wait in the queue, and for as many as are expected to arrive by then (`queued`: they refill those rows). So a
+    newcomer joining a batch that runs off, beside rows near their ends, is prefilled as it joins (in a forward of
+    its own) where what it saves at the fewer rows repays it: put off, its prefill would cost a round's catch-up as
+    wide for every row in flight, and the rows already caught up could not draft beside it: with `plain`
+    (decode/methods/speculative.py plain_prices: a row's seconds a token off) what that lets the batch save counts
+    too (`enabling`)."""
     name = "recommended"
     reads_context = True
     idles_rows = True
@@ -649,9 +650,10 @@ class RecommendedSchedule(Schedule):
         joiners' tokens until the first row beside them ends that no queued request refills), off a row's seconds a
         token at the batch and its longest context (`plain`), times 1 / the best round's value with the joiners held
         less 1 / that with them riding (a value under 1 runs off: 1). backlogs: the draft's pending tokens of the
-        other rows (a row with more than one is held either way). 0 without `rounds` or `plain`, or where the table
-        drafts some row (each row's own saving prices it there)."""
-        if self.rounds is None or self.plain is None or any(self.lengths()):
+        other rows (a row with more than one is held either way). 0 without `rounds` or `plain`, where the table
+        drafts some row (each row's own saving prices it there), or where no row was in flight before them (a static
+        batch, an empty batch's first rows: as the table says)."""
+        if self.rounds is None or self.plain is None or not backlogs or any(self.lengths()):
             return 0.0
         joining = set(rows)
         caps = [min(self.gamma, max(0, self.budget - (c - p))) for c, p in zip(self.contexts, self.prompts)]

@@ -316,6 +316,10 @@ def test_a_newcomer_is_priced_by_what_its_prefill_lets_the_batch_save():
     queued = shrinking(waiting=1, **options)
     assert queued.joining_repaid([3], 500, [1, 1, 1]) and not queued.joining_repaid([3], 510, [1, 1, 1])
     assert shrinking(rounds=options["rounds"]).enabling([3], [1, 1, 1]) == 0.0
+    static = RecommendedSchedule(4, {4: {None: 0}}, ({4: {None: 0.0}}, 0.001), 32, **options)
+    static.start(0)
+    static.add_rows(4, prompt_tokens=[100] * 4)  # a batch that starts together: the table's off stands
+    assert static.enabling([0, 1, 2, 3], []) == 0.0 and not static.joining_repaid([0, 1, 2, 3], 1, [])
 
 
 def test_a_newcomer_whose_k_is_0_now_is_prefilled_where_the_batch_shrinking_repays_it():
