@@ -89,8 +89,12 @@ class Queue:
         return sum(1 for arrival, _ in self.heap if arrival <= now)
 
     def rate(self, now: float) -> float | None:
-        """Requests arrived a second so far: those admitted and those waiting by `now`, over `now` (None at 0)."""
-        return (len(self.arrival) - self.left + self.waiting(now)) / now if now > 0 else None
+        """The rate requests have arrived at so far, per second: of the n that have arrived by `now` (admitted or
+        waiting), n - 1 gaps over the time from the first arrival to the last; None before two arrivals at different
+        times (a burst is no rate). What a server can know: nothing of requests not yet arrived."""
+        seen = [a for a in self.arrival if a is not None and a <= now]
+        span = max(seen) - min(seen) if seen else 0.0
+        return (len(seen) - 1) / span if len(seen) > 1 and span > 0 else None
 
     def admit(self, now: float, free: int) -> list[int]:
         """Up to `free` requests that have arrived by `now`, in admission order."""

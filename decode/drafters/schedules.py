@@ -457,7 +457,7 @@ class RecommendedSchedule(Schedule):
     batch it was priced at lasts, in rounds, as long as the rounds between growths this run has seen so far (a
     budget's worth of rounds without one assumed before the first), and after the growth the row saves at one row
     more in flight (off where the table is). A static batch, a load at its concurrency cap and one whose batch has
-    not grown are priced as before. A row also outlives the rows beside it that are nearer their ends: its tokens
+    not grown are priced without growth. A row also outlives the rows beside it that are nearer their ends: its tokens
     after each one's end are priced at one row fewer in flight (`ahead`), but for the first as many ends as requests
     wait in the queue, and for as many as are expected to arrive by then (`queued`: they refill those rows). So a
     newcomer joining a batch that runs off, beside rows near their ends, is prefilled as it joins (in a forward of
@@ -583,6 +583,20 @@ class RecommendedSchedule(Schedule):
         context, saved, done = self.contexts[row], 0.0, 0
         plain = self._plain(self.rows)
         rate = self.rate if plain is not None and self.rate else 0.0
+        # the longest context among the rows not yet ended (after i ends: others[i:]) and among those ended first
+        later = [context] * (len(others) + 1)
+        for i in range(len(others) - 1, -1, -1):
+            later[i] = max(later[i + 1], others[i][1])
+        earlier = [0] * (len(others) + 1)
+        for i, (_, other) in enumerate(others):
+            earlier[i + 1] = max(earlier[i], other)
+        priced: dict[tuple[int, int], float] = {}
+
+        def at(rows: int, longest: int) -> float:
+            if (rows, longest) not in priced:
+                priced[rows, longest] = self._saving_at(rows, context, longest)
+            return priced[rows, longest]
+
         for i in range(len(others) + 1):  # the stretch after the first i rows beside it have ended
             end = min(others[i][0], left) if i < len(others) else left
             if end <= done:
@@ -590,14 +604,14 @@ class RecommendedSchedule(Schedule):
             stretch, done = end - done, end
             short = max(0, i - self.waiting)  # rows ended that the queue does not refill
             mu = rate * others[i - 1][0] * plain if i and rate else 0.0  # requests arriving by the i-th end
-            ended, mass, expected = [c for _, c in others[:i]], 0.0, 0.0
-            for arrived in range(short):  # fewer arrivals than ends: short - arrived rows fewer
-                p = math.exp(-mu) * mu ** arrived / math.factorial(arrived)
-                fewer = short - arrived
-                flight = [context] + [c for _, c in others[i:]] + ended[:i - fewer]
-                expected += p * self._saving_at(self.rows - fewer, context, max(flight))
+            p, mass, expected = math.exp(-mu), 0.0, 0.0
+            for arrived in range(short):  # fewer arrivals than ends: short - arrived rows fewer (Poisson, stepwise)
+                if p > 1e-12:  # the first i - fewer ended rows are refilled (their contexts kept)
+                    fewer = short - arrived
+                    expected += p * at(self.rows - fewer, max(later[i], earlier[i - fewer]))
                 mass += p
-            expected += (1 - mass) * self._saving_at(self.rows, context, max([context] + [c for _, c in others]))
+                p *= mu / (arrived + 1)
+            expected += max(0.0, 1 - mass) * at(self.rows, max(later[0], earlier[len(others)]))
             saved += stretch * expected
         return saved
 
@@ -640,7 +654,7 @@ class RecommendedSchedule(Schedule):
         saved = sum(self.catch_up_saving(row) for row in rows)
         if backlogs is not None:
             saved += self.enabling(rows, backlogs)
-        return saved >= self.price * len(rows) * width
+        return saved > 0 and saved >= self.price * len(rows) * width
 
     def enabling(self, rows: list[int], backlogs: list[int]) -> float:
         """The seconds the joining `rows` let the batch save by joining the draft's cache now, where the table runs

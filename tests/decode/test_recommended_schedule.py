@@ -297,6 +297,13 @@ def test_rows_that_end_are_refilled_as_requests_arrive():
         7 * 0.004 * math.exp(-0.15) + 8 * 0.004 * math.exp(-0.36) * 1.36
         + 11 * (0.01 * math.exp(-0.6) + 0.004 * math.exp(-0.6) * (0.6 + 0.18)))
     assert schedule.joining_repaid([3], 130) and not schedule.joining_repaid([3], 135)
+    many = RecommendedSchedule(4, {1: {None: 3}, 2: {None: 2}}, ({1: {None: 0.01}, 2: {None: 0.004}}, 0.001), 512,
+                               plain={1: {None: 0.2}, 2: {None: 0.25}})
+    many.start(0)
+    many.add_rows(300, prompt_tokens=list(range(10, 310)))
+    many.update([0] * 300, list(range(300)))  # tokens left 510 down to 211
+    many.queued(0, 50.0)  # 50 a second: thousands expected by each end, every row that ends refilled
+    assert many.catch_up_saving(0) == pytest.approx(510 * 0.004)  # (no overflow at large means)
 
 
 def test_a_newcomer_is_priced_by_what_its_prefill_lets_the_batch_save():
@@ -320,6 +327,10 @@ def test_a_newcomer_is_priced_by_what_its_prefill_lets_the_batch_save():
     static.start(0)
     static.add_rows(4, prompt_tokens=[100] * 4)  # a batch that starts together: the table's off stands
     assert static.enabling([0, 1, 2, 3], []) == 0.0 and not static.joining_repaid([0, 1, 2, 3], 1, [])
+    free = RecommendedSchedule(4, {4: {None: 0}}, ({4: {None: 0.0}}, 0.0), 32)  # a free prefill saving nothing
+    free.start(0)
+    free.add_rows(4, prompt_tokens=[100] * 4)
+    assert not free.joining_repaid([0, 1, 2, 3], 100, [])
 
 
 def test_a_newcomer_whose_k_is_0_now_is_prefilled_where_the_batch_shrinking_repays_it():

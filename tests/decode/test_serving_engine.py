@@ -12,7 +12,7 @@ from decode.drafters.schedules import make_schedule
 from decode.drafters.suffix import SuffixCache, SuffixDrafter
 from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.kv import KVState
-from decode.serving import Load
+from decode.serving import Load, Queue
 from decode.tree_layout import static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from test_compiled_engine import compiled_copy
@@ -186,7 +186,8 @@ def test_queue_waits_count_in_ttft(method):
 def test_the_drafter_hears_how_many_requests_wait_for_a_row():
     """Three requests at once, one row: as each is admitted the others still wait (2, then 1, then none), and the
     drafter is told before each admission and each round (RecommendedSchedule prices a newcomer by it), with the
-    rate they arrived at so far: all three by the time it reads, so at least 3 over the run's length."""
+    rate they arrived at so far: none for a burst. The rate by hand: n - 1 gaps over the first to the last arrival
+    seen, nothing of those not yet arrived."""
     target = tiny_model("llama", seed=1, layers=2)
     ids, mask = _repetitive([5, 9, 3], seed=0)
     heard, rates = [], []
@@ -201,7 +202,11 @@ def test_the_drafter_hears_how_many_requests_wait_for_a_row():
         served = generate_speculative(target, Listening(noisy_copy(target, 0.1), VOCAB, GREEDY), ids, mask,
                                       Generation(max_new_tokens=6), 3, load=Load([0.0, 0.0, 0.0], 1))
     assert heard and heard == sorted(heard, reverse=True) and sorted(set(heard)) == [0, 1, 2]
-    assert all(rate is not None and rate >= 3 / max(r.finish_s for r in served) for rate in rates)
+    assert served and rates == [None] * len(heard)
+    queue = Queue(Load([1.0, 2.0, 4.0, 100.0], 1))
+    assert queue.rate(1.5) is None and queue.rate(5.0) == pytest.approx(2 / 3)
+    queue.admit(5.0, 1)  # admitted or waiting, an arrival counts the same
+    assert queue.rate(5.0) == pytest.approx(2 / 3) and queue.rate(100.0) == pytest.approx(3 / 99)
 
 
 @pytest.mark.parametrize("method", ["baseline", "speculative"])
