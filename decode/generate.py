@@ -477,12 +477,13 @@ class _Loop:
         self.start = clock.now()
         self.last_read = 0.0  # seconds from the start at the latest clock read: a baseline step's time runs from it
         queue, rate = self.queue, None
+        hears = self.served and self.drafter is not None and self.drafter.reads_queue
         while queue.left or self.active:
             if queue.left:
                 # a static batch: all arrive at 0, admitted at once, no clock read before the prefill
                 now = clock.now() - self.start if self.served else 0.0
                 group = queue.admit(now, self.load.concurrency - len(self.active))
-                if self.served and self.drafter is not None:  # those waiting, and arriving, refill rows that end
+                if hears:  # those waiting, and arriving, refill rows that end
                     rate = queue.rate(now)
                     self.drafter.queued(queue.waiting(now), rate)
                 if not group and not self.active:  # nobody in flight: wait for the next arrival
@@ -490,7 +491,7 @@ class _Loop:
                     continue
                 if group:
                     self._admit(group, now)
-            elif self.served and self.drafter is not None:  # every request admitted: the rate as last read
+            elif hears:  # every request admitted: the rate as last read
                 self.drafter.queued(0, rate)
             if not self.active:
                 continue

@@ -74,9 +74,14 @@ class Drafter(ABC):
         self._observed, self._observed_drafts = list(last_tokens), drafts
 
     def queued(self, requests: int, rate: float | None = None) -> None:
-        """Serving: the requests that have arrived and wait for a row, and the rate requests have arrived at so far
-        (per second), read from the queue before each admission (a schedule may price a row's future by the batch it
-        will run in: RecommendedSchedule.queued). Most ignore it."""
+        """Serving, where `reads_queue`: the requests that have arrived and wait for a row, and the rate requests have
+        arrived at so far (per second), read from the queue before each admission (a schedule may price a row's
+        future by the batch it will run in: RecommendedSchedule.queued)."""
+
+    @property
+    def reads_queue(self) -> bool:
+        """Whether `queued` is heard: the serving loop reads its queue for it only then (a scan of the requests)."""
+        return False
 
     def take_features(self, features: torch.Tensor) -> None:
         """The target's hidden states at `target_layers` [B, S, F] of its last forward, handed over right after it:

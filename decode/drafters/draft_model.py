@@ -182,9 +182,12 @@ class DraftModelDrafter(Drafter):
             lengths = whole(lengths, [len(p) for p in self.pending], caps)
         return lengths
 
+    @property
+    def reads_queue(self) -> bool:
+        return hasattr(self.schedule, "queued")
+
     def queued(self, requests: int, rate: float | None = None) -> None:
-        if self.schedule is not None and hasattr(self.schedule, "queued"):
-            self.schedule.queued(requests, rate)
+        self.schedule.queued(requests, rate)
 
     def held_rows(self, lengths: list[int]) -> list[int]:
         """The rows a drafting chain round of these lengths holds (class doc): drafting nothing, with more pending

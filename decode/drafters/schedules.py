@@ -557,8 +557,7 @@ class RecommendedSchedule(Schedule):
         requests refill (`ahead`): a newcomer beside rows near their ends drafts at the fewer rows it outlives them
         at. Where the batch grows under the load, that over the batch's life, the rest at one more row in flight
         (`lasting`; class doc). Needs prices and a budget."""
-        context = self.contexts[row]
-        left = self.budget - (context - self.prompts[row])
+        context, left = self.contexts[row], self._left(row)
         if self._alone():
             k = self.lone[self._bin(self.lone, context)][0]
         else:
@@ -571,6 +570,10 @@ class RecommendedSchedule(Schedule):
             saved = lasts * saved + (1 - lasts) * left * grown
         return saved
 
+    def _left(self, row: int) -> int:
+        """The row's tokens left: the budget less those it has (its prefill's first, then each round's accepted + 1)."""
+        return self.budget - (self.contexts[row] - self.prompts[row])
+
     def ahead(self, row: int, left: int) -> float:
         """The seconds the row saves on its `left` tokens as the batch shrinks (catch_up_saving): the rows beside it
         end in the order of their tokens left, the first `waiting` of them refilled by the queue; a later one is
@@ -578,8 +581,7 @@ class RecommendedSchedule(Schedule):
         seconds a token, `plain`; none without either), else the batch runs one row fewer. Each stretch between ends
         is priced at its expected saving a token over how many rows it has lost: at those rows in flight and the
         longest context still in flight (a refilled row's kept: its newcomer's is not known)."""
-        others = sorted((self.budget - (c - p), c) for i, (c, p) in enumerate(zip(self.contexts, self.prompts))
-                        if i != row)
+        others = sorted((self._left(i), self.contexts[i]) for i in range(self.rows) if i != row)
         context, saved, done = self.contexts[row], 0.0, 0
         plain = self._plain(self.rows)
         rate = self.rate if plain is not None and self.rate else 0.0
@@ -670,15 +672,14 @@ class RecommendedSchedule(Schedule):
         if self.rounds is None or self.plain is None or not backlogs or any(self.lengths()):
             return 0.0
         joining = set(rows)
-        caps = [min(self.gamma, max(0, self.budget - (c - p))) for c, p in zip(self.contexts, self.prompts)]
+        caps = [min(self.gamma, max(0, self._left(row))) for row in range(self.rows)]
         riding = [row in joining or b <= 1 for row, b in enumerate(backlogs + [0] * len(rows))]
         held = [ride and row not in joining for row, ride in enumerate(riding)]
         (ks, with_them), (_, without) = self._round_value(riding, caps), self._round_value(held, caps)
         if ks is None or with_them <= without:
             return 0.0
-        lefts = sorted(self.budget - (c - p) for row, (c, p) in enumerate(zip(self.contexts, self.prompts))
-                       if row not in joining)
-        stretch = max(self.budget - (self.contexts[row] - self.prompts[row]) for row in rows)
+        lefts = sorted(self._left(row) for row in range(self.rows) if row not in joining)
+        stretch = max(self._left(row) for row in rows)
         if len(lefts) > self.waiting:
             stretch = min(stretch, lefts[self.waiting])
         return max(0, stretch) * self._plain(self.rows) * (1 / without - 1 / with_them)
