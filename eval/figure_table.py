@@ -512,4 +512,12 @@ FIGURES: list[Figure] = [
                                 "speedup. A concurrency above a load point's requests is placed at the requests (no more can be in "
                                 "flight), and of several such caps the lowest stands for them",
            served_only=True),
+    Figure("versus_fixed", legend="per load point and method line but gamma and schedule: each point whose schedule is not "
+                                  "constant against the best fixed K there (the constant schedule's highest throughput speedup, "
+                                  "a choice that favours the fixed K): tput_ratio, (sum N / sum E2E) over the fixed K's over "
+                                  "the requests both served, with its 95% paired bootstrap interval over those requests "
+                                  "(tput_ratio_ci95); verdict: above or below where the interval lies wholly above or below 1, "
+                                  "tied where it holds 1, too few requests where fewer than 8 pair; output_tok_s_ratio: the "
+                                  "system tok/s over the fixed K's (a reading)",
+           served_only=True),
 ]

@@ -588,6 +588,14 @@ def serving_lines(summary: dict) -> list[str]:
                          f"{'no load' if highest is None else load_text(highest, axis)} | "
                          f"{crossing_text(c['predicted'], axis) + (' (replay)' if c.get('predicted_by') == 'replay' else ' (Leviathan)') if any(p is not None for p in c['predicted_speedup']) else '-'} | "
                          f"{crossing_text(c['tpot'], axis)} |")
+    versus = serving.get("versus_fixed") or []
+    if versus:
+        lines += ["", "Schedules against the best fixed K (the constant schedule's highest throughput speedup at the same "
+                  "load, over the same requests; legend: versus_fixed):", "",
+                  "| load | schedule | best fixed K | tput ratio [95% CI] | verdict | tok/s ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {md_cell(v['load'])} | {md_cell(v['line'])} | {md_cell(v['best_fixed_line'])} | "
+                  f"{_with_ci(v['tput_ratio'], v['tput_ratio_ci95'])} | {v['verdict']} (n={v['requests_paired']}) | "
+                  f"{_fmt(v['output_tok_s_ratio'])} |" for v in versus]
     return lines
 
 

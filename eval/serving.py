@@ -560,6 +560,49 @@ def crossovers(runs: list[dict]) -> list[dict]:
     return [strict(c) for c in out]  # math.inf (all at once) written as null: summary.json is strict JSON
 
 
+# ---- a schedule against the best fixed K ----------------------------------------------------------------------
+
+FIXED_SCHEDULE = "constant"
+
+
+def versus_fixed(runs: list[dict], by_point: dict[Point, list[dict]]) -> list[dict]:
+    """Per load point and method line but its gamma and schedule: each point whose schedule is not the constant one
+    against the constant schedule's best K there (the highest throughput speedup's point estimate, so the choice
+    favours the constant K): its (sum N / sum E2E) over that K's, over the requests both served (speedup_clusters:
+    the same requests on the same arrivals, each with all its repeats), with its 95% paired bootstrap interval; the
+    ratio of their system tok/s as a reading; and the verdict: "above" or "below" where the interval lies wholly
+    above or below 1, "tied" where it holds 1, "too few requests" where fewer than MIN_PROMPTS pair (no interval).
+    by_point: the points' timed records with their slots."""
+    measured = [r for r in runs if r["status"] in ("ok", "partial") and r.get("schedule") is not None
+                and r["metrics"].get("speedup_tput") is not None and r.get("synthetic_acceptance") is None]
+    lines: dict[tuple, list[dict]] = defaultdict(list)
+    for run in measured:
+        lines[tuple(Point.of(run).without("gamma", "schedule").items())].append(run)
+    out = []
+    for rows in lines.values():
+        fixed = [r for r in rows if r["schedule"] == FIXED_SCHEDULE]
+        if not fixed:
+            continue
+        best = max(fixed, key=lambda r: (r["metrics"]["speedup_tput"], -(r.get("gamma") or 0)))
+        for run in rows:
+            if run["schedule"] == FIXED_SCHEDULE:
+                continue
+            tput, _, paired = speedup_clusters(by_point[Point.of(run)], by_point[Point.of(best)])
+            value = ratio_of_totals(tput) if tput else None
+            interval = bootstrap_ci(tput) if tput else None
+            if value is None:
+                continue
+            verdict = "too few requests" if interval is None else \
+                "above" if interval[0] > 1 else "below" if interval[1] < 1 else "tied"
+            out.append({"load": load_label(run), "label": run["label"], "line": line_label(run),
+                        "best_fixed": best["label"], "best_fixed_line": line_label(best),
+                        "best_fixed_gamma": best.get("gamma"), "requests_paired": paired, "tput_ratio": value,
+                        "tput_ratio_ci95": interval, "verdict": verdict,
+                        "output_tok_s_ratio": ratio(run["metrics"].get("output_tok_s"),
+                                                    best["metrics"].get("output_tok_s"))})
+    return [strict(v) for v in out]
+
+
 def load_text(value, axis: str) -> str:
     """A load as the report prints it: conc 2.6, 4.0/s, all at once (a rate of None)."""
     if value is None or value == math.inf:
@@ -687,4 +730,4 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
         notes.append(f"{'; '.join(labels)}: flagged {code}: {message}")
     for reason, labels in gaps.items():
         notes.append(f"predicted speedup under load is null for {'; '.join(labels)}: {reason}")
-    return {"slo": slo, "runs": runs, "crossovers": crossovers(runs)}, notes
+    return {"slo": slo, "runs": runs, "crossovers": crossovers(runs), "versus_fixed": versus_fixed(runs, by_point)}, notes

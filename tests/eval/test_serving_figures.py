@@ -254,6 +254,42 @@ def test_the_crossover_of_a_concurrency_sweep_by_hand():
     assert found["line"] == "speculative draft=d gamma=2 constant greedy"
 
 
+def schedule_sweep(requests=8):
+    """At concurrency 8, `requests` requests of 10 tokens, all admitted at 0 (first token at 0.1): the baseline
+    finishes each at 2.0, constant K=1 at 1.6, constant K=2 at 1.0; the recommended schedule at gamma 2 at 0.5, at
+    gamma 3 the first half at 0.8 and the second at 1.2."""
+    finishes = {("baseline", None, None): [2.0] * requests, ("speculative", 1, "constant"): [1.6] * requests,
+                ("speculative", 2, "constant"): [1.0] * requests,
+                ("speculative", 2, "recommended"): [0.5] * requests,
+                ("speculative", 3, "recommended"): [0.8 if i < requests // 2 else 1.2 for i in range(requests)]}
+    rounds = [{"drafted": 2, "accepted": 2, "emitted": 3}] * 3
+    return [request(method, i, concurrency=8, first=0.1, finish=finish, tokens=10, requests=requests,
+                    **({"gamma": gamma, "schedule": schedule, "rounds": rounds} if gamma else {}))
+            for (method, gamma, schedule), ends in finishes.items() for i, finish in enumerate(ends)]
+
+
+def test_a_schedule_against_the_best_fixed_k_by_hand():
+    summary = summarize(schedule_sweep(), {})
+    versus = {v["label"].split(" conc=")[0]: v for v in summary["serving"]["versus_fixed"]}
+    assert sorted(versus) == ["speculative draft=d gamma=2 recommended", "speculative draft=d gamma=3 recommended"]
+    # the best fixed K: K=2 (speedup 2.0 / 1.0 = 2.0) over K=1 (2.0 / 1.6 = 1.25), whatever the schedule's gamma
+    assert {v["best_fixed_gamma"] for v in versus.values()} == {2}
+    at_two, at_three = versus["speculative draft=d gamma=2 recommended"], versus["speculative draft=d gamma=3 recommended"]
+    # gamma 2: (80 / 4.0) / (80 / 8.0) = 2.0, every request twice as fast: an interval of nothing else, above
+    assert at_two["tput_ratio"] == pytest.approx(2.0) and at_two["tput_ratio_ci95"] == pytest.approx([2.0, 2.0])
+    assert at_two["verdict"] == "above" and at_two["requests_paired"] == 8
+    # gamma 3: (80 / (4 x 0.8 + 4 x 1.2)) / (80 / 8.0) = 1.0; requests 1.25 and 0.83 as fast: the interval holds 1
+    assert at_three["tput_ratio"] == pytest.approx(1.0)
+    low, high = at_three["tput_ratio_ci95"]
+    assert low < 1 < high and at_three["verdict"] == "tied"
+    # the system: 80 tokens by 1.2 against 80 by 1.0
+    assert at_three["output_tok_s_ratio"] == pytest.approx(1.0 / 1.2)
+    assert "Schedules against the best fixed K" in markdown(summary, "t")
+    # four requests pair: no interval, no verdict beyond that
+    (few, _) = summarize(schedule_sweep(requests=4), {})["serving"]["versus_fixed"]
+    assert few["tput_ratio_ci95"] is None and few["verdict"] == "too few requests"
+
+
 # ---- routing and the report --------------------------------------------------------------------------------------
 
 def test_fixed_batches_are_unchanged_beside_serving_points():
