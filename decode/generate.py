@@ -221,6 +221,8 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
     emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
     running, taken = _append(records, active, emitted, generation, verified_at - start)
     recorder.record(records, active, host, taken, layout, drafts)
+    if drafts:  # what the round it proposed cost (a schedule may learn this machine's prices: Drafter.timed)
+        drafter.timed(verified_at - recorder.started)
     return token, running, host
 
 

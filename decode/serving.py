@@ -8,6 +8,7 @@ per conversation).
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ class Queue:
         self.heap = [(a, i) for i, a in enumerate(self.arrival) if a is not None]
         heapq.heapify(self.heap)
         self.left = len(self.arrival)  # requests not yet admitted
+        self.known = sorted(a for a in self.arrival if a is not None)  # every arrival known so far, in order
 
     def finished(self, request: int, at: float) -> list[int]:
         """Request `request` had its last token at `at`: its followers arrive think_s later. Returns them."""
@@ -78,6 +80,7 @@ class Queue:
         for i in followers:
             self.arrival[i] = at + self.think_s
             heapq.heappush(self.heap, (self.arrival[i], i))
+            bisect.insort(self.known, self.arrival[i])
         return followers
 
     def next_arrival(self) -> float | None:
@@ -85,16 +88,17 @@ class Queue:
         return self.heap[0][0] if self.heap else None
 
     def waiting(self, now: float) -> int:
-        """The requests that have arrived by `now` and are not admitted."""
-        return sum(1 for arrival, _ in self.heap if arrival <= now)
+        """The requests that have arrived by `now` and are not admitted: those arrived less those admitted (each
+        admitted at or after its arrival, by a clock that only runs forward). O(log n) a call."""
+        return max(0, bisect.bisect_right(self.known, now) - (len(self.arrival) - self.left))
 
     def rate(self, now: float) -> float | None:
         """The rate requests have arrived at so far, per second: of the n that have arrived by `now` (admitted or
         waiting), n - 1 gaps over the time from the first arrival to the last; None before two arrivals at different
-        times (a burst is no rate). What a server can know: nothing of requests not yet arrived."""
-        seen = [a for a in self.arrival if a is not None and a <= now]
-        span = max(seen) - min(seen) if seen else 0.0
-        return (len(seen) - 1) / span if len(seen) > 1 and span > 0 else None
+        times (a burst is no rate). What a server can know: nothing of requests not yet arrived. O(log n) a call."""
+        seen = bisect.bisect_right(self.known, now)
+        span = self.known[seen - 1] - self.known[0] if seen else 0.0
+        return (seen - 1) / span if seen > 1 and span > 0 else None
 
     def admit(self, now: float, free: int) -> list[int]:
         """Up to `free` requests that have arrived by `now`, in admission order."""

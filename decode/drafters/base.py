@@ -78,6 +78,10 @@ class Drafter(ABC):
         arrived at so far (per second), read from the queue before each admission (a schedule may price a row's
         future by the batch it will run in: RecommendedSchedule.queued)."""
 
+    def timed(self, seconds: float) -> None:
+        """The seconds the round it proposed took, from its proposal to its verdict read and commit (a schedule may
+        learn what rounds cost on this machine: RecommendedSchedule.timed)."""
+
     @property
     def reads_queue(self) -> bool:
         """Whether `queued` is heard: the serving loop reads its queue for it only then (a scan of the requests)."""

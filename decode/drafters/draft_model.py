@@ -189,6 +189,11 @@ class DraftModelDrafter(Drafter):
     def queued(self, requests: int, rate: float | None = None) -> None:
         self.schedule.queued(requests, rate)
 
+    def timed(self, seconds: float) -> None:
+        timed = getattr(self.schedule, "timed", None)
+        if timed is not None and getattr(self, "round_shape", None) is not None:
+            timed(seconds, *self.round_shape)
+
     def held_rows(self, lengths: list[int]) -> list[int]:
         """The rows a drafting chain round of these lengths holds (class doc): drafting nothing, with more pending
         tokens than any drafting row has."""
@@ -213,11 +218,13 @@ class DraftModelDrafter(Drafter):
         return host_to_device(ids, self.device), mask
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
+        self.round_shape = None  # (rows, width, tokens fed a row) of a chain round, for `timed`
         if self.off:
             self.last_proposal = last_tokens.new_zeros(last_tokens.shape[0], 0)  # [B, 0]: nothing queued either
             return Proposal(self.last_proposal, None, torch.zeros_like(last_tokens))
         lengths = self._lengths(max_tokens, row_limits)  # each row's schedule, clipped to its budget
         num_tokens = max(lengths, default=0)
+        self.round_shape = (len(lengths), 0, 0)
         shape = None
         if self.tree is not None and num_tokens > 0:
             shape = self.tree.shape_for_round(num_tokens)  # None: no drafting this round (auto)
@@ -239,6 +246,7 @@ class DraftModelDrafter(Drafter):
         self.pending = [p if row in held else [] for row, p in enumerate(self.pending)]
         if self.state is None:  # a deferred prefill (defer): the catch-up fills an empty cache
             self.state = new_state(self.model)
+        self.round_shape = None if shape is not None else (len(lengths), num_tokens, input_ids.shape[1])
         if shape is not None:
             root_logits = self._to_target_vocab(self.state.forward(self.model, input_ids, input_mask,
                                                                    last_only=True)[:, -1])

@@ -13,6 +13,8 @@ confidence, from the draft's own state before the next position, never from the 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 import torch
 
@@ -412,6 +414,10 @@ class CostModelSchedule(Schedule):
         self.since_probe += [0] * rows
 
 
+TIMED_MIN = 3  # rounds of one width at one batch size measured before their seconds correct its price
+TIMED_KEEP = 16  # the latest rounds of each kept (their median: a round slowed by the machine weighs little)
+
+
 class RecommendedSchedule(Schedule):
     """Each round, per row, the K that `python -m eval.recommend` predicted best (docs/recommend.md) at the batch in
     flight and the row's context length, from its table K(batch, context) (decode/methods/speculative.py
@@ -464,7 +470,14 @@ class RecommendedSchedule(Schedule):
     its own) where what it saves at the fewer rows repays it: put off, its prefill would cost a round's catch-up as
     wide for every row in flight, and the rows already caught up could not draft beside it: with `plain`
     (decode/methods/speculative.py plain_prices: a row's seconds a token off) what that lets the batch save counts
-    too (`enabling`)."""
+    too (`enabling`).
+
+    A round's price is the profile's, of another sitting of the machine. With `plain` and `rounds` the schedule
+    also times its own rounds (`timed`: the seconds from proposal to verdict, a catch-up's feed left out) against
+    what the prices say of them, per batch in flight and width (K, 0 for a plain step): once TIMED_MIN rounds of a
+    K and of plain steps are timed at the batch in flight, the K's cost in plain steps is scaled by the median
+    measured / priced of its rounds over that of the plain steps (`_timing`). So a K the machine runs slower than
+    profiled, against its own plain steps, stops being chosen where the prices alone would choose it."""
     name = "recommended"
     reads_context = True
     idles_rows = True
@@ -492,6 +505,7 @@ class RecommendedSchedule(Schedule):
         self.open_rounds, self.growths, self.last_round_rows, self.grown = 0, 0, None, False
         self.waiting, self.rate = 0, None  # the queue (`queued`): requests waiting, and arriving a second
         self.plain = plain  # a row's seconds a token off, by batch and context (what a round drafting saves: enabling)
+        self.timings: dict[tuple[int, int], deque] = {}  # (rows, width) -> measured / priced seconds of its rounds
 
     def start(self, rows):
         super().start(rows)
@@ -701,10 +715,37 @@ class RecommendedSchedule(Schedule):
             if k not in longest or any(r and r not in p for p, r in zip(at, lengths)):
                 return None, value
             tokens = sum(p[r][1] if r else 1.0 for p, r in zip(at, lengths))
-            cost = len(lengths) * longest[k][1] / longest[k][0]
+            cost = len(lengths) * longest[k][1] / longest[k][0] * self._timing(k)
             if tokens / cost > value:
                 best, value = lengths, tokens / cost
         return best, value
+
+    def timed(self, seconds: float, rows: int, width: int, fed: int) -> None:
+        """A chain round of `rows` rows drafting up to `width` (0: a plain step) that fed `fed` tokens a row (its
+        catch-up: the last token, and the last draft of a full accept) took `seconds`: kept as measured / priced
+        (a plain step: off's seconds a token at the batch and its longest context, `plain`; a K: that times its
+        cost in plain steps, `rounds`' tokens per round / decode speedup at the longest context) for `_timing`. A
+        round that fed a backlog (more than 2 a row) is its catch-up's, not the K's: left out. Kept across the
+        drafter's resets (the machine is the same)."""
+        if self.plain is None or self.rounds is None or fed > 2 or rows != self.rows or seconds <= 0:
+            return
+        predicted = self._plain(rows)
+        if width:
+            prices = self.by_context(self.rounds)
+            longest = prices[self._bin(prices, max(self.contexts))]
+            if width not in longest:
+                return
+            predicted *= longest[width][1] / longest[width][0]
+        if predicted and predicted > 0:
+            self.timings.setdefault((rows, width), deque(maxlen=TIMED_KEEP)).append(seconds / predicted)
+
+    def _timing(self, k: int) -> float:
+        """The scale of a K round's cost in plain steps at the batch in flight (`timed`): the median measured / priced
+        of its rounds over that of the plain steps, each of at least TIMED_MIN rounds; 1 until both are."""
+        drafting, off = self.timings.get((self.rows, k)), self.timings.get((self.rows, 0))
+        if not drafting or not off or len(drafting) < TIMED_MIN or len(off) < TIMED_MIN:
+            return 1.0
+        return statistics.median(drafting) / statistics.median(off)
 
     def _tokens_per_round(self, context: int, k: int) -> float:
         """The tokens a row at this context commits per round at K (`rounds`' prices at the batch in flight); 1 where

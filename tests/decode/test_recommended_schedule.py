@@ -789,3 +789,31 @@ def test_the_measuring_config_parses(tmp_path):
                              f"speculative.recommendation={tmp_path / 'recommend.json'}"])
     assert loaded.speculative.schedule == ["constant", "recommended"] and loaded.speculative.gamma == [1, 2, 3, 4]
     assert loaded.load.request_rate == [0.05, 0.5] and loaded.load.concurrency == [4]
+
+
+def test_a_round_timed_slower_than_priced_stops_being_chosen():
+    """By hand: four rows at one context that the table runs off, their drafts caught up; K 2 priced at a decode
+    speedup of 1.2 and 2.4 tokens a round (2.0 plain steps a round: a value of 1.2, so they draft on), a plain step
+    at 0.2 s. Timed: plain steps at 0.2 s (measured / priced 1.0) and K 2 rounds at 0.6 s against 0.2 x 2.0 = 0.4
+    priced (1.5). From the third of each, K 2 costs 2.0 x 1.5 = 3.0 plain steps, a value of 0.8: off."""
+    schedule = RecommendedSchedule(2, {4: {None: 0}}, rounds={4: {None: {2: (1.2, 2.4)}}}, plain={4: {None: 0.2}})
+    schedule.start(0)
+    schedule.add_rows(4, prompt_tokens=[99] * 4)
+    caught_up = ([0] * 4, [1] * 4, [2] * 4)  # the table's K, each row's backlog, each row's cap
+    assert schedule.round_lengths(*caught_up) == [2] * 4
+    for _ in range(3):
+        schedule.timed(0.2, 4, 0, 1)
+    schedule.timed(0.6, 4, 2, 1)
+    schedule.timed(0.6, 4, 2, 2)
+    schedule.timed(9.0, 4, 2, 300)  # a round that fed a backlog: its catch-up's seconds, left out
+    schedule.timed(9.0, 3, 2, 1)  # a round of another batch size: not this one's
+    assert schedule._timing(2) == 1.0 and schedule.round_lengths(*caught_up) == [2] * 4  # two K 2 rounds: as priced
+    schedule.timed(0.6, 4, 2, 1)
+    assert schedule._timing(2) == pytest.approx(1.5) and schedule.round_lengths(*caught_up) == [0] * 4
+    # rounds timed as priced against plain steps that ran slow too (a slower sitting of the machine): K 2 again
+    slower = RecommendedSchedule(2, {4: {None: 0}}, rounds={4: {None: {2: (1.2, 2.4)}}}, plain={4: {None: 0.2}})
+    slower.start(0)
+    slower.add_rows(4, prompt_tokens=[99] * 4)
+    for seconds, width in ((0.3, 0), (0.3, 0), (0.9, 0), (0.6, 2), (0.6, 2), (0.6, 2)):
+        slower.timed(seconds, 4, width, 1)
+    assert slower._timing(2) == pytest.approx(1.0) and slower.round_lengths(*caught_up) == [2] * 4

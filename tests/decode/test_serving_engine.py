@@ -213,6 +213,35 @@ def test_the_drafter_hears_how_many_requests_wait_for_a_row():
     assert queue.rate(1.5) is None and queue.rate(5.0) == pytest.approx(2 / 3)
     queue.admit(5.0, 1)  # admitted or waiting, an arrival counts the same
     assert queue.rate(5.0) == pytest.approx(2 / 3) and queue.rate(100.0) == pytest.approx(3 / 99)
+    assert queue.waiting(5.0) == 2 and queue.waiting(100.0) == 3  # 1.0 admitted; 2.0 and 4.0 wait, then 100.0
+    # a follower arrives when its turn before it ends: request 1 follows request 0 by 0.5 s of thinking
+    queue = Queue(Load([0.0, 0.0, 3.0], 1, follows=[None, 0, None], think_s=0.5))
+    assert queue.waiting(1.0) == 1 and queue.admit(1.0, 1) == [0] and queue.waiting(1.0) == 0
+    assert queue.finished(0, 2.0) == [1]  # arrives at 2.5
+    assert [queue.waiting(t) for t in (2.4, 2.6, 3.0)] == [0, 1, 2]
+    assert queue.rate(3.0) == pytest.approx(2 / 3)  # arrivals 0.0, 2.5, 3.0: two gaps over 3 s
+
+
+def test_the_schedule_times_each_round_it_proposed():
+    """The engine tells a drafter what each round it proposed took (Drafter.timed), and the draft model's drafter its
+    schedule: the rows, the round's width (the most a row drafted, 0 for a plain step) and the tokens it fed a row,
+    each round a positive time."""
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([5, 9], seed=0)
+    told = []
+
+    class Timing(RecommendedSchedule):
+        def timed(self, seconds, rows, width, fed):
+            told.append((seconds, rows, width, fed))
+
+    schedule = Timing(3, {1: {None: 3}})
+    drafter = DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, GREEDY, schedule=schedule)
+    with torch.inference_mode():
+        records = generate_speculative(target, drafter, ids, mask, Generation(max_new_tokens=6), 3)
+    rounds = max(len(r.rounds) for r in records)
+    assert told and all(seconds > 0 and rows in (1, 2) and 0 <= width <= 3 and 0 <= fed <= 4
+                        for seconds, rows, width, fed in told)
+    assert any(width == 3 for _, _, width, _ in told) and len(told) <= rounds
 
 
 @pytest.mark.parametrize("method", ["baseline", "speculative"])
