@@ -517,7 +517,8 @@ FIGURES: list[Figure] = [
                                   "a choice that favours the fixed K): tput_ratio, (sum N / sum E2E) over the fixed K's over "
                                   "the requests both served, with its 95% paired bootstrap interval over those requests "
                                   "(tput_ratio_ci95); verdict: above or below where the interval lies wholly above or below 1, "
-                                  "tied where it holds 1, too few requests where fewer than 8 pair; output_tok_s_ratio: the "
+                                  "tied where it holds 1, too few requests where fewer than 8 pair (a conversation's "
+                                  "turns count once); output_tok_s_ratio: the "
                                   "system tok/s over the fixed K's (a reading)",
            served_only=True),
 ]

@@ -414,7 +414,8 @@ class CostModelSchedule(Schedule):
         self.since_probe += [0] * rows
 
 
-TIMED_MIN = 3  # rounds of one width at one batch size measured before their seconds correct its price
+TIMED_MIN = 3  # rounds of one width at one batch size measured before their seconds correct its price (after the
+#   first of each, left out: a shape's first run pays one-time costs, kernel choice and allocator growth)
 TIMED_KEEP = 16  # the latest rounds of each kept (their median: a round slowed by the machine weighs little)
 
 
@@ -506,6 +507,7 @@ class RecommendedSchedule(Schedule):
         self.waiting, self.rate = 0, None  # the queue (`queued`): requests waiting, and arriving a second
         self.plain = plain  # a row's seconds a token off, by batch and context (what a round drafting saves: enabling)
         self.timings: dict[tuple[int, int], deque] = {}  # (rows, width) -> measured / priced seconds of its rounds
+        self.proposed_longest = None  # the longest context in flight when the last round was proposed (`timed`)
 
     def start(self, rows):
         super().start(rows)
@@ -556,6 +558,7 @@ class RecommendedSchedule(Schedule):
         return self.lone is not None and self.rows == 1
 
     def lengths(self):
+        self.proposed_longest = max(self.contexts, default=None)
         if self._alone():
             return [min(self.gamma, self.lone[self._bin(self.lone, self.contexts[0])][0])]
         ks = self.by_context()
@@ -725,19 +728,24 @@ class RecommendedSchedule(Schedule):
         catch-up: the last token, and the last draft of a full accept) took `seconds`: kept as measured / priced
         (a plain step: off's seconds a token at the batch and its longest context, `plain`; a K: that times its
         cost in plain steps, `rounds`' tokens per round / decode speedup at the longest context) for `_timing`. A
-        round that fed a backlog (more than 2 a row) is its catch-up's, not the K's: left out. Kept across the
-        drafter's resets (the machine is the same)."""
+        round that fed a backlog (more than 2 a row) is its catch-up's, not the K's, and the first round of each
+        batch size and width pays its one-time costs: both left out. Priced at the longest context when the round
+        was proposed (`lengths`). Kept across the drafter's resets (the machine is the same)."""
         if self.plain is None or self.rounds is None or fed > 2 or rows != self.rows or seconds <= 0:
             return
-        predicted = self._plain(rows)
+        longest = self.proposed_longest or max(self.contexts)  # the contexts the round ran at, before its tokens
+        plain = self.by_context(self.plain, rows)
+        predicted = plain[self._bin(plain, longest)]
         if width:
             prices = self.by_context(self.rounds)
-            longest = prices[self._bin(prices, max(self.contexts))]
-            if width not in longest:
+            at = prices[self._bin(prices, longest)]
+            if width not in at:
                 return
-            predicted *= longest[width][1] / longest[width][0]
-        if predicted and predicted > 0:
-            self.timings.setdefault((rows, width), deque(maxlen=TIMED_KEEP)).append(seconds / predicted)
+            predicted *= at[width][1] / at[width][0]
+        if (rows, width) not in self.timings:  # the shape's first round: its one-time costs, left out
+            self.timings[rows, width] = deque(maxlen=TIMED_KEEP)
+        elif predicted and predicted > 0:
+            self.timings[rows, width].append(seconds / predicted)
 
     def _timing(self, k: int) -> float:
         """The scale of a K round's cost in plain steps at the batch in flight (`timed`): the median measured / priced

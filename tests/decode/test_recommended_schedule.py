@@ -795,12 +795,15 @@ def test_a_round_timed_slower_than_priced_stops_being_chosen():
     """By hand: four rows at one context that the table runs off, their drafts caught up; K 2 priced at a decode
     speedup of 1.2 and 2.4 tokens a round (2.0 plain steps a round: a value of 1.2, so they draft on), a plain step
     at 0.2 s. Timed: plain steps at 0.2 s (measured / priced 1.0) and K 2 rounds at 0.6 s against 0.2 x 2.0 = 0.4
-    priced (1.5). From the third of each, K 2 costs 2.0 x 1.5 = 3.0 plain steps, a value of 0.8: off."""
+    priced (1.5). From the third of each (after the first, left out), K 2 costs 2.0 x 1.5 = 3.0 plain steps, a
+    value of 0.8: off."""
     schedule = RecommendedSchedule(2, {4: {None: 0}}, rounds={4: {None: {2: (1.2, 2.4)}}}, plain={4: {None: 0.2}})
     schedule.start(0)
     schedule.add_rows(4, prompt_tokens=[99] * 4)
     caught_up = ([0] * 4, [1] * 4, [2] * 4)  # the table's K, each row's backlog, each row's cap
     assert schedule.round_lengths(*caught_up) == [2] * 4
+    schedule.timed(5.0, 4, 0, 1)  # the first round of each shape: its one-time costs, left out
+    schedule.timed(5.0, 4, 2, 1)
     for _ in range(3):
         schedule.timed(0.2, 4, 0, 1)
     schedule.timed(0.6, 4, 2, 1)
@@ -814,6 +817,6 @@ def test_a_round_timed_slower_than_priced_stops_being_chosen():
     slower = RecommendedSchedule(2, {4: {None: 0}}, rounds={4: {None: {2: (1.2, 2.4)}}}, plain={4: {None: 0.2}})
     slower.start(0)
     slower.add_rows(4, prompt_tokens=[99] * 4)
-    for seconds, width in ((0.3, 0), (0.3, 0), (0.9, 0), (0.6, 2), (0.6, 2), (0.6, 2)):
+    for seconds, width in ((9.0, 0), (0.3, 0), (0.3, 0), (0.9, 0), (9.0, 2), (0.6, 2), (0.6, 2), (0.6, 2)):
         slower.timed(seconds, 4, width, 1)
     assert slower._timing(2) == pytest.approx(1.0) and slower.round_lengths(*caught_up) == [2] * 4
