@@ -634,12 +634,13 @@ class RecommendedSchedule(Schedule):
             saved += stretch * expected
         return saved
 
-    def _plain(self, rows: int) -> float | None:
-        """A row's seconds a token off at `rows` in flight and the batch's longest context (`plain`); None without."""
+    def _plain(self, rows: int, longest: int | None = None) -> float | None:
+        """A row's seconds a token off at `rows` in flight and the batch's longest context (or `longest`: `plain`);
+        None without."""
         if self.plain is None:
             return None
         plain = self.by_context(self.plain, rows)
-        return plain[self._bin(plain, max(self.contexts))]
+        return plain[self._bin(plain, max(self.contexts) if longest is None else longest)]
 
     def _saving_at(self, rows: int, context: int, longest: int) -> float:
         """A row's saving a token at `rows` in flight: alone, `lone`'s where given; else _saving at the table's row
@@ -734,8 +735,7 @@ class RecommendedSchedule(Schedule):
         if self.plain is None or self.rounds is None or fed > 2 or rows != self.rows or seconds <= 0:
             return
         longest = self.proposed_longest or max(self.contexts)  # the contexts the round ran at, before its tokens
-        plain = self.by_context(self.plain, rows)
-        predicted = plain[self._bin(plain, longest)]
+        predicted = self._plain(rows, longest)
         if width:
             prices = self.by_context(self.rounds)
             at = prices[self._bin(prices, longest)]
@@ -744,7 +744,7 @@ class RecommendedSchedule(Schedule):
             predicted *= at[width][1] / at[width][0]
         if (rows, width) not in self.timings:  # the shape's first round: its one-time costs, left out
             self.timings[rows, width] = deque(maxlen=TIMED_KEEP)
-        elif predicted and predicted > 0:
+        elif predicted > 0:
             self.timings[rows, width].append(seconds / predicted)
 
     def _timing(self, k: int) -> float:
