@@ -61,14 +61,20 @@ def parse(data, where: str = "the acceptance file") -> tuple[list[float], str]:
     readable = [(name, form) for name, form in forms() if form.key is not None]
     if not isinstance(data, dict):
         raise AcceptanceError(f"{where} is not a JSON object: give {json_forms()} (docs/recommend.md)")
-    found = next(((name, form) for name, form in readable if form.key in data), None)
-    if found is None:
-        keys = " nor ".join(f"{form.key} ({dict((t.name, t.title) for t in with_acceptance())[name]})"
-                            for name, form in readable)
+    titles = {t.name: t.title for t in with_acceptance()}
+    found = [(name, form) for name, form in readable if form.key in data]
+    if not found:
+        keys = " nor ".join(f"{form.key} ({titles[name]})" for name, form in readable)
         raise AcceptanceError(f"{where} has neither {keys}: give one of them (docs/recommend.md)")
-    name, form = found
+    if len(found) > 1:  # which of them would be read is no choice to make silently
+        keys = " and ".join(f"{form.key} ({titles[name]})" for name, form in found)
+        raise AcceptanceError(f"{where} has both {keys}: keep one form a file")
+    name, form = found[0]
     rates = form.parse(data, where)
     k = data.get("num_speculative_tokens")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise AcceptanceError(f"{where}: num_speculative_tokens is {json.dumps(k)}, not a count; write the number of "
+                              f"draft positions ({len(rates)} here) or leave it out")
     if k is not None and k != len(rates):
         raise AcceptanceError(f"{where}: num_speculative_tokens is {k!r} but it has {len(rates)} rates; one rate per "
                               "draft position")
@@ -85,6 +91,9 @@ def read(path: Path) -> tuple[list[float], str]:
     except (OSError, UnicodeDecodeError) as error:
         raise AcceptanceError(f"{path} cannot be read ({error}); give "
                               f"{_named([form.describe for _, form in forms()])}") from None
+    if text.lstrip().startswith("["):  # JSON, but none of the forms: not a text form's flags
+        raise AcceptanceError(f"{path} is a JSON list; give {json_forms()} (a JSON object), or llama.cpp's rates as "
+                              "text (r_1,...,r_K)")
     if not text.lstrip().startswith("{"):
         name, form = next((name, form) for name, form in forms() if form.key is None)
         return form.parse(text, str(path)), name

@@ -4,7 +4,7 @@ any reference at hand; assumed here: {"num_speculative_tokens": K, "acceptance_r
 Read back as written."""
 from __future__ import annotations
 
-from eval.targets.base import AcceptanceForm, Target, rates_in
+from eval.targets.base import AcceptanceError, AcceptanceForm, Target, rates_in
 
 KEY = "acceptance_rates"
 
@@ -15,10 +15,18 @@ def export(rates: list[float]) -> dict:
             "acceptance_length": round(1 + sum(rates), 6)}
 
 
+LENGTH_TOLERANCE = 1e-3  # an acceptance_length written from the rates at 6 decimals agrees with them to this
+
+
 def parse(data: dict, where: str) -> list[float]:
     rates: list[float] = []
     for c in rates_in(data[KEY], KEY, where):
         rates.append(c * (rates[-1] if rates else 1.0))
+    length = data.get("acceptance_length")
+    if length is not None and not (isinstance(length, (int, float)) and not isinstance(length, bool)
+                                   and abs(length - (1 + sum(rates))) <= LENGTH_TOLERANCE):
+        raise AcceptanceError(f"{where}: acceptance_length is {length!r} but its {KEY} give {1 + sum(rates):.6g} "
+                              "(1 + the sum of the unconditional rates); mend one, or leave acceptance_length out")
     return rates
 
 

@@ -44,6 +44,10 @@ def export(rates: list[float]) -> dict:
 
 
 def parse(data: dict, where: str) -> list[float]:
+    method = data.get("rejection_sample_method")
+    if method is not None and method != "synthetic":  # vLLM reads the rates only in its synthetic mode
+        raise AcceptanceError(f"{where}: rejection_sample_method is {json.dumps(method)} beside {KEY}; vLLM takes the "
+                              "rates only with \"synthetic\": write that or leave it out")
     rates = rates_in(data[KEY], KEY, where)
     if rises(rates):
         raise AcceptanceError(f"{where}: {KEY} rise ({rates}); vLLM's are unconditional, each at most the one before")
