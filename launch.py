@@ -27,6 +27,21 @@ def saved_records(folder: Path | None) -> int:
         return 0
 
 
+def write_error_log(text: str, folder: Path | None) -> Path | None:
+    """The traceback of an internal error, in the run's report folder (a --resume folder too, where the error came
+    before the run reopened it), in the working directory only where no report folder exists yet, or where the
+    folder cannot be written: the absolute path it went to, None where neither could be written."""
+    places = [folder] if folder is not None and folder.is_dir() else []
+    for place in places + [Path.cwd()]:
+        log = (place / "error.log").absolute()
+        try:
+            log.write_text(text)
+        except OSError:
+            continue
+        return log
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM is Ctrl-C from the start (the imports below take seconds): never a silent death with 143
     from utils import raise_interrupt
@@ -99,10 +114,10 @@ def _main(argv: list[str] | None) -> int:
     except Exception as error:  # a bug, not bad input: one line here, the traceback in a file
         import traceback
 
-        log = (out_dir if out_dir and out_dir.is_dir() else Path.cwd()) / "error.log"
-        log.write_text(traceback.format_exc())
+        log = write_error_log(traceback.format_exc(), out_dir or (Path(args.resume) if args.resume else None))
+        where = f"traceback in {log}" if log else "no error.log could be written"
         print(f"internal error: {type(error).__name__}: {' '.join(str(error).split())[:300]} "
-              f"(traceback in {log}; please report it)", file=sys.stderr)
+              f"({where}; please report it)", file=sys.stderr)
         return 1
     print(out_dir)
     return code
