@@ -15,7 +15,9 @@ run's rounds.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import random
 import re
 import sys
@@ -31,7 +33,7 @@ from eval.predict import against_own_probes, differences, draft_label, run_profi
 from eval.records import Point
 from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, profile_resamples,
                          replay_load, replay_static, static_prediction)
-from eval.serving import load_prediction, replayed_figures
+from eval.serving import by_repeat, load_prediction, replayed_figures
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, misses
 from eval.totals import clusters_of, units
 from utils import UserError, positive_ints
@@ -590,6 +592,79 @@ def imported_samples(rates: list[float], profile: Profile, prompt_tokens: int, n
     return out
 
 
+# ---- the command's checks of its inputs ----------------------------------------------------------------------------
+
+def unnamed_target(meta: dict, costs: Path, run_target: str | None) -> list[str]:
+    """A --costs profile that names no target: nothing to check it against, said."""
+    if meta.get("target_model"):
+        return []
+    against = f"not checked against the run's target ({run_target})" if run_target else "its target is unknown"
+    return [f"{costs} names no target_model: {against}; the figures price whatever model it timed"]
+
+
+ROUND_KEYS = ("drafted", "accepted", "emitted")
+
+
+def check_records(samples: list[dict], path: Path) -> None:
+    """Records launch.py wrote: at least one, each field this reads of the type it reads (UserError naming the first
+    record that is not, by its line among the records)."""
+    if not samples:
+        raise UserError(f"{path} holds no record (a torn last line is skipped): give the report folder of a run that "
+                        "measured a batch")
+    def wrong(s: dict) -> str | None:
+        if not isinstance(s.get("method"), (str, type(None))):
+            return "method"
+        for key in ("prompt_tokens", "new_tokens", "batch_size", "concurrency", "gamma"):
+            value = s.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                return key
+        rounds = s.get("rounds")
+        if rounds is not None and not (isinstance(rounds, list) and all(
+                isinstance(r, dict) and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool)
+                                            and r[k] >= 0 for k in ROUND_KEYS) for r in rounds)):
+            return "rounds"
+        return None
+    for number, s in enumerate(samples, 1):
+        key = wrong(s)
+        if key is not None:
+            raise UserError(f"{path}: record {number} has {key} {json.dumps(s.get(key))[:60]}, not what launch.py "
+                            "writes; mend or delete that line")
+
+
+def incomplete(progress: dict, samples: list[dict]) -> str | None:
+    """Why the run's records are less than it planned (progress.json: a status other than finished, a point with
+    fewer batches, or a load point fewer repeats, than planned); None where it finished."""
+    status = progress.get("status")
+    rows: dict[str, list[dict]] = defaultdict(list)
+    for s in samples:
+        if s.get("method") in REGISTRY:
+            rows[Point.of(s).label].append(s)
+    short = []
+    for label, planned in (progress.get("planned") or {}).items():
+        mine = rows.get(label, [])
+        done = len(by_repeat(mine)) if any(s.get("concurrency") is not None for s in mine) else len(units(mine))
+        if isinstance(planned, int) and done < planned:
+            short.append(f"{label}: {done} of {planned}")
+    if status in (None, "finished", "finished with failures") and not short:
+        return None
+    return (f"the run is incomplete (status {status or 'unknown'}"
+            + (f"; {len(short)} point(s) short of their plan, e.g. {short[0]}" if short else "") + "): the "
+            "recommendation reads part of what was planned and may change once it finishes (python launch.py "
+            "--resume RUN_DIR)")
+
+
+def not_writable(out: Path) -> str | None:
+    """Why `out` cannot be written (its folder missing or read-only, a folder in its place); None where it can."""
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        return "a folder"
+    if not folder.is_dir():
+        return f"no folder {folder}"
+    if not os.access(out if out.exists() else folder, os.W_OK):
+        return "not writable"
+    return None
+
+
 # ---- the command --------------------------------------------------------------------------------------------------
 
 def _fmt(x, f="{:.2f}") -> str:
@@ -689,7 +764,8 @@ def positive_floats(text: str) -> list[float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers such as 1.5,3") from None
     if not all(math.isfinite(x) and x > 0 for x in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: every rate is a number above 0")
+        raise argparse.ArgumentTypeError(f"{text!r}: every rate is a finite number of requests a second above 0, "
+                                         "e.g. 2.0")
     return values
 
 
@@ -717,7 +793,12 @@ def main(argv: list[str] | None = None) -> int:
     loads = ([("batch", b) for b in args.batch or []] + [("concurrency", c) for c in args.concurrency or []]
              + [("rate", r) for r in args.rate or []])
     said_first: list[str] = []
+    warnings: list[str] = []
     try:
+        if args.acceptance is not None and args.run_dir is not None:
+            # the acceptance replaces the run's rounds: RUN_DIR would be read for nothing, its target unchecked
+            raise UserError(f"{args.run_dir} and --acceptance {args.acceptance}: give one (RUN_DIR predicts from the "
+                            "run's rounds, --acceptance FILE --costs PROFILE.json from the file's rates)")
         if args.acceptance is not None:
             if args.costs is None:
                 raise UserError("--acceptance needs --costs PROFILE.json: the acceptance says how many tokens a round "
@@ -728,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError("--rate needs a run's measured arrivals: with --acceptance give --batch or --concurrency")
             rates, _ = acceptance_io.read(args.acceptance)
             profile = Profile.load(args.costs)
+            said_first += unnamed_target(profile.meta, args.costs, None)
             loads = loads or [("batch", 1)]
             samples = imported_samples(rates, profile, args.prompt_tokens, args.new_tokens, loads)
             config, folder = {}, None
@@ -741,8 +823,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.costs:
                 run_meta = run_costs({}, read_env(folder), config).meta
                 check_target(profile.meta, run_meta, args.costs)
+                said_first += unnamed_target(profile.meta, args.costs, run_meta.get("target_model"))
                 said_first += differences(profile.meta, run_meta) + against_own_probes(profile, folder, progress)
             samples = read_jsonl(folder / "samples.jsonl")
+            check_records(samples, folder / "samples.jsonl")
+            warnings = [w for w in [incomplete(progress, samples)] if w]
             loads = loads or default_loads(samples)
             check_loads(samples, loads)
         if not profile.steps:
@@ -760,6 +845,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     emitted = settings_of(results, config)
     out = args.out or (folder / "recommend.json" if folder is not None else Path("recommend.json"))
+    unwritable = not_writable(out)
+    if unwritable:  # said before RUN_DIR/acceptance/ is written, not after
+        print(f"error: cannot write {out} ({unwritable}); give a writable --out FILE", file=sys.stderr)
+        return 2
     try:
         acceptance = exported(samples, folder) if folder is not None else {}
     except OSError as error:
@@ -767,11 +856,11 @@ def main(argv: list[str] | None = None) -> int:
               "writable", file=sys.stderr)
         return 2
     said = list(dict.fromkeys(notes + [n for r in results for n in r["notes"]]))
-    print("\n".join([table(results)] + (["", "by category:", category_table(categories)] if categories else [])
+    print("\n".join([f"warning: {w}" for w in warnings] + [table(results)] + (["", "by category:", category_table(categories)] if categories else [])
                     + ["", "settings, ready to paste:", *deploy.lines(emitted)]
                     + ([""] + [f"- {n}" for n in said] if said else [])))
     return written(out, {"costs": str(args.costs) if args.costs else "the run's probes",
-                         "acceptance": str(args.acceptance) if args.acceptance else None,
+                         "acceptance": str(args.acceptance) if args.acceptance else None, "warnings": warnings,
                          "profile_meta": profile.meta, "loads": results, "settings": emitted,
                          "draft_prefill": draft_prefill_lines(profile),
                          "exported_acceptance": acceptance, "notes": notes,

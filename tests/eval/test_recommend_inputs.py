@@ -39,3 +39,70 @@ def test_an_acceptance_length_that_agrees_is_read():
     from eval import acceptance_io
     assert acceptance_io.parse({"acceptance_rates": [0.8, 0.5], "acceptance_length": 2.2,
                                 "num_speculative_tokens": 2}) == ([0.8, 0.4], "specdec_bench")
+
+
+# ---- the command's inputs (items 15, 17) ------------------------------------------------------------------------------
+
+def test_a_run_dir_beside_an_acceptance_file_is_refused(tmp_path, capsys):
+    # before: RUN_DIR was ignored, and with it the check of the profile's target against the run's
+    run_dir = folder(tmp_path / "run", run())
+    (tmp_path / "a.json").write_text(json.dumps({"synthetic_acceptance_rates": [0.5]}))
+    one_line(rec.main([str(run_dir), "--acceptance", str(tmp_path / "a.json"), "--costs", str(run_dir / "costs.json")]),
+             capsys, "and --acceptance " + str(tmp_path / "a.json") + ": give one")
+
+
+def test_an_infinite_rate_is_named_as_such(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        rec.main(["x", "--rate", "inf"])
+    assert exit_.value.code == 2
+    one_line(2, capsys, "'inf': every rate is a finite number of requests a second above 0")
+
+
+@pytest.mark.parametrize("lines, fragment", [
+    (["garbage"], "holds no record (a torn last line is skipped)"),  # before: "--batch needs static points"
+    (['{"method": "speculative", "gamma": 2, "rounds": "x"}'], 'record 1 has rounds "x", not what launch.py writes'),
+    (['{"method": "baseline", "prompt_tokens": "ten"}'], 'record 1 has prompt_tokens "ten"'),
+])
+def test_records_that_are_not_a_runs_are_one_line(tmp_path, capsys, lines, fragment):
+    run_dir = folder(tmp_path / "run", run())
+    good = (run_dir / "samples.jsonl").read_text()
+    (run_dir / "samples.jsonl").write_text("\n".join(lines) + "\n" + (good if len(lines[0]) > 10 else ""))
+    one_line(rec.main([str(run_dir), "--batch", "1"]), capsys, fragment)
+
+
+def test_a_profile_without_its_target_is_said(tmp_path, capsys):
+    run_dir = folder(tmp_path / "run", run())
+    (run_dir / "config.yaml").write_text("target: {model: org/Qwen2.5-1.5B-Instruct}\ndraft: {model: d}\n")
+    profile().save(tmp_path / "p.json")  # its meta names no target
+    assert rec.main([str(run_dir), "--batch", "1", "--costs", str(tmp_path / "p.json")]) == 0
+    notes = json.loads((run_dir / "recommend.json").read_text())["notes"]
+    assert f"{tmp_path / 'p.json'} names no target_model: not checked against the run's target " \
+           "(org/Qwen2.5-1.5B-Instruct); the figures price whatever model it timed" in notes
+
+
+def test_an_unwritable_out_is_refused_before_anything_is_written(tmp_path, capsys):
+    run_dir = folder(tmp_path / "run", run())
+    one_line(rec.main([str(run_dir), "--batch", "1", "--out", str(tmp_path / "absent" / "r.json")]), capsys,
+             f"cannot write {tmp_path / 'absent' / 'r.json'} (no folder {tmp_path / 'absent'}); give a writable --out")
+    assert not (run_dir / "acceptance").exists()
+
+
+# ---- an incomplete run (item 12) --------------------------------------------------------------------------------------
+
+def test_an_interrupted_run_is_warned_of(tmp_path, capsys):
+    # run()'s points have 2 batches each (4 rows of batch 2); 8 were planned and the run was interrupted
+    run_dir = folder(tmp_path / "run", run())
+    planned = {label: 8 for label in ("baseline batch=2 greedy", "speculative draft=d gamma=1 constant batch=2 greedy",
+                                      "speculative draft=d gamma=2 constant batch=2 greedy")}
+    (run_dir / "progress.json").write_text(json.dumps({"status": "interrupted", "planned": planned}))
+    assert rec.main([str(run_dir), "--batch", "1"]) == 0
+    warning = ("the run is incomplete (status interrupted; 3 point(s) short of their plan, e.g. baseline batch=2 "
+               "greedy: 2 of 8)")
+    assert capsys.readouterr().out.splitlines()[0].startswith("warning: " + warning)
+    assert json.loads((run_dir / "recommend.json").read_text())["warnings"][0].startswith(warning)
+    # finished as planned: no warning
+    (run_dir / "progress.json").write_text(json.dumps({"status": "finished", "planned": {
+        label: 2 for label in planned}}))
+    assert rec.main([str(run_dir), "--batch", "1"]) == 0
+    assert "warning" not in capsys.readouterr().out
+    assert json.loads((run_dir / "recommend.json").read_text())["warnings"] == []
