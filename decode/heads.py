@@ -511,14 +511,3 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, layout: str = "speculators
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     save_file({k: v.cpu() for k, v in state.items()}, str(folder / "model.safetensors"))
     return folder
-
-
-def save_medusa(heads: MedusaHeads, folder: str | Path) -> Path:
-    """Write Medusa heads as a folder in the FasterDecoding layout (medusa_lm_head.pt: the heads' own state dict)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({
-        "medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.config.medusa_num_layers,
-        "hidden_size": heads.config.hidden_size, "vocab_size": heads.config.vocab_size}, indent=1))
-    torch.save({k: v.detach().cpu() for k, v in heads.medusa_head.state_dict().items()}, folder / "medusa_lm_head.pt")
-    return folder

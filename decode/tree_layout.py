@@ -182,12 +182,6 @@ class TreeLayout:
     def nodes(self) -> int:
         return self.parents.shape[1]
 
-    def row_nodes(self) -> list[int]:
-        return self.valid.sum(axis=1).tolist()
-
-    def row_depths(self) -> list[int]:
-        return self.depths.max(axis=1, initial=0).tolist()
-
     def verify_parents(self) -> np.ndarray:
         """[B, N + 1] parents in verification columns (the root first, its parent -1: the committed prefix)."""
         shifted = np.where(self.parents >= 0, self.parents + 1, 0)

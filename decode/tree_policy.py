@@ -63,11 +63,6 @@ class TreeStats:
                 _add(self.hits, depth, [rank])
         self._table = None
 
-    @property
-    def depth_seen(self) -> int:
-        """The deepest depth any round reached (0: none)."""
-        return len(self.trials)
-
     def __call__(self, depth: int, rank: int) -> float:
         """p(depth, rank): the probability that the node of that rank is accepted, given its parent was."""
         if depth < 1 or rank < 0:

@@ -41,13 +41,6 @@ def throughput(samples: list[dict]) -> float | None:
     return ratio(sum(t["tokens"] for t in totals), sum(t["wall"] for t in totals))
 
 
-def decode_throughput(samples: list[dict]) -> float | None:
-    totals = [unit_totals(b) for b in units(samples).values()]
-    if not totals or any(t["decode_wall"] is None for t in totals):
-        return None
-    return ratio(sum(t["decode_tokens"] for t in totals), sum(t["decode_wall"] for t in totals))
-
-
 def block_efficiency(samples: list[dict]) -> float | None:
     if not samples or any(s.get("target_forwards") is None for s in samples):
         return None  # the peers do not count their forwards

@@ -124,11 +124,6 @@ def order_of(points: list[Point], unit: Unit) -> list[Point]:
     return [points[i] for i in williams_order(len(points), unit.batch_index + unit.repeat)]
 
 
-def shard(units: list[Unit], worker: int, workers: int) -> list[Unit]:
-    """Round-robin: each worker gets every workers-th unit."""
-    return units[worker::workers]
-
-
 def left_pad(token_lists: list[list[int]], pad_id: int, device):
     """A batch's token lists -> ids, mask [B, P] (torch, on device), left padded."""
     import torch

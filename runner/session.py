@@ -20,8 +20,7 @@ from runner import loading
 from runner.attention import settle_attention
 from runner.load import load_of, request_count, request_fields, requests_of
 from runner.plan import Unit, batches_of, comparisons, left_pad, order_of, points_of, skipped_reason
-from runner.probes import (PROCESS, RUNTIME_ERRORS, comparison_costs, drift_probe, one_line, probe_numerics,
-                           probe_widths)
+from runner.probes import PROCESS, RUNTIME_ERRORS, comparison_costs, drift_probe, one_line, probe_numerics
 from runner.loading import eos_set
 from utils.data import expand_conversations, load_prompts
 
@@ -196,9 +195,6 @@ class Session:
         if self.config.engine.compile:
             prompts = prompts[:max(self.config.batch_size)]
         return left_pad(prompts, self.pad_id, self.device)
-
-    def _probe_widths(self, loaded) -> tuple[int, ...]:
-        return probe_widths(self.config, self._points(), loaded)
 
     def compiled_models(self) -> dict:
         """role -> the CompiledModel of each loaded model (engine.compile), for warm flags and the report."""

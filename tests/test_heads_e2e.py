@@ -8,8 +8,9 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from decode.heads import Eagle3Head, MedusaHeads, save_eagle3, save_medusa
+from decode.heads import Eagle3Head, MedusaHeads, save_eagle3
 from helpers import assert_one_clean_line, base_config, run_launch, save_tiny_pair, write_prompts
+from tiny_models import save_medusa
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -51,3 +53,15 @@ def noisy_copy(model, scale: float, seed: int = 7):
         for parameter in draft.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * parameter.std())
     return draft
+
+
+def save_medusa(heads, folder) -> Path:
+    """Medusa heads (decode.heads.MedusaHeads) as a folder in the FasterDecoding layout (medusa_lm_head.pt: the heads'
+    own state dict), the folder users download: load_head reads it, nothing in the project writes one."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.config.medusa_num_layers,
+        "hidden_size": heads.config.hidden_size, "vocab_size": heads.config.vocab_size}, indent=1))
+    torch.save({k: v.detach().cpu() for k, v in heads.medusa_head.state_dict().items()}, folder / "medusa_lm_head.pt")
+    return folder

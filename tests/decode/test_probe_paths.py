@@ -32,14 +32,15 @@ def test_the_numerics_probe_runs_the_compiled_step_when_one_is_attached(monkeypa
 
 
 def test_the_probe_widths_hold_the_trees_node_counts():
+    from runner.probes import probe_widths
     from runner.session import Session
     from utils.config import validate
 
     config = validate({"target": {"model": "t"}, "draft": {"model": "d"}, "dataset": {"path": "x.jsonl"},
                        "methods": ["baseline", "speculative"],
                        "speculative": {"gamma": [2], "tree": [None, [2, 1]]}})
-    session = Session(config, torch.device("cpu"))
+    points = Session(config, torch.device("cpu"))._points()
     bf16 = SimpleNamespace(quantization="none", dtype="bfloat16")
     # the chain's gamma + 1 and the static tree 2-1's 4 nodes + 1
-    assert session._probe_widths(bf16) == (3, 5)
-    assert session._probe_widths(SimpleNamespace(quantization="none", dtype="float32")) == (5,)
+    assert probe_widths(config, points, bf16) == (3, 5)
+    assert probe_widths(config, points, SimpleNamespace(quantization="none", dtype="float32")) == (5,)

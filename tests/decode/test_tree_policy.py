@@ -33,7 +33,6 @@ def test_acceptance_by_depth_and_rank():
     assert [stats(1, r) for r in range(4)] == [pytest.approx(0.4), pytest.approx(0.25), 0.0, 0.0]
     # depth 2: rank 0 in 0 of 3 (0 / 4) is below rank 1 in 1 of 2 (1 / 3): pooled, 1 hit in 5 -> 1 / 6 each
     assert [stats(2, r) for r in range(3)] == [pytest.approx(1 / 6), pytest.approx(1 / 6), 0.0]
-    assert stats.depth_seen == 2
     assert [stats(5, r) for r in range(3)] == [stats(2, r) for r in range(3)]  # deeper: the deepest seen
 
 
