@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from decode.methods.speculative import recommendation_problem  # noqa: E402
 from eval.recommend import OFF, _fmt as _f, _interval as _ci, nearest  # noqa: E402
 from eval.records import Point  # noqa: E402
 from eval.serving import by_repeat, load_figures, timed, with_slots  # noqa: E402
@@ -233,11 +234,45 @@ def verdict_cell(r: dict) -> str:
     return f"**{r['verdict']}**{repeats}{' (drift)' if r.get('drift') else ''}"
 
 
+def recommend_problem(data) -> str | None:
+    """What of a recommend.json this cannot check (what the recommended schedule refuses, and a load without its
+    best or a candidate without its method); None where it reads."""
+    if not isinstance(data, dict) or not isinstance(data.get("loads"), list):
+        return "it has no loads"
+    problem = recommendation_problem(data)
+    if problem:
+        return problem
+    for i, load in enumerate(data["loads"]):
+        if load["candidates"] and "best" not in load:
+            return f"loads[{i}] names no best"
+        for j, c in enumerate(load["candidates"]):
+            if "method" not in c:
+                return f"loads[{i}].candidates[{j}] has no method"
+    return None
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share from 0 up to 1, such as 0.03 (3%)")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, as every bad input
+        print(f"error: {message}; see python benchmarks/recommend_check.py --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recommend", type=Path, nargs="+", required=True)
     parser.add_argument("--sweeps", type=Path, nargs="+", required=True)
-    parser.add_argument("--within", type=float, default=WITHIN)
+    parser.add_argument("--within", type=fraction, default=WITHIN,
+                        help="the share of the best measured tok/s a recommendation may miss by (default 0.03)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     for path in args.recommend + [s / "summary.json" for s in args.sweeps]:
@@ -247,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         recommends = [json.loads(p.read_text()) for p in args.recommend]
+        for path, data in zip(args.recommend, recommends):
+            problem = recommend_problem(data)
+            if problem:
+                print(f"error: {path}: {problem}; give a recommend.json python -m eval.recommend wrote, or mend that "
+                      "key", file=sys.stderr)
+                return 2
         sweeps = [(context_of(s), measured_points(s)) for s in args.sweeps]
     except (ValueError, KeyError) as error:
         print(f"error: a file is not a recommend.json or a finished sweep's report ({type(error).__name__}: {error}); "

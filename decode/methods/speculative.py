@@ -1,6 +1,7 @@
 """Speculative decoding with a draft model (Leviathan et al. 2023), our engine, with a draft-length
 schedule: constant, heuristic, confidence, cost_model or recommended (decode/drafters/schedules.py)."""
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,65 @@ def read_recommendation(path: str) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("loads"), list):
         raise ValueError(f"speculative.recommendation: {path} has no loads; give the recommend.json that "
                          "python -m eval.recommend RUN_DIR wrote")
+    problem = recommendation_problem(data)
+    if problem:
+        raise ValueError(f"speculative.recommendation: {path}: {problem}; give the recommend.json that "
+                         "python -m eval.recommend RUN_DIR wrote, or mend that key")
     return data
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def recommendation_problem(data: dict) -> str | None:
+    """The first key of recommend.json that is not as eval.recommend writes it, named by its place (loads[0].
+    candidates[1].speedup) with what it holds and what it should; None where each key read is of its kind: a load a
+    {load, context, candidates} whose batch=B or conc=C names a count, a candidate a name, a speedup above 0, a K (or
+    null), an interval of two numbers (or null), its axes a mapping; best, where given, one of its candidates."""
+    def say(where: str, value, should: str) -> str:
+        return f"{where} is {json.dumps(value)[:40]}, not {should}"
+    for key in ("profile_meta", "draft_prefill"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return say(key, data[key], "a mapping")
+    for i, load in enumerate(data["loads"]):
+        at = f"loads[{i}]"
+        if not isinstance(load, dict):
+            return say(at, load, "a load ({load, context, candidates})")
+        name = load.get("load")
+        if not isinstance(name, str):
+            return say(f"{at}.load", name, "a load's name such as batch=1 or conc=4")
+        kind, _, value = name.partition("=")
+        if kind in ("batch", "conc") and not (value.isdigit() and int(value) >= 1):
+            return say(f"{at}.load", name, f"{kind}= a count of at least 1")
+        if load.get("context") is not None and not _count(load["context"]):
+            return say(f"{at}.context", load["context"], "a context length in tokens (or null)")
+        candidates = load.get("candidates")
+        if not isinstance(candidates, list):
+            return say(f"{at}.candidates", candidates, "a list of candidates")
+        for j, c in enumerate(candidates):
+            where = f"{at}.candidates[{j}]"
+            if not isinstance(c, dict):
+                return say(where, c, "a candidate ({candidate, speedup, gamma, ...})")
+            if not isinstance(c.get("candidate"), str):
+                return say(f"{where}.candidate", c.get("candidate"), "a candidate's name")
+            if not (_number(c.get("speedup")) and c["speedup"] > 0):
+                return say(f"{where}.speedup", c.get("speedup"), "a predicted speedup above 0")
+            if c.get("gamma") is not None and not _count(c["gamma"]):
+                return say(f"{where}.gamma", c["gamma"], "a K (a whole number above 0, or null for off)")
+            interval = c.get("speedup_ci95")
+            if interval is not None and not (isinstance(interval, list) and len(interval) == 2
+                                             and all(_number(x) for x in interval)):
+                return say(f"{where}.speedup_ci95", interval, "an interval [low, high] (or null)")
+            if c.get("axes") is not None and not isinstance(c["axes"], dict):
+                return say(f"{where}.axes", c["axes"], "a mapping of the candidate's axes")
+        if "best" in load and load["best"] not in [c["candidate"] for c in candidates]:
+            return say(f"{at}.best", load["best"], "one of its candidates")
+    return None
 
 
 def same_model(a: str, b: str) -> bool:

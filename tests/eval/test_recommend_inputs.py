@@ -106,3 +106,83 @@ def test_an_interrupted_run_is_warned_of(tmp_path, capsys):
     assert rec.main([str(run_dir), "--batch", "1"]) == 0
     assert "warning" not in capsys.readouterr().out
     assert json.loads((run_dir / "recommend.json").read_text())["warnings"] == []
+
+
+# ---- a recommend.json the recommended schedule reads (item 13) --------------------------------------------------------
+
+def chain(k, speedup, **extra):
+    return {"candidate": f"speculative draft=d gamma={k}", "method": "speculative", "gamma": k, "draft": "d",
+            "speedup": speedup, "axes": {"method": "speculative", "draft": "d", "gamma": k}, **extra}
+
+
+OFF = {"candidate": "off", "method": None, "gamma": None, "draft": None, "speedup": 1.0}
+
+
+def schedule_config(tmp_path, loads):
+    from utils.config import validate
+    (tmp_path / "recommend.json").write_text(json.dumps({"loads": loads}))
+    return validate({"target": {"model": "org/t"}, "draft": {"model": "d"},
+                     "dataset": {"path": "x.jsonl", "preset": "gsm8k"}, "methods": ["baseline", "speculative"],
+                     "speculative": {"schedule": ["recommended"], "recommendation": str(tmp_path / "recommend.json")}})
+
+
+@pytest.mark.parametrize("loads, fragment", [
+    ([1, 2], "loads[0] is 1, not a load"),  # before: an internal error, exit 1
+    ([{"load": "batch=1", "context": None, "candidates": [{"candidate": "x", "gamma": 2}, OFF]}],
+     "loads[0].candidates[0].speedup is null, not a predicted speedup above 0"),
+    ([{"load": "batch=1", "context": None, "candidates": [chain(2, None), OFF]}], "candidates[0].speedup is null"),
+    ([{"load": "batch=1", "context": None, "candidates": [chain("four", 1.2), OFF]}],
+     'loads[0].candidates[0].gamma is "four", not a K'),
+    ([{"load": "batch=1", "context": None, "candidates": [chain(-3, 1.2), OFF]}], "candidates[0].gamma is -3, not a K"),
+    ([{"load": "batch=0", "context": None, "candidates": [chain(2, 1.2), OFF]}],
+     'loads[0].load is "batch=0", not batch= a count of at least 1'),
+    ([{"load": "batch=1", "context": None, "candidates": [chain(2, 1.2, speedup_ci95={"a": 1}), OFF]}],
+     "candidates[0].speedup_ci95 is {\"a\": 1}, not an interval"),
+])
+def test_a_corrupt_recommendation_is_one_line_naming_the_file_and_key(tmp_path, loads, fragment):
+    from utils.config import ConfigError
+    with pytest.raises(ConfigError) as error:
+        schedule_config(tmp_path, loads)
+    said = str(error.value)
+    assert f"speculative.recommendation: {tmp_path / 'recommend.json'}: " in said and fragment in said
+    assert "\n" not in said
+
+
+def test_launch_refuses_a_corrupt_recommendation_with_exit_2(tmp_path):
+    import yaml
+
+    from helpers import base_config, run_launch
+    raw = base_config(tmp_path / "t", tmp_path / "d", tmp_path / "p.jsonl", methods=["baseline", "speculative"])
+    (tmp_path / "r.json").write_text(json.dumps({"loads": [1, 2]}))
+    raw["speculative"].update(schedule=["recommended"], recommendation=str(tmp_path / "r.json"))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert_one_clean_line(run_launch(["--config", tmp_path / "c.yaml"]), "loads[0] is 1, not a load")
+
+
+def test_a_sound_recommendation_reads(tmp_path):
+    loads = [{"load": "batch=1", "context": 128, "candidates": [chain(2, 1.2, speedup_ci95=[1.1, 1.3]), OFF],
+              "best": "speculative draft=d gamma=2"}]
+    assert schedule_config(tmp_path, loads).speculative.recommendation == str(tmp_path / "recommend.json")
+
+
+# ---- benchmarks/recommend_check.py (item 14) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("recommend, within, fragment", [
+    ({"loads": [1, 2]}, "0.03", "r.json: loads[0] is 1, not a load"),  # before: a traceback
+    ({"loads": [{"load": "batch=1", "context": None, "candidates": [chain(2, 1.2), OFF]}]}, "0.03",
+     "r.json: loads[0] names no best"),
+    ({"loads": []}, "-1", "'-1' is not a share from 0 up to 1"),  # before: accepted
+    ({"loads": []}, "1.5", "'1.5' is not a share from 0 up to 1"),
+])
+def test_recommend_check_refuses_what_it_cannot_check_in_one_line(tmp_path, recommend, within, fragment):
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+    (tmp_path / "r.json").write_text(json.dumps(recommend))
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "summary.json").write_text(json.dumps({"runs": []}))
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recommend_check.py"), "--recommend",
+                             tmp_path / "r.json", "--sweeps", tmp_path / "sweep", "--within", within],
+                            capture_output=True, text=True, timeout=120)
+    assert_one_clean_line(result, fragment)
