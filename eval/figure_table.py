@@ -10,8 +10,12 @@ ratio and its interval), and when it applies (from the method's MethodSpec and i
 and serving_metrics are the loop over these computations in the table's order, each reading the figures before it.
 
 Everything that lists figures derives from FIGURES: the legend (summary.json, legend()), the report's columns and CSVs
-(eval/report.py), and the figures run_metrics and serving_metrics compute. A new figure is one entry (register(), or a line
-here); a test (tests/eval/test_figure_table.py) registers a toy figure and finds it in every output.
+(eval/report.py), and the figures run_metrics and serving_metrics compute. A new figure computed from what the records
+already hold is one entry (register(), or a line here) with its computation: tests/eval/test_figure_table.py registers
+a toy figure declared in one file (tests/eval/toy_figure.py) and finds it in every output. A figure that needs a new
+measurement also takes the code that measures it (our engine's runner/ and decode/, each other engine's worker) and
+its field in the records (eval/records.py); a plotted one a plot in eval/report.py, whose plots are listed there, not
+read from this table.
 """
 from __future__ import annotations
 
@@ -402,7 +406,14 @@ FIGURES: list[Figure] = [
                           "measured speedup among status ok points (flagged ones included and marked), and the gamma predicted "
                           "best among the gammas swept: by the replay of each gamma's own schedule where every gamma has one "
                           "(alpha_used null), else, for a constant draft length with measured costs, by Leviathan's model from "
-                          "the best point's alpha, c and v"),
+                          "the best point's alpha, c and v; the report prints a method's line where it ran more than one point"),
+    Figure("best_method", legend="per comparison and engine, overall and per group: the method whose point has the highest "
+                                 "measured speedup among status ok points (flagged ones included and marked), and its margin "
+                                 "over the runner-up (the next method's best point): the ratio of the two points' throughputs "
+                                 "over the prompt batches both finished (margin), with the 95% paired bootstrap interval over "
+                                 "prompts of speedup_ci95, the runner-up in the baseline's place (margin_ci95; null below "
+                                 f"{MIN_PROMPTS} prompt batches, margin_prompts says how many); verdict above, below or tied "
+                                 "(the interval holds 1)"),
     Figure("serving", legend="a serving run (config load:): each load point (concurrency C: at most C requests in flight; "
                              "request_rate: arrivals per second, null = all at once; conversations: first turns per second, a later turn "
                              "arriving load.think_s after the turn before it ends) serves the same N requests on the same arrival "

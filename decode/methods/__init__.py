@@ -1,6 +1,7 @@
 """The method registry: one entry per method, one file per method. Adding a method of our engine is one new file
-plus one line here; a method of another engine (MethodSpec.engine, runner/engines) is one file that declares its
-SPEC and its RANK (its place among that engine's methods), found by listing this folder."""
+plus two lines here (its module in the import, its SPEC in REGISTRY); a method of another engine (MethodSpec.engine,
+runner/engines) is one file that declares its SPEC and its RANK (its place among that engine's methods), found by
+listing this folder."""
 from __future__ import annotations
 
 import importlib

@@ -5,7 +5,12 @@ engine the config uses, has each check what it can before any model loads (check
 that loads the prompts and tokenizer: Engine.home, runner/engines/__init__.py HOME) and then the others with its
 loaded session, and in each repeat hands each engine the units that have points of its methods (run), releasing the others first
 where an engine loads its own copies of the models (exclusive). An engine yields each unit finished (a producer) and
-never calls back into the experiment: the experiment alone keeps what they bring."""
+never calls back into the experiment: the experiment alone keeps what they bring.
+
+What an engine can do is its caps (its reference method's EngineCaps), which the rest of the tool asks instead of its
+name. The name is still a key outside these files: records and progress.json's engine_info are keyed by it, and
+eval/flags.py probe_drift parses it out of the drift probe's process key ("<process>/<engine> <worker engine>",
+written by runner/engines/process.py drift_probe) to read each engine's readings for its own points."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

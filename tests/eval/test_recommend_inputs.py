@@ -186,3 +186,22 @@ def test_recommend_check_refuses_what_it_cannot_check_in_one_line(tmp_path, reco
                              tmp_path / "r.json", "--sweeps", tmp_path / "sweep", "--within", within],
                             capture_output=True, text=True, timeout=120)
     assert_one_clean_line(result, fragment)
+
+
+# ---- the settings to paste (items 6, 7) -------------------------------------------------------------------------------
+
+def test_sglangs_ngram_is_a_chain_of_breadth_one():
+    """SGLang sets NGRAM's top-k from --speculative-ngram-max-bfs-breadth (default 10, a tree of drafts): a chain of
+    K is breadth 1; its --speculative-eagle-topk would be overwritten, so it is not emitted."""
+    import argparse
+    import shlex
+
+    from eval import deploy
+    flags = deploy.settings({"method": "prompt_lookup", "gamma": 4, "draft": None}, {}, {"ngram_max": 2})["sglang"]
+    sglang = argparse.ArgumentParser()
+    for flag in ("--speculative-algorithm", "--speculative-num-steps", "--speculative-ngram-max-bfs-breadth",
+                 "--speculative-num-draft-tokens"):
+        sglang.add_argument(flag)
+    assert vars(sglang.parse_args(shlex.split(shlex.join(flags)))) == {
+        "speculative_algorithm": "NGRAM", "speculative_num_steps": "4", "speculative_ngram_max_bfs_breadth": "1",
+        "speculative_num_draft_tokens": "5"}
