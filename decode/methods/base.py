@@ -1,10 +1,9 @@
 """What a method is to the rest of the tool: one MethodSpec in the registry (decode/methods/__init__.py).
 
 Config validation, the sweep plan, the runner, eval, the table and the plots ask the spec. Method names are
-still written outside the method files: the serving targets map ours to their engine's (eval/targets/: VLLM_OF,
-llama.cpp's FLAGS, SGLang's ALGORITHM, each NO_EQUIVALENT), beside MethodSpec.counterpart, which says the same for
-the methods that run on another engine; eval/recommend.py compares a record's method with "speculative"; configs and
-tests name them all.
+still written outside the method files: each serving target (eval/targets/) maps our methods to its engine's in a
+table of its own and lists those it has no equivalent for, beside MethodSpec.counterpart, which says the same for the
+methods that run on another engine; configs and tests name them all.
 """
 from __future__ import annotations
 
