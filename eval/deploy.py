@@ -10,15 +10,15 @@ from eval.targets import Choice, with_settings
 
 
 def drafts_of(config: dict) -> dict:
-    """config.yaml's drafts by label (ModelConfig.name: label, else the model's last path component): their kind and
-    the model the engines load."""
+    """config.yaml's drafts by label (ModelConfig.name: label, else the model's last path component): their kind, the
+    model our engine loaded and its gguf_file (each target gives its engine what it loads: Choice.model_for)."""
     entries = config.get("draft") or []
     out = {}
     for entry in entries if isinstance(entries, list) else [entries]:
         if isinstance(entry, dict) and entry.get("model"):
             model = str(entry["model"])
             label = entry.get("label") or model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
-            out[label] = SimpleNamespace(kind=entry.get("kind", "model"), model=model)
+            out[label] = SimpleNamespace(kind=entry.get("kind", "model"), model=model, gguf_file=entry.get("gguf_file"))
     return out
 
 

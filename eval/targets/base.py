@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -34,6 +35,55 @@ class Choice:
     @property
     def kind(self) -> str | None:
         return self.drafts[self.draft].kind if self.draft else None
+
+    def model_for(self, loads: str, engine: str) -> tuple[str | None, list[str]]:
+        """The draft as an engine that loads `loads` ("gguf": a GGUF file; "hf": a transformers folder or hub id) is
+        given it, and notes saying what the user must do where the config's model is not that (engine: its title)."""
+        return loadable(self.drafts[self.draft], loads, engine, self.draft) if self.draft else (None, [])
+
+
+GGUF, HF = "gguf", "hf"
+
+
+def loadable(draft: SimpleNamespace, loads: str, engine: str, label: str) -> tuple[str, list[str]]:
+    """(what the engine loads for a draft entry of config.yaml (model, and gguf_file where given), notes). The config
+    names what our engine loads, which is not always what a server loads: a synthetic model exists only in the
+    process that built it; an offline short name is a GGUF shipped in packages that our engine converts to a
+    transformers folder; a GGUF is llama.cpp's form, a folder or hub id vLLM's and SGLang's. Where the engine cannot
+    load the model as given, a placeholder path stands in its place and a note says how to make the file."""
+    from utils.offline_models import OFFLINE_MODELS, cache_root
+
+    model, gguf_file = str(draft.model), getattr(draft, "gguf_file", None)
+    if model.startswith("synthetic:"):
+        return model, [f"{engine}: the draft {model} is built in the process that runs it (random weights of a "
+                       "shape): no server loads it; save it (save_pretrained) and give that folder"
+                       + (", converted to GGUF," if loads == GGUF else "") + " in its place"]
+    if model in OFFLINE_MODELS:
+        hub_id = OFFLINE_MODELS[model].hub_id.split()[0]
+        if loads == GGUF:
+            path = str(cache_root() / f"{model}.gguf")
+            return path, [f"{engine}: the draft {model} is an offline model; its GGUF is {path} once joined (python -c "
+                          f"\"from utils.offline_models import offline_gguf; offline_gguf('{model}')\")"]
+        path = str(cache_root() / model)
+        return path, [f"{engine}: the draft {model} is an offline model; {path} is its transformers copy (converted "
+                      f"from its quantized GGUF, the weights the run measured; {hub_id} on the hub is the original)"]
+    is_gguf = model.endswith(".gguf") or bool(gguf_file)
+    gguf_path = model if model.endswith(".gguf") else f"{model.rstrip('/')}/{gguf_file}" if gguf_file else None
+    if loads == GGUF and is_gguf:
+        return gguf_path, ([] if Path(model).expanduser().exists() else
+                           [f"{engine}: {gguf_path} is a file of the hub repository {model}; download it and give "
+                            "its local path"] if gguf_file else [])
+    if loads == HF and not is_gguf:
+        return model, []
+    if loads == GGUF:
+        path = f"{label}.gguf"
+        return path, [f"{engine}: the draft {model} is no GGUF file and llama-server loads GGUF only: convert it "
+                      f"(llama.cpp's convert_hf_to_gguf.py {model} --outfile {path}) and give that file in place of "
+                      f"{path}"]
+    path = f"{label}-hf"
+    return path, [f"{engine}: the draft {gguf_path} is a GGUF file and {engine} loads a transformers folder or hub id: "
+                  f"convert it (transformers' from_pretrained(..., gguf_file=...) then save_pretrained('{path}')), "
+                  f"or give the model's original folder or hub id, in place of {path}"]
 
 
 @dataclass(frozen=True)

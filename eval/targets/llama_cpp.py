@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 
 from decode.methods import REGISTRY
-from eval.targets.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
+from eval.targets.base import GGUF, AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
 
 NO_EQUIVALENT = {"hybrid": "llama.cpp has no per-round switch between drafters",
                  "early_exit": "llama.cpp drafts with no layers of the target itself",
@@ -22,18 +22,20 @@ NO_EQUIVALENT = {"hybrid": "llama.cpp has no per-round switch between drafters",
                  "eagle3": "llama.cpp's EAGLE-3 (--spec-type draft-eagle3) loads its own GGUF conversion of the "
                            "head: not emitted"}
 SYNTH_FLAG = "--spec-synth-rates"
+TITLE = "llama.cpp"
 
 
-def draft_simple(choice: Choice) -> list[str]:
+def draft_simple(choice: Choice) -> tuple[list[str], list[str]]:
     k = str(choice.gamma)
-    return ["--spec-type", "draft-simple", "--model-draft", choice.model, "--spec-draft-n-max", k, "--spec-draft-n-min",
-            k, "--spec-draft-p-min", "0"]
+    model, notes = choice.model_for(GGUF, TITLE)
+    return ["--spec-type", "draft-simple", "--model-draft", model, "--spec-draft-n-max", k, "--spec-draft-n-min",
+            k, "--spec-draft-p-min", "0"], notes
 
 
-def ngram_simple(choice: Choice) -> list[str]:
+def ngram_simple(choice: Choice) -> tuple[list[str], list[str]]:
     ngram_max = REGISTRY[PROMPT_LOOKUP].typed_options(choice.options).ngram_max
     return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(ngram_max), "--spec-ngram-simple-size-m",
-            str(choice.gamma)]
+            str(choice.gamma)], []
 
 
 PROMPT_LOOKUP = "prompt_lookup"
@@ -42,7 +44,7 @@ FLAGS = {"speculative": draft_simple, PROMPT_LOOKUP: ngram_simple}  # our method
 
 def flags(choice: Choice) -> tuple[list[str] | None, list[str]]:
     emit = FLAGS.get(choice.method)
-    return (emit(choice) if emit else None), []
+    return emit(choice) if emit else (None, [])
 
 
 def export(rates: list[float]) -> str:
@@ -71,7 +73,7 @@ def parse(text: str, where: str) -> list[float]:
 
 
 TARGET = Target(
-    name="llama_cpp", title="llama.cpp", rank=3,
+    name="llama_cpp", title=TITLE, rank=3,
     settings=Settings(emit=flags, show=shlex.join, off=[], off_text="no speculation flags (off)",
                       no_equivalent=NO_EQUIVALENT),
     acceptance=AcceptanceForm(suffix="llama_cpp.args", key=None, export=export, parse=parse,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shlex
 
-from eval.targets.base import Choice, Settings, Target
+from eval.targets.base import HF, Choice, Settings, Target
+
+TITLE = "SGLang"
 
 # our method -> --speculative-algorithm, or a head's kind -> it
 NGRAM = "NGRAM"
@@ -20,15 +22,16 @@ def flags(choice: Choice) -> tuple[list[str] | None, list[str]]:
     if algorithm is None:
         return None, []
     out = ["--speculative-algorithm", algorithm]
-    if choice.model:
-        out += ["--speculative-draft-model-path", choice.model]
+    model, notes = choice.model_for(HF, TITLE)
+    if model:
+        out += ["--speculative-draft-model-path", model]
     # NGRAM's top-k is its trie's breadth (server_args.py _handle_ngram sets --speculative-eagle-topk from
     # --speculative-ngram-max-bfs-breadth, default 10: a tree): a chain is breadth 1
     width = ["--speculative-ngram-max-bfs-breadth", "1"] if algorithm == NGRAM else ["--speculative-eagle-topk", "1"]
     return out + ["--speculative-num-steps", str(choice.gamma), *width,
-                  "--speculative-num-draft-tokens", str(choice.gamma + 1)], []
+                  "--speculative-num-draft-tokens", str(choice.gamma + 1)], notes
 
 
-TARGET = Target(name="sglang", title="SGLang", rank=1,
+TARGET = Target(name="sglang", title=TITLE, rank=1,
                 settings=Settings(emit=flags, show=shlex.join, off=[], off_text="no speculation flags (off)",
                                   no_equivalent=NO_EQUIVALENT))

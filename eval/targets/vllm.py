@@ -15,7 +15,7 @@ import shlex
 from types import SimpleNamespace
 
 from decode.methods import REGISTRY
-from eval.targets.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
+from eval.targets.base import HF, AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
 
 # our method -> the vLLM method of this benchmark that runs the same speculation, where its spec names no counterpart
 VLLM_OF = {"eagle3": "vllm_eagle", "suffix": "vllm_suffix"}
@@ -23,19 +23,23 @@ NO_EQUIVALENT = {"hybrid": "hybrid switches per row and round between lookup, su
                            "has no such switch",
                  "early_exit": "vLLM drafts with no layers of the target itself"}
 KEY = "synthetic_acceptance_rates"
+TITLE = "vLLM"
 
 
 def speculative_config(choice: Choice) -> tuple[dict, list[str]]:
     counterpart = next((spec for spec in REGISTRY.values() if spec.engine == "vllm" and spec.counterpart == choice.method
                         and spec.engine_config), None) or REGISTRY.get(VLLM_OF.get(choice.method, ""))
-    drafts = {label: SimpleNamespace(kind=d.kind, vllm_model=d.model) for label, d in choice.drafts.items()}
+    model, notes = choice.model_for(HF, TITLE)
+    drafts = {label: SimpleNamespace(kind=d.kind, vllm_model=model if label == choice.draft else d.model)
+              for label, d in choice.drafts.items()}
     if counterpart is not None:
         point = SimpleNamespace(gamma=choice.gamma, draft=choice.draft)
-        return counterpart.engine_config(point, drafts, counterpart.typed_options(choice.options)), []
+        return counterpart.engine_config(point, drafts, counterpart.typed_options(choice.options)), notes
     config = {"method": choice.method, "num_speculative_tokens": choice.gamma}
     if choice.draft:
-        config["model"] = choice.model
-    return config, [f"vLLM runs no counterpart of {choice.method} in this benchmark: its method name here is assumed"]
+        config["model"] = model
+    return config, notes + [f"vLLM runs no counterpart of {choice.method} in this benchmark: its method name here is "
+                            "assumed"]
 
 
 def export(rates: list[float]) -> dict:
@@ -55,7 +59,7 @@ def parse(data: dict, where: str) -> list[float]:
 
 
 TARGET = Target(
-    name="vllm", title="vLLM", rank=0,
+    name="vllm", title=TITLE, rank=0,
     settings=Settings(emit=speculative_config, show=lambda c: f"--speculative-config {shlex.quote(json.dumps(c))}",
                       off=None, off_text="no speculative_config (speculation off)", no_equivalent=NO_EQUIVALENT),
     acceptance=AcceptanceForm(suffix="vllm.json", key=KEY, export=export, parse=parse,

@@ -237,8 +237,8 @@ def test_the_emitted_settings_parse_back():
         llama.add_argument(flag)
     line = next(line for line in text.splitlines() if "llama.cpp:" in line)
     assert {k: v for k, v in vars(llama.parse_args(shlex.split(line.split("llama.cpp:", 1)[1]))).items() if v} == {
-        "spec_type": "draft-simple", "model_draft": "org/draft-0.5b", "spec_draft_n_max": "3",
-        "spec_draft_n_min": "3", "spec_draft_p_min": "0"}
+        "spec_type": "draft-simple", "model_draft": "draft-0.5b.gguf", "spec_draft_n_max": "3",
+        "spec_draft_n_min": "3", "spec_draft_p_min": "0"}  # the hub id converted, as its note says (llama.cpp: GGUF)
     # prompt lookup: vLLM's n-gram, SGLang's NGRAM, llama.cpp's ngram-simple (a 2-token lookup, 4 drafted)
     lookup = deploy.settings({"method": "prompt_lookup", "gamma": 4, "draft": None}, drafts, {"ngram_max": 2})
     assert lookup["vllm"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,

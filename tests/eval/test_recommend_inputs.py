@@ -205,3 +205,51 @@ def test_sglangs_ngram_is_a_chain_of_breadth_one():
     assert vars(sglang.parse_args(shlex.split(shlex.join(flags)))) == {
         "speculative_algorithm": "NGRAM", "speculative_num_steps": "4", "speculative_ngram_max_bfs_breadth": "1",
         "speculative_num_draft_tokens": "5"}
+
+
+@pytest.mark.parametrize("entry, vllm, llama, said", [
+    # a hub id: vLLM's and SGLang's as it is; llama-server's a GGUF the user converts (before: the hub id, which
+    # llama-server cannot load: "failed to load draft model")
+    ({"model": "org/draft-0.5b", "label": "d"}, "org/draft-0.5b", "d.gguf",
+     ["llama.cpp: the draft org/draft-0.5b is no GGUF file and llama-server loads GGUF only: convert it (llama.cpp's "
+      "convert_hf_to_gguf.py org/draft-0.5b --outfile d.gguf) and give that file in place of d.gguf"]),
+    # a GGUF file: llama-server's as it is; vLLM and SGLang a folder converted from it (before: the .gguf, which
+    # vLLM refuses as a draft)
+    ({"model": "/m/draft.Q4.gguf", "label": "d"}, "d-hf", "/m/draft.Q4.gguf",
+     [f"{engine}: the draft /m/draft.Q4.gguf is a GGUF file and {engine} loads a transformers folder or hub id: "
+      "convert it (transformers' from_pretrained(..., gguf_file=...) then save_pretrained('d-hf')), or give the "
+      "model's original folder or hub id, in place of d-hf" for engine in ("vLLM", "SGLang")]),
+    # a hub repository's GGUF file (gguf_file): the file inside it for llama-server, downloaded
+    ({"model": "org/draft-GGUF", "gguf_file": "d.Q8.gguf", "label": "d"}, "d-hf", "org/draft-GGUF/d.Q8.gguf",
+     [f"{engine}: the draft org/draft-GGUF/d.Q8.gguf is a GGUF file and {engine} loads a transformers folder or hub "
+      "id: convert it (transformers' from_pretrained(..., gguf_file=...) then save_pretrained('d-hf')), or give the "
+      "model's original folder or hub id, in place of d-hf" for engine in ("vLLM", "SGLang")]
+     + ["llama.cpp: org/draft-GGUF/d.Q8.gguf is a file of the hub repository org/draft-GGUF; download it and give its "
+        "local path"]),
+])
+def test_each_engine_is_given_the_draft_in_the_form_it_loads(entry, vllm, llama, said):
+    from eval import deploy
+    s = deploy.settings({"method": "speculative", "gamma": 3, "draft": "d"}, deploy.drafts_of({"draft": entry}))
+    assert s["vllm"]["model"] == vllm
+    assert s["sglang"][s["sglang"].index("--speculative-draft-model-path") + 1] == vllm
+    assert s["llama_cpp"][s["llama_cpp"].index("--model-draft") + 1] == llama
+    assert [n for n in s["notes"] if n.split(":")[0] in ("vLLM", "SGLang", "llama.cpp")] == \
+        [n for n in said if n.startswith("vLLM")] + [n for n in said if n.startswith("SGLang")] + \
+        [n for n in said if n.startswith("llama.cpp")]
+
+
+def test_a_synthetic_or_offline_draft_gets_a_note(monkeypatch, tmp_path):
+    from eval import deploy
+    monkeypatch.setenv("SPECULATE_CACHE", str(tmp_path))
+    s = deploy.settings({"method": "speculative", "gamma": 2, "draft": "d"},
+                        deploy.drafts_of({"draft": {"model": "synthetic:qwen3-4b?layers=2", "label": "d"}}))
+    assert [n.split(":")[0] for n in s["notes"]] == ["vLLM", "SGLang", "llama.cpp"]
+    assert all("is built in the process that runs it (random weights of a shape): no server loads it" in n
+               for n in s["notes"])
+    offline = deploy.settings({"method": "speculative", "gamma": 2, "draft": "smollm2-135m-instruct"},
+                              deploy.drafts_of({"draft": {"model": "smollm2-135m-instruct"}}))
+    # vLLM and SGLang: the transformers copy our engine loaded; llama-server: the joined GGUF
+    assert offline["vllm"]["model"] == str(tmp_path / "models" / "smollm2-135m-instruct")
+    assert offline["llama_cpp"][offline["llama_cpp"].index("--model-draft") + 1] == \
+        str(tmp_path / "models" / "smollm2-135m-instruct.gguf")
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct on the hub is the original" in offline["notes"][0]
