@@ -2,9 +2,10 @@
 engine's worker, records and figures are tested where llama.cpp is not built. Its text is a fixed function of the
 prompt: token i of a row is (sum(prompt) + 7 i) % 50 + 10 (greedy, every method the same tokens). With
 --spec-type it drafts --spec-draft-n-max tokens a step of which it accepts the first two (one where fewer are left),
-sends each step's tokens one chunk each with the cumulative draft_n and draft_n_accepted, and skips the chunk of
-every 9th token (as the server does for a token that ends inside a UTF-8 character). With FAKE_LLAMA_SIGILL set it
-dies of SIGILL at its start unless -nr (no weight repacking) is given."""
+sends each step's tokens one chunk each with the cumulative draft_n and draft_n_accepted, and withholds the chunk of
+every 9th token (as the server does for a token that ends inside a UTF-8 character), or of the tokens at the 1-based
+positions FAKE_LLAMA_WITHHOLD lists (e.g. "1,4,5": the prefill's, a round's last and the next round's first).
+With FAKE_LLAMA_SIGILL set it dies of SIGILL at its start unless -nr (no weight repacking) is given."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,12 @@ if os.environ.get("FAKE_LLAMA_SIGILL") and "-nr" not in sys.argv:  # a repacking
     os.kill(os.getpid(), signal.SIGILL)
 SLOTS, GAMMA, SPEC = int(arg("-np", 1)), int(arg("--spec-draft-n-max", 0)), arg("--spec-type")
 EOS = int(arg("--fake-eos", -1))
+WITHHOLD = {int(x) for x in os.environ["FAKE_LLAMA_WITHHOLD"].split(",")} if os.environ.get("FAKE_LLAMA_WITHHOLD") \
+    else None
+
+
+def withheld(position: int) -> bool:
+    return position in WITHHOLD if WITHHOLD is not None else position % 9 == 0
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -66,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
             ids, d, a = (step, 0, 0) if isinstance(step[0], int) else step
             for token in ids:
                 predicted += 1
-                if predicted % 9 == 0:
+                if withheld(predicted):
                     continue  # a token whose bytes end inside a character: never sent
                 timings = {"draft_n": d, "draft_n_accepted": a} if d else {}
                 chunks.append({"content": "", "tokens": [token], "stop": False, "tokens_predicted": predicted,

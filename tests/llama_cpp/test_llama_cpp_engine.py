@@ -29,8 +29,28 @@ def test_rounds_from_the_counters_by_hand():
                                  {"drafted": 4, "accepted": 1, "emitted": 2}, plain]
     # the stop cut the last step after 2 of its 4 tokens
     assert rounds_of([[1, 0, 0], [2, 5, 3], [3, 5, 3]]) == [{"drafted": 5, "accepted": 3, "emitted": 2}]
-    for broken in ([[2, 0, 0]], [[1, 0, 0], [2, 4, 2], [3, 3, 2]], [[1, 0, 0], [0, 0, 0]], []):
+    for broken in ([[0, 0, 0]], [[1, 0, 0], [2, 4, 2], [3, 3, 2]], [[1, 0, 0], [0, 0, 0]], [[1, 0, 0], [1, 4, 2]], []):
         assert rounds_of(broken) is None
+
+
+# the stand-in's 12 tokens at gamma 4: the prefill's (1), rounds of 3 tokens drafting 4 and accepting 2 (2-4, 5-7,
+# 8-10) and a last of 2 accepting 1 (11-12); positions 1 (the prefill's), 4 (round 1's last), 5 (round 2's first),
+# 7 and 8 (round 2's last and round 3's first) withheld, as tokens that end inside a UTF-8 character are
+WITHHELD = "1,4,5,7,8"
+TRUE_ROUNDS = [{"drafted": 4, "accepted": 2, "emitted": 3}] * 3 + [{"drafted": 4, "accepted": 1, "emitted": 2}]
+
+
+def test_rounds_where_tokens_are_withheld_mid_round_and_first():
+    # the chunks of tokens 2, 3, 6, 9, 10, 11, 12 and the final one: each jump in tokens_predicted finishes the open
+    # round before the next starts; no plain step, and the first token's missing chunk loses no round
+    counts = [[2, 4, 2], [3, 4, 2], [6, 8, 4], [9, 12, 6], [10, 12, 6], [11, 16, 7], [12, 16, 7], [12, 16, 7]]
+    assert rounds_of(counts) == TRUE_ROUNDS
+    # with the prefill's chunk sent, the same: 3 of round 2's tokens are not round 2's alone
+    assert rounds_of([[1, 0, 0]] + counts) == TRUE_ROUNDS
+    # a jump past the new round's accepted + 1 with counts that then stay: the rest are plain steps
+    plain = {"drafted": 0, "accepted": 0, "emitted": 1}
+    assert rounds_of([[1, 0, 0], [2, 4, 1], [6, 4, 1]]) == [{"drafted": 4, "accepted": 1, "emitted": 2}, plain, plain,
+                                                            plain]
 
 
 def test_the_server_arguments_of_each_method():
@@ -103,6 +123,21 @@ def test_a_run_against_the_stand_in_server(tmp_path):
     metrics = _runs(served)[("llama_cpp_draft", None, 2)]["metrics"]
     assert metrics["acceptance_pooled"] == pytest.approx(7 / 16) and metrics["exact_match"] == 1.0
     assert metrics["mean_accepted_tokens_pooled"] == pytest.approx(11 / 4)  # 11 tokens over 4 rounds a request
+
+
+def test_a_run_whose_server_withholds_tokens_keeps_its_rounds(tmp_path):
+    server = _fake_server(tmp_path)
+    out = tmp_path / "out"
+    result = run_launch(["--config", _config(tmp_path, str(server), ["llama_cpp_generate", "llama_cpp_draft"]),
+                         "--out", out], env_extra={"FAKE_LLAMA_WITHHOLD": WITHHELD})
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    drafts = [r for r in records if r["method"] == "llama_cpp_draft"]
+    assert len(drafts) == 3 and all(r["rounds"] == TRUE_ROUNDS for r in drafts)
+    assert all(len(r["output_ids"]) == 7 and r["extra"]["llama_cpp_ids_lost"] == 5 for r in drafts)
+    metrics = _runs(out)[("llama_cpp_draft", 1, None)]["metrics"]
+    assert metrics["acceptance_rate"] == pytest.approx(7 / 16)  # every record's rounds counted
+    assert metrics["block_efficiency"] == pytest.approx(12 / 5)  # the prefill and 4 rounds, no invented plain step
 
 
 @pytest.mark.parametrize("case", ["no-server", "not-gguf", "cuda"])

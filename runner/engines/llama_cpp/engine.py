@@ -198,21 +198,29 @@ def rounds_of(counts: list | None) -> list[dict] | None:
     """A request's rounds from its streamed chunks' (tokens_predicted, draft_n, draft_n_accepted), cumulative.
 
     The first token is the prefill's. The server raises draft_n when it drafts and draft_n_accepted when it verifies,
-    before it sends that step's tokens, so the chunks whose counts moved open a verification round: drafted and
-    accepted are the increases, and it emits accepted + 1 tokens (fewer where the stop cut it), counted by
-    tokens_predicted (a token the stream did not send still counts there). Tokens that come with counts that did not
-    move, past the open round's accepted + 1, are plain steps (no draft: an n-gram miss), one token each. None where
-    the counts are missing or do not add up."""
-    if not counts or counts[0][0] != 1 or counts[0][1:] != [0, 0]:
+    before it sends that step's tokens, so a chunk whose counts moved carries a token of a new verification round:
+    drafted and accepted are the increases, and it emits accepted + 1 tokens (fewer where the stop cut it).
+    tokens_predicted counts every token, sent or not: a token that ends inside a UTF-8 character is withheld (its
+    text goes out with a later one), the prefill's among them, so a chunk may follow the one before by several tokens.
+    Those withheld before a chunk whose counts moved finish the open round first (up to its accepted + 1), then
+    start the new one; tokens past a round's accepted + 1 with counts that did not move are plain steps (no draft: an
+    n-gram miss), one token each. None where the counts are missing or do not add up."""
+    if not counts:
         return None
     rounds: list[dict] = []
     left = 0  # tokens the open verification round still emits
-    before = counts[0]
-    for predicted, drafted, accepted in counts[1:]:
+    before = [1, 0, 0]  # the prefill's token, whether or not its chunk was sent
+    for predicted, drafted, accepted in counts:
         new = predicted - before[0]
         if new < 0 or drafted < before[1] or accepted < before[2]:
             return None
         if (drafted, accepted) != tuple(before[1:]):
+            if new < 1:  # a round without a token
+                return None
+            finished = min(left, new - 1)  # withheld tokens that ended the open round
+            if finished:
+                rounds[-1]["emitted"] += finished
+                new -= finished
             rounds.append({"drafted": drafted - before[1], "accepted": accepted - before[2], "emitted": 0})
             left = accepted - before[2] + 1
         for _ in range(new):
