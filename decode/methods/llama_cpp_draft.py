@@ -14,10 +14,22 @@ class DraftOptions:
                                                "draft's top probability falls below it (0: never; llama.cpp's own "
                                                "default is 0.75)", ge=0.0, le=1.0)
 
+    def check_config(self, config) -> None:
+        """A minimum above a gamma of the run is refused (ValueError: the config's one line): llama.cpp would drop
+        every draft shorter than it, and at that gamma every draft is."""
+        if "llama_cpp_draft" not in config.methods:
+            return
+        too_short = [g for g in config.speculative.gamma if g < self.llama_cpp_draft_min]
+        if too_short:
+            raise ValueError(f"speculative.llama_cpp_draft_min: {self.llama_cpp_draft_min} is above gamma "
+                             f"{too_short[0]}; llama.cpp drops a draft shorter than --spec-draft-n-min, so at gamma "
+                             f"{too_short[0]} it would never speculate: set llama_cpp_draft_min to at most "
+                             f"{min(config.speculative.gamma)}, or drop the smaller gammas")
+
 
 def server_args(point, drafts, options: DraftOptions):
     return {"spec_type": "draft-simple", "draft": point.draft, "n_max": point.gamma,
-            "n_min": min(options.llama_cpp_draft_min, point.gamma), "p_min": options.llama_cpp_draft_p_min}
+            "n_min": options.llama_cpp_draft_min, "p_min": options.llama_cpp_draft_p_min}
 
 
 RANK = 1  # its place among the engine's methods (decode/methods/__init__.py)

@@ -150,6 +150,14 @@ def test_bad_input_is_one_line(tmp_path, case):
     assert_one_clean_line(run_launch(["--config", config, "--out", tmp_path / "out"]), fragment)
 
 
+def test_a_draft_minimum_above_gamma_is_refused(tmp_path):
+    """--spec-draft-n-min above --spec-draft-n-max makes llama.cpp drop every draft: refused, not clamped unseen."""
+    config = _config(tmp_path, str(_fake_server(tmp_path)), ["llama_cpp_generate", "llama_cpp_draft"],
+                     speculative={"gamma": [2, 4], "llama_cpp_draft_min": 3})
+    assert_one_clean_line(run_launch(["--config", config, "--out", tmp_path / "out"]),
+                          "speculative.llama_cpp_draft_min: 3 is above gamma 2")
+
+
 def test_a_server_killed_by_an_illegal_instruction_names_the_fix(tmp_path):
     """A build whose repacking kernels this CPU cannot run (AMX in a VM) dies of SIGILL at its start: the points fail
     with the fix named, and llama_cpp.repack: false (-nr) runs them."""
