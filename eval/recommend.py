@@ -24,6 +24,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from decode.k_model import TIE, conditional, pick
 from decode.methods import REGISTRY, caps_of
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
@@ -31,8 +32,8 @@ from eval.costs import TARGET, Profile, read_config, read_env, read_progress, ru
 from eval.groups import natural
 from eval.predict import against_own_probes, differences, draft_label, run_profile, written
 from eval.records import Point
-from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, profile_resamples,
-                         replay_load, replay_static, static_prediction)
+from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, priced_k,
+                         profile_resamples, replay_load, replay_static, static_prediction)
 from eval.serving import by_repeat, load_prediction, replayed_figures
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, misses
 from eval.totals import clusters_of, units
@@ -40,6 +41,7 @@ from utils import UserError, positive_ints
 from utils.io import read_jsonl, write_json
 
 MIN_BIN_ROUNDS = 30  # a context bin with fewer rounds is not its own acceptance: the point's rounds are used instead
+FAR = 2  # a context asked this many times beyond every round's is said to be read from other contexts
 LOAD_AXES = tuple(axis.name for axis in comparison_axes())
 OFF = "off"
 
@@ -220,19 +222,32 @@ def at_context(rows: list[dict], baseline: list[dict], context: int, binned: dic
     """The rows and the baseline's at a context length: each request's prompt that long (the cache the steps are
     priced at), its rounds dealt from those measured near that context (bin_rounds); a bin with fewer than
     MIN_BIN_ROUNDS rounds: the point's own rounds, and a note saying so."""
-    pool, note = binned[context], None
+    pool, said = binned[context], []
     if len(pool) < MIN_BIN_ROUNDS:
-        note = (f"context {context}: {len(pool)} rounds measured near it (fewer than {MIN_BIN_ROUNDS}): the point's "
-                "rounds at every context are used")
+        said.append(f"context {context}: {len(pool)} rounds measured near it (fewer than {MIN_BIN_ROUNDS}): the "
+                    "point's rounds at every context are used")
         pool = [r for s in rows for r in s.get("rounds") or []]
+    measured = [c for s in rows for c in round_contexts(s)]
+    # one context asked bins every round to it, however far: how far is said
+    if measured and max(measured) * FAR < context:
+        said.append(f"context {context}: every round was measured at {max(measured)} tokens or fewer (under 1/{FAR} "
+                    "of it): its acceptance is read from far shorter contexts")
+    elif measured and min(measured) > context * FAR:
+        said.append(f"context {context}: every round was measured at {min(measured)} tokens or more (over {FAR}x "
+                    "it): its acceptance is read from far longer contexts")
     mine = dealt([dict(s, prompt_tokens=context) for s in rows], pool) if pool else rows
-    return mine, [dict(s, prompt_tokens=context) for s in baseline], note
+    return mine, [dict(s, prompt_tokens=context) for s in baseline], "; ".join(said) or None
 
 
 # ---- one load's prediction of every candidate ----------------------------------------------------------------------
 
 def load_name(kind: str, value) -> str:
-    return {"batch": "batch={}", "concurrency": "conc={}", "rate": "rate={}/s"}[kind].format(value)
+    """A load as printed and keyed in recommend.json; a rate with the concurrency of the point it was measured at
+    (check_loads: a rate is read at each concurrency that measured it)."""
+    if kind == "rate":
+        rate, concurrency = value
+        return f"rate={rate}/s conc={concurrency}"
+    return {"batch": "batch={}", "concurrency": "conc={}"}[kind].format(value)
 
 
 def measured_at(points: dict, kind: str, value) -> tuple[Point, int | None] | None:
@@ -246,7 +261,8 @@ def measured_at(points: dict, kind: str, value) -> tuple[Point, int | None] | No
     if kind == "concurrency":
         same = [p for p in served if p.concurrency == value]
         return (same[0], None) if same else (served[0], value) if served else None
-    same = [p for p in served if p.request_rate == value]
+    rate, concurrency = value
+    same = [p for p in served if p.request_rate == rate and p.concurrency == concurrency]
     return (same[0], None) if same else None
 
 
@@ -388,10 +404,13 @@ def tied(a: dict, b: dict) -> bool:
 
 
 def choose(rows: list[dict]) -> dict:
-    """The best by predicted speedup (the same baseline: by throughput), its margin over the runner-up (best's
+    """The best by predicted speedup (the same baseline: by throughput), by the one model's rule (decode/k_model.py
+    pick: speedups within its relative TIE go to off, then the shorter K), its margin over the runner-up (best's
     speedup over runner-up's), and every candidate tied with it."""
-    ranked = sorted(rows, key=lambda r: (-r["speedup"], r["candidate"] != OFF, r["candidate"]))
-    best = ranked[0]
+    def order(r: dict) -> tuple:
+        return r["candidate"] != OFF, r.get("gamma") or 0, r["candidate"]
+    best = rows[pick({i: r["speedup"] for i, r in enumerate(rows)}, order=lambda i: order(rows[i]))]
+    ranked = [best] + sorted((r for r in rows if r is not best), key=lambda r: (-r["speedup"], order(r)))
     runner = ranked[1] if len(ranked) > 1 else None
     return {"best": best["candidate"], "runner_up": runner and runner["candidate"],
             "margin": best["speedup"] / runner["speedup"] if runner else None,
@@ -412,6 +431,7 @@ def recommend_load(cands: dict, references: dict, profile: Profile, kind: str, v
         mine, theirs = points[point], references[point.comparison]
         if context is not None:
             mine, theirs, note = at_context(mine, theirs, context, bin_rounds(mine, asked_contexts))
+            note = note and f"{label_of(key)}: {note}"
             if note and note not in notes:
                 notes.append(note)
         draft = draft_label(point, profile)
@@ -549,10 +569,13 @@ def default_loads(samples: list[dict]) -> list[tuple[str, object]]:
     return [("batch", b) for b in static] + [("concurrency", c) for c in served]
 
 
-def check_loads(samples: list[dict], loads: list[tuple[str, object]]) -> None:
-    """A load kind the run has no point of, or a rate it did not measure: UserError."""
+def check_loads(samples: list[dict], loads: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """The loads asked, each rate once per concurrency the run measured it at ((rate, concurrency): a rate's
+    arrivals at another concurrency are another load); a load kind the run has no point of, or a rate it did not
+    measure: UserError."""
     static = any(s.get("concurrency") is None for s in samples)
     rates = sorted({s["request_rate"] for s in samples if s.get("request_rate") is not None})
+    out: list[tuple[str, object]] = []
     for kind, value in loads:
         if kind == "batch" and not static:
             raise UserError("--batch needs static points and the run has load points only: give --concurrency")
@@ -561,6 +584,12 @@ def check_loads(samples: list[dict], loads: list[tuple[str, object]]) -> None:
         if kind == "rate" and value not in rates:
             raise UserError(f"--rate {value}: the run measured rates {rates or 'none'}; a rate not measured is not "
                             "predicted (its arrivals are drawn by the runner): give a measured one, or --concurrency")
+        if kind == "rate":
+            out += [("rate", (value, c)) for c in sorted({int(s["concurrency"]) for s in samples
+                                                          if s.get("request_rate") == value})]
+        else:
+            out.append((kind, value))
+    return out
 
 
 # ---- acceptance from a file: records made from its rates -------------------------------------------------------------
@@ -651,6 +680,48 @@ def incomplete(progress: dict, samples: list[dict]) -> str | None:
             + (f"; {len(short)} point(s) short of their plan, e.g. {short[0]}" if short else "") + "): the "
             "recommendation reads part of what was planned and may change once it finishes (python launch.py "
             "--resume RUN_DIR)")
+
+
+def target_positions(config: dict) -> int | None:
+    """The run's target's positions (max_position_embeddings) from config.yaml's target, read where that costs no
+    download, conversion or weights (a synthetic shape, a local folder, the hub cache, an offline model converted
+    before); None where it cannot be read so."""
+    target = config.get("target") if isinstance(config.get("target"), dict) else {}
+    model = str(target.get("model") or "")
+    try:
+        if model.startswith("synthetic:"):
+            from utils.synthetic import build_config
+
+            text = build_config(model)[1]
+        else:
+            from transformers import AutoConfig
+
+            from utils.offline_models import OFFLINE_MODELS, cache_root
+            where = cache_root() / model if model in OFFLINE_MODELS else Path(model).expanduser()
+            gguf_file = target.get("gguf_file")
+            if model.endswith(".gguf"):
+                where, gguf_file = where.parent, where.name
+            text = AutoConfig.from_pretrained(str(where) if where.exists() else model, gguf_file=gguf_file,
+                                              revision=target.get("revision"), local_files_only=True)
+        text = text.get_text_config() if hasattr(text, "get_text_config") else text
+    except Exception:  # not readable here (not cached, not a model): nothing to check against
+        return None
+    positions = getattr(text, "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) else None
+
+
+def check_contexts(contexts: list[int] | None, config: dict, samples: list[dict]) -> None:
+    """A --context whose requests (that prompt and the run's new tokens) do not fit the target's positions:
+    UserError."""
+    positions = target_positions(config) if contexts else None
+    if positions is None:
+        return
+    new = max((int(s.get("new_tokens") or 0) for s in samples), default=0)
+    too_long = [c for c in contexts if c + new > positions]
+    if too_long:
+        raise UserError(f"--context {too_long[0]}: the target {config['target']['model']} has {positions} positions "
+                        f"(its max_position_embeddings) and the run's requests generate up to {new} tokens; give a "
+                        f"context of at most {positions - new}")
 
 
 def not_writable(out: Path) -> str | None:
@@ -776,6 +847,55 @@ def draft_prefill_lines(profile: Profile) -> dict:
     return {model: dict(zip(("intercept_s", "s_per_row_token"), profile.prefill_line(model))) for model in models}
 
 
+def k_model_of(samples: list[dict], profile: Profile) -> dict:
+    """recommend.json's "k_model" (decode/k_model.py KModel): the profile's steps at its own rows, widths and caches
+    for the target and each draft model, each draft model's prefill line, and per draft the conditional acceptance
+    b_1..b_K of its measured chain of the largest K (overall, and per category with at least MIN_BIN_ROUNDS rounds),
+    with the median context of its rounds."""
+    steps = {}
+    for model in sorted({p["model"] for p in profile.steps}):
+        points = [[r, w, kv, profile.step_s(model, r, w, kv)] for r in profile.rows_measured(model)
+                  for w in profile.widths_measured(model) for kv in profile.caches()]
+        steps[model] = [p for p in points if p[3] is not None]
+    cands, _, _, derived_keys = candidates(samples)
+    acceptance = {}
+    for key, points in sorted(cands.items(), key=lambda kv: dict(kv[0]).get("gamma") or 0):  # the largest K last
+        values, rows = dict(key), [s for r in points.values() for s in r]
+        if key in derived_keys or not REGISTRY[values["method"]].needs_draft or values.get("tree") is not None \
+                or not values.get("gamma") or not chain(rows):
+            continue
+        groups: dict = defaultdict(list)
+        for s in rows:
+            groups[s.get("group")].extend(s.get("rounds") or [])
+        rates = acceptance_io.position_rates([r for s in rows for r in s.get("rounds") or []], values["gamma"])
+        contexts = sorted(c for s in rows for c in round_contexts(s))
+        if rates is None or not contexts:
+            continue
+        acceptance[values["draft"]] = {
+            "rates": conditional(rates), "context": contexts[len(contexts) // 2],
+            "by_category": {g: conditional(acceptance_io.position_rates(rounds, values["gamma"]))
+                            for g, rounds in groups.items() if g is not None and len(rounds) >= MIN_BIN_ROUNDS}}
+    return {"steps": steps, "draft_prefill": draft_prefill_lines(profile), "acceptance": acceptance, "tie": TIE}
+
+
+def model_choices(results: list[dict], model: dict, profile: Profile) -> None:
+    """Each batch or concurrency load's K by the one model (decode/k_model.py, as the recommended schedule decides a
+    round), per draft with acceptance: at the load's rows and its context (as measured: the median of the draft's
+    rounds'), each K's round priced as the replay prices it; None where the profile prices no K there."""
+    for result in results:
+        kind, _, value = result["load"].partition("=")
+        if kind not in ("batch", "conc"):
+            continue
+        result["model_k"] = {}
+        for draft, accepted in model["acceptance"].items():
+            try:
+                k = priced_k(Pricer(profile, draft), accepted["rates"], int(value),
+                             result["context"] or accepted["context"], range(len(accepted["rates"]) + 1))
+            except ValueError:
+                k = None
+            result["model_k"][draft] = k
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m eval.recommend", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, nargs="?", help="a report folder of our engine's run")
@@ -829,7 +949,8 @@ def main(argv: list[str] | None = None) -> int:
             check_records(samples, folder / "samples.jsonl")
             warnings = [w for w in [incomplete(progress, samples)] if w]
             loads = loads or default_loads(samples)
-            check_loads(samples, loads)
+            loads = check_loads(samples, loads)
+            check_contexts(args.context, config, samples)
         if not profile.steps:
             raise UserError(f"{args.costs or folder} has no steps: give --costs PROFILE.json (python -m runner.profile)")
         if not any(p["model"] == TARGET for p in profile.prefills):
@@ -838,6 +959,8 @@ def main(argv: list[str] | None = None) -> int:
                             "give --costs PROFILE.json of a profile with it (python -m runner.profile --config "
                             f"{folder / 'config.yaml' if folder is not None else 'CONFIG.yaml'})")
         results, notes = recommend(samples, profile, loads, args.context)
+        k_model = k_model_of(samples, profile)
+        model_choices(results, k_model, profile)
         categories = by_category(samples, profile, loads, args.context)
         notes = said_first + context_notes(profile, args.context) + notes
     except UserError as error:  # ProfileError and AcceptanceError too
@@ -862,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
     return written(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None, "warnings": warnings,
                          "profile_meta": profile.meta, "loads": results, "settings": emitted,
-                         "draft_prefill": draft_prefill_lines(profile),
+                         "draft_prefill": draft_prefill_lines(profile), "k_model": k_model,
                          "exported_acceptance": acceptance, "notes": notes,
                          **({"by_category": categories} if categories else {})})
 

@@ -253,3 +253,48 @@ def test_a_synthetic_or_offline_draft_gets_a_note(monkeypatch, tmp_path):
     assert offline["llama_cpp"][offline["llama_cpp"].index("--model-draft") + 1] == \
         str(tmp_path / "models" / "smollm2-135m-instruct.gguf")
     assert "HuggingFaceTB/SmolLM2-135M-Instruct on the hub is the original" in offline["notes"][0]
+
+
+# ---- loads and contexts (items 9, 10, 11) -----------------------------------------------------------------------------
+
+def test_a_rate_measured_at_two_concurrencies_is_read_at_each(tmp_path, capsys):
+    """run()'s records as a load at 2 requests/s measured at concurrency 1 and at 2: each is its own load, labelled
+    with its concurrency (before: the first concurrency's point alone, as rate=2.0/s). At concurrency 1 each request
+    runs alone (the batch-1 speedups: gamma 2 4.9 / 2.55); at 2 in pairs (gamma 1 6.2 / 5.1)."""
+    samples = [dict(s, batch_size=None, concurrency=c, request_rate=2.0, request=s["sample_id"], arrival_s=0.0)
+               for c in (1, 2) for s in run()]
+    run_dir = folder(tmp_path / "run", samples)
+    assert rec.main([str(run_dir), "--rate", "2"]) == 0
+    loads = json.loads((run_dir / "recommend.json").read_text())["loads"]
+    assert [r["load"] for r in loads] == ["rate=2.0/s conc=1", "rate=2.0/s conc=2"]
+    speedups = [{c["candidate"]: c["speedup"] for c in r["candidates"]}[r["best"]] for r in loads]
+    assert speedups == pytest.approx([4.9 / 2.55, 6.2 / 5.1])
+    assert "| rate=2.0/s conc=1 |" in capsys.readouterr().out
+
+
+def test_a_context_beyond_the_targets_positions_is_refused(tmp_path, capsys):
+    # synthetic:qwen3-tiny has 512 positions; run()'s requests generate 7 tokens: at most 505
+    run_dir = folder(tmp_path / "run", run())
+    (run_dir / "config.yaml").write_text("target: {model: 'synthetic:qwen3-tiny'}\ndraft: {model: d}\n")
+    one_line(rec.main([str(run_dir), "--batch", "1", "--context", "1000000000"]), capsys,
+             "--context 1000000000: the target synthetic:qwen3-tiny has 512 positions (its max_position_embeddings) "
+             "and the run's requests generate up to 7 tokens; give a context of at most 505")
+    assert rec.main([str(run_dir), "--batch", "1", "--context", "505"]) == 0
+
+
+def test_a_context_far_beyond_every_round_is_said_with_its_candidate(tmp_path):
+    """run()'s prompts of 10 tokens: gamma 1's rounds at contexts 11, 13, 15; gamma 2's at 11, 14. At 512 every
+    round falls in its one bin (12 and 8 rounds: fewer than 30, so the point's rounds, said) and each note names its
+    candidate (before: "context 512: ..." with no candidate, and nothing of how far the rounds were)."""
+    run_dir = folder(tmp_path / "run", run())
+    assert rec.main([str(run_dir), "--batch", "1", "--context", "512"]) == 0
+    notes = json.loads((run_dir / "recommend.json").read_text())["loads"][0]["notes"]
+    for label, rounds, longest in (("speculative draft=d gamma=1 constant", 12, 15),
+                                   ("speculative draft=d gamma=2 constant", 8, 14)):
+        assert f"{label}: context 512: {rounds} rounds measured near it (fewer than 30): the point's rounds at every " \
+               f"context are used; context 512: every round was measured at {longest} tokens or fewer (under 1/2 of " \
+               "it): its acceptance is read from far shorter contexts" in notes
+    # at 16, within twice the rounds' contexts: nothing said of how far
+    assert rec.main([str(run_dir), "--batch", "1", "--context", "16"]) == 0
+    notes = json.loads((run_dir / "recommend.json").read_text())["loads"][0]["notes"]
+    assert not any("far shorter" in n for n in notes)
