@@ -5,8 +5,11 @@ common/arg.cpp, common/speculative.cpp; --draft-max and --draft-min were removed
   --spec-draft-p-min 0 so that no draft is cut short by its confidence.
 - Prompt lookup as ngram-simple, its closest: a lookup n-gram of ngram_max tokens, a draft of K (it matches one n-gram
   length where ours tries ngram_max down to ngram_min, and drafts where it finds the n-gram often enough).
-- Synthetic acceptance (benchmarking only): `--spec-draft-n-max K --spec-synth-rates r_1,...,r_K`, unconditional
-  rates, non-increasing, as many as --spec-draft-n-max.
+- Synthetic acceptance (benchmarking only): `--spec-synth-rates r_1,...,r_K`, unconditional rates, non-increasing,
+  as many as --spec-draft-n-max. The server starts with them only where speculation is on, a drafter to replace the
+  verification of (without: "synthetic acceptance requires an initialized speculative decoding context", exit): so
+  the flags are draft-simple's, drafting K every round, and the user adds `-md DRAFT.gguf` (any draft: the rates
+  decide acceptance, the draft only what a round costs).
 """
 from __future__ import annotations
 
@@ -48,7 +51,10 @@ def flags(choice: Choice) -> tuple[list[str] | None, list[str]]:
 
 
 def export(rates: list[float]) -> str:
-    return f"--spec-draft-n-max {len(rates)} {SYNTH_FLAG} " + ",".join(f"{round(r, 6):g}" for r in rates)
+    """The flags to add to `llama-server -m TARGET -md DRAFT`: a draft of K every round, its acceptance the rates."""
+    k = len(rates)
+    return (f"--spec-type draft-simple --spec-draft-n-max {k} --spec-draft-n-min {k} --spec-draft-p-min 0 {SYNTH_FLAG} "
+            + ",".join(f"{round(r, 6):g}" for r in rates))
 
 
 def parse(text: str, where: str) -> list[float]:

@@ -303,7 +303,8 @@ def test_the_command_and_an_exported_acceptance_read_back(tmp_path, capsys):
     # each file read back, with the profile, gives the same prediction as the rates in memory
     expected, _ = rec.recommend(rec.imported_samples([2 / 3, 1 / 3], profile(), 10, 7, [("batch", 2)]), profile(),
                                 [("batch", 2)])
-    assert open(files["llama_cpp"]).read() == "--spec-draft-n-max 2 --spec-synth-rates 0.666667,0.333333\n"
+    assert open(files["llama_cpp"]).read() == ("--spec-type draft-simple --spec-draft-n-max 2 --spec-draft-n-min 2 "
+                                               "--spec-draft-p-min 0 --spec-synth-rates 0.666667,0.333333\n")
     for form in ("vllm", "specdec_bench", "llama_cpp"):
         out_file = tmp_path / f"{form}.json"
         assert rec.main(["--acceptance", files[form], "--costs", str(run_dir / "costs.json"), "--batch", "2",

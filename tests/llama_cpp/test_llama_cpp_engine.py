@@ -191,3 +191,15 @@ def test_the_real_server_on_smollm2(tmp_path):
     runs = _runs(out)
     assert 0.0 <= runs[("llama_cpp_draft", 1, None)]["metrics"]["exact_match"] <= 1.0
     assert runs[("llama_cpp_draft", 1, None)]["metrics"]["acceptance_rate"] > 0
+
+
+def test_the_exported_synthetic_rates_are_flags_that_start_a_server():
+    """b11434 starts with --spec-synth-rates only with speculation on (--spec-type and a draft model: the user adds
+    -md); every round drafts K, as the rates assume, and the file reads back."""
+    from eval.targets.llama_cpp import export, parse
+
+    flags = export([0.8, 0.5, 0.25]).split()
+    pairs = dict(zip(flags, flags[1:]))
+    assert (pairs["--spec-type"], pairs["--spec-draft-n-max"], pairs["--spec-draft-n-min"],
+            pairs["--spec-draft-p-min"], pairs["--spec-synth-rates"]) == ("draft-simple", "3", "3", "0", "0.8,0.5,0.25")
+    assert parse(" ".join(flags), "f") == [0.8, 0.5, 0.25]
