@@ -280,6 +280,9 @@ def int8_batch(point: Point, metrics: dict, numerics: dict) -> dict | None:
             f"the baseline's ({measured}), and exact_match does not test the method here: batch 1, or 4-bit, does"}
 
 
+PRICED_SCHEDULES = ("cost_model", "recommended")  # the schedules that choose K by what a round costs and yields
+
+
 def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference: str) -> list[str]:
     """Why a figure of an overall run is null, partial or doubtful."""
     notes, label, spec = [], point.label, REGISTRY[point.method]
@@ -287,8 +290,13 @@ def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference:
         notes.append(f"{label}: no speculation rounds (every row ended at its first token): acceptance figures, "
                      "alpha and the prediction are null")
     elif spec.has_rounds and metrics.get("acceptance_rate") is None:
-        notes.append(f"{label}: no round drafted a token (the max_new_tokens budget left none): acceptance figures, "
-                     "alpha and the prediction are null")
+        schedule = getattr(point, "schedule", None)
+        # a schedule that picks K per round drafting none is its choice, not the budget's
+        why = ("the max_new_tokens budget left none" if schedule in (None, "constant") else
+               f"the {schedule} schedule chose K 0 in every round: by its prices the drafts do not pay at these loads"
+               if schedule in PRICED_SCHEDULES else f"the {schedule} schedule chose K 0 in every round")
+        notes.append(f"{label}: no round drafted a token ({why}): acceptance figures, alpha and the prediction are "
+                     "null")
     batches = run["batches"]
     if metrics.get("speedup") is None and not spec.is_reference:
         notes.append(f"{label}: no {reference} batch at {point.comparison.label} to pair with: no ratios" if not batches["paired"]

@@ -298,3 +298,21 @@ def test_a_context_far_beyond_every_round_is_said_with_its_candidate(tmp_path):
     assert rec.main([str(run_dir), "--batch", "1", "--context", "16"]) == 0
     notes = json.loads((run_dir / "recommend.json").read_text())["loads"][0]["notes"]
     assert not any("far shorter" in n for n in notes)
+
+
+# ---- a recommendation off everywhere (item 18) ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schedule, why", [
+    ("recommended", "the recommended schedule chose K 0 in every round: by its prices the drafts do not pay at these "
+                    "loads"),  # before: "the max_new_tokens budget left none"
+    ("constant", "the max_new_tokens budget left none"),
+    ("heuristic", "the heuristic schedule chose K 0 in every round"),
+])
+def test_a_schedule_that_drafted_nothing_says_why(schedule, why):
+    from eval.flags import run_notes
+    from eval.records import Point
+    point = Point(method="speculative", batch_size=1, draft="d", gamma=2, schedule=schedule)
+    run = {"batches": {"done": 2, "paired": 2, "planned": 2}, "status": "ok"}
+    notes = run_notes(run, point, {"rounds": 12, "acceptance_rate": None, "speedup": 1.0}, {}, "baseline")
+    assert notes == [f"{point.label}: no round drafted a token ({why}): acceptance figures, alpha and the prediction "
+                     "are null"]
