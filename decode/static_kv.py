@@ -36,6 +36,7 @@ heads. `hidden_out` holds the last step's, of the live rows, until the engine ta
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -45,6 +46,9 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from decode.kv import (KVState, TreeRounds, TreeUnsupported, grow_tree, host_to_device, kept_width, layer_masks,
                        sliding_window_of, tree_support_problem)
+
+
+CAPTURED = "cudagraphs"  # engine.compile: cudagraphs, CompiledModel's mode without torch.compile
 
 
 class CompileRefused(ValueError):
@@ -144,6 +148,18 @@ def cudagraph_events() -> tuple[int | None, int]:
 
 
 @dataclass
+class StepInputs:
+    """What one step of width W reads besides the cache, allocated once per (buffer set, width, chain or tree step) and
+    written in place before each step (copy_, index_put): a captured graph (CUDA graphs) replays on fixed addresses,
+    so nothing a step reads may be a new tensor or a view sliced by a host integer. The step writes `valid` and
+    `positions` into the buffers' columns from `start` on itself."""
+    ids: torch.Tensor  # [B_cap, W] long: the tokens (0 in padding and dead rows)
+    valid: torch.Tensor  # [B_cap, W] bool: the column is a real token of its row
+    positions: torch.Tensor  # [B_cap, W] long: each token's position
+    ancestors: torch.Tensor | None = None  # [B_cap, W, L_max] bool, a tree step: the region's columns each node sees
+
+
+@dataclass
 class _Buffers:
     """One (batch capacity, length) set of static buffers of one model; reused by every batch of that shape."""
     cache: Cache
@@ -152,6 +168,7 @@ class _Buffers:
     valid: torch.Tensor  # [B_cap, L_max] bool
     positions: torch.Tensor  # [B_cap, L_max] long
     owner: weakref.ref = field(default=lambda: None)  # the StaticKVState using them; dead: free
+    steps: dict = field(default_factory=dict)  # (width, tree) -> StepInputs
 
 
 class CompiledModel:
@@ -199,9 +216,15 @@ class CompiledModel:
             self.gqa_configs = [c for c in held.values() if getattr(c, "_attn_implementation", None) == "sdpa"]
         self.mode = mode or ("reduce-overhead" if self.device.type == "cuda" else "default")
         self.backend = backend  # "eager": dynamo's graph capture and guards without code generation (the tests)
+        # mode "cudagraphs": no torch.compile; each step shape is captured with torch.cuda.graph over the static
+        # cache and its StepInputs at its first call (a CPU runs the same step uncaptured, through the same buffers)
+        self.captured = self.mode == CAPTURED
         # CUDA graphs: cudagraph trees run a graph's first call eagerly, record at its second, replay from its third
         self.cudagraphs = (self.device.type == "cuda" and backend == "inductor"
                            and self.mode in ("reduce-overhead", "max-autotune"))
+        self.graphs: dict = {}  # captured mode on CUDA: (buffer set, width, tree, hidden layers) -> (graph, outputs)
+        self.capture_s: list[float] = []  # captured mode: the seconds each graph's capture took, in capture order
+        self._pool = None  # captured mode: the memory pool its graphs share
         self.buffers: dict[int, list[_Buffers]] = {}  # by batch capacity; one set per KV state alive at once
         self.compiles = 0  # graphs compiled for this model (dynamo's count, read around each call)
         self.recordings = 0 if listen_for_cudagraph_recordings() else None  # CUDA graphs captured (cudagraph trees)
@@ -216,7 +239,8 @@ class CompiledModel:
             if hasattr(torch._dynamo.config, limit):
                 setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 1024))
         options = {"mode": self.mode} if backend == "inductor" else {}
-        self._step = torch.compile(self._forward, backend=backend, dynamic=False, fullgraph=True, **options)
+        self._step = self._captured_step if self.captured else torch.compile(
+            self._forward, backend=backend, dynamic=False, fullgraph=True, **options)
 
     def for_view(self, view) -> "CompiledModel":
         """The same settings for another module over the same weights (early exit's truncated target, which drafts:
@@ -275,6 +299,24 @@ class CompiledModel:
                                "compile_widths)")
         return fitting[0]
 
+    def step_inputs(self, buffers: _Buffers, width: int, tree: bool = False) -> StepInputs:
+        """The buffer set's StepInputs of this width (a chain step, or a tree step with ancestors), allocated at the
+        first step of that shape and reused by every later one."""
+        found = buffers.steps.get((width, tree))
+        if found is None:
+            capacity, device = buffers.valid.shape[0], self.device
+            found = StepInputs(torch.zeros(capacity, width, dtype=torch.long, device=device),
+                               torch.zeros(capacity, width, dtype=torch.bool, device=device),
+                               torch.zeros(capacity, width, dtype=torch.long, device=device),
+                               torch.zeros(capacity, width, self.max_length, dtype=torch.bool, device=device)
+                               if tree else None)
+            if device.type == "cuda":
+                for tensor in (found.ids, found.valid, found.positions, found.ancestors):
+                    if tensor is not None:
+                        torch._dynamo.mark_static_address(tensor)
+            buffers.steps[(width, tree)] = found
+        return found
+
     def buffers_for(self, batch: int, owner) -> _Buffers:
         """A free set of buffers for a batch of this size (another set only where two states of this model live at
         once, e.g. a model drafting for itself: new buffers, so new graphs or, with CUDA graphs, new recordings,
@@ -316,8 +358,13 @@ class CompiledModel:
         return layer_masks(masks, self.mask_keys, self.window, self.additive_mask,
                            next(self.model.parameters()).dtype)
 
-    def _forward(self, buffers: _Buffers, input_ids, query_positions, query_columns, ancestors=None,
+    def _forward(self, buffers: _Buffers, input_ids, query_positions, query_valid, ancestors=None,
                  last_only: bool = False):
+        """One step: input_ids, query_positions, query_valid [B_cap, S] go to the columns from buffers.start on (the
+        valid and positions columns written here, inside the graph, as the cache's keys and values are)."""
+        query_columns = buffers.start + torch.arange(input_ids.shape[1], device=input_ids.device)  # [S]
+        buffers.valid.index_copy_(1, query_columns, query_valid)
+        buffers.positions.index_copy_(1, query_columns, query_positions)
         mask = self.masks(buffers, query_positions, query_columns, ancestors)
         extra = {"output_hidden_states": True} if self.hidden_layers else {}
         if last_only:
@@ -340,7 +387,42 @@ class CompiledModel:
             for config in self.gqa_configs:
                 config._attn_implementation_internal = "sdpa"
 
-    def run(self, buffers: _Buffers, input_ids, query_positions, query_columns, compiled: bool = True,
+    def _captured_step(self, buffers: _Buffers, input_ids, query_positions, query_valid, ancestors=None):
+        """The captured mode's step: on CUDA the replay of this shape's graph, captured at its first call (over the
+        static cache and the step's StepInputs, whose addresses never change); on a CPU the same step, uncaptured."""
+        if self.device.type != "cuda":
+            return self._forward(buffers, input_ids, query_positions, query_valid, ancestors)
+        key = (id(buffers), input_ids.shape[1], ancestors is not None, self.hidden_layers)
+        found = self.graphs.get(key)
+        if found is None:
+            found = self._capture(buffers, input_ids, query_positions, query_valid, ancestors)
+            self.graphs[key] = found
+        graph, outputs = found
+        graph.replay()
+        return outputs
+
+    def _capture(self, buffers: _Buffers, *inputs):
+        """Capture one step shape: a warm run on a side stream (lazy initialisations, the allocator), then the
+        capture. Both write the step's columns with what its replay writes again, so running it twice is harmless."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(buffers, *inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        began = time.perf_counter()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._forward(buffers, *inputs)
+        self.capture_s.append(time.perf_counter() - began)
+        if self.recordings is not None:
+            self.recordings += 1
+        if self.warm:
+            self.recordings_after_warmup += 1
+        return graph, outputs
+
+    def run(self, buffers: _Buffers, input_ids, query_positions, query_valid, compiled: bool = True,
             ancestors: torch.Tensor | None = None, last_only: bool = False):
         """One step over [B_cap, S] (S one of step_widths, or tree_widths with ancestors, when compiled) -> (fp32
         logits [B_cap, S, V], the hidden_layers' states [B_cap, S, len x H] or None). Both are the graph's outputs
@@ -349,10 +431,12 @@ class CompiledModel:
 
         with self._attention():
             if not compiled:  # last_only (the eager prefill): the LM head on the last column alone, [B_cap, 1, V]
-                return self._forward(buffers, input_ids, query_positions, query_columns, ancestors, last_only)
+                return self._forward(buffers, input_ids, query_positions, query_valid, ancestors, last_only)
             assert not last_only, "a compiled step returns every column's logits (its last may be padding)"
+            if self.captured:  # no dynamo: its captures are counted as they happen (_capture)
+                return self._step(buffers, input_ids, query_positions, query_valid, ancestors)
             before, events = counters["stats"]["unique_graphs"], cudagraph_events()
-            out = self._step(buffers, input_ids, query_positions, query_columns, ancestors)
+            out = self._step(buffers, input_ids, query_positions, query_valid, ancestors)
             self.count_events(counters["stats"]["unique_graphs"] - before, events, cudagraph_events())
         return out
 
@@ -368,13 +452,14 @@ class CompiledModel:
             self.recordings_after_warmup += recorded or 0
 
     def summary(self) -> dict:
-        return {"mode": self.mode if self.backend == "inductor" else str(self.backend),
+        return {"mode": self.mode if self.backend == "inductor" or self.captured else str(self.backend),
                 "step_widths": list(self.step_widths), "tree_widths": list(self.tree_widths),
                 "max_length": self.max_length, "gqa_attention": bool(self.gqa_configs),
                 "buffer_sets": {b: len(pool) for b, pool in sorted(self.buffers.items())}, "graphs": self.compiles,
-                "recompiles_after_warmup": self.recompiles_after_warmup, "cuda_graphs": self.cudagraphs,
+                "recompiles_after_warmup": self.recompiles_after_warmup, "cuda_graphs": self.cudagraphs or (self.captured and self.device.type == "cuda"),
                 "recordings": self.recordings, "recordings_after_warmup": self.recordings_after_warmup,
-                "skips": self.skips}
+                "skips": self.skips, "captures": len(self.capture_s),
+                "capture_s": [round(seconds, 4) for seconds in self.capture_s]}
 
 
 def attach(model, compiled: CompiledModel) -> None:
@@ -462,18 +547,24 @@ class StaticKVState(TreeRounds):
         width = self.compiled.width_for(num_tokens) if compiled else num_tokens
         self._room(width)
         device = input_ids.device
-        ids = torch.zeros(capacity, width, dtype=torch.long, device=device)
-        mask = torch.zeros(capacity, width, dtype=torch.long, device=device)
-        ids[self.rows, :num_tokens] = input_ids
-        mask[self.rows, :num_tokens] = input_mask.to(torch.long)
-        positions = (self.count[:, None] + mask.cumsum(dim=1) - 1).clamp_min(0)  # [B_cap, W]
-        columns = torch.arange(self.length, self.length + width, device=device)
-        buffers.valid[:, self.length: self.length + width] = mask.bool()
-        buffers.positions[:, self.length: self.length + width] = positions
+        if compiled:  # the width's inputs, written in place (StepInputs)
+            step = self.compiled.step_inputs(buffers, width)
+        else:  # the eager prefill: its width varies per batch, nothing is captured
+            step = StepInputs(*(torch.empty(capacity, width, dtype=t, device=device)
+                                for t in (torch.long, torch.bool, torch.long)))
+        full = num_tokens == width and len(self.rows) == capacity
+        if not full:  # padding columns and dead rows: no token
+            step.ids.zero_()
+            step.valid.zero_()
+        step.ids[self.rows, :num_tokens] = input_ids
+        step.valid[self.rows, :num_tokens] = input_mask.bool()
+        torch.add(self.count[:, None], step.valid.cumsum(dim=1), out=step.positions)
+        step.positions.sub_(1).clamp_min_(0)  # [B_cap, W]
         buffers.start.fill_(self.length)
-        logits, hidden = self.compiled.run(buffers, ids, positions, columns, compiled=compiled, last_only=last_only)
+        logits, hidden = self.compiled.run(buffers, step.ids, step.positions, step.valid, compiled=compiled,
+                                           last_only=last_only)
         # the step's padding (columns past num_tokens) was only ever seen by itself: free it
-        self.count += mask.sum(dim=1)
+        self.count += step.valid.sum(dim=1)
         self.length += num_tokens
         return logits[self.rows, :num_tokens], (hidden[self.rows, :num_tokens] if hidden is not None else None)
 
@@ -507,26 +598,24 @@ class StaticKVState(TreeRounds):
         width = self.compiled.width_for(num_nodes, tree=True)
         self._room(width)  # a compaction keeps the region's columns together, moving tree["start"]
         start, device = tree["start"], input_ids.device
-        ids = torch.zeros(capacity, width, dtype=torch.long, device=device)
-        ids[self.rows, :num_nodes] = input_ids
+        step = self.compiled.step_inputs(buffers, width, tree=True)  # written in place (StepInputs)
+        step.ids.zero_()
+        step.ids[self.rows, :num_nodes] = input_ids
         step_valid = np.zeros((batch, width), dtype=bool)
         step_valid[:, :num_nodes] = valid
         step_depths = np.zeros((batch, width), dtype=np.int64)
         step_depths[:, :num_nodes] = depths[:, old:]
         seen = np.zeros((batch, width, region), dtype=bool)  # each query's ancestors among the region's columns
         seen[:, :num_nodes] = ancestors[:, old:]
-        live_valid = torch.zeros(capacity, width, dtype=torch.bool, device=device)
-        live_valid[self.rows] = host_to_device(step_valid, device, dtype=torch.bool)
-        positions = tree["base"][:, None].expand(capacity, width).clone()
-        positions[self.rows] += host_to_device(step_depths, device)
-        columns = torch.arange(self.length, self.length + width, device=device)
-        in_region = torch.zeros(capacity, width, self.compiled.max_length, dtype=torch.bool, device=device)
-        in_region[self.rows, :, start: start + region] = host_to_device(seen, device, dtype=torch.bool)
-        buffers.valid[:, self.length: self.length + width] = live_valid
-        buffers.positions[:, self.length: self.length + width] = positions
+        step.valid.zero_()
+        step.valid[self.rows] = host_to_device(step_valid, device, dtype=torch.bool)
+        step.positions.copy_(tree["base"][:, None].expand(capacity, width))
+        step.positions[self.rows] += host_to_device(step_depths, device)
+        step.ancestors.zero_()
+        step.ancestors[self.rows, :, start: start + region] = host_to_device(seen, device, dtype=torch.bool)
         buffers.start.fill_(self.length)
         buffers.region.fill_(start)
-        logits, hidden = self.compiled.run(buffers, ids, positions, columns, ancestors=in_region)
+        logits, hidden = self.compiled.run(buffers, step.ids, step.positions, step.valid, ancestors=step.ancestors)
         self.compiled.hidden_out = hidden[self.rows, :num_nodes] if hidden is not None else None
         self.length += num_nodes
         self.forwards += 1

@@ -172,6 +172,8 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
         needed = max(needed, 2 * longest_prompt)
     max_length = -(-needed // 64) * 64
     mode = None if config.engine.compile_mode == "auto" else config.engine.compile_mode
+    if config.engine.compile == "cudagraphs":  # decode/static_kv.py CAPTURED: no torch.compile, compile_mode unread
+        mode = "cudagraphs"
     # the target's hidden states its heads read (decode/hidden.py): its graphs return them beside the logits
     head_layers = tuple(sorted({i for d in drafts.values() for i in getattr(d.model, "target_layers", None) or ()}))
     for role, label, loaded in roles(target, drafts, models_only=True):
@@ -188,8 +190,10 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
     widths = "; ".join(f"{role} {list(model.step_widths)}"
                        + (f", trees {list(model.tree_widths)}" if model.tree_widths else "")
                        for role, model in compiled_models(config, target, drafts).items())
+    how = ("captured with torch.cuda.graph, no torch.compile" if compiled.captured
+           else f"torch.compile, backend {config.engine.compile_backend}, mode {compiled.mode}")
     return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width ({widths}) and "
-            f"batch size (torch.compile, backend {config.engine.compile_backend}, mode {compiled.mode}), compiled "
+            f"batch size ({how}), compiled "
             "in each comparison's probes and warmup; a step of fewer tokens runs padded to the next width")
 
 

@@ -314,10 +314,12 @@ class EngineConfig(Strict):
         "auto", description="auto: oneDNN prepacked linears on a CPU in float32 without quantization, for every "
                             "method alike; default: nn.Linear; onednn_packed: require it")
     pack_batch_hint: int = Field(4, ge=1, le=64, description="the batch size the oneDNN weights are packed for")
-    compile: bool = Field(False, description="static KV caches and one torch.compile'd graph per decode step shape "
-                                             "(on CUDA a CUDA graph: one launch per step); docs/compiled-engine.md. "
-                                             "Refused for bitsandbytes, device_map, flash_attention_2 and "
-                                             "cpu_linear: onednn_packed")
+    compile: bool | Literal["cudagraphs"] = Field(
+        False, description="static KV caches and one torch.compile'd graph per decode step shape (on CUDA a CUDA "
+                           "graph: one launch per step); cudagraphs: the same static caches and step inputs, each step "
+                           "captured with torch.cuda.graph, no inductor (a CPU runs them uncaptured); "
+                           "docs/compiled-engine.md. Refused for bitsandbytes, device_map, flash_attention_2 and "
+                           "cpu_linear: onednn_packed")
     compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "auto", description="torch.compile's mode; auto: reduce-overhead (CUDA graphs) on CUDA, default on a CPU")
     compile_backend: Literal["inductor", "eager"] = Field(

@@ -1,0 +1,84 @@
+"""engine.compile: cudagraphs (decode/static_kv.py CAPTURED): every tensor a step reads lives in a buffer allocated once
+per (buffer set, width) and written in place, so a graph captured over them replays on the same addresses; on a CPU
+the same steps run uncaptured through the same buffers and give the eager engine's tokens and rounds."""
+import copy
+
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.drafters.draft_tree import StaticTree
+from decode.static_kv import CAPTURED, CompiledModel, attach
+from decode.tree_layout import static_parents
+from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
+
+
+def captured_copy(model, widths, max_length, batch_sizes, tree_widths=()):
+    """The same weights with the captured mode's step attached; the original stays eager."""
+    twin = copy.copy(model)
+    twin.__dict__.pop("_speculate_compiled", None)
+    attach(twin, CompiledModel(twin, widths, max_length, batch_sizes, mode=CAPTURED, tree_widths=tree_widths))
+    return twin
+
+
+class AddressBook:
+    """Wraps a CompiledModel's `_forward`: per step shape (width, tree or not) the addresses of what the step read,
+    holding every tensor it saw (so a tensor allocated anew could not reuse a freed one's address)."""
+
+    def __init__(self, compiled: CompiledModel):
+        self.seen, self.held, self.real = {}, [], compiled._forward
+        compiled._forward = self
+
+    def __call__(self, buffers, input_ids, query_positions, query_valid, ancestors=None, last_only=False):
+        if not last_only:  # the prefill runs eager at its own width: not a step
+            tensors = (input_ids, query_positions, query_valid, ancestors, buffers.start, buffers.valid)
+            self.held.append(tensors)
+            key = (input_ids.shape[1], ancestors is not None)
+            self.seen.setdefault(key, []).append(tuple(t.data_ptr() if t is not None else None for t in tensors))
+        return self.real(buffers, input_ids, query_positions, query_valid, ancestors, last_only)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_captured_steps_read_fixed_buffers_and_give_eager_tokens(kind):
+    """Greedy, a ragged batch of 5 with a short row: the captured mode (uncaptured on a CPU) gives the eager engine's
+    tokens and rounds, compiles nothing, and each step shape reads the same tensors step after step."""
+    target = tiny_model("llama", seed=1, layers=2)
+    draft = noisy_copy(target, 0.1)
+    gamma, lengths, new = 3, [5, 11, 1, 8, 3], 20
+    ids, mask = ragged_batch(lengths)
+    generation = Generation(max_new_tokens=new)
+    tree = (lambda: StaticTree(static_parents([2, 2, 1]), Sampling())) if kind == "tree" else (lambda: None)
+    # the target's widths: 1 and the chain's gamma + 1, or the tree's 2 + 4 + 4 nodes and its root; the draft's 1 and 2
+    # and its tree forwards' (2 nodes at depth 1, 4 at depth 2)
+    target_trees, draft_trees = ((11,), (2, 4)) if kind == "tree" else ((), ())
+    max_length = 11 + new + 16
+    ctarget = captured_copy(target, (1, gamma + 1), max_length, (5,), target_trees)
+    cdraft = captured_copy(draft, (1, 2), max_length, (5,), draft_trees)
+    books = [AddressBook(m._speculate_compiled) for m in (ctarget, cdraft)]
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        eager = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling(), tree=tree()), ids, mask,
+                                     generation, gamma)
+        captured = generate_speculative(ctarget, DraftModelDrafter(cdraft, VOCAB, Sampling(), tree=tree()), ids, mask,
+                                        generation, gamma)
+    assert [r.output_ids for r in captured] == [r.output_ids for r in base]
+    assert [r.rounds for r in captured] == [r.rounds for r in eager]
+    assert any(round_["accepted"] >= 1 for r in captured for round_ in r.rounds)  # drafts were accepted
+    verify = (11, True) if kind == "tree" else (gamma + 1, False)
+    assert len(books[0].seen[verify]) >= 4 and len(books[1].seen[(1, False)]) >= 4  # several rounds
+    for book in books:
+        for shape, addresses in book.seen.items():
+            assert len(set(addresses)) == 1, f"step {shape} read new tensors: {len(set(addresses))} address sets"
+    for model in (ctarget, cdraft):
+        summary = model._speculate_compiled.summary()
+        assert summary["mode"] == "cudagraphs" and summary["graphs"] == 0  # no dynamo
+        assert summary["captures"] == 0 and summary["capture_s"] == []  # a CPU captures nothing
+
+
+def test_compile_cudagraphs_is_a_setting_of_the_engine():
+    from utils.config import EngineConfig
+
+    assert EngineConfig(compile="cudagraphs").compile == "cudagraphs"
+    assert EngineConfig(compile=True).compile is True
+    with pytest.raises(ValueError):
+        EngineConfig(compile="inductor")
