@@ -314,14 +314,16 @@ def tree_prediction_gap(point: Point, metrics: dict, costs: CostProbe | None) ->
             f"-token target forward; measured up to {measured} nodes), and the tree prediction prices every round")
 
 
-def per_request_times(samples: list[dict], keys: tuple[str, str]) -> tuple[list[float], list[float]] | None:
+def per_request_times(samples: list[dict], keys: tuple[str | None, str]) -> tuple[list[float], list[float]] | None:
     """An engine's own latency and TTFT per request (its request metrics, queueing included; keys: their names in
-    the records' extra, EngineText.request_times), where every record has them."""
+    the records' extra, EngineText.request_times; a latency key None: the records' latency_s, the client's clock),
+    where every record has them."""
     latency, ttft = keys
     extra = [s.get("extra") or {} for s in samples]
-    if not samples or any(e.get(latency) is None or e.get(ttft) is None for e in extra):
+    if not samples or any((latency is not None and e.get(latency) is None) or e.get(ttft) is None for e in extra):
         return None
-    return [e[latency] for e in extra], [e[ttft] for e in extra]
+    return ([e[latency] for e in extra] if latency is not None else [s["latency_s"] for s in samples],
+            [e[ttft] for e in extra])
 
 
 def compares_outputs(point: Point) -> bool:
@@ -332,13 +334,14 @@ def compares_outputs(point: Point) -> bool:
 
 def base_figures(inputs) -> dict:
     """The records' own figures: their counts, latencies (an engine's own request times where it records them),
-    throughput per repeat and overall, tau, and the prefill's share; MAT 1.0 for the reference (a method with rounds
-    has its own, speculation_figures)."""
+    throughput per repeat and overall, tau, and the prefill's share; MAT 1.0 for the reference where its forwards are
+    counted (tau; a method with rounds has its own, speculation_figures)."""
     point, samples = inputs.point, inputs.samples
     spec = REGISTRY[point.method]
     latencies = [s["latency_s"] for s in samples]
     text = ENGINE_TEXTS.get(spec.engine)
     per_request = per_request_times(samples, text.request_times) if text and text.request_times else None
+    tau = block_efficiency(samples)
     metrics = {
         "samples": len(samples),
         "new_tokens": sum(s["new_tokens"] for s in samples),
@@ -348,8 +351,9 @@ def base_figures(inputs) -> dict:
         "ttft_s": distribution(per_request[1] if per_request else
                                [s["prefill_s"] for s in samples if s.get("prefill_s") is not None]),
         "throughput_tok_s": throughput(samples),
-        "block_efficiency": block_efficiency(samples),
-        "mean_accepted_tokens": 1.0 if spec.is_reference else None,
+        "block_efficiency": tau,
+        # a reference's 1 token a step is a count where its forwards are counted, as tau: not where they are not
+        "mean_accepted_tokens": 1.0 if spec.is_reference and tau is not None else None,
         "prefill_share": None,
     }
     repeats = sorted({s.get("repeat", 0) for s in samples})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY, reference_method
 from eval.axes import AXES, label_of, names as axis_names
+from eval.groups import group_text
 from eval.figure_table import Column, Format, columns, csv_fields, column_of, served_csv_fields
 from eval.records import Comparison, Point
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
@@ -32,6 +33,12 @@ def _value(run: dict, path: str):
     return node
 
 
+def flagged(run: dict) -> bool:
+    """Whether a run's measured speedup is marked '!': it has a flag, and it is no reference (whose speedup is 1 by
+    definition: a flag of its batch size, drift say, is the notes', not a doubt about that 1)."""
+    return bool(run.get("flags")) and not (run.get("method") in REGISTRY and REGISTRY[run["method"]].is_reference)
+
+
 def decorated(run: dict, path: str, text: str, kind: Format) -> str:
     """A cell's text with what its format kind adds: the interval, how few pairs back a ratio without one, a flag."""
     interval = _value(run, path + "_ci95") if kind.interval else None
@@ -39,7 +46,7 @@ def decorated(run: dict, path: str, text: str, kind: Format) -> str:
         text += f" [{kind.interval.format(interval[0])}, {kind.interval.format(interval[1])}]"
     elif kind.count and any(f["code"] == "few_samples" for f in run.get("flags") or []):  # too few for one: how many
         text += f" (n={run['batches']['prompts'] if 'batches' in run else run['metrics']['requests_paired']})"
-    if kind.flagged and run.get("flags"):
+    if kind.flagged and flagged(run):
         text += " !"  # the notes say why
     return text
 
@@ -95,26 +102,12 @@ def markdown(summary: dict, title: str = "") -> str:
         field = (summary.get("group_fields") or {}).get(group) or summary.get("group_by") or "group"
         lines += ["", f"## {group}" if field == "turn" else f"## {field}: {group}", ""]
         lines += _table([r for r in summary["runs"] if r.get("group") == group])
-    if any(r.get("flags") for r in summary["runs"]):
+    if any(flagged(r) for r in summary["runs"]):
         lines += ["", "! = flagged: the notes say why (legend: flags)."]
     lines += tree_lines(overall)
     lines += synthetic_lines(overall)
     lines += source_lines(overall)
-    if summary.get("best"):
-        lines += ["", "Best:"]
-    for comparison, methods in (summary.get("best") or {}).items():
-        for method, best in methods.items():
-            interval = best.get("speedup_ci95")
-            text = f"- {comparison}, {method}: {best['label']} at {best['speedup']:.2f}x" + (
-                f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + (
-                f" (flagged: {', '.join(best.get('flags') or [])})" if best["flagged"] else " (unflagged)")
-            if "predicted_best_gamma" in best and best.get("alpha_used") is None:
-                text += (f"; the replay of each gamma's schedule predicts gamma {best['predicted_best_gamma']} "
-                         f"best ({best['predicted_best_speedup']:.2f}x)")
-            elif "predicted_best_gamma" in best:
-                text += (f"; the measured alpha {best['alpha_used']:.3f}, c and v predict gamma {best['predicted_best_gamma']} "
-                         f"best ({best['predicted_best_speedup']:.2f}x)")
-            lines.append(text)
+    lines += best_method_lines(summary.get("best_method") or [], summary.get("best") or {}, overall)
     lines += engine_lines(summary.get("engines") or [])
     lines += serving_lines(summary)
     notes = list(summary.get("notes", []))
@@ -157,6 +150,55 @@ def depth_rank_text(table: list[dict]) -> str:
     """acceptance_by_depth_rank, compact: 'd1: r0 0.667 (3), r1 0.000 (1); d2: ...' (trials in parentheses)."""
     return "; ".join(f"d{row['depth']}: " + ", ".join(f"r{rank} {_fmt(p, '{:.3f}')} ({trials})" for rank, (p, trials)
                                                      in enumerate(zip(row["p"], row["trials"]))) for row in table)
+
+
+def _margin_text(entry: dict) -> str:
+    """The best method's margin over its runner-up: the paired ratio, its interval and what it says, or how few
+    prompt batches it rests on."""
+    if entry.get("runner_up") is None:
+        return "; no other method to set it against"
+    margin, interval = entry.get("margin"), entry.get("margin_ci95")
+    text = f"; over the runner-up {entry['runner_up_method']} ({entry['runner_up']}): {_fmt(margin, '{:.3f}')}x"
+    if interval:
+        verdict = {"above": "above 1", "below": "below 1: the runner-up is faster on the prompts both ran",
+                   "tied": "tied: the interval holds 1"}[entry["verdict"]]
+        return text + f" [{interval[0]:.3f}, {interval[1]:.3f}] paired over {entry['margin_prompts']} prompt batches ({verdict})"
+    return text + f" (n={entry.get('margin_prompts')}: too few prompt batches for an interval, a reading)"
+
+
+def best_method_lines(entries: list[dict], per_method: dict, runs: list[dict]) -> list[str]:
+    """The best method of each comparison, overall and per group, with its paired margin over the runner-up
+    (summary best_method); then each method's best point where the method ran more than one (summary best)."""
+    lines = []
+    for entry in entries:
+        where = entry["comparison"] + ("" if entry["engine"] == HOME_ENGINE else
+                                       f" ({ENGINE_TEXTS[entry['engine']].title if entry['engine'] in ENGINE_TEXTS else entry['engine']})")
+        scope = "overall" if entry["group"] is None else group_text(entry["group"], entry.get("group_field"))
+        interval = entry.get("speedup_ci95")
+        lines.append(f"- {where}, {scope}: best method {entry['method']} ({entry['label']}) at {entry['speedup']:.2f}x"
+                     + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+                     + (f" (flagged: {', '.join(entry['flags'])})" if entry["flags"] else "") + _margin_text(entry))
+    points = {}
+    for r in runs:
+        if r.get("group") is None and r["status"] == "ok" and r["method"] in REGISTRY \
+                and not REGISTRY[r["method"]].is_reference:
+            points.setdefault((Comparison.of(r).label, r["method"]), []).append(r)
+    for comparison, methods in per_method.items():
+        for method, best in methods.items():
+            if len(points.get((comparison, method), [])) < 2:  # its only point: the table has it already
+                continue
+            interval = best.get("speedup_ci95")
+            text = f"- {comparison}, {method}: {best['label']} at {best['speedup']:.2f}x" + (
+                f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + (
+                f" (flagged: {', '.join(best.get('flags') or [])})" if best["flagged"] else " (unflagged)")
+            if "predicted_best_gamma" in best and best.get("alpha_used") is None:
+                text += (f"; the replay of each gamma's schedule predicts gamma {best['predicted_best_gamma']} "
+                         f"best ({best['predicted_best_speedup']:.2f}x)")
+            elif "predicted_best_gamma" in best:
+                text += (f"; the measured alpha {best['alpha_used']:.3f}, c and v predict gamma {best['predicted_best_gamma']} "
+                         f"best ({best['predicted_best_speedup']:.2f}x)")
+            lines.append(text)
+    return ["", "Best:"] + lines if lines else []
 
 
 def tree_lines(runs: list[dict]) -> list[str]:
@@ -322,10 +364,20 @@ def _line_key(run: dict) -> str:
     return label_of(Point.of(run).without("gamma"))
 
 
+def _legend_outside(axes, fontsize: int) -> None:
+    """The legend right of the axes, never over a bar or a line (labels are long: a point's whole label)."""
+    axes.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
 def _save(figure, out_dir: Path, name: str, plt) -> str:
-    figure.tight_layout()
+    import warnings
+
+    with warnings.catch_warnings():  # labels too long to fit: bbox_inches below grows the image instead
+        warnings.simplefilter("ignore", UserWarning)
+        figure.tight_layout()
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    # the image grows to hold every label and the legend beside the axes, which tight_layout alone does not fit
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(figure)
     write_atomic(out_dir / name, buffer.getvalue())
     return name
@@ -373,7 +425,7 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
                           markerfacecolor="white" if r["status"] == "partial" else color, zorder=3)
             if metric == "speedup":
                 for x, y, r in zip(xs, ys, runs):
-                    if r.get("flags"):
+                    if flagged(r):
                         axes.annotate("!", (x, y), textcoords="offset points", xytext=(4, 4), color=color)
                 _predicted_band(axes, runs, color)
             drawn += 1
@@ -382,7 +434,7 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
             for run in fixed:  # a method without gamma: one speedup per batch size, a reference line
                 axes.axhline(run["metrics"]["speedup"], linewidth=1.0, linestyle=":", color=f"C{drawn % 10}",
                              label=_line_key(run) + (" (partial)" if run["status"] == "partial" else "")
-                             + (" !" if run.get("flags") else ""))
+                             + (" !" if flagged(run) else ""))
                 drawn += 1
         gammas = sorted({r["gamma"] for r in swept})
         if gammas:
@@ -391,7 +443,7 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
         axes.set_ylabel(label)
         axes.grid(alpha=0.3)
         if drawn:
-            axes.legend(fontsize=7)
+            _legend_outside(axes, 7)
         written.append(_save(figure, out_dir, f"{metric}.png", plt))
     written.append(_bars(measured, out_dir, plt, "methods.png",
                          "speedup per point (95% CI; hollow = partial, ! = flagged)"))
@@ -412,7 +464,7 @@ def _bars(runs: list[dict], out_dir: Path, plt, name: str, title: str) -> str:
         colors = ["white" if r["status"] == "partial" else "tab:blue" for r in runs]
         axes.barh(ys, [r["metrics"]["speedup"] for r in runs], xerr=errors, color=colors, edgecolor="tab:blue",
                   capsize=3)
-        axes.set_yticks(ys, [r["label"] + (" (partial)" if r["status"] == "partial" else "") + (" !" if r.get("flags") else "")
+        axes.set_yticks(ys, [r["label"] + (" (partial)" if r["status"] == "partial" else "") + (" !" if flagged(r) else "")
                              for r in runs], fontsize=7)
     axes.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
     axes.set_xlabel(f"speedup vs {reference_name({'runs': runs})}")
@@ -439,7 +491,7 @@ def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
             if chosen[group]["status"] == "partial":  # hollow, as in every plot
                 bar.set_edgecolor(bar.get_facecolor())
                 bar.set_facecolor("white")
-            if chosen[group].get("flags"):
+            if flagged(chosen[group]):
                 axes.annotate("!", (bar.get_x() + bar.get_width() / 2, bar.get_height()), textcoords="offset points",
                               xytext=(4, 2), fontsize=7)
     axes.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=30, ha="right", fontsize=8)
@@ -449,7 +501,7 @@ def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
                                 for g in groups))
     axes.set_title(f"speedup per {' and per '.join(fields)}", fontsize=9)
     if labels:
-        axes.legend(fontsize=6)
+        _legend_outside(axes, 6)
     return _save(figure, out_dir, "speedup_by_group.png", plt)
 
 
@@ -553,9 +605,18 @@ def serving_lines(summary: dict) -> list[str]:
         return []
     slo = serving.get("slo")
     limits = ", ".join(f"{k} {v:g}" for k, v in (slo or {}).items()) or "none set (config load.slo): no goodput"
+    reference = reference_name({"runs": serving["runs"]})
     lines = ["", "## Under load", "", f"Every method of a load point served the same requests on the same arrival "
-             f"schedule; speedups are against the baseline of the same load point (legend: speedup_tput, speedup_tpot), "
-             f"'tok/s ratio' is the measured system output tok/s over the baseline's (a reading). SLO: {limits}."]
+             f"schedule; speedups are against the {reference} of the same load point (legend: speedup_tput, "
+             f"speedup_tpot), 'tok/s ratio' is the measured system output tok/s over the reference's (a reading). "
+             f"SLO: {limits}."]
+    others = sorted({REGISTRY[r["method"]].engine for r in serving["runs"] if r["method"] in REGISTRY} - {HOME_ENGINE})
+    if others:  # said, since the fixed batches' Engines table would be looked for here
+        titles = ", ".join(ENGINE_TEXTS[e].title if e in ENGINE_TEXTS else e for e in others)
+        lines += ["", f"Engines: no table under load: the engine comparison (another engine's reference against our "
+                  f"baseline, paired prompt batch by prompt batch) is built for fixed batches only; here {titles}'s "
+                  "points and ours each read against their own reference, in the tables below, and no figure sets "
+                  "one engine's tok/s against the other's."]
     columns = serving_columns(serving["runs"])
     headers = [c.header for c in columns]
     by_load: dict[str, list[dict]] = {}
@@ -684,7 +745,7 @@ def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
         axes.set_ylabel(f"throughput speedup vs {reference_name(summary)} (95% CI)")
         axes.set_title("speedup under load: x = measured crossing of 1, dashed = predicted", fontsize=9)
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7)
+        _legend_outside(axes, 7)
         written.append(_save(figure, out_dir, f"speedup_vs_{'rate' if axis == 'request_rate' else axis}.png", plt))
     runs = [r for r in serving["runs"] if r["status"] in ("ok", "partial") and r["metrics"].get("output_tok_s")]
     if runs:
@@ -708,7 +769,7 @@ def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
         axes.set_ylabel("TPOT (ms per output token after the first)")
         axes.set_title("latency against throughput, a point per load point", fontsize=9)
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=6)
+        _legend_outside(axes, 6)
         written.append(_save(figure, out_dir, "tpot_vs_throughput.png", plt))
     return written
 

@@ -224,7 +224,8 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         notes.append(f"planned but not measured (the run stopped first): {'; '.join(missing)}")
     engines = engine_comparison(by_point, baselines, runs)
     fields = {r["group"]: r["group_field"] for r in runs if r["group"] is not None}
-    summary = {"runs": runs, "best": best_points(runs, costs_by_label), "legend": legend(), "notes": notes,
+    summary = {"runs": runs, "best": best_points(runs, costs_by_label),
+               "best_method": best_methods(runs, by_point), "legend": legend(), "notes": notes,
                "groups": sorted({r["group"] for r in runs if r["group"] is not None},
                                 key=lambda g: (fields[g] == TURN, natural(g))),
                "group_fields": fields}
@@ -312,6 +313,48 @@ def _axes(point: Point) -> dict:
 
 def comparison_name(run: dict) -> str:
     return Comparison.of(run).label
+
+
+def best_methods(runs: list[dict], by_point: dict[Point, list[dict]]) -> list[dict]:
+    """Per comparison and engine (each engine's speedups are against its own reference), overall and per group: the
+    best method (its point of the highest measured speedup, among status ok points, flagged ones kept and marked),
+    and its margin over the runner-up (the next method's best point): the ratio of the two points' throughputs over
+    the prompt batches both finished, paired prompt batch by prompt batch, with its 95% paired bootstrap interval
+    over prompts (eval/stats.py bootstrap_ci: the speedup's, with the runner-up in the baseline's place; none below
+    MIN_PROMPTS prompt batches). verdict: 'above' or 'below' where the interval lies above or below 1, 'tied' where it
+    holds 1, None without an interval or a runner-up."""
+    eligible = [r for r in runs if r["status"] == "ok" and not REGISTRY[r["method"]].is_reference
+                and r["metrics"].get("speedup") is not None and r.get("synthetic_acceptance") is None]
+    scopes: dict[tuple, list[dict]] = defaultdict(list)
+    for run in eligible:
+        scopes[(comparison_name(run), REGISTRY[run["method"]].engine, run["group"], run.get("group_field"))].append(run)
+    out = []
+    for (comparison, engine, group, field), candidates in scopes.items():
+        per_method: dict[str, dict] = {}
+        for run in sorted(candidates, key=lambda r: -r["metrics"]["speedup"]):
+            per_method.setdefault(run["method"], run)
+        best, *others = per_method.values()
+        entry = {"comparison": comparison, "engine": engine, "group": group, "group_field": field,
+                 "method": best["method"], "label": best["label"], "speedup": best["metrics"]["speedup"],
+                 "speedup_ci95": best["metrics"].get("speedup_ci95"),
+                 "flags": list(dict.fromkeys(f["code"] for f in best["flags"])), "runner_up": None}
+        if others:
+            second = others[0]
+
+            def rows(run):  # the run's records: its point's, in its group
+                return [r for r in by_point[Point.of(run)] if group is None or in_group(r, group, field)]
+
+            clusters = paired_clusters(rows(best), rows(second))
+            interval = bootstrap_ci(clusters)
+            entry.update(runner_up=second["label"], runner_up_method=second["method"],
+                         runner_up_speedup=second["metrics"]["speedup"], margin=ratio_of_totals(clusters),
+                         margin_ci95=interval, margin_prompts=len(clusters),
+                         verdict=None if not interval else "above" if interval[0] > 1 else "below" if interval[1] < 1
+                         else "tied")
+        out.append(entry)
+    order = list(dict.fromkeys(comparison_name(r) for r in eligible))  # the tables' order
+    return sorted(out, key=lambda e: (order.index(e["comparison"]), e["engine"] != HOME_ENGINE, e["group"] is not None,
+                                      e["group_field"] == TURN, natural(e["group"] or "")))
 
 
 def best_points(runs: list[dict], costs_by_label: dict[str, CostProbe | None]) -> dict:

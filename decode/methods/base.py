@@ -39,7 +39,8 @@ class EngineText:
     no_prediction_load: str  # ... under load
     drift_probe: str  # what its drift probe times
     legend: str  # the legend's engines entry
-    request_times: tuple[str, str] | None = None  # the record extra's keys of its own per-request latency and TTFT
+    # the record extra's keys of its own per-request latency (None: the client's latency_s) and TTFT
+    request_times: tuple[str | None, str] | None = None
 
 
 @dataclass(frozen=True)
