@@ -251,6 +251,10 @@ class _RoundRecorder:
         source_facts = getattr(self.drafter, "round_facts", None) if drafts else None
         draft_forwards = self.drafter.forwards - self.draft_forwards_before
         draft_s, target_s = self.drafted_at - self.started, self.verified_at - self.drafted_at
+        if not draft_forwards and not any(h.drafted for h in host):
+            # no row drafted and no draft forward ran (every row's K 0, or no tokens left to draft): a plain step,
+            # its seconds the target's, and a row off carries no draft seconds
+            draft_s, target_s = 0.0, self.verified_at - self.started
         for local, row in enumerate(active):
             record = records[row]
             facts = layout.record_facts(host[local], draft_forwards)

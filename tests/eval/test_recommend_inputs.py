@@ -316,3 +316,24 @@ def test_a_schedule_that_drafted_nothing_says_why(schedule, why):
     notes = run_notes(run, point, {"rounds": 12, "acceptance_rate": None, "speedup": 1.0}, {}, "baseline")
     assert notes == [f"{point.label}: no round drafted a token ({why}): acceptance figures, alpha and the prediction "
                      "are null"]
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["static", "served"])
+def test_a_round_that_drafted_nothing_adds_no_draft_seconds(served):
+    """max_new_tokens 2: the prefill's token, then one round with one token left, in which no row drafts and the draft
+    model runs no forward (as where a schedule turns every row off): the rows' draft seconds are their draft prefill's
+    alone, the round's seconds the target's (before: the round's time before its verification was added as draft)."""
+    import torch
+
+    from decode import DraftModelDrafter, Generation, Sampling, generate_speculative
+    from decode.serving import Load
+    from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
+    target = tiny_model("llama", seed=1)
+    ids, mask = ragged_batch([5, 7])
+    with torch.inference_mode():
+        records = generate_speculative(target, DraftModelDrafter(noisy_copy(target, 0.05), VOCAB, Sampling()), ids,
+                                       mask, Generation(max_new_tokens=2), 3,
+                                       load=Load([0.0, 0.0], 2) if served else None)
+    for record in records:
+        assert [r["drafted"] for r in record.rounds] == [0]
+        assert record.draft_s == record.draft_prefill_s and record.target_s > 0
