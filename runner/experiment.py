@@ -258,9 +258,9 @@ class Experiment:
                             points = points_of(config, comparison, engine=engine)
                             if not points:
                                 continue
-                            if all(p.key + (repeat, unit.batch_index) in done for p in points):
-                                display.skip(len(points))
-                            else:
+                            finished = sum(p.key + (repeat, unit.batch_index) in done for p in points)
+                            display.skip(finished)  # the engine runs only the points not done: these count now
+                            if finished < len(points):
                                 mine.append(unit)
                 self.folder.save_progress()
                 for name, engine in engines.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -148,6 +149,27 @@ def test_bad_input_is_one_line(tmp_path, case):
     config = _config(tmp_path, server, ["llama_cpp_generate", "llama_cpp_ngram"], **extra)
     fragment = {"no-server": "llama_cpp.server", "not-gguf": "is not a GGUF file", "cuda": "llama_cpp"}[case]
     assert_one_clean_line(run_launch(["--config", config, "--out", tmp_path / "out"]), fragment)
+
+
+def test_a_resumed_run_counts_what_was_done_and_releases_no_models(tmp_path):
+    """A run of llama.cpp's points alone holds none of our engine's models, so no note says they were released or
+    loaded again; resumed after the reference's server block (engine pairing), its progress counts that block's
+    batches as done and ends at 6/6."""
+    methods = ["llama_cpp_generate", "llama_cpp_ngram"]
+    config = _config(tmp_path, str(_fake_server(tmp_path)), methods, llama_cpp={"server": str(_fake_server(tmp_path)),
+                                                                                  "pairing": "engine"})
+    out = tmp_path / "out"
+    result = run_launch(["--config", config, "--out", out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    notes = json.loads((out / "progress.json").read_text())["notes"]
+    assert not [n for n in notes if "our engine's models" in n], notes
+    samples = out / "samples.jsonl"
+    kept = [line for line in samples.read_text().splitlines() if json.loads(line)["method"] == "llama_cpp_generate"]
+    samples.write_text("\n".join(kept) + "\n")  # as if interrupted after the reference's block
+    result = run_launch(["--resume", out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = re.findall(r"\] (\d+)/(\d+) llama_cpp", result.stderr)
+    assert counts and counts[-1] == ("6", "6") and len(counts) == 3, result.stderr[-3000:]
 
 
 def test_a_draft_minimum_above_gamma_is_refused(tmp_path):

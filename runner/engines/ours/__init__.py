@@ -35,11 +35,16 @@ class LocalExecutor:
             self.session.release_models()
 
     def run(self, units: list[Unit], done: set):
-        if self.session.released:
+        reloaded = self.session.released
+        if reloaded:
             self.session.load()
         for unit in units:
             try:
                 result = self.session.run_unit(unit, done)
+                if reloaded:  # said where it happened: a run of one repeat never loads them again
+                    result.notes.append("our engine's models were loaded again for a later repeat, warmed up and "
+                                        "probed anew")
+                    reloaded = False
             except KeyboardInterrupt as interrupt:  # a serving unit runs minutes: keep the points it finished
                 partial = getattr(interrupt, "partial", None)
                 if partial is not None and partial.rows:
@@ -82,9 +87,10 @@ class OurEngine(Engine):
     def release(self, by: Engine) -> str | None:
         if not isinstance(self.executor, LocalExecutor):  # Ray's workers hold the models elsewhere
             return None
+        if self.executor.session.target is None:  # none loaded (every method another engine's) or released before
+            return None
         self.executor.release()
-        return (f"our engine's models were released while {by.title} ran ({by.title} loads its own copies), and "
-                "loaded again, warmed up and probed anew for a later repeat")
+        return f"our engine's models were released while {by.title} ran ({by.title} loads its own copies)"
 
     def close(self) -> None:
         executor, self.executor = self.executor, None
