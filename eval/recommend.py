@@ -720,6 +720,17 @@ def check_contexts(contexts: list[int] | None, config: dict, samples: list[dict]
                         f"context of at most {positions - new}")
 
 
+def off_everywhere(results: list[dict]) -> list[str]:
+    """Where off is the choice at every load and context: why, with the closest candidate."""
+    if not results or any(r["best"] != OFF for r in results):
+        return []
+    closest = max((c for r in results for c in r["candidates"] if c["candidate"] != OFF), key=lambda c: c["speedup"],
+                  default=None)
+    return ["off at every load and context asked: no candidate's predicted speedup is above the target alone's (the "
+            "drafts do not pay at these loads)" + (f"; the closest, {closest['candidate']}, at "
+                                                    f"{closest['speedup']:.2f}x" if closest else "")]
+
+
 def not_writable(out: Path) -> str | None:
     """Why `out` cannot be written (its folder missing or read-only, a folder in its place); None where it can."""
     folder = out.parent if str(out.parent) else Path(".")
@@ -907,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{folder / 'config.yaml' if folder is not None else 'CONFIG.yaml'})")
         results, notes = recommend(samples, profile, loads, args.context)
         categories = by_category(samples, profile, loads, args.context)
-        notes = said_first + context_notes(profile, args.context) + notes
+        notes = said_first + context_notes(profile, args.context) + notes + off_everywhere(results)
     except UserError as error:  # ProfileError and AcceptanceError too
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -337,3 +337,15 @@ def test_a_round_that_drafted_nothing_adds_no_draft_seconds(served):
     for record in records:
         assert [r["drafted"] for r in record.rounds] == [0]
         assert record.draft_s == record.draft_prefill_s and record.target_s > 0
+
+
+def test_a_recommendation_off_everywhere_says_why(tmp_path, capsys):
+    # a draft step of 2.0 s: batch 1 gamma 1 8.85 s against off's 4.9 s (0.554x), gamma 2 10.15 s; batch 2 gamma 1
+    # 10.8 s against 6.2 s (0.574x), gamma 2 13.1 s (test_recommend.py test_off_where_speculation_is_slower)
+    run_dir = folder(tmp_path / "run", run(), profile(draft=2.0))
+    assert rec.main([str(run_dir), "--batch", "1,2"]) == 0
+    said = ("off at every load and context asked: no candidate's predicted speedup is above the target alone's (the "
+            f"drafts do not pay at these loads); the closest, speculative draft=d gamma=1 constant, at {6.2 / 10.8:.2f}x")
+    assert said in json.loads((run_dir / "recommend.json").read_text())["notes"]
+    assert f"- {said}" in capsys.readouterr().out.splitlines()
+    assert rec.off_everywhere([{"best": "x", "candidates": []}]) == []
