@@ -160,9 +160,12 @@ def test_launch_refuses_a_corrupt_recommendation_with_exit_2(tmp_path):
 
 
 def test_a_sound_recommendation_reads(tmp_path):
+    from decode.methods.speculative import read_recommendation
     loads = [{"load": "batch=1", "context": 128, "candidates": [chain(2, 1.2, speedup_ci95=[1.1, 1.3]), OFF],
-              "best": "speculative draft=d gamma=2"}]
-    assert schedule_config(tmp_path, loads).speculative.recommendation == str(tmp_path / "recommend.json")
+              "best": "speculative draft=d gamma=2"},
+             {"load": "rate=2.0/s conc=4", "context": None, "candidates": [chain(3, 0.9), OFF], "best": "off"}]
+    (tmp_path / "recommend.json").write_text(json.dumps({"loads": loads, "draft_prefill": {}}))
+    assert read_recommendation(str(tmp_path / "recommend.json"))["loads"] == loads
 
 
 # ---- benchmarks/recommend_check.py (item 14) --------------------------------------------------------------------------
