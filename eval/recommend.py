@@ -24,6 +24,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from decode.k_model import TIE, conditional, pick
 from decode.methods import REGISTRY, caps_of
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
@@ -31,8 +32,8 @@ from eval.costs import TARGET, Profile, read_config, read_env, read_progress, ru
 from eval.groups import natural
 from eval.predict import against_own_probes, differences, draft_label, run_profile, written
 from eval.records import Point
-from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, profile_resamples,
-                         replay_load, replay_static, static_prediction)
+from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, priced_k,
+                         profile_resamples, replay_load, replay_static, static_prediction)
 from eval.serving import by_repeat, load_prediction, replayed_figures
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, misses
 from eval.totals import clusters_of, units
@@ -403,10 +404,13 @@ def tied(a: dict, b: dict) -> bool:
 
 
 def choose(rows: list[dict]) -> dict:
-    """The best by predicted speedup (the same baseline: by throughput), its margin over the runner-up (best's
+    """The best by predicted speedup (the same baseline: by throughput), by the one model's rule (decode/k_model.py
+    pick: speedups within its relative TIE go to off, then the shorter K), its margin over the runner-up (best's
     speedup over runner-up's), and every candidate tied with it."""
-    ranked = sorted(rows, key=lambda r: (-r["speedup"], r["candidate"] != OFF, r["candidate"]))
-    best = ranked[0]
+    def order(r: dict) -> tuple:
+        return r["candidate"] != OFF, r.get("gamma") or 0, r["candidate"]
+    best = rows[pick({i: r["speedup"] for i, r in enumerate(rows)}, order=lambda i: order(rows[i]))]
+    ranked = [best] + sorted((r for r in rows if r is not best), key=lambda r: (-r["speedup"], order(r)))
     runner = ranked[1] if len(ranked) > 1 else None
     return {"best": best["candidate"], "runner_up": runner and runner["candidate"],
             "margin": best["speedup"] / runner["speedup"] if runner else None,
@@ -854,6 +858,55 @@ def draft_prefill_lines(profile: Profile) -> dict:
     return {model: dict(zip(("intercept_s", "s_per_row_token"), profile.prefill_line(model))) for model in models}
 
 
+def k_model_of(samples: list[dict], profile: Profile) -> dict:
+    """recommend.json's "k_model" (decode/k_model.py KModel): the profile's steps at its own rows, widths and caches
+    for the target and each draft model, each draft model's prefill line, and per draft the conditional acceptance
+    b_1..b_K of its measured chain of the largest K (overall, and per category with at least MIN_BIN_ROUNDS rounds),
+    with the median context of its rounds."""
+    steps = {}
+    for model in sorted({p["model"] for p in profile.steps}):
+        points = [[r, w, kv, profile.step_s(model, r, w, kv)] for r in profile.rows_measured(model)
+                  for w in profile.widths_measured(model) for kv in profile.caches()]
+        steps[model] = [p for p in points if p[3] is not None]
+    cands, _, _, derived_keys = candidates(samples)
+    acceptance = {}
+    for key, points in sorted(cands.items(), key=lambda kv: dict(kv[0]).get("gamma") or 0):  # the largest K last
+        values, rows = dict(key), [s for r in points.values() for s in r]
+        if key in derived_keys or not REGISTRY[values["method"]].needs_draft or values.get("tree") is not None \
+                or not values.get("gamma") or not chain(rows):
+            continue
+        groups: dict = defaultdict(list)
+        for s in rows:
+            groups[s.get("group")].extend(s.get("rounds") or [])
+        rates = acceptance_io.position_rates([r for s in rows for r in s.get("rounds") or []], values["gamma"])
+        contexts = sorted(c for s in rows for c in round_contexts(s))
+        if rates is None or not contexts:
+            continue
+        acceptance[values["draft"]] = {
+            "rates": conditional(rates), "context": contexts[len(contexts) // 2],
+            "by_category": {g: conditional(acceptance_io.position_rates(rounds, values["gamma"]))
+                            for g, rounds in groups.items() if g is not None and len(rounds) >= MIN_BIN_ROUNDS}}
+    return {"steps": steps, "draft_prefill": draft_prefill_lines(profile), "acceptance": acceptance, "tie": TIE}
+
+
+def model_choices(results: list[dict], model: dict, profile: Profile) -> None:
+    """Each batch or concurrency load's K by the one model (decode/k_model.py, as the recommended schedule decides a
+    round), per draft with acceptance: at the load's rows and its context (as measured: the median of the draft's
+    rounds'), each K's round priced as the replay prices it; None where the profile prices no K there."""
+    for result in results:
+        kind, _, value = result["load"].partition("=")
+        if kind not in ("batch", "conc"):
+            continue
+        result["model_k"] = {}
+        for draft, accepted in model["acceptance"].items():
+            try:
+                k = priced_k(Pricer(profile, draft), accepted["rates"], int(value),
+                             result["context"] or accepted["context"], range(len(accepted["rates"]) + 1))
+            except ValueError:
+                k = None
+            result["model_k"][draft] = k
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m eval.recommend", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, nargs="?", help="a report folder of our engine's run")
@@ -917,6 +970,8 @@ def main(argv: list[str] | None = None) -> int:
                             "give --costs PROFILE.json of a profile with it (python -m runner.profile --config "
                             f"{folder / 'config.yaml' if folder is not None else 'CONFIG.yaml'})")
         results, notes = recommend(samples, profile, loads, args.context)
+        k_model = k_model_of(samples, profile)
+        model_choices(results, k_model, profile)
         categories = by_category(samples, profile, loads, args.context)
         notes = said_first + context_notes(profile, args.context) + notes + off_everywhere(results)
     except UserError as error:  # ProfileError and AcceptanceError too
@@ -941,7 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     return written(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None, "warnings": warnings,
                          "profile_meta": profile.meta, "loads": results, "settings": emitted,
-                         "draft_prefill": draft_prefill_lines(profile),
+                         "draft_prefill": draft_prefill_lines(profile), "k_model": k_model,
                          "exported_acceptance": acceptance, "notes": notes,
                          **({"by_category": categories} if categories else {})})
 

@@ -21,6 +21,7 @@ import math
 import random
 from collections import defaultdict
 
+from decode.k_model import best_k, round_parts
 from decode.serving import Load, Queue
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
 from eval.totals import paired_clusters, units
@@ -255,14 +256,19 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
             # the first forward's width: where recorded (catch_up), and a chain's rows' unfed tokens and last one
             catch_up = max([r.get("catch_up", 0) for r in this]
                            + [unfed[i] + 1 for i, r in zip(active, this) if chain and r["drafted"]])
-            if forwards and drafts:  # the draft's cache: its window of the prompt and the tokens since
-                draft_kv = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) + done[i] for i in active)
-                step = pricer.draft_step(rows, draft_kv)
-                drafting = pricer.draft_first(rows, draft_kv, catch_up) + (forwards - 1) * step
-                now += drafting
+            # the draft's cache: its window of the prompt and the tokens since
+            draft_kv = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) + done[i] for i in active)
+            if chain and drafts:  # a draft model's chain: the round as the one model prices it (decode/k_model.py)
+                drafting, verifying = round_parts(lambda w: pricer.step(rows, w, kv),
+                                                  lambda w: pricer.draft_first(rows, draft_kv, w), forwards, catch_up)
+            else:
+                if forwards and drafts:
+                    drafting = pricer.draft_first(rows, draft_kv, catch_up) + (forwards - 1) * pricer.draft_step(
+                        rows, draft_kv)
+                verifying = pricer.step(rows, width, kv)
+            now += drafting
             if chain:
                 feed_unfed(active, this, catch_up if forwards else 0)
-            verifying = pricer.step(rows, width, kv)
             now += verifying
             for i, r in zip(active, this):
                 done[i] += r["emitted"]
@@ -272,6 +278,20 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
         end([i for i in active if finished(i)])
         active = [i for i in active if not finished(i)]
     return out
+
+
+def priced_k(pricer: Pricer, rates: list[float], rows: int, kv: float, candidates) -> int:
+    """The K the one model picks (decode/k_model.py best_k) at `rows` in flight and a cache of `kv` tokens, each
+    candidate's round priced as the replay prices a chain round; a K the profile cannot price is no candidate."""
+    def priced(cost):
+        def at(width: int) -> float | None:
+            try:
+                return cost(width)
+            except MissingCost:
+                return None
+        return at
+    return best_k(rates, priced(lambda w: pricer.step(rows, w, kv)), priced(lambda w: pricer.draft_first(rows, kv, w)),
+                  candidates)
 
 
 # ---- a point's schedule as requests ---------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class DraftModelDrafter(Drafter):
         self.round_facts: list[dict] | None = None  # per row, this round's facts for its record (idles_rows)
         self.held: list[int] = []  # rows held this round: fed their last token only, dropped at commit
         self.held_last: list[int] = []  # those rows' last tokens (host), which join their pending at commit
+        self.round_shape: tuple[int, int, int] | None = None  # (rows, width, tokens fed a row) of a chain round
 
     @property
     def forwards(self) -> int:
@@ -95,8 +96,8 @@ class DraftModelDrafter(Drafter):
         # a schedule may judge the draft's prefill dearer than anything drafting can save on this batch
         # (cost_model: a long prompt, few new tokens): then the draft never runs and every round is a plain step.
         # Serving (reset + add_rows) never asks: the batch holds requests that have not arrived yet
-        worth = getattr(self.schedule, "worth_drafting", None)
-        self.off = worth is not None and not worth(self.prefill_width(prompt_ids.shape[1]))
+        width = self.prefill_width(prompt_ids.shape[1])
+        self.off = self.schedule is not None and not self.schedule.worth_drafting(width)
         self.add_rows(prompt_ids, prompt_mask)
 
     def reset(self):
@@ -136,7 +137,7 @@ class DraftModelDrafter(Drafter):
                     self.state.add_empty_rows(prompt_ids.shape[0])
                 self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
                                                        for prompt in unpadded(prompt_ids, prompt_mask)]
-                if getattr(self.schedule, "idles_rows", False):  # hybrid (defer) records its rows' catch-up itself
+                if self._idles:  # hybrid (defer) records its rows' catch-up itself
                     self.joined_empty[-prompt_ids.shape[0]:] = [True] * prompt_ids.shape[0]
                 return
             state = new_state(self.model)
@@ -147,20 +148,15 @@ class DraftModelDrafter(Drafter):
 
     def _waits(self, prompt_mask: torch.Tensor) -> bool:
         """Whether the joining rows' prefill (the last rows; prompt_mask [J, P] as fed) waits for a round that drafts
-        (class doc: defer, idles_rows): none of them drafts at once by its K or, where the schedule prices catch-ups,
-        what they save on their tokens left (at the batch in flight and at the fewer rows they outlive it at), and
-        what their joining lets the batch save where it runs off (the other rows' backlogs), does not repay their
-        own forward (one for them all, as wide as the widest prompt: Schedule.joining_repaid)."""
-        joining, idles = prompt_mask.shape[0], getattr(self.schedule, "idles_rows", False)
-        if self.state is None and (self.defer or (idles and len(self.pending) > joining)):  # earlier rows wait too
+        (class doc: defer, idles_rows): none of them drafts at once by its K."""
+        joining = prompt_mask.shape[0]
+        if self.state is None and (self.defer or (self._idles and len(self.pending) > joining)):  # earlier rows wait
             return True
-        if not idles:
-            return False
-        repaid, first = getattr(self.schedule, "joining_repaid", None), len(self.pending) - joining
-        if repaid is None:
-            return not any(self.schedule.lengths()[-joining:])
-        return not repaid(list(range(first, first + joining)), prompt_mask.shape[1],
-                          [len(p) for p in self.pending[:first]])
+        return self._idles and not any(self.schedule.lengths()[-joining:])
+
+    @property
+    def _idles(self) -> bool:
+        return self.schedule is not None and self.schedule.idles_rows
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [B, V_d] -> [B, V_t]: tokens outside the draft's vocabulary get q = 0."""
@@ -168,31 +164,22 @@ class DraftModelDrafter(Drafter):
 
     def _lengths(self, max_tokens: int, row_limits: list[int] | None) -> list[int]:
         rows = len(self.pending)
-        wanted = self.schedule.lengths() if self.schedule is not None else [max_tokens] * rows
+        # the schedule is told each row's pending tokens: a drafting round feeds them first
+        wanted = [max_tokens] * rows if self.schedule is None else self.schedule.plan([len(p) for p in self.pending])
         limits = row_limits if row_limits is not None else [max_tokens] * rows
         caps = [max(0, min(limit, max_tokens)) for limit in limits]  # the most each row may draft
-        lengths = [max(0, min(w, cap)) for w, cap in zip(wanted, caps)]
-        repaid = getattr(self.schedule, "catch_up_repaid", None)
-        if repaid is not None and self.tree is None and any(len(p) > 1 for p, k in zip(self.pending, lengths) if k):
-            # a backlog (more than the last draft of a full accept, or one plain step's token) is fed only if repaid
-            lengths = [k if k == 0 or len(p) <= 1 or repaid(row, len(p)) else 0
-                       for row, (k, p) in enumerate(zip(lengths, self.pending))]
-        whole = getattr(self.schedule, "round_lengths", None)
-        if whole is not None and self.tree is None:  # the round weighed as a whole (its doc; all off included)
-            lengths = whole(lengths, [len(p) for p in self.pending], caps)
-        return lengths
+        return [max(0, min(w, cap)) for w, cap in zip(wanted, caps)]
 
     @property
     def reads_queue(self) -> bool:
-        return hasattr(self.schedule, "queued")
+        return self.schedule is not None and self.schedule.reads_queue
 
     def queued(self, requests: int, rate: float | None = None) -> None:
         self.schedule.queued(requests, rate)
 
     def timed(self, seconds: float) -> None:
-        timed = getattr(self.schedule, "timed", None)
-        if timed is not None and getattr(self, "round_shape", None) is not None:
-            timed(seconds, *self.round_shape)
+        if self.schedule is not None and self.round_shape is not None:
+            self.schedule.timed(seconds, *self.round_shape)
 
     def held_rows(self, lengths: list[int]) -> list[int]:
         """The rows a drafting chain round of these lengths holds (class doc): drafting nothing, with more pending

@@ -12,11 +12,10 @@ confidence, from the draft's own state before the next position, never from the 
 """
 from __future__ import annotations
 
-import math
-import statistics
-from collections import deque
-
 import torch
+
+from decode.k_model import expected_tokens, round_seconds
+from decode.names import TARGET
 
 
 class Schedule:
@@ -24,6 +23,7 @@ class Schedule:
     name = "constant"
     stops_mid_round = False  # True: keep_drafting may end rows during a round (the drafter asks it each step)
     reads_context = False  # True: add_rows(n, prompt_tokens=[...]) (the drafter reads the joining rows' prompt lengths)
+    reads_queue = False  # True: queued(requests, rate) before each admission (the serving loop scans its queue)
     # True: a row may go many rounds without drafting (its K is 0 at some loads): a draft model leaves such a row out of
     # its cache while it does not draft (DraftModelDrafter: its prefill waits for the first round that drafts)
     idles_rows = False
@@ -57,6 +57,23 @@ class Schedule:
         """After a drafting step, asked only when stops_mid_round: q [B, V] of the step and the drafted tokens
         [B] -> [B] bool, the rows that may draft another token (the token just drawn is kept either way)."""
         return None
+
+    # what a drafter may tell a schedule and ask of it besides (DraftModelDrafter): each a no-op here
+
+    def queued(self, requests: int, rate: float | None = None) -> None:
+        """Serving, where reads_queue: the requests waiting for a row, and the rate they arrived at so far."""
+
+    def plan(self, backlogs: list[int]) -> list[int]:
+        """lengths(), told each row's tokens the draft has not been fed (a catch-up a drafting round pays first)."""
+        return self.lengths()
+
+    def worth_drafting(self, prompt_width: int) -> bool:
+        """Whether a static batch of prompts this wide runs the draft at all (cost_model decides)."""
+        return True
+
+    def timed(self, seconds: float, rows: int, width: int, fed: int) -> None:
+        """The seconds the last chain round took: its rows, the most a row drafted (0: a plain step), the tokens its
+        first draft forward fed a row."""
 
 
 class ConstantSchedule(Schedule):
@@ -414,119 +431,58 @@ class CostModelSchedule(Schedule):
         self.since_probe += [0] * rows
 
 
-TIMED_MIN = 3  # rounds of one width at one batch size measured before their seconds correct its price (after the
-#   first of each, left out: a shape's first run pays one-time costs, kernel choice and allocator growth)
-TIMED_KEEP = 16  # the latest rounds of each kept (their median: a round slowed by the machine weighs little)
+EXPLORE_EVERY = 16  # every this many rounds, a round runs the neighbour of the chosen K least timed at its rows
+CORRECTION = 0.25  # a timed round's weight in its (rows, K)'s running ratio of measured to priced seconds
 
 
 class RecommendedSchedule(Schedule):
-    """Each round, per row, the K that `python -m eval.recommend` predicted best (docs/recommend.md) at the batch in
-    flight and the row's context length, from its table K(batch, context) (decode/methods/speculative.py
-    recommended_table): K = 0 ("off") is a plain target step for the row; K is capped by gamma.
+    """Each round one K for the batch in flight, by the one model eval.recommend and the replay price with
+    (decode/k_model.py KModel.choose): at the rows in flight and the longest of their contexts (each row's prompt and
+    the tokens it has), the K of 0..gamma (0: a plain step) with the most tokens a second, E(K) / S(K), from
+    recommend.json's step table and the draft's acceptance. One K a round: the round is one batched forward whose
+    verification is as wide as its widest row, so a row drafting fewer saves nothing.
 
-    Between tabulated values: the largest tabulated batch at or below the rows in flight (the smallest tabulated
-    where none is), and the tabulated context nearest the row's in ratio, as eval.recommend bins a round (its bins
-    meet at the geometric means; a table without contexts has one bin). A row's context is its prompt plus the
-    tokens it has so far: the prefill's first, then each round's accepted + 1.
+    A catch-up: rows that ran off have tokens their draft has not been fed (a row that joined off, its prompt: the
+    drafter's pending tokens, decode/drafters/draft_model.py), and the next round that drafts feeds them in its first
+    forward. The model prices that forward at its width (`plan`'s backlogs); what it costs over a 1-token forward is
+    paid once, so a K carries its share over the rounds the batch has left (the longest row's tokens left, the
+    budget less those it has, over E(K)).
 
-    The batch in flight changes under continuous batching (add_rows, select_rows) and as a static batch's rows end:
-    each round reads it anew. Lossless: a row's K is decided before the round, from the batch's size and the row's
-    length, never from the target's verdict.
+    Online correction: each round the drafter times (`timed`) is kept as measured over priced seconds, a running mean
+    per (rows, K), the first round of each left out (its one-time costs); a K is priced times its own ratio, one not
+    yet timed at those rows times the mean of those that are (the machine's pace). Exploration: every EXPLORE_EVERY
+    rounds a round runs the neighbour of the chosen K (one below or above) least timed at its rows, so a K priced
+    out by the profile or by a slow sitting can come back.
 
-    A row that ran off has tokens its draft cache has not seen (its prompt, where it joined off: decode/drafters/
-    draft_model.py), and drafting again first feeds them all. With `catch_up` (decode/methods/speculative.py
-    catch_up_prices: the seconds a row saves per token at each load and context, and the seconds a forward costs per
-    row-token fed) the row starts drafting only where its tokens left repay that feed (catch_up_repaid; at the lower
-    of its context's saving and the batch's longest context's), and rows joining together are prefilled only where
-    the drafting ones' savings repay their one forward, as wide as the widest prompt (joining_repaid): a long prompt
-    near its end, a short one beside a long one, or at a load where drafting barely pays, stays off. Without it every
-    row drafts where its K says.
-
-    A round is one batched forward for every row: where one row drafts K, every row's verification is K + 1 wide and
-    the draft runs K steps for the batch. With `rounds` (decode/methods/speculative.py round_prices: at each load and
-    context, each K's predicted decode speedup and tokens a row commits per round) the round is weighed as a whole
-    (round_lengths): a row the table runs off but whose draft cache is within a token of the round's catch-up drafts
-    the round's K too (it pays the wide round either way), a held row commits its one token, and the round drafts
-    only where the rows' tokens over its cost (in plain steps: tokens / decode speedup at the batch's longest
-    context, over whose cache every row's forward runs) beat a plain step's one token a row; else every row runs
-    off. A batch of one context whose rows are far from their ends drafts its table K, as before; a row at its last
-    tokens, drafting fewer, can turn the round off or to a shorter K.
-
-    A row alone in flight, with `lone` (decode/methods/speculative.py lone_prices: at the load of one row, each
-    context's best K, a K tied with off included, and the seconds it saves a token once the draft has the row's
-    context) and catch-up prices, follows it instead of the table's row of one: the end-to-end speedup behind the
-    table's tie rule carries the draft's prefill on average over the calibration's prompts, where the row's own
-    catch-up (catch_up_repaid, at that saving) prices its own. At more rows in flight the table's tie rule stands
-    (its what-ifs at a concurrency above one run optimistic on mixed contexts: docs/benchmarks.md).
-
-    Under a load whose batch grows (requests arriving at a rate, not one joining as one leaves), a catch-up's saving
-    is what the row is expected to save before and after the batch next grows (catch_up_repaid, `lasting`): the
-    batch it was priced at lasts, in rounds, as long as the rounds between growths this run has seen so far (a
-    budget's worth of rounds without one assumed before the first), and after the growth the row saves at one row
-    more in flight (off where the table is). A static batch, a load at its concurrency cap and one whose batch has
-    not grown are priced without growth. A row also outlives the rows beside it that are nearer their ends: its tokens
-    after each one's end are priced at one row fewer in flight (`ahead`), but for the first as many ends as requests
-    wait in the queue, and for as many as are expected to arrive by then (`queued`: they refill those rows). So a
-    newcomer joining a batch that runs off, beside rows near their ends, is prefilled as it joins (in a forward of
-    its own) where what it saves at the fewer rows repays it: put off, its prefill would cost a round's catch-up as
-    wide for every row in flight, and the rows already caught up could not draft beside it: with `plain`
-    (decode/methods/speculative.py plain_prices: a row's seconds a token off) what that lets the batch save counts
-    too (`enabling`).
-
-    A round's price is the profile's, of another sitting of the machine. With `plain` and `rounds` the schedule
-    also times its own rounds (`timed`: the seconds from proposal to verdict, a catch-up's feed left out) against
-    what the prices say of them, per batch in flight and width (K, 0 for a plain step): once TIMED_MIN rounds of a
-    K and of plain steps are timed at the batch in flight, the K's cost in plain steps is scaled by the median
-    measured / priced of its rounds over that of the plain steps (`_timing`). So a K the machine runs slower than
-    profiled, against its own plain steps, stops being chosen where the prices alone would choose it."""
+    Lossless: a round's K is decided before it, from the rows, their contexts and backlogs, never from the target's
+    verdict."""
     name = "recommended"
     reads_context = True
-    idles_rows = True
+    idles_rows = True  # at K 0 a joining row's prefill waits in its pending tokens: the catch-up, priced, pays it
 
-    def __init__(self, gamma: int, table: dict[int, dict[int | None, int]],
-                 catch_up: tuple[dict[int, dict[int | None, float]], float] | None = None, budget: int | None = None,
-                 rounds: dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None = None,
-                 lone: dict[int | None, tuple[int, float]] | None = None, most_rows: int | None = None,
-                 plain: dict[int, dict[int | None, float]] | None = None):
+    def __init__(self, gamma: int, model, draft: str, budget: int | None = None, ratios: dict | None = None):
         super().__init__(gamma)
-        if not table or any(not by_context for by_context in table.values()) or \
-                any(k < 0 for by_context in table.values() for k in by_context.values()):
-            raise ValueError(f"the recommended schedule needs a table batch -> context -> K >= 0, got {table}")
-        self.table = table
-        self.batches = sorted(table)
-        self.savings, self.price = catch_up if catch_up is not None else (None, None)
-        self.budget = budget  # max_new_tokens: a row's tokens left are the budget less those it has
-        self.rounds = rounds
-        # a row alone in flight: its K and saving a token by context, where catch-ups are priced (it decides by its own)
-        self.lone = lone if lone and self.savings is not None and budget is not None else None
-        # how long a batch lasts: the rounds seen while it could grow (below most_rows, the load's concurrency) and
-        # the times it grew (a round with more rows than the last: arrivals, not one joining as one leaves); kept
-        # across the drafter's resets (a served run's idle gaps)
-        self.most_rows = most_rows
-        self.open_rounds, self.growths, self.last_round_rows, self.grown = 0, 0, None, False
-        self.waiting, self.rate = 0, None  # the queue (`queued`): requests waiting, and arriving a second
-        self.plain = plain  # a row's seconds a token off, by batch and context (what a round drafting saves: enabling)
-        self.timings: dict[tuple[int, int], deque] = {}  # (rows, width) -> measured / priced seconds of its rounds
-        self.proposed_longest = None  # the longest context in flight when the last round was proposed (`timed`)
+        if draft not in model.acceptance:
+            raise ValueError(f"speculative.recommendation has no acceptance of the draft {draft}; give a "
+                             "recommendation of a run that measured its chain")
+        self.model, self.draft, self.budget = model, draft, budget
+        self.ks = range(min(gamma, len(model.rates(draft))) + 1)
+        # (rows, K) -> (rounds timed, their running measured / priced): the caller's, kept across batches, where given
+        self.ratios: dict[tuple[int, int], tuple[int, float | None]] = {} if ratios is None else ratios
+        self.rounds = 0
+        self.proposed: tuple[int, int, float] | None = None  # the last planned round: rows, K, its priced seconds
+        self.contexts: list[int] = []
+        self.prompts: list[int] = []
 
     def start(self, rows):
         super().start(rows)
-        self.contexts = [1] * rows  # a row of unknown prompt: its first token only
-        self.prompts = [0] * rows
-        self.last_round_rows = None  # an empty batch (a served run's idle gap) does not grow: its first rows start it
+        self.contexts, self.prompts = [1] * rows, [0] * rows  # a row of unknown prompt: its first token only
 
     def add_rows(self, rows, prompt_tokens: list[int] | None = None):
         super().add_rows(rows)
-        if self.last_round_rows is not None and self.rows > self.last_round_rows and not self.grown:
-            self.growths, self.grown = self.growths + 1, True  # one growth however many rows join before a round
-        self.prompts += list(prompt_tokens) if prompt_tokens is not None else [0] * rows
-        self.contexts += [p + 1 for p in self.prompts[-rows:]] if rows else []
-
-    def queued(self, requests: int, rate: float | None = None) -> None:
-        """What the serving loop sees of its queue before each admission: the requests that have arrived and wait
-        for a row (a load at its concurrency cap: they refill the first rows that end) and the rate requests have
-        arrived at so far, per second (more refill rows as they arrive: catch_up_saving, `ahead`)."""
-        self.waiting, self.rate = requests, rate
+        prompts = list(prompt_tokens) if prompt_tokens is not None else [0] * rows
+        self.prompts += prompts
+        self.contexts += [p + 1 for p in prompts]
 
     def select_rows(self, rows):
         super().select_rows(rows)
@@ -535,268 +491,50 @@ class RecommendedSchedule(Schedule):
 
     def update(self, drafted, accepted):
         self.contexts = [c + a + 1 for c, a in zip(self.contexts, accepted)]
-        self.last_round_rows, self.grown = self.rows, False
-        if self.most_rows is None or self.rows < self.most_rows:
-            self.open_rounds += 1
-
-    def by_context(self, table: dict | None = None, rows: int | None = None) -> dict:
-        """The table's row for the batch in flight, or for `rows` rows (of `table`: the savings, keyed as the
-        table)."""
-        table = self.table if table is None else table
-        rows = self.rows if rows is None else rows
-        below = [b for b in self.batches if b <= rows]
-        return table[below[-1] if below else self.batches[0]]
-
-    @staticmethod
-    def _bin(by_context: dict, context: int):
-        """The tabulated context nearest `context` in ratio (None where the table has no contexts)."""
-        bins = sorted(c for c in by_context if c is not None)
-        return min(bins, key=lambda c: (abs(math.log(max(context, 1) / c)), c)) if bins else None
-
-    def _alone(self) -> bool:
-        """A row alone in flight, where `lone` prices it (class doc)."""
-        return self.lone is not None and self.rows == 1
+        self.rounds += 1
 
     def lengths(self):
-        self.proposed_longest = max(self.contexts, default=None)
-        if self._alone():
-            return [min(self.gamma, self.lone[self._bin(self.lone, self.contexts[0])][0])]
-        ks = self.by_context()
-        return [min(self.gamma, ks[self._bin(ks, context)]) for context in self.contexts]
+        return self.plan([])
 
-    def catch_up_saving(self, row: int) -> float:
-        """The seconds the row is expected to save on its tokens left (the budget less those it has, each round's
-        accepted + 1 after its first) once its draft has caught up: each token at the saving of the batch it runs in
-        (savings per token at the recommended K: a row alone `lone`'s where given; with company the lower of its
-        context's and the longest context's in flight, over whose cache every row's forward runs, as a round is
-        weighed: round_lengths). The batch shrinks as the rows beside it end, each at its own tokens left (the
-        budget's: one that stops early only shrinks it sooner), but for the first `waiting` of them, which queued
-        requests refill (`ahead`): a newcomer beside rows near their ends drafts at the fewer rows it outlives them
-        at. Where the batch grows under the load, that over the batch's life, the rest at one more row in flight
-        (`lasting`; class doc). Needs prices and a budget."""
-        context, left = self.contexts[row], self._left(row)
-        if self._alone():
-            k = self.lone[self._bin(self.lone, context)][0]
-        else:
-            ks = self.by_context()
-            k = min(self.gamma, ks[self._bin(ks, context)])
-        saved = self.ahead(row, left)
-        lasts = self.lasting(left, self._tokens_per_round(context, k)) if self.growths else 1.0
-        if lasts < 1:
-            grown = self._saving(self.by_context(self.savings, self.rows + 1), context, max(self.contexts))
-            saved = lasts * saved + (1 - lasts) * left * grown
-        return saved
+    def plan(self, backlogs: list[int]) -> list[int]:
+        if not self.rows:
+            return []
+        rows, context, fed = self.rows, max(self.contexts), 1 + max(backlogs, default=0)
+        rates = self.model.rates(self.draft)
 
-    def _left(self, row: int) -> int:
-        """The row's tokens left: the budget less those it has (its prefill's first, then each round's accepted + 1)."""
-        return self.budget - (self.contexts[row] - self.prompts[row])
+        def target(width):
+            return self.model.seconds(TARGET, rows, width, context)
 
-    def ahead(self, row: int, left: int) -> float:
-        """The seconds the row saves on its `left` tokens as the batch shrinks (catch_up_saving): the rows beside it
-        end in the order of their tokens left, the first `waiting` of them refilled by the queue; a later one is
-        refilled where a request has arrived by then (arrivals Poisson at `rate`, over the seconds to its end at off's
-        seconds a token, `plain`; none without either), else the batch runs one row fewer. Each stretch between ends
-        is priced at its expected saving a token over how many rows it has lost: at those rows in flight and the
-        longest context still in flight (a refilled row's kept: its newcomer's is not known)."""
-        others = sorted((self._left(i), self.contexts[i]) for i in range(self.rows) if i != row)
-        context, saved, done = self.contexts[row], 0.0, 0
-        plain = self._plain(self.rows)
-        rate = self.rate if plain is not None and self.rate else 0.0
-        # the longest context among the rows not yet ended (after i ends: others[i:]) and among those ended first
-        later = [context] * (len(others) + 1)
-        for i in range(len(others) - 1, -1, -1):
-            later[i] = max(later[i + 1], others[i][1])
-        earlier = [0] * (len(others) + 1)
-        for i, (_, other) in enumerate(others):
-            earlier[i + 1] = max(earlier[i], other)
-        priced: dict[tuple[int, int], float] = {}
+        def draft(width):
+            return self.model.draft_forward(self.draft, rows, width, context)
 
-        def at(rows: int, longest: int) -> float:
-            if (rows, longest) not in priced:
-                priced[rows, longest] = self._saving_at(rows, context, longest)
-            return priced[rows, longest]
+        left = max(self.budget - (c - p) for c, p in zip(self.contexts, self.prompts)) if self.budget else 1
+        first, step = draft(fed), draft(1)
+        catch_up = max(0.0, first - step) if fed > 1 and None not in (first, step) else 0.0
+        k = self.model.choose(self.draft, rows, context, self.gamma, scale=lambda k: self._scale(rows, k),
+                              extra=lambda k: catch_up * min(1.0, expected_tokens(rates, k) / max(left, 1)))
+        if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            near = [j for j in (k - 1, k + 1) if j in self.ks and round_seconds(target, draft, j) is not None]
+            k = min(near, key=lambda j: (self.ratios.get((rows, j), (0, None))[0], j), default=k)
+        self.proposed = rows, k, round_seconds(target, draft, k, fed)
+        return [k] * rows
 
-        for i in range(len(others) + 1):  # the stretch after the first i rows beside it have ended
-            end = min(others[i][0], left) if i < len(others) else left
-            if end <= done:
-                continue
-            stretch, done = end - done, end
-            short = max(0, i - self.waiting)  # rows ended that the queue does not refill
-            mu = rate * others[i - 1][0] * plain if i and rate else 0.0  # requests arriving by the i-th end
-            p, mass, expected = math.exp(-mu), 0.0, 0.0
-            for arrived in range(short):  # fewer arrivals than ends: short - arrived rows fewer (Poisson, stepwise)
-                if p > 1e-12:  # the first i - fewer ended rows are refilled (their contexts kept)
-                    fewer = short - arrived
-                    expected += p * at(self.rows - fewer, max(later[i], earlier[i - fewer]))
-                mass += p
-                p *= mu / (arrived + 1)
-            expected += max(0.0, 1 - mass) * at(self.rows, max(later[0], earlier[len(others)]))
-            saved += stretch * expected
-        return saved
-
-    def _plain(self, rows: int, longest: int | None = None) -> float | None:
-        """A row's seconds a token off at `rows` in flight and the batch's longest context (or `longest`: `plain`);
-        None without."""
-        if self.plain is None:
-            return None
-        plain = self.by_context(self.plain, rows)
-        return plain[self._bin(plain, max(self.contexts) if longest is None else longest)]
-
-    def _saving_at(self, rows: int, context: int, longest: int) -> float:
-        """A row's saving a token at `rows` in flight: alone, `lone`'s where given; else _saving at the table's row
-        for that many."""
-        if rows == 1 and self.lone is not None:
-            return self.lone[self._bin(self.lone, context)][1]
-        return self._saving(self.by_context(self.savings, rows), context, longest)
-
-    def _saving(self, savings: dict, context: int, longest: int) -> float:
-        """A row's saving a token in a batch (savings: the table's row for its size): the lower of its context's and
-        the batch's longest context's."""
-        return min(savings[self._bin(savings, context)], savings[self._bin(savings, longest)])
-
-    def catch_up_repaid(self, row: int, behind: int) -> bool:
-        """Whether the row, `behind` tokens its draft cache has not seen (besides its last), drafts this round: what
-        it saves (catch_up_saving) at least what feeding them costs the round's forward that feeds them (price x the
-        batch's rows x behind; rows joining together: joining_repaid). True without prices or a budget."""
-        if self.savings is None or self.budget is None:
-            return True
-        return self.catch_up_saving(row) >= self.price * self.rows * behind
-
-    def joining_repaid(self, rows: list[int], width: int, backlogs: list[int] | None = None) -> bool:
-        """Whether joining rows (`rows`, the last of the batch) are prefilled by the draft as they join, in one
-        forward of their own: it costs price x their number x `width`, the widest prompt as fed (the narrower are
-        left padded to it), and they save the sum of their catch_up_saving, which counts what a row off at the batch
-        in flight saves once the batch has shrunk (a prefill put off costs a round's forward as wide for every row in
-        flight), plus what their prefill lets the whole batch save where the table runs it off (`enabling`, with the
-        other rows' backlogs). Without prices or a budget, where any of them drafts by its K now."""
-        if self.savings is None or self.budget is None:
-            return any(self.lengths()[row] for row in rows)
-        saved = sum(self.catch_up_saving(row) for row in rows)
-        if backlogs is not None:
-            saved += self.enabling(rows, backlogs)
-        return saved > 0 and saved >= self.price * len(rows) * width
-
-    def enabling(self, rows: list[int], backlogs: list[int]) -> float:
-        """The seconds the joining `rows` let the batch save by joining the draft's cache now, where the table runs
-        every row off at the batch in flight: its rounds are then weighed as a whole (round_lengths), every row whose
-        draft has caught up riding at each priced K, and a row held (its prefill put off) makes the round's tokens
-        fewer, often too few to beat a plain step. So: the batch's wall time for the stretch it keeps its rows (the
-        joiners' tokens until the first row beside them ends that no queued request refills), off a row's seconds a
-        token at the batch and its longest context (`plain`), times 1 / the best round's value with the joiners held
-        less 1 / that with them riding (a value under 1 runs off: 1). backlogs: the draft's pending tokens of the
-        other rows (a row with more than one is held either way). 0 without `rounds` or `plain`, where the table
-        drafts some row (each row's own saving prices it there), or where no row was in flight before them (a static
-        batch, an empty batch's first rows: as the table says)."""
-        if self.rounds is None or self.plain is None or not backlogs or any(self.lengths()):
-            return 0.0
-        joining = set(rows)
-        caps = [min(self.gamma, max(0, self._left(row))) for row in range(self.rows)]
-        riding = [row in joining or b <= 1 for row, b in enumerate(backlogs + [0] * len(rows))]
-        held = [ride and row not in joining for row, ride in enumerate(riding)]
-        (ks, with_them), (_, without) = self._round_value(riding, caps), self._round_value(held, caps)
-        if ks is None or with_them <= without:
-            return 0.0
-        lefts = sorted(self._left(row) for row in range(self.rows) if row not in joining)
-        stretch = max(self._left(row) for row in rows)
-        if len(lefts) > self.waiting:
-            stretch = min(stretch, lefts[self.waiting])
-        return max(0, stretch) * self._plain(self.rows) * (1 / without - 1 / with_them)
-
-    def _round_value(self, riding: list[bool], caps: list[int], ks: list[int] | None = None
-                     ) -> tuple[list[int], float]:
-        """The best chain round of the batch in flight with these rows riding (the others held: one token): at each
-        K of `ks` (every K priced at the longest context up to gamma where None), the riding rows draft min(K, cap);
-        its value is the rows' tokens (tokens per round at their context and K, 1 where held) over its cost in plain
-        steps of the batch (each row's forward runs over the longest cache: tokens / decode speedup at the round's K
-        and the longest context, rows times). Returns the lengths and value of the best K whose value is above 1,
-        else every row off at value 1; None lengths where a K or context the round needs is not priced."""
-        prices = self.by_context(self.rounds)
-        at = [prices[self._bin(prices, context)] for context in self.contexts]
-        longest = prices[self._bin(prices, max(self.contexts))]
-        best, value = [0] * len(riding), 1.0
-        for k in ks if ks is not None else sorted(k for k in longest if k <= self.gamma):
-            lengths = [min(k, cap) if ride else 0 for ride, cap in zip(riding, caps)]
-            if k not in longest or any(r and r not in p for p, r in zip(at, lengths)):
-                return None, value
-            tokens = sum(p[r][1] if r else 1.0 for p, r in zip(at, lengths))
-            cost = len(lengths) * longest[k][1] / longest[k][0] * self._timing(k)
-            if tokens / cost > value:
-                best, value = lengths, tokens / cost
-        return best, value
+    def _scale(self, rows: int, k: int) -> float:
+        """Measured over priced seconds of a round of K at these rows: its own, else the mean of the K timed there,
+        else 1."""
+        timed = {j: r for (n, j), (_, r) in self.ratios.items() if n == rows and r is not None}
+        return timed.get(k, sum(timed.values()) / len(timed) if timed else 1.0)
 
     def timed(self, seconds: float, rows: int, width: int, fed: int) -> None:
-        """A chain round of `rows` rows drafting up to `width` (0: a plain step) that fed `fed` tokens a row (its
-        catch-up: the last token, and the last draft of a full accept) took `seconds`: kept as measured / priced
-        (a plain step: off's seconds a token at the batch and its longest context, `plain`; a K: that times its
-        cost in plain steps, `rounds`' tokens per round / decode speedup at the longest context) for `_timing`. A
-        round that fed a backlog (more than 2 a row) is its catch-up's, not the K's, and the first round of each
-        batch size and width pays its one-time costs: both left out. Priced at the longest context when the round
-        was proposed (`lengths`). Kept across the drafter's resets (the machine is the same)."""
-        if self.plain is None or self.rounds is None or fed > 2 or rows != self.rows or seconds <= 0:
+        """The round last planned took `seconds` (rows, the most a row drafted, the tokens fed a row): its measured
+        over priced seconds joins its (rows, K)'s running mean, the first of each left out."""
+        if self.proposed is None or self.proposed[:2] != (rows, width) or not self.proposed[2] or seconds <= 0:
             return
-        longest = self.proposed_longest or max(self.contexts)  # the contexts the round ran at, before its tokens
-        predicted = self._plain(rows, longest)
-        if width:
-            prices = self.by_context(self.rounds)
-            at = prices[self._bin(prices, longest)]
-            if width not in at:
-                return
-            predicted *= at[width][1] / at[width][0]
-        if (rows, width) not in self.timings:  # the shape's first round: its one-time costs, left out
-            self.timings[rows, width] = deque(maxlen=TIMED_KEEP)
-        elif predicted > 0:
-            self.timings[rows, width].append(seconds / predicted)
-
-    def _timing(self, k: int) -> float:
-        """The scale of a K round's cost in plain steps at the batch in flight (`timed`): the median measured / priced
-        of its rounds over that of the plain steps, each of at least TIMED_MIN rounds; 1 until both are."""
-        drafting, off = self.timings.get((self.rows, k)), self.timings.get((self.rows, 0))
-        if not drafting or not off or len(drafting) < TIMED_MIN or len(off) < TIMED_MIN:
-            return 1.0
-        return statistics.median(drafting) / statistics.median(off)
-
-    def _tokens_per_round(self, context: int, k: int) -> float:
-        """The tokens a row at this context commits per round at K (`rounds`' prices at the batch in flight); 1 where
-        they are not given (a row that needs as many rounds as tokens: the batch's growth weighs most)."""
-        if self.rounds is None or not k:
-            return 1.0
-        prices = self.by_context(self.rounds)
-        return prices[self._bin(prices, context)].get(k, (None, 1.0))[1]
-
-    def lasting(self, left: int, per_round: float) -> float:
-        """The share of a row's `left` tokens (at `per_round` a round) it is expected to make before the batch in
-        flight next grows: with growths at random at this run's rate so far (a mean of m rounds between them: the
-        rounds seen while the batch could grow, plus a budget's worth before any growth, over the growths), and the
-        row needing L = left / per_round rounds, E[min(X, L)] / L = (m / L)(1 - e^(-L / m)) for X exponential of
-        mean m. 1 where the batch has not grown, cannot (at most_rows) or no tokens are left."""
-        if self.growths == 0 or left <= 0 or (self.most_rows is not None and self.rows >= self.most_rows):
-            return 1.0
-        m = (self.open_rounds + (self.budget or 0)) / self.growths
-        rounds = left / max(per_round, 1.0)
-        return m / rounds * (1 - math.exp(-rounds / m))
-
-    def round_lengths(self, lengths: list[int], backlogs: list[int], caps: list[int]) -> list[int]:
-        """A chain round's lengths weighed as a whole (class doc). lengths: each row's K from the table (0 off; after
-        catch_up_repaid), backlogs: the tokens each row's draft cache has not seen (DraftModelDrafter's pending),
-        caps: the most each row may draft (its tokens left, the engine's gamma). For each K some row drafts, every
-        row within a token of the round's catch-up (backlog at most the widest drafting row's + 1: a full accept's
-        last draft beside a row that accepted less, which every plain round after keeps one ahead) drafts min(K,
-        cap), the others are held (one token); the round's value is the rows' tokens (tokens per round at their
-        context and K, 1 where none) over its cost in plain steps of the batch: each row's forward runs over the
-        batch's longest cache (left padded), so tokens / decode speedup at the round's K and the longest context,
-        rows times. The best K whose value is above 1; all off where none is. Where the table runs every row off,
-        the rows whose draft cache has caught up (a backlog of at most one token: their prefill is paid) are weighed
-        the same way at every K priced at the batch's longest context, the others held. As given without prices (no
-        `rounds`, or a K or context they do not have) or where every row is off and none has caught up."""
-        if self.rounds is None or not lengths or (not any(lengths) and min(backlogs) > 1):
-            return lengths
-        width = max((b for k, b in zip(lengths, backlogs) if k), default=0)
-        rides = [k > 0 or b <= width + 1 for k, b in zip(lengths, backlogs)]
-        # the table's Ks; where it runs every row off, the rows whose draft has caught up (its prefill paid) weigh
-        # every priced K: they draft on where the round's decode gain pays, as the table's end-to-end figure (which
-        # charges each row's prefill) cannot say
-        best, _ = self._round_value(rides, caps, sorted(set(lengths) - {0}) if any(lengths) else None)
-        return lengths if best is None else best
+        count, mean = self.ratios.get((rows, width), (0, None))
+        ratio = seconds / self.proposed[2]
+        if count:
+            mean = ratio if mean is None else mean + CORRECTION * (ratio - mean)
+        self.ratios[rows, width] = count + 1, mean
 
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,
@@ -805,16 +543,14 @@ SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "conf
 
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,
                   v: dict[int, float] | None = None, evidence: PointEvidence | None = None,
-                  prefill_cost: dict | None = None, budget: int | None = None,
-                  table: dict[int, dict[int | None, int]] | None = None,
-                  catch_up: tuple[dict, float] | None = None, rounds: dict | None = None,
-                  lone: dict | None = None, most_rows: int | None = None, plain: dict | None = None) -> Schedule:
+                  prefill_cost: dict | None = None, budget: int | None = None, model=None,
+                  draft: str | None = None, ratios: dict | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
-    and max_new_tokens (whether a batch runs the draft at all); table: recommended's K by batch and context, catch_up:
-    its prices of a row's catch-up, rounds: its prices of a round, lone: a row alone's K and saving, most_rows: the
-    load's concurrency, plain: a row's seconds a token off (RecommendedSchedule)."""
+    and max_new_tokens (whether a batch runs the draft at all; recommended's tokens left); model, draft: recommended's
+    recommendation (decode/k_model.py KModel) and the draft's label, ratios: what its rounds measured against their
+    prices (kept by the caller across batches)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
@@ -822,9 +558,9 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
             raise ValueError("the cost_model schedule needs the measured cost ratios c and v")
         return CostModelSchedule(gamma, c, v, evidence=evidence, prefill_cost=prefill_cost, budget=budget)
     if name == "recommended":
-        if not table:
-            raise ValueError("the recommended schedule needs its table K(batch, context) (speculative.recommendation)")
-        return RecommendedSchedule(gamma, table, catch_up, budget, rounds, lone, most_rows, plain)
+        if model is None or draft is None:
+            raise ValueError("the recommended schedule needs its model (speculative.recommendation) and its draft")
+        return RecommendedSchedule(gamma, model, draft, budget, ratios)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

@@ -5,8 +5,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from decode.k_model import KModel
 from decode.methods.base import MethodSpec, option
-from decode.names import draft_model
 
 SCHEDULES = ("constant", "heuristic", "confidence", "cost_model", "recommended")  # the draft-length schedules (decode/drafters/
 #   schedules.py SCHEDULES: a test keeps them equal)
@@ -28,7 +28,7 @@ class Confidence:
 @dataclass(frozen=True)
 class Recommendation:
     recommendation: str | None = option(None, "recommended schedule: the recommend.json (python -m eval.recommend) "
-                                              "whose K by batch and context it follows")
+                                              "whose step table and acceptance it decides K by")
 
     def check_config(self, config) -> None:
         """At the config's load: a recommended schedule needs a recommendation that reads, of the run's target, with a
@@ -45,7 +45,7 @@ class Recommendation:
                              f"the run's is {config.target.model}; give a recommendation of this target")
         for draft in config.draft:
             if draft.kind == "model":
-                recommended_table(data, draft.name, config.load is not None, self.recommendation)
+                model_of(data, draft.name, self.recommendation)
 
 
 @dataclass(frozen=True)
@@ -135,162 +135,17 @@ def same_model(a: str, b: str) -> bool:
     return name(a).startswith(name(b)) or name(b).startswith(name(a))
 
 
-def follows(candidate: dict, draft: str) -> bool:
-    """A candidate the recommended schedule can run: "off", or a chain of this draft at a constant K."""
-    axes = candidate.get("axes") or {}
-    return candidate.get("candidate") == "off" or (
-        candidate.get("method") == "speculative" and candidate.get("draft") == draft and candidate.get("gamma")
-        and axes.get("tree") is None and axes.get("schedule") in (None, "constant"))
-
-
-def recommended_table(data: dict, draft: str, served: bool, path: str = "recommend.json"
-                      ) -> dict[int, dict[int | None, int]]:
-    """recommend.json -> batch -> context (None: as measured) -> K (0: off): at each load and context, the candidate
-    of the highest predicted speedup among those this schedule runs (`follows`; eval.recommend's best where it is one
-    of them; equal speedups go to off, then the shorter K), leaving out each K tied with off (its interval reaches 1:
-    speculation that cannot be told from off is not run). Loads at a concurrency (conc=C) under a load, at a static batch
-    size (batch=B) for fixed batches, the other kind where the file has none of these; rates are no batch size and
-    are left out, and so is a load where the draft was not a candidate. ValueError where no load is left."""
-    return {batch: {context: 0 if best["candidate"] == "off" else int(best["gamma"])
-                    for context, (best, _, _) in by_context.items()}
-            for batch, by_context in _choices(data, draft, served, path).items()}
-
-
-def catch_up_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
-                    ) -> tuple[dict[int, dict[int | None, float]], float] | None:
-    """What the recommended schedule weighs a catch-up with (RecommendedSchedule.catch_up_repaid): batch -> context
-    -> the seconds a row saves per token at the recommended K once its draft has caught up (off's seconds a token,
-    `per_token`, times 1 - 1 / the K's decode speedup: after the prefills, which the catch-up is charged for apart;
-    0 where off is recommended), and the draft's prefill line's slope (seconds per row-token fed, eval.recommend's
-    draft_prefill). None where the file lacks either (written before eval.recommend priced catch-ups or gave decode
-    speedups)."""
-    line = (data.get("draft_prefill") or {}).get(draft_model(draft)) or {}
-    slope = line.get("s_per_row_token")
-    if not isinstance(slope, (int, float)) or slope < 0:
-        return None
-    savings: dict[int, dict[int | None, float]] = {}
-    for batch, by_context in _choices(data, draft, served, path).items():
-        for context, (best, off_, _) in by_context.items():
-            if best["candidate"] == "off":
-                savings.setdefault(batch, {})[context] = 0.0
-                continue
-            per_token, speedup = _per_token(off_, batch), best.get("decode_speedup")
-            if per_token is None or not (isinstance(speedup, (int, float)) and speedup > 0):
-                return None
-            savings.setdefault(batch, {})[context] = max(0.0, per_token * (1 - 1 / speedup))
-    return savings, float(slope)
-
-
-def _per_token(off_: dict | None, batch: int) -> float | None:
-    """A row's seconds a token without speculation at a load: off's TPOT where the load has one, else batch / off's
-    tok/s; None where off has neither."""
-    tpot, tok_s = (off_ or {}).get("tpot_mean_ms"), (off_ or {}).get("tok_s")
-    if isinstance(tpot, (int, float)) and tpot > 0:
-        return tpot / 1000
-    if isinstance(tok_s, (int, float)) and tok_s > 0:
-        return batch / tok_s
-    return None
-
-
-def plain_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
-                 ) -> dict[int, dict[int | None, float]] | None:
-    """What the recommended schedule prices a plain step of the batch with (RecommendedSchedule.enabling): batch ->
-    context -> a row's seconds a token without speculation (`_per_token`: off's TPOT at the load, else batch / off's
-    tok/s). None where a load lacks off or both of its figures."""
-    plain: dict[int, dict[int | None, float]] = {}
-    for batch, by_context in _choices(data, draft, served, path).items():
-        for context, (_, off_, _) in by_context.items():
-            per_token = _per_token(off_, batch)
-            if per_token is None:
-                return None
-            plain.setdefault(batch, {})[context] = per_token
-    return plain
-
-
-def round_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
-                 ) -> dict[int, dict[int | None, dict[int, tuple[float, float]]]] | None:
-    """What the recommended schedule weighs a round of rows at different contexts with (RecommendedSchedule.
-    round_lengths): batch -> context -> K -> (the K's predicted decode speedup, after the prefills; the tokens a row
-    commits per round at it), for every K of the draft eval.recommend predicted there, tied with off or not (of two
-    candidates of one K, the faster). None where a candidate lacks either (a file written before eval.recommend gave
-    tokens per round)."""
-    prices: dict[int, dict[int | None, dict[int, tuple[float, float]]]] = {}
-    for batch, by_context in _choices(data, draft, served, path).items():
-        for context, (_, _, runnable) in by_context.items():
-            at = prices.setdefault(batch, {}).setdefault(context, {})
-            for c in runnable:
-                if c.get("candidate") == "off":
-                    continue
-                speedup, tokens = c.get("decode_speedup"), c.get("tokens_per_round")
-                if not (isinstance(speedup, (int, float)) and isinstance(tokens, (int, float)) and speedup > 0
-                        and tokens >= 1):
-                    return None
-                k = int(c["gamma"])
-                if k not in at or speedup > at[k][0]:  # of two candidates of one K, the faster
-                    at[k] = float(speedup), float(tokens)
-    return prices
-
-
-def lone_prices(data: dict, draft: str, served: bool, path: str = "recommend.json"
-                ) -> dict[int | None, tuple[int, float]] | None:
-    """What the recommended schedule runs a row alone in flight with (RecommendedSchedule, `lone`): at the load of
-    one row of the kind the table reads (concurrency 1 under a load, batch 1 for fixed batches), context -> (the K of
-    the highest predicted speedup, a K tied with off included; 0 where off's is as high or that K's decode speedup is
-    not above 1; the seconds the row saves a token once its draft has its context: off's seconds a token x (1 - 1 /
-    that decode speedup), a token's seconds off's TPOT where the load has one, else 1 / off's tok/s). At one row the
-    schedule prices the draft's prefill for each row (its catch-up, at this saving), where the end-to-end speedup
-    carries it on average over the calibration's prompts and budgets. None where the file has no such load, or the
-    chosen K lacks its decode speedup or off its seconds a token (a file written before eval.recommend gave them)."""
-    by_context = _choices(data, draft, served, path).get(1)
-    if by_context is None:
-        return None
-    lone: dict[int | None, tuple[int, float]] = {}
-    for context, (_, off_, runnable) in by_context.items():
-        best = min(runnable, key=ranked)
-        if best["candidate"] == "off":
-            lone[context] = 0, 0.0
-            continue
-        per_token, speedup = _per_token(off_, 1), best.get("decode_speedup")
-        if per_token is None or not (isinstance(speedup, (int, float)) and speedup > 0):
-            return None
-        lone[context] = (int(best["gamma"]), per_token * (1 - 1 / speedup)) if speedup > 1 else (0, 0.0)
-    return lone
-
-
-def tied_with_off(candidate: dict) -> bool:
-    """Whether the candidate's predicted speedup cannot be told from off's: its 95% interval reaches 1 (off's is
-    [1, 1]; eval.recommend says it as a tie). Without an interval, its point estimate decides."""
-    interval = candidate.get("speedup_ci95")
-    return bool(interval) and isinstance(interval[0], (int, float)) and interval[0] <= 1.0
-
-
-def ranked(candidate: dict) -> tuple:
-    """The order the schedule picks by: the highest predicted speedup; on a tie off, then the shorter K."""
-    return -candidate["speedup"], candidate["candidate"] != "off", candidate.get("gamma") or 0
-
-
-def _choices(data: dict, draft: str, served: bool, path: str
-             ) -> dict[int, dict[int | None, tuple[dict, dict | None, list[dict]]]]:
-    """batch -> context -> (the candidate recommended_table follows, "off" of the same load, every candidate the
-    schedule can run there, tied with off or not); ValueError where no load is left."""
-    tables: dict[str, dict] = {"batch": {}, "conc": {}}
-    for load in data.get("loads") or []:
-        kind, _, value = str(load.get("load", "")).partition("=")
-        runnable = [c for c in load.get("candidates") or [] if follows(c, draft)]
-        if kind not in tables or not value.isdigit() or all(c.get("candidate") == "off" for c in runnable):
-            continue
-        off_ = next((c for c in runnable if c.get("candidate") == "off"), None)
-        # a K tied with off is not run: the best of the others
-        untied = [c for c in runnable if c is off_ or not tied_with_off(c)] if off_ is not None else runnable
-        best = min(untied, key=ranked)
-        tables[kind].setdefault(int(value), {})[load.get("context")] = best, off_, runnable
-    preferred, other = ("conc", "batch") if served else ("batch", "conc")
-    table = tables[preferred] or tables[other]
-    if not table:
-        raise ValueError(f"speculative.recommendation: {path} has no batch or concurrency load with a candidate of "
-                         f"the draft {draft} (speculative at a constant K); give a recommendation of a run that "
-                         "measured it")
-    return table
+def model_of(data: dict, draft: str, path: str = "recommend.json"):
+    """recommend.json's one model of a round (decode/k_model.py KModel), with the draft's acceptance; ValueError
+    naming the file where it has none (written before eval.recommend wrote its model) or none of the draft's."""
+    if not isinstance(data.get("k_model"), dict):
+        raise ValueError(f"speculative.recommendation: {path} has no k_model (its step table and acceptance); run "
+                         "python -m eval.recommend RUN_DIR again")
+    model = KModel(data["k_model"], f"speculative.recommendation: {path}")
+    if draft not in model.acceptance:
+        raise ValueError(f"speculative.recommendation: {path} has no acceptance of the draft {draft} (its chain at a "
+                         "constant K); give a recommendation of a run that measured it")
+    return model
 
 
 def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None = None):
@@ -301,20 +156,13 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
     name = point.schedule or SCHEDULES[0]
     if name == "recommended":
         path = ctx.options[point.method].recommendation
-        data = ctx.memory.get(("recommended", path))
-        if data is None:  # read at the point's first batch (the config's load checked it)
-            data = ctx.memory[("recommended", path)] = read_recommendation(path)
-        served = ctx.load is not None
-        key = ("recommended prices", path, draft_label, served)
-        prices = ctx.memory.get(key)
-        if prices is None:  # the point's tables, read from the file once (the schedule only reads them)
-            prices = ctx.memory[key] = {"table": recommended_table(data, draft_label, served, path),
-                                        "catch_up": catch_up_prices(data, draft_label, served, path),
-                                        "rounds": round_prices(data, draft_label, served, path),
-                                        "lone": lone_prices(data, draft_label, served, path),
-                                        "plain": plain_prices(data, draft_label, served, path)}
-        return make_schedule(name, point.gamma, budget=max_new_tokens, most_rows=ctx.load.concurrency if served else None,
-                             **prices)
+        model = ctx.memory.get(("recommended", path, draft_label))
+        if model is None:  # read at the point's first batch (the config's load checked it)
+            model = model_of(read_recommendation(path), draft_label, path)
+            ctx.memory[("recommended", path, draft_label)] = model
+        # what its rounds measured against their prices holds for the point's every batch (the machine is the same)
+        ratios = ctx.memory.setdefault(("recommended timed", point.key), {})
+        return make_schedule(name, point.gamma, budget=max_new_tokens, model=model, draft=draft_label, ratios=ratios)
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run

@@ -8,7 +8,7 @@ from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, g
 from decode.drafters.early_exit import EarlyExitDrafter
 from decode.drafters.hybrid import HybridDrafter
 from decode.drafters.prompt_lookup import PromptLookupDrafter
-from decode.drafters.schedules import RecommendedSchedule, make_schedule
+from decode.drafters.schedules import ConstantSchedule, make_schedule
 from decode.drafters.suffix import SuffixCache, SuffixDrafter
 from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.kv import KVState
@@ -185,7 +185,7 @@ def test_queue_waits_count_in_ttft(method):
 
 def test_the_drafter_hears_how_many_requests_wait_for_a_row():
     """Three requests at once, one row: as each is admitted the others still wait (2, then 1, then none), and the
-    drafter whose schedule reads the queue (RecommendedSchedule prices a newcomer by it) is told before each
+    drafter whose schedule reads the queue (Schedule.reads_queue) is told before each
     admission and each round, with the rate they arrived at so far: none for a burst; one whose schedule does not is
     never told (the loop does not scan the queue for it). The rate by hand: n - 1 gaps over the first to the last
     arrival seen, nothing of those not yet arrived."""
@@ -199,16 +199,18 @@ def test_the_drafter_hears_how_many_requests_wait_for_a_row():
             rates.setdefault(self.name, []).append(rate)
             super().queued(requests, rate)
 
+    class Reading(ConstantSchedule):
+        reads_queue = True
+
     with torch.inference_mode():
-        for name, schedule in (("recommended", RecommendedSchedule(3, {1: {None: 3}})),
-                               ("constant", make_schedule("constant", 3))):
+        for name, schedule in (("reading", Reading(3)), ("constant", make_schedule("constant", 3))):
             drafter = Listening(noisy_copy(target, 0.1), VOCAB, GREEDY, schedule=schedule)
             drafter.name = name
             generate_speculative(target, drafter, ids, mask, Generation(max_new_tokens=6), 3,
                                  load=Load([0.0, 0.0, 0.0], 1))
-    told = heard["recommended"]
+    told = heard["reading"]
     assert told == sorted(told, reverse=True) and sorted(set(told)) == [0, 1, 2] and "constant" not in heard
-    assert rates["recommended"] == [None] * len(told)
+    assert rates["reading"] == [None] * len(told)
     queue = Queue(Load([1.0, 2.0, 4.0, 100.0], 1))
     assert queue.rate(1.5) is None and queue.rate(5.0) == pytest.approx(2 / 3)
     queue.admit(5.0, 1)  # admitted or waiting, an arrival counts the same
@@ -230,11 +232,11 @@ def test_the_schedule_times_each_round_it_proposed():
     ids, mask = _repetitive([5, 9], seed=0)
     told = []
 
-    class Timing(RecommendedSchedule):
+    class Timing(ConstantSchedule):
         def timed(self, seconds, rows, width, fed):
             told.append((seconds, rows, width, fed))
 
-    schedule = Timing(3, {1: {None: 3}})
+    schedule = Timing(3)
     drafter = DraftModelDrafter(noisy_copy(target, 0.1), VOCAB, GREEDY, schedule=schedule)
     with torch.inference_mode():
         records = generate_speculative(target, drafter, ids, mask, Generation(max_new_tokens=6), 3)
