@@ -192,9 +192,7 @@ def tokens_per_round(rows: list[dict], k: int | None) -> float | None:
     were not cut short where they stand (the tokens left draft fewer, an EOS cuts what it emits); a round `dealt` cut
     to a row's tokens counts as the round it was dealt (cut by its outcome, a long round is the one cut: leaving it
     out would bias the figure low); all rounds where none is left; None without rounds. With the predicted decode
-    speedup (after the prefills) it gives a round's cost in plain steps (tokens / decode speedup), which the
-    recommended schedule weighs a round of rows at different contexts with (decode/drafters/schedules.py
-    RecommendedSchedule.round_lengths)."""
+    speedup (after the prefills) it gives a round's cost in plain steps (tokens / decode speedup)."""
     rounds = [r.get("dealt_from", r) for s in rows for r in s.get("rounds") or []]
     full = [r for r in rounds if r.get("drafted") == k and r["emitted"] == r["accepted"] + 1] or rounds
     return sum(r["emitted"] for r in full) / len(full) if full else None
@@ -383,8 +381,7 @@ def decode_speedup(parts: dict | None, rows: list[dict], baseline: list[dict]) -
     """The speedup after the prefills, from the replay's parts (eval/replay.py part_times): the candidate's decode
     tokens a second (each row's tokens after its first, over its draft steps' and verifications' seconds) over the
     baseline's (over its steps'), each side over its own rows (a sampled run's rows stop at EOS apart). A round's cost
-    in plain steps is its tokens over it (the recommended schedule's price of a round: decode/methods/speculative.py
-    round_prices)."""
+    in plain steps is its tokens over it."""
     if not parts:
         return None
     spent, base = (parts.get("draft_steps_s") or 0) + (parts.get("verifications_s") or 0), parts.get("baseline_steps_s")
@@ -730,9 +727,14 @@ def off_everywhere(results: list[dict]) -> list[str]:
         return []
     closest = max((c for r in results for c in r["candidates"] if c["candidate"] != OFF), key=lambda c: c["speedup"],
                   default=None)
-    return ["off at every load and context asked: no candidate's predicted speedup is above the target alone's (the "
-            "drafts do not pay at these loads)" + (f"; the closest, {closest['candidate']}, at "
-                                                    f"{closest['speedup']:.2f}x" if closest else "")]
+    said = "off at every load and context asked: no candidate's predicted speedup is above the target alone's"
+    if closest:
+        said += f"; the closest, {closest['candidate']}, at {_interval(closest['speedup'], closest.get('speedup_ci95'))}x"
+    ties = [r["load"] + (f" ctx={r['context']}" if r["context"] else "") for r in results if r["tied_with"]]
+    # a candidate tied with off is not shown slower: off is the choice on the tie, not a verdict that drafts lose
+    return [said + (f"; at {', '.join(ties)} candidates tie with off (their intervals reach 1): off is chosen on the "
+                    "tie, the drafts are not shown to lose there" if ties else
+                    ", each interval below 1: the drafts do not pay at these loads")]
 
 
 def not_writable(out: Path) -> str | None:

@@ -34,8 +34,8 @@ class DraftModelDrafter(Drafter):
     pending tokens, and the first round that drafts feeds them in its catch-up forward, which on an empty cache is
     the prefill (left padded, as add_rows would run it). Once the cache exists, joining rows are prefilled as usual.
 
-    A schedule that idles rows (Schedule.idles_rows: recommended, whose K is 0 at the loads where speculation does
-    not pay) defers a joining group whose rows it will not draft in the coming round, whether or not the cache
+    A schedule that idles rows (Schedule.idles_rows: recommended, whose K is 0 where speculation does not pay)
+    defers a joining group whose rows it will not draft in the coming round, whether or not the cache
     exists: the group joins the cache as empty rows (KVState.add_empty_rows) and its prompts wait in the pending
     tokens, with every token it commits while it does not draft. A row that never drafts never costs the draft a
     forward; one that starts later pays its prefill then, in the catch-up. Rows joining while the cache does not
@@ -50,10 +50,8 @@ class DraftModelDrafter(Drafter):
     neighbour's first drafting round). It is fed its last token alone, so the batched forward has a real token to
     attend to in every row (an empty cache fed only masked slots would attend over nothing), and everything the
     round fed it is dropped at commit; its last token joins its pending ones. A row within the forward's width is
-    fed as before (free). A schedule may also decline a row's catch-up of more than one token where what is left of
-    the row cannot repay it (Schedule.catch_up_repaid: recommended, at a recommendation's prices): the row is held
-    the same way. A row held after its prefill ran says its catch-ups in its records from then on ("catch_up" with
-    "lagging": its prefill was not deferred), so the replay prices a wide one where it runs.
+    fed as before (free). A row held after its prefill ran says its catch-ups in its records from then on ("catch_up"
+    with "lagging": its prefill was not deferred), so the replay prices a wide one where it runs.
 
     The model may sit on other devices than the engine (another GPU, a device map): KVState feeds it on its
     input embedding's device and brings its logits back to the engine's device.
