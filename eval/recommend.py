@@ -727,9 +727,17 @@ def off_everywhere(results: list[dict]) -> list[str]:
         return []
     closest = max((c for r in results for c in r["candidates"] if c["candidate"] != OFF), key=lambda c: c["speedup"],
                   default=None)
-    return ["off at every load and context asked: no candidate's predicted speedup is above the target alone's (the "
-            "drafts do not pay at these loads)" + (f"; the closest, {closest['candidate']}, at "
-                                                    f"{closest['speedup']:.2f}x" if closest else "")]
+    said = "off at every load and context asked: no candidate's predicted speedup is above the target alone's"
+    if closest:
+        interval = closest.get("speedup_ci95")
+        said += f"; the closest, {closest['candidate']}, at {closest['speedup']:.2f}x" + (
+            f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+    ties = [r["load"] + (f" ctx={r['context']}" if r["context"] else "") for r in results if r["tied_with"]]
+    # a candidate tied with off is not shown slower: off is the choice on the tie, not a verdict that drafts lose
+    return [said + (f"; at {', '.join(ties)} candidates tie with off (their intervals reach 1): off is chosen on the "
+                    "tie, the drafts are not shown to lose there" if ties else
+                    f"; none ties with off (each interval below 1, or without one more than {OFF_BY:.0%} below): the "
+                    "drafts do not pay at these loads")]
 
 
 def not_writable(out: Path) -> str | None:
@@ -799,8 +807,7 @@ def settings_of(results: list[dict], config: dict) -> dict:
                     s["notes"].append(f"{engine}: {best['candidate']} has no equivalent ({why}): the best it runs, "
                                       f"{r['candidate']} ({r['speedup']:.2f}x against {best['speedup']:.2f}x)")
                     break
-        name = result["load"] + (f" ctx={result['context']}" if result["context"] else "")
-        by_load.append((name, s))
+        by_load.append((deploy.load_label(result), s))
     return deploy.emitted(by_load)
 
 
@@ -987,12 +994,15 @@ def main(argv: list[str] | None = None) -> int:
               "writable", file=sys.stderr)
         return 2
     said = list(dict.fromkeys(notes + [n for r in results for n in r["notes"]]))
+    per_batch = deploy.per_batch_size(results, emitted)
     print("\n".join([f"warning: {w}" for w in warnings] + [table(results)] + (["", "by category:", category_table(categories)] if categories else [])
                     + ["", "settings, ready to paste:", *deploy.lines(emitted)]
+                    + deploy.per_batch_lines(per_batch)
                     + ([""] + [f"- {n}" for n in said] if said else [])))
     return written(out, {"costs": str(args.costs) if args.costs else "the run's probes",
                          "acceptance": str(args.acceptance) if args.acceptance else None, "warnings": warnings,
                          "profile_meta": profile.meta, "loads": results, "settings": emitted,
+                         "per_batch_size": per_batch,
                          "draft_prefill": draft_prefill_lines(profile), "k_model": k_model,
                          "exported_acceptance": acceptance, "notes": notes,
                          **({"by_category": categories} if categories else {})})

@@ -347,8 +347,18 @@ def test_a_recommendation_off_everywhere_says_why(tmp_path, capsys):
     # 10.8 s against 6.2 s (0.574x), gamma 2 13.1 s (test_recommend.py test_off_where_speculation_is_slower)
     run_dir = folder(tmp_path / "run", run(), profile(draft=2.0))
     assert rec.main([str(run_dir), "--batch", "1,2"]) == 0
-    said = ("off at every load and context asked: no candidate's predicted speedup is above the target alone's (the "
-            f"drafts do not pay at these loads); the closest, speculative draft=d gamma=1 constant, at {6.2 / 10.8:.2f}x")
+    # no interval (4 batches): no tie with off (a tie without intervals is within 5%)
+    said = ("off at every load and context asked: no candidate's predicted speedup is above the target alone's; the "
+            f"closest, speculative draft=d gamma=1 constant, at {6.2 / 10.8:.2f}x; none ties with off (each interval "
+            "below 1, or without one more than 5% below): the drafts do not pay at these loads")
     assert said in json.loads((run_dir / "recommend.json").read_text())["notes"]
     assert f"- {said}" in capsys.readouterr().out.splitlines()
     assert rec.off_everywhere([{"best": "x", "candidates": []}]) == []
+    # a candidate whose interval reaches 1 ties with off: not said to lose
+    tied = [{"load": "batch=1", "context": None, "best": rec.OFF, "tied_with": ["k1"],
+             "candidates": [{"candidate": "k1", "speedup": 0.92, "speedup_ci95": [0.78, 1.06]},
+                            {"candidate": rec.OFF, "speedup": 1.0}]}]
+    assert rec.off_everywhere(tied) == [
+        "off at every load and context asked: no candidate's predicted speedup is above the target alone's; the "
+        "closest, k1, at 0.92x [0.78, 1.06]; at batch=1 candidates tie with off (their intervals reach 1): off is "
+        "chosen on the tie, the drafts are not shown to lose there"]
