@@ -3,6 +3,7 @@ eval/targets/ that declares settings, each its own file. "off" is the target alo
 from __future__ import annotations
 
 import json
+import shlex
 from types import SimpleNamespace
 
 from decode.methods import REGISTRY
@@ -83,4 +84,77 @@ def lines(emitted_settings: dict) -> list[str]:
                 f"no equivalent: {why[target.name]}" if target.name in why else
                 target.settings.off_text if value == target.settings.off else target.settings.show(value)))
         out += [f"  note: {n}" for n in s["notes"]]
+    return out
+
+
+def load_label(result: dict) -> str:
+    """A load's name in the emitted settings: the load, and its context where asked."""
+    return result["load"] + (f" ctx={result['context']}" if result["context"] else "")
+
+
+def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
+    """Where the choice is off or one chain at a constant K at every batch or concurrency load of a context, and K
+    differs between them: the engines' per-batch-size forms, by context ("as measured" where none was asked). vLLM's
+    speculative_config at the largest K with num_speculative_tokens_per_batch_size [[lo, hi, K], ...] (inclusive
+    ranges from 1, the last K held above the last range, each K capped by num_speculative_tokens: vLLM's
+    validate_and_normalize_dynamic_sd_schedule); TensorRT-LLM's draft_len_schedule {the largest batch size of each K:
+    K} with max_draft_len the largest K (K 0 above the last key); SGLang and llama.cpp take one K a server: a note."""
+    out = {}
+    for context in dict.fromkeys(r["context"] for r in results):
+        ks, chains, widest = {}, set(), None
+        for r in results:
+            kind, _, value = r["load"].partition("=")
+            if r["context"] != context or kind not in ("batch", "conc") or not r.get("candidates"):
+                continue
+            best = next(c for c in r["candidates"] if c["candidate"] == r["best"])
+            axes = best.get("axes") or {}
+            if best["candidate"] != "off" and (axes.get("tree") is not None or axes.get("schedule") not in
+                                               (None, "constant") or not best.get("gamma")):
+                chains.add(None)  # a tree or a schedule of its own: no K table says it
+                continue
+            ks[int(value)] = int(best.get("gamma") or 0)
+            if best["candidate"] != "off":
+                chains.add((best["method"], best.get("draft")))
+                if widest is None or ks[int(value)] > ks[widest]:
+                    widest = int(value)
+        if len(chains) != 1 or None in chains or len(set(ks.values())) < 2:
+            continue
+        rows, ranges = sorted(ks), []
+        for i, b in enumerate(rows):
+            hi = rows[i + 1] - 1 if i + 1 < len(rows) else b
+            if ranges and ranges[-1][2] == ks[b]:
+                ranges[-1][1] = hi
+            else:
+                ranges.append([1 if i == 0 else b, hi, ks[b]])
+        vllm = (emitted_settings.get("all") or emitted_settings[load_label(next(
+            r for r in results if r["context"] == context and r["load"].partition("=")[2] == str(widest)
+            and r["load"].partition("=")[0] in ("batch", "conc")))]).get("vllm")
+        top = max(ks.values())
+        last_on = max(i for i, (_, _, k) in enumerate(ranges) if k)
+        out["as measured" if context is None else str(context)] = {
+            "batch_sizes": [[b, ks[b]] for b in rows],
+            "vllm": None if vllm is None else dict(vllm, num_speculative_tokens=top,
+                                                   num_speculative_tokens_per_batch_size=ranges),
+            "tensorrt_llm": {"max_draft_len": top, "draft_len_schedule": {str(hi): k for _, hi, k in
+                                                                          ranges[:last_on + 1]}},
+            "notes": [f"above {rows[-1]} rows (the largest load priced) vLLM holds K {ranges[-1][2]} and "
+                      f"TensorRT-LLM runs off{'' if ranges[-1][2] else ' too'}",
+                      "TensorRT-LLM's draft_len_schedule read as the largest batch size of each K, off above its last "
+                      "key (its form in which {1: 4} means batch size 1 only); an earlier form reads each key as "
+                      "the least batch size of its K and needs {1: max_draft_len}: check your version",
+                      "SGLang and llama.cpp take one K a server: each batch size's server is in the settings by load"]
+            + ([f"context {context}: a table of its own (vLLM's table here has no context axis)"]
+               if context is not None else [])}
+    return out
+
+
+def per_batch_lines(table: dict) -> list[str]:
+    """per_batch_size's forms, printed: a vLLM line and a TensorRT-LLM line per context, then the notes."""
+    out = []
+    for context, forms in table.items():
+        out += ["", f"per batch size ({context}): K by rows {', '.join(f'{b}: {k}' for b, k in forms['batch_sizes'])}"]
+        if forms["vllm"] is not None:
+            out.append(f"  vLLM:      --speculative-config {shlex.quote(json.dumps(forms['vllm']))}")
+        out.append(f"  TensorRT-LLM: speculative_config {json.dumps(forms['tensorrt_llm'])}")
+        out += [f"  note: {n}" for n in forms["notes"]]
     return out
