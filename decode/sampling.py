@@ -28,9 +28,12 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
     return torch.softmax(logits, dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """[..., V] probabilities -> [...] token ids; argmax(p / Exp(1)) is an exact draw, with no host sync."""
-    exponential = torch.empty_like(probs).exponential_(1.0, generator=generator)
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+           exponential: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., V] probabilities -> [...] token ids; argmax(p / Exp(1)) is an exact draw, with no host sync.
+    exponential: the Exp(1) draws [..., V], drawn beforehand (a traced round takes its randomness as an input)."""
+    if exponential is None:
+        exponential = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return torch.argmax(probs / exponential, dim=-1)
 
 
@@ -74,7 +77,8 @@ def accept_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
 
 
 def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                   draft_limit: torch.Tensor, generator: torch.Generator | None = None
+                   draft_limit: torch.Tensor, generator: torch.Generator | None = None,
+                   uniform: torch.Tensor | None = None, exponential: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
 
@@ -87,6 +91,9 @@ def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
     probability p(x), and a rejection draws from norm(max(0, p - onehot(x))), i.e. p with x removed:
     P(next = y) = p(x) [y = x] + (1 - p(x)) p(y) / (1 - p(x)) [y != x] = p(y). Only the one-hot of the
     rejected position is built ([B, V]), never q for all G positions.
+
+    uniform [B, G] and exponential [B, V]: the draws, made beforehand in the order this function makes them (a traced
+    round takes its randomness as an input: decode/round_graph.py); None: drawn here from `generator`.
     """
     batch, num_drafted = draft_tokens.shape
     vocab = target_probs.shape[-1]
@@ -95,14 +102,15 @@ def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
         q_x = torch.ones_like(p_x)  # [B, G]
     else:
         q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, G]
-    uniform = torch.rand(p_x.shape, generator=generator, device=p_x.device)  # [B, G]
+    if uniform is None:
+        uniform = torch.rand(p_x.shape, generator=generator, device=p_x.device)  # [B, G]
     positions = torch.arange(num_drafted, device=draft_tokens.device)  # [G]
     accepted = (uniform < acceptance_probability(p_x, q_x)) & (positions < draft_limit[:, None])  # [B, G]
     accepted_len = _leading_run(accepted)  # [B]
 
     p_next = target_probs.gather(1, accepted_len[:, None, None].expand(batch, 1, vocab)).squeeze(1)  # [B, V]
     if num_drafted == 0:
-        return accepted_len, sample(p_next, generator)
+        return accepted_len, sample(p_next, generator, exponential)
     at_rejection = accepted_len.clamp(max=num_drafted - 1)  # [B]; only read where a draft was rejected
     if draft_probs is None:
         rejected_token = draft_tokens.gather(1, at_rejection[:, None])  # [B, 1]
@@ -111,7 +119,7 @@ def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
         q_next = draft_probs.gather(1, at_rejection[:, None, None].expand(batch, 1, vocab)).squeeze(1)  # [B, V]
     rejected = (accepted_len < draft_limit)[:, None]  # [B, 1]
     next_probs = torch.where(rejected, residual_distribution(p_next, q_next), p_next)  # [B, V]
-    return accepted_len, sample(next_probs, generator)
+    return accepted_len, sample(next_probs, generator, exponential)
 
 
 def accept_synthetic(draft_limit: torch.Tensor, num_drafted: int, alpha: float, target_logits: torch.Tensor,

@@ -1,0 +1,149 @@
+"""decode/round_graph.py: a draft model's chain round (drafts, verification, acceptance, both rollbacks) as one function
+over the static caches, traced by torch.compile(fullgraph=True) without a break, never recompiled after its first
+round, and giving the eager engine's tokens (greedy and sampled)."""
+import copy
+
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_speculative
+from decode.round_graph import fusable, fused_round
+from decode.sampling import logits_to_probs, sample
+from decode.static_kv import CAPTURED, CompiledModel, attach, new_state
+from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
+
+
+def compiled_copy(model, widths, max_length, batch_sizes, backend="eager", mode=None):
+    twin = copy.copy(model)
+    twin.__dict__.pop("_speculate_compiled", None)
+    attach(twin, CompiledModel(twin, widths, max_length, batch_sizes, mode=mode, backend=backend))
+    return twin
+
+
+def fused_generate(target, drafter, ids, mask, max_new_tokens, gamma, sampling=Sampling(), generator=None,
+                   most_rounds=None, first_leaves_after=None):
+    """A static batch's rounds as the engine's loop runs them (no EOS: each row ends at max_new_tokens and leaves),
+    every round fused, until a round is not `fusable` (the last ones, whose budgets are below gamma) or after
+    most_rounds. first_leaves_after: after that many rounds the first row leaves (as a row at EOS would). Returns each row's tokens so far and each round's accepted lengths."""
+    with torch.inference_mode():
+        state = new_state(target)
+        logits = state.forward(target, ids, mask, last_only=True)[:, -1]
+        token = logits.argmax(dim=-1) if not sampling.do_sample else sample(
+            logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p), generator)
+        outputs, active = [[t] for t in token.tolist()], list(range(ids.shape[0]))
+        drafter.start(ids, mask)
+        drafter.observe(token.tolist())
+        accepts = []
+        while active and (most_rounds is None or len(accepts) < most_rounds):
+            budget = [min(gamma, max_new_tokens - len(outputs[row]) - 1) for row in active]
+            if not fusable(state, drafter, gamma, budget):
+                break
+            fused = fused_round(state, drafter, token, budget, gamma, sampling, generator)
+            values = fused.readout().tolist()  # the round's one host read
+            drafts = [v[3:] for v in values]
+            fused.settle([v[0] for v in values], drafts)
+            drafter.observe([v[1] for v in values], drafts)
+            accepts.append([v[0] for v in values])
+            for row, v in zip(active, values):
+                outputs[row] += (v[3: 3 + v[0]] + [v[1]])[: max_new_tokens - len(outputs[row])]
+            running = [i for i, row in enumerate(active) if len(outputs[row]) < max_new_tokens
+                       and not (len(accepts) == first_leaves_after and row == 0)]
+            token = fused.token
+            if len(running) < len(active):
+                state.select_rows(running)
+                drafter.select_rows(torch.tensor(running))
+                token = token[torch.tensor(running)]
+                active = [active[i] for i in running]
+    return outputs, accepts
+
+
+def same_prefix(fused: list[list[int]], eager) -> bool:
+    """Each row's fused tokens are the first of the eager engine's, and the fused rounds took most of them."""
+    return all(f == e.output_ids[: len(f)] and len(f) > len(e.output_ids) // 2 for f, e in zip(fused, eager))
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(True, 0.8, top_k=20)], ids=["greedy", "sampled"])
+def test_fused_rounds_give_the_eager_engines_tokens(sampling):
+    """A ragged batch of 3 with a row that ends first: every round but the last ones (budgets below gamma) fused, under
+    torch.compile(fullgraph=True) (dynamo's eager backend); tokens equal to generate_speculative's, sampled included
+    (the same draws from the same generator)."""
+    torch._dynamo.reset()
+    target = tiny_model("llama", seed=1, layers=2)
+    draft = noisy_copy(target, 0.15)
+    gamma, lengths = 3, [5, 9, 2]
+    ids, mask = ragged_batch(lengths)
+    generation = Generation(max_new_tokens=20, sampling=sampling)
+    generator = torch.Generator().manual_seed(5)  # one generator for the drafter and the engine, as a run has
+    with torch.inference_mode():
+        eager = generate_speculative(target, DraftModelDrafter(draft, VOCAB, sampling, generator), ids, mask,
+                                     generation, gamma, generator)
+    ctarget = compiled_copy(target, (1, gamma + 1), 64, (3,))
+    cdraft = compiled_copy(draft, (1, 2), 64, (3,))
+    generator = torch.Generator().manual_seed(5)
+    outputs, accepts = fused_generate(ctarget, DraftModelDrafter(cdraft, VOCAB, sampling, generator), ids, mask,
+                                      generation.max_new_tokens, gamma, sampling, generator)
+    assert same_prefix(outputs, eager)
+    assert len(accepts) >= 3 and len({a for round_ in accepts for a in round_}) >= 2  # several, of several acceptances
+    # a full accept leaves d_gamma pending: the next round's catch-up feeds it (the width-2 path is exercised)
+    assert any(gamma in round_ for round_ in accepts[:-1])
+
+
+def test_fused_round_compiles_once_and_never_again_over_50_rounds():
+    """50 fused rounds of varying acceptance, a row leaving midway: one graph at the first round, none after
+    (torch._dynamo's count of graphs, and error_on_recompile)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    target = tiny_model("llama", seed=1, layers=1)
+    draft = noisy_copy(target, 0.15)
+    gamma, lengths = 3, [4, 7]
+    ids, mask = ragged_batch(lengths, seed=2)
+    ctarget = compiled_copy(target, (1, gamma + 1), 448, (2,))
+    cdraft = compiled_copy(draft, (1, 2), 448, (2,))
+    drafter = DraftModelDrafter(cdraft, VOCAB, Sampling())
+    graphs = counters["stats"]["unique_graphs"]
+    fused_generate(ctarget, drafter, ids, mask, 400, gamma, most_rounds=1)  # warm-up: the round's graph
+    assert counters["stats"]["unique_graphs"] == graphs + 1 == graphs + ctarget._speculate_compiled.compiles
+    graphs += 1
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        _, accepts = fused_generate(ctarget, drafter, ids, mask, 400, gamma, most_rounds=50, first_leaves_after=20)
+    finally:
+        torch._dynamo.config.error_on_recompile = False
+    assert len(accepts) == 50 and len(accepts[19]) == 2 and len(accepts[20]) == 1
+    assert len({a for round_ in accepts for a in round_}) == gamma + 1  # every acceptance from 0 to gamma
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_captured_mode_runs_the_round_uncaptured_on_a_cpu():
+    """engine.compile: cudagraphs on a CPU: the same round function, no torch.compile, the eager engine's tokens."""
+    target = tiny_model("llama", seed=1, layers=1)
+    draft = noisy_copy(target, 0.3)
+    gamma = 2
+    ids, mask = ragged_batch([6, 3], seed=1)
+    generation = Generation(max_new_tokens=10)
+    with torch.inference_mode():
+        eager = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask, generation, gamma)
+    ctarget = compiled_copy(target, (1, gamma + 1), 64, (2,), mode=CAPTURED)
+    cdraft = compiled_copy(draft, (1, 2), 64, (2,), mode=CAPTURED)
+    outputs, accepts = fused_generate(ctarget, DraftModelDrafter(cdraft, VOCAB, Sampling()), ids, mask,
+                                      generation.max_new_tokens, gamma)
+    assert same_prefix(outputs, eager) and accepts
+    assert ctarget._speculate_compiled.compiles == 0
+
+
+def test_fused_round_with_inductor_is_exact():
+    """One small case through inductor's code generation (slow on a CPU): the eager engine's tokens."""
+    torch._dynamo.reset()
+    target = tiny_model("llama", seed=1, layers=1)
+    draft = noisy_copy(target, 0.3)
+    gamma = 2
+    ids, mask = ragged_batch([5, 3], seed=4)
+    generation = Generation(max_new_tokens=8)
+    with torch.inference_mode():
+        eager = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask, generation, gamma)
+    ctarget = compiled_copy(target, (1, gamma + 1), 64, (2,), backend="inductor")
+    cdraft = compiled_copy(draft, (1, 2), 64, (2,), backend="inductor")
+    outputs, accepts = fused_generate(ctarget, DraftModelDrafter(cdraft, VOCAB, Sampling()), ids, mask,
+                                      generation.max_new_tokens, gamma)
+    assert same_prefix(outputs, eager) and accepts
