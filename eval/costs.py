@@ -317,6 +317,9 @@ def run_costs(progress: dict, env: dict, config: dict | None, where: str = "prog
                 more_steps, more_prefills = from_probe(probe, int(size))
                 steps += more_steps
                 prefills += more_prefills
+                for cache, other in sorted(probe.by_context.items()):  # the same steps at other caches: kv points
+                    check_probe(other, f"{key}.by_context.{cache}", where, fix)
+                    steps += from_probe(other, int(size))[0]
     config = config or {}
     target = config.get("target") or {}
     meta = {k: env.get(k) for k in ("device", "device_name", "torch", "transformers", "cpu_count", "git_commit")}

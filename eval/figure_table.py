@@ -265,8 +265,12 @@ FIGURES: list[Figure] = [
     Figure("draft_cost_ratio_c", static=batch_costs, served=occupancy_costs, legend="one draft step / one baseline step, each timed as the run executes it (a draft step: its "
                                         "1-token forward and its token's choice; a baseline step: the target's 1-token forward, its "
                                         "token's choice, greedy its top-2 gap, and the host read), medians of interleaved repetitions "
-                                        "measured in the run at this batch size, on the first batch's prompt + max_new_tokens / 2 "
-                                        "tokens of cache",
+                                        "measured in the run at this batch size, on the first batch's prompts cut or grown to the "
+                                        "cache of the comparison's median prompt + max_new_tokens / 2 tokens; where its prompts "
+                                        "differ widely in length, also at each length bin's (bins spanning a factor of 2, at most "
+                                        "4), and each run, overall and per group, reads the one nearest its rows' mean cache "
+                                        "(prompt + half the new tokens): cost_context gives both, and a note names the runs whose "
+                                        "probe was timed more than 2x from it",
            columns=(Column("c", ("draft_cost_ratio_c",), "{:.3f}", 100),)),
     Figure("verify_cost_ratio_v", legend="one chain verification of gamma+1 tokens (the target forward, the acceptance, the host read, "
                                          "the rollback) / one baseline step, measured likewise; for a tree of n nodes besides its "

@@ -2,7 +2,8 @@
 every figure from it. A record is one prompt run by one method at one sweep point."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import math
+from dataclasses import dataclass, field, fields, replace
 
 from decode.serving import RequestTimes
 from eval.axes import AXES, Axis, comparison_axes, label_of
@@ -223,6 +224,26 @@ class CostProbe:
     # the prefills timed after the steps (runner/probes.py prefill_points): eval/costs.py prefill points,
     # {model, rows, tokens, s, reps_s}; none in folders written before them
     prefills: list[dict] = field(default_factory=list)
+    # the same steps timed at other caches, where the comparison's prompts differ widely in length (runner/probes.py
+    # context_bins): cache (context_tokens) -> a CostProbe of c, v and their repetitions alone; at_cache picks one
+    by_context: dict[int, "CostProbe"] = field(default_factory=dict)
+
+    def at_cache(self, cache: float | None) -> "CostProbe":
+        """The probe timed nearest a run's mean decoding cache (in ratio: 100 is as far from 50 as from 200): this one
+        or one of by_context, which keeps this one's weight bytes, draft prefill and prefills (timed once) and has
+        no busy time (timed at this one's cache only)."""
+        if cache is None or not self.by_context or not cache > 0:
+            return self
+        own = [(self.context_tokens, self)] if self.context_tokens else []
+        candidates = own + [(k, p) for k, p in self.by_context.items() if k]
+        _, chosen = min(candidates, key=lambda kp: abs(math.log(kp[0] / cache)))
+        if chosen is self:
+            return self
+        return replace(self, c_by_draft=chosen.c_by_draft, v=chosen.v, target_forward_s=chosen.target_forward_s,
+                       target_reps_s=chosen.target_reps_s, draft_reps_s=chosen.draft_reps_s,
+                       draft_catch_up_reps_s=chosen.draft_catch_up_reps_s, context_tokens=chosen.context_tokens,
+                       target_busy_s=None, draft_busy_s={}, by_context={},
+                       per_worker={name: probe.at_cache(cache) for name, probe in self.per_worker.items()})
 
     def c_for(self, draft: str | None) -> float | None:
         return None if draft is None else self.c_by_draft.get(draft)
@@ -270,7 +291,9 @@ class CostProbe:
                 "draft_prefill": self.draft_prefill, "workers": self.workers,
                 "target_weight_bytes": self.target_weight_bytes, "draft_weight_bytes": self.draft_weight_bytes,
                 "target_busy_s": self.target_busy_s, "draft_busy_s": self.draft_busy_s,
-                "context_tokens": self.context_tokens, "prefills": self.prefills}
+                "context_tokens": self.context_tokens, "prefills": self.prefills,
+                **({"by_context": {str(k): p.to_json() for k, p in sorted(self.by_context.items())}}
+                   if self.by_context else {})}
 
     @classmethod
     def from_json(cls, row: dict | None) -> "CostProbe | None":
@@ -296,7 +319,8 @@ class CostProbe:
                    target_weight_bytes=row.get("target_weight_bytes"),
                    draft_weight_bytes=dict(row.get("draft_weight_bytes") or {}), target_busy_s=row.get("target_busy_s"),
                    draft_busy_s=dict(row.get("draft_busy_s") or {}), context_tokens=row.get("context_tokens"),
-                   prefills=[dict(p) for p in row.get("prefills") or []])
+                   prefills=[dict(p) for p in row.get("prefills") or []],
+                   by_context={int(k): cls.from_json(p) for k, p in (row.get("by_context") or {}).items() if p})
 
     @classmethod
     def across_workers(cls, probes: dict[str, "CostProbe"]) -> "CostProbe | None":
@@ -320,6 +344,9 @@ class CostProbe:
                    draft_weight_bytes=_medians([p.draft_weight_bytes for p in listed]),
                    target_busy_s=_median([p.target_busy_s for p in listed]),
                    draft_busy_s=_medians([p.draft_busy_s for p in listed]),
+                   context_tokens=_median([p.context_tokens for p in listed]),
+                   by_context={k: cls.across_workers({n: p.by_context[k] for n, p in probes.items() if k in p.by_context})
+                               for k in sorted({k for p in listed for k in p.by_context})},
                    workers=sorted(probes), per_worker=dict(probes))
 
 

@@ -100,23 +100,59 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
         theirs = None if baseline is None else [s for s in baseline if group is None or in_group(s, group, field)]
         # a group's rows shared their batches with other groups' rows: its own replay would be a schedule that never
         # ran, so the replay is the overall run's only
-        metrics = run_metrics(point, mine, theirs, costs, machine.get("profile") if group is None else None)
+        # each run's c and v at its own rows' cache, where the probe timed several (CostProbe.at_cache)
+        cache = decoding_cache(mine)
+        own = costs.at_cache(cache) if costs is not None else None
+        metrics = run_metrics(point, mine, theirs, own, machine.get("profile") if group is None else None)
         paired = set(units(mine)) & set(units(theirs or []))
         cluster = clusters_of(mine)  # a conversation's turns count once: they are resampled together
         batches = {"done": len(units(mine)), "paired": len(paired), "planned": expected if group is None else None,
                    "prompts": len({cluster[index] for _, index in paired}),
                    "cross_process": cross_process_pairs(mine, theirs or [])}
-        flags = flags_of(point, metrics, batches, machine)
+        flags = flags_of(point, metrics, batches, {**machine, "costs": own})
         if metrics.get("prediction_off"):
             flags.append({"code": "prediction_off", "message": metrics["prediction_off"]})
         run = {**_axes(point), "group": group, "label": point.label, "status": status, "batches": batches,
                "flags": flags, "metrics": metrics}
         if field is not None:
             run["group_field"] = field
+        uses_costs = metrics.get("draft_cost_ratio_c") is not None or metrics.get("verify_cost_ratio_v") is not None
+        if own is not None and own.context_tokens and cache and uses_costs:
+            run["cost_context"] = {"probed": own.context_tokens, "decoding": cache}
         if error:
             run["error"] = error
         runs.append(run)
     return runs
+
+
+def decoding_cache(samples: list[dict]) -> float | None:
+    """The mean cache a run's rows decode at: its prompt plus half its new tokens, over the rows (None where a
+    record lacks its prompt's length)."""
+    if not samples or any(s.get("prompt_tokens") is None for s in samples):
+        return None
+    return sum(s["prompt_tokens"] + s["new_tokens"] / 2 for s in samples) / len(samples)
+
+
+# c and v probed at a cache this far (a ratio, either way) from a run's own are said in a note
+CONTEXT_OFF = 2.0
+
+
+def context_notes(runs: list[dict]) -> list[str]:
+    """Where a run's c and v were probed at a cache more than CONTEXT_OFF times shorter or longer than its rows'
+    mean decoding cache: one note per (group, probed, decoding), naming its points."""
+    off: dict[tuple, list[str]] = {}
+    for run in runs:
+        context = run.get("cost_context")
+        if not context or not context["probed"] or not context["decoding"]:
+            continue
+        if max(context["probed"], context["decoding"]) / min(context["probed"], context["decoding"]) > CONTEXT_OFF:
+            scope = "overall" if run["group"] is None else group_text(run["group"], run.get("group_field"))
+            off.setdefault((scope, context["probed"], round(context["decoding"])), []).append(run["label"])
+    return [f"{'; '.join(labels)} [{scope}]: c and v were probed at a cache of {probed} tokens, its rows decode at a "
+            f"mean cache of {decoding} (prompt + half the new tokens, {decoding / probed:.1f}x): c, v and the "
+            "prediction are those of another context (a run probes each length bin of its prompts' where they "
+            "differ widely: runner/probes.py context_bins)"
+            for (scope, probed, decoding), labels in off.items()]
 
 
 def summarize(samples: list[dict], progress: dict | None = None, config: dict | None = None) -> dict:
@@ -202,6 +238,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         notes.append(f"flagged few_samples, no interval, fewer than {MIN_PROMPTS} prompt batches behind the ratio"
                      + (f" (every point: {', '.join(next(iter(few.values())))})" if everyone else "")
                      + f": {shown}. A group's ratio from so few prompt batches is a reading, not an estimate")
+    notes.extend(context_notes(runs))
     for reason, labels in gaps.items():
         notes.append(f"predicted speedup and efficiency are null for {'; '.join(labels)}: {reason}")
     for reason, labels in unreplayed.items():

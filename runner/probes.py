@@ -79,6 +79,43 @@ def _prefilled(model, ids, mask) -> KVState | None:
     return state
 
 
+# At most this many caches are probed for one comparison (each costs a full set of the steps' repetitions)
+MAX_CONTEXT_BINS = 4
+
+
+def context_bins(prompt_lengths: list[int], tokens: int) -> list[int]:
+    """The caches to time the steps at for prompts of these lengths, decoding `tokens` tokens on average past them
+    (max_new_tokens // 2): each length bin's median prompt (the lower middle) plus `tokens`. A bin spans a factor
+    of 2 in length (a cache twice as long costs visibly more attention), widened by a factor of 2 at a time until at
+    most MAX_CONTEXT_BINS remain: one bin where the prompts are alike. First the bin that holds the median prompt
+    (where the prefills and the busy time are timed too), then the others, ascending."""
+    lengths = sorted(length for length in prompt_lengths if length > 0)
+    if not lengths:
+        return []
+    factor = 2
+    while True:
+        bins, start = [], 0
+        for index in range(1, len(lengths) + 1):
+            if index == len(lengths) or lengths[index] >= factor * lengths[start]:
+                bins.append(lengths[start:index])
+                start = index
+        if len(bins) <= MAX_CONTEXT_BINS:
+            break
+        factor *= 2
+    middle = statistics.median_low(lengths)
+    first = next(b for b in bins if b[0] <= middle <= b[-1])
+    return [statistics.median_low(first) + tokens] + [statistics.median_low(b) + tokens for b in bins if b is not first]
+
+
+def at_cache(ids: torch.Tensor, mask: torch.Tensor, cache: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompt batch ids, mask [B, P] as a cache of `cache` tokens [B, cache]: its last `cache` columns where
+    shorter (a row shorter than that keeps its padding), else followed by tokens (decoding_context)."""
+    width = ids.shape[1]
+    if cache <= width:
+        return ids[:, width - cache:].contiguous(), mask[:, width - cache:].contiguous()
+    return decoding_context(ids, mask, cache - width)
+
+
 def decoding_context(ids: torch.Tensor, mask: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompt batch ids, mask [B, P] followed by `tokens` more (its last token repeated) [B, P + tokens]: the cache a
     decoding step sees halfway through max_new_tokens = 2 x tokens, where the probes time it."""
@@ -283,7 +320,7 @@ def _timed_tree_forward(state: KVState, model, tokens: torch.Tensor, clock) -> f
 def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, reps: int = 7,
                   draft_prefill: bool = False, busy_reps: int = 3, tree_widths=frozenset(),
                   sampling: Sampling | None = None, context: int = 0, target_vocab_size: int | None = None,
-                  prefills: bool = True) -> CostProbe:
+                  prefills: bool = True, cache: int | None = None) -> CostProbe:
     """c = t(draft step) / t(baseline step) per draft; v_k = t(verification of k + 1 tokens) / t(baseline step) for
     each draft length k = width - 1: each step timed as the run executes it, with its own choice of tokens and host
     read (_timed_target_step, _timed_draft_step, _timed_verification: the functions decode/generate.py and the draft
@@ -309,7 +346,7 @@ def measure_costs(target, drafts: dict, ids, mask, widths: list[int], clock, rep
     clock = clock if clock is not None else Clock(ids.device)
     sampling = sampling or Sampling(False)
     vocab = target_vocab_size or target.get_output_embeddings().out_features
-    at_ids, at_mask = decoding_context(ids, mask, context)
+    at_ids, at_mask = decoding_context(ids, mask, context) if cache is None else at_cache(ids, mask, cache)
     token = at_ids[:, -1]
     states = {TARGET: _prefilled(target, at_ids, at_mask)}
     models = {TARGET: target}
@@ -495,13 +532,16 @@ def probe_numerics(config, models, points, ids, mask) -> dict:
     return result
 
 
-def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sampling) -> CostProbe | None:
+def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sampling,
+                     prompt_lengths: list[int] | None = None, binned: bool = True) -> CostProbe | None:
     """c and v of a comparison's speculative points (`points`: those that run), measured on its first batch (ids,
     mask): each verify width they use (a chain's gamma + 1, a tree's nodes + 1; the cost_model schedule any draft
     length up to gamma and the draft's prefill; hybrid any chain up to gamma or a tree of two chains up to 2 gamma
     nodes and the draft's prefill (its deferred start and its catch-ups), timed as chains, and past gamma up to speculative.hybrid_max_draft a few widths between), each step timed as the run executes it, at the mean cache of decoding (the prompt +
-    max_new_tokens / 2). None: no speculative point. Raises what the probes raise (RUNTIME_ERRORS: the caller notes
-    it)."""
+    max_new_tokens / 2): with prompt_lengths (the comparison's prompts, in tokens), at the median prompt's, and where
+    they differ widely (binned) also at each length bin's (context_bins: by_context, which the report gives each run
+    by its own rows' cache); without, at the probe batch's width. None: no speculative point. Raises what the probes
+    raise (RUNTIME_ERRORS: the caller notes it)."""
     from decode.methods import REGISTRY
 
     spec_points = [p for p in points if REGISTRY[p.method].has_rounds]
@@ -528,7 +568,13 @@ def comparison_costs(config, target, drafts: dict, points, ids, mask, clock, sam
         # compiled, a merged tree wider than a chain runs as one tree step (decode/compile_plan.py): timed so, not as
         # a chain past the compiled chain widths (which would run in two steps)
         chains |= {w for w in hybrid_widths if not config.engine.compile or w <= max(hybrid) + 1}
-    return measure_costs(target.model, drafts, ids, mask, sorted(widths), clock,
-                         draft_prefill=measured or bool(hybrid),
-                         tree_widths=widths - chains, sampling=sampling, context=config.generation.max_new_tokens // 2,
-                         target_vocab_size=target.vocab_size)
+    tokens = config.generation.max_new_tokens // 2
+    caches = context_bins(prompt_lengths, tokens) if prompt_lengths else []
+    probe = measure_costs(target.model, drafts, ids, mask, sorted(widths), clock, draft_prefill=measured or bool(hybrid),
+                          tree_widths=widths - chains, sampling=sampling, context=tokens,
+                          target_vocab_size=target.vocab_size, cache=caches[0] if caches else None)
+    for cache in caches[1:] if binned else []:  # the steps alone: the prefills and the busy time are the first's
+        probe.by_context[cache] = measure_costs(target.model, drafts, ids, mask, sorted(widths), clock, busy_reps=0,
+                                                tree_widths=widths - chains, sampling=sampling,
+                                                target_vocab_size=target.vocab_size, prefills=False, cache=cache)
+    return probe

@@ -300,7 +300,8 @@ class Session:
                 model.precompile(ids, mask)
             quiet_heap()
             if state.costs is None:
-                state.costs = self._measure_costs([p for p in points if p not in state.failed], ids, mask, state)
+                state.costs = self._measure_costs([p for p in points if p not in state.failed], ids, mask, state,
+                                                  self.prompt_lengths(comparison))
                 if state.costs is not None and comparison.serving and ids.shape[0] > 1:
                     state.fewer_rows = self._one_row_costs(comparison, points, state)
             self.context.costs = state.costs
@@ -313,19 +314,25 @@ class Session:
         self.prepared[comparison] = state
         return state
 
-    def _probe_costs(self, points, ids, mask) -> CostProbe | None:
-        """runner/probes.py comparison_costs of the points with rounds, on the batch ids, mask."""
+    def prompt_lengths(self, comparison: Comparison) -> list[int]:
+        """The lengths in tokens of every prompt the comparison runs (a serving comparison's: its requests')."""
+        prompts = self.prompts_of(Unit(comparison, 0, 0)) if comparison.serving else self.prompt_set.prompts
+        return [len(p.token_ids) for p in prompts]
+
+    def _probe_costs(self, points, ids, mask, lengths=None, binned: bool = True) -> CostProbe | None:
+        """runner/probes.py comparison_costs of the points with rounds, on the batch ids, mask, at the caches of
+        prompts of these lengths (binned: one per length bin where they differ widely)."""
         spec_points = [p for p in points if REGISTRY[p.method].has_rounds]
         sampling = self.generation(spec_points[0].temperature).sampling if spec_points else None
         return comparison_costs(self.config, self.target, self.context.drafts, spec_points, ids, mask, self.clock,
-                                sampling)
+                                sampling, lengths, binned)
 
-    def _measure_costs(self, points, ids, mask, state: Prepared) -> CostProbe | None:
+    def _measure_costs(self, points, ids, mask, state: Prepared, lengths=None) -> CostProbe | None:
         """_probe_costs; where the probes fail (e.g. CUDA out of memory) the points may still run, with no
         prediction, and the cost_model schedule cannot: the notes say so."""
         spec_points = [p for p in points if REGISTRY[p.method].has_rounds]
         try:
-            return self._probe_costs(points, ids, mask)
+            return self._probe_costs(points, ids, mask, lengths)
         except RUNTIME_ERRORS as error:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -344,7 +351,9 @@ class Session:
         {1: CostProbe}; {} where the probe fails (the note says so: the replay then lacks those rows, nothing else)."""
         ids, mask = self.batch_tensors(self.probe_batch(comparison)[:1])
         try:
-            one = self._probe_costs([p for p in points if p not in state.failed], ids, mask)
+            # at the same median cache as the full rows' probe: the replay prices fewer rows between the two
+            one = self._probe_costs([p for p in points if p not in state.failed], ids, mask,
+                                    self.prompt_lengths(comparison), binned=False)
         except RUNTIME_ERRORS as error:
             state.notes.append(f"{comparison.label}: the cost probe at 1 row failed ({type(error).__name__}: "
                                f"{one_line(error)}); the replay prices no step at fewer rows than "
