@@ -122,8 +122,8 @@ class TeacherForcedDraft(Drafter):
         if self.schedule is not None:
             self.schedule.start(0)
 
-    def add_rows(self, prompt_ids, prompt_mask):
-        prompts = unpadded(prompt_ids, prompt_mask)
+    def add_rows(self, prompt_ids, prompt_mask, host=None):
+        prompts = unpadded(prompt_ids, prompt_mask, host)
         self.rows += [self.forced[tuple(p)] for p in prompts]
         self.pos += [len(p) + 1 for p in prompts]
         if self.schedule is not None:

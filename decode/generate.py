@@ -25,8 +25,16 @@ from decode.settings import Generation, Sampling
 
 
 class Clock:
-    """perf_counter after synchronising every CUDA device the models use (a model split by a device map
-    spans several), so that a reading includes queued kernels."""
+    """Wall time, and in-stream marks that split a round's time without stopping the device.
+
+    `now()` is perf_counter after synchronising every CUDA device the models use (a model split by a device map spans
+    several), so that a reading includes queued kernels: for the loop's start and end and for the probes, never inside
+    a round. `host()` is perf_counter alone: right after a host read (which waited for the device) it is the device's
+    time too. `mark()` is a point in the device's stream: a CUDA event recorded on the engine's device (a CPU's marks
+    are perf_counter readings); `seconds(a, b)` between two marks is read once both have run, which a later host read
+    guarantees (the loop reads them after the next round's read, or after the final `now()`). A model split over
+    several CUDA devices has no one stream to mark: there `mark()` is `now()` (a synchronize), the one case that
+    stops the device inside a round."""
 
     def __init__(self, device: torch.device | str, extra_devices: tuple = ()):
         devices = [torch.device(device), *map(torch.device, extra_devices)]
@@ -36,6 +44,46 @@ class Clock:
         for device in self.cuda_devices:
             torch.cuda.synchronize(device)
         return time.perf_counter()
+
+    @staticmethod
+    def host() -> float:
+        return time.perf_counter()
+
+    def mark(self):
+        if len(self.cuda_devices) != 1:
+            return self.now()  # a CPU's time (no device syncs), or a split model's (several streams)
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.cuda_devices[0]))
+        return event
+
+    @staticmethod
+    def seconds(start, end) -> float:
+        """Seconds between two marks (both already run on the device)."""
+        if isinstance(start, float):
+            return end - start
+        return start.elapsed_time(end) / 1000.0
+
+
+class _Spans:
+    """Device seconds to add to records, kept as pairs of marks until a host read has passed them: `settle()` after a
+    read adds every span marked before it (its events have run) without a sync."""
+
+    def __init__(self, clock: Clock):
+        self.clock, self.pending = clock, []
+
+    def add(self, records: list, field_names: tuple[str, ...], start, end) -> None:
+        """Add seconds(start, end) to each record's fields: at once for host readings, else once settled."""
+        self.pending.append((records, field_names, start, end))
+        if isinstance(end, float):
+            self.settle()
+
+    def settle(self) -> None:
+        for records, field_names, start, end in self.pending:
+            seconds = self.clock.seconds(start, end)
+            for record in records:
+                for name in field_names:
+                    setattr(record, name, getattr(record, name) + seconds)
+        self.pending = []
 
 
 @dataclass
@@ -61,14 +109,23 @@ class RowRecord(RequestTimes):
         return len(self.output_ids)
 
 
-def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[KVState, torch.Tensor]:
-    """prompt_ids, prompt_mask [B, P] -> (the model's KV state, fp32 logits [B, V] of the next token)."""
+NON_FINITE = "the model returned NaN or inf logits at prefill"
+
+
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | np.ndarray) -> tuple[KVState, torch.Tensor]:
+    """prompt_ids [B, P], prompt_mask [B, P] (a host numpy mask costs no read) -> (the model's KV state, fp32 logits
+    [B, V] of the next token). The caller checks the logits are finite (`first_tokens`: in the admission's one read)."""
     state = new_state(model)  # decode/kv.py's, or the compiled mode's static one
-    logits = state.forward(model, prompt_ids, prompt_mask, last_only=True)[:, -1]
-    # one check per batch (a host sync): broken weights or an fp16 overflow show up here
-    if not bool(torch.isfinite(logits).all()):
-        raise FloatingPointError("the model returned NaN or inf logits at prefill")
-    return state, logits
+    return state, state.forward(model, prompt_ids, prompt_mask, last_only=True)[:, -1]
+
+
+def first_tokens(first: torch.Tensor, logits: torch.Tensor) -> list[int]:
+    """The admission's one host read: the first tokens [G] and whether the prefill's logits [G, V] are all finite
+    (broken weights or an fp16 overflow show up here). FloatingPointError where they are not."""
+    *tokens, finite = torch.cat([first, torch.isfinite(logits).all().reshape(1).to(first.dtype)]).tolist()
+    if not finite:
+        raise FloatingPointError(NON_FINITE)
+    return tokens
 
 
 def choose_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
@@ -176,7 +233,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
 
 
 def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, active: list[int],
-                       records: list[RowRecord], generation: Generation, gamma: int, generator, clock: Clock,
+                       records: list[RowRecord], generation: Generation, gamma: int, generator, spans: _Spans,
                        start: float, synthetic_acceptance: float | None, tap: HiddenTap | CompiledTap | None = None
                        ) -> tuple[torch.Tensor, list[int], list]:
     """One round over the running rows (token [B]: each row's last committed token; active: their records): propose,
@@ -189,7 +246,7 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
     # gamma clipped per row so that a round never emits past max_new_tokens
     budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
     drafts = max(budget_host) > 0
-    recorder = _RoundRecorder(clock, drafter)
+    recorder = _RoundRecorder(spans, drafter)
 
     # 1. propose: the drafter decides each row's length (its schedule), within the budget; it may be 0
     if drafts:
@@ -211,6 +268,7 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
     # host sync, once per round: each row's accepted drafts decide which tokens it appends, whether it stopped
     # at EOS, and how far the caches roll back
     host = layout.read(layout.readout(accepted_len, token, draft_limit, path).tolist())
+    spans.settle()  # the spans marked before this read have run: earlier rounds' seconds into their records
     # 4. roll both caches back to each row's accepted drafts
     layout.roll_back(state, accepted_len, host)
     drafter.observe([row.token for row in host], [row.drafts for row in host])
@@ -221,27 +279,31 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
     emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
     running, taken = _append(records, active, emitted, generation, verified_at - start)
     recorder.record(records, active, host, taken, layout, drafts)
-    if drafts:  # what the round it proposed cost (a schedule may learn this machine's prices: Drafter.timed)
+    if drafts:  # what the round it proposed cost, its wall on the host (a schedule may learn this machine's prices)
         drafter.timed(verified_at - recorder.started)
     return token, running, host
 
 
 class _RoundRecorder:
-    """A round's records and timing, beside the algorithm: its three clock reads (each syncs the CUDA devices: the
-    price of splitting time into draft and target), the drafter's forwards, and per row its round facts
-    ({"drafted", "accepted", "emitted"} plus the layout's and a drafter of several sources' own), one target forward
-    and the round's draft and target seconds."""
+    """A round's records and timing, beside the algorithm: the drafter's forwards, per row its round facts
+    ({"drafted", "accepted", "emitted"} plus the layout's and a drafter of several sources' own), one target forward,
+    and the round's draft and target seconds, split by marks in the device's stream (Clock.mark: no synchronize) and
+    added to the records once a later host read has passed them (_Spans). The round's wall is the host's clock from its
+    start to after its rollback and the drafter's commit, which follow its one read."""
 
-    def __init__(self, clock: Clock, drafter: Drafter):
-        self.clock, self.drafter = clock, drafter
-        self.started = clock.now()
+    def __init__(self, spans: _Spans, drafter: Drafter):
+        self.spans, self.clock, self.drafter = spans, spans.clock, drafter
+        self.started = self.clock.host()
+        self.start_mark = self.clock.mark()
         self.draft_forwards_before = drafter.forwards
 
     def drafted(self) -> None:
-        self.drafted_at = self.clock.now()
+        self.drafted_mark = self.clock.mark()
 
     def verified(self) -> float:
-        self.verified_at = self.clock.now()
+        """The round's end: a mark for its seconds, and the host's time (for the records' emits and Drafter.timed)."""
+        self.verified_mark = self.clock.mark()
+        self.verified_at = self.clock.host()
         return self.verified_at
 
     def record(self, records: list[RowRecord], active: list[int], host: list[RoundRow], taken: list[int], layout,
@@ -250,11 +312,6 @@ class _RoundRecorder:
         # a drafter of several sources says per row which drafted and how many of each were accepted (hybrid)
         source_facts = getattr(self.drafter, "round_facts", None) if drafts else None
         draft_forwards = self.drafter.forwards - self.draft_forwards_before
-        draft_s, target_s = self.drafted_at - self.started, self.verified_at - self.drafted_at
-        if not draft_forwards and not any(h.drafted for h in host):
-            # no row drafted and no draft forward ran (every row's K 0, or no tokens left to draft): a plain step,
-            # its seconds the target's, and a row off carries no draft seconds
-            draft_s, target_s = 0.0, self.verified_at - self.started
         for local, row in enumerate(active):
             record = records[row]
             facts = layout.record_facts(host[local], draft_forwards)
@@ -264,8 +321,14 @@ class _RoundRecorder:
                                   "emitted": taken[local], **facts})
             record.target_forwards += 1
             record.draft_forwards += draft_forwards
-            record.draft_s += draft_s
-            record.target_s += target_s
+        rows = [records[row] for row in active]
+        if not draft_forwards and not any(h.drafted for h in host):
+            # no row drafted and no draft forward ran (every row's K 0, or no tokens left to draft): a plain step,
+            # its seconds the target's, and a row off carries no draft seconds
+            self.spans.add(rows, ("target_s",), self.start_mark, self.verified_mark)
+            return
+        self.spans.add(rows, ("draft_s",), self.start_mark, self.drafted_mark)
+        self.spans.add(rows, ("target_s",), self.drafted_mark, self.verified_mark)
 
 
 # A round's layouts: a chain of drafts or a token tree, each with its own verify / accept / readout and read (the
@@ -454,6 +517,7 @@ class _Loop:
         self.target, self.drafter, self.generation, self.gamma = target, drafter, generation, gamma
         self.generator, self.synthetic_acceptance = generator, synthetic_acceptance
         self.clock = clock or Clock(prompt_ids.device)
+        self.spans = _Spans(self.clock)
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
         self.greedy_gaps = drafter is None and not generation.sampling.do_sample
         self.queue = Queue(self.load)  # the requests not yet admitted; a conversation's next turn arrives after its last
@@ -476,9 +540,11 @@ class _Loop:
                 self.tap.close()
 
     def _run(self) -> list[RowRecord]:
+        # the prompts on the host, read once before the clock starts: admissions and drafters take their rows from here
+        self.ids_host, self.mask_host = self.prompt_ids.cpu().numpy(), self.prompt_mask.cpu().numpy().astype(np.int64)
         if self.served:
-            mask_host = self.prompt_mask.cpu().numpy() != 0  # one read, before the clock starts
-            self.first_real = np.where(mask_host.any(axis=1), mask_host.argmax(axis=1), mask_host.shape[1])
+            real = self.mask_host != 0
+            self.first_real = np.where(real.any(axis=1), real.argmax(axis=1), real.shape[1])
         clock = self.clock
         self.start = clock.now()
         self.last_read = 0.0  # seconds from the start at the latest clock read: a baseline step's time runs from it
@@ -487,7 +553,7 @@ class _Loop:
         while queue.left or self.active:
             if queue.left:
                 # a static batch: all arrive at 0, admitted at once, no clock read before the prefill
-                now = clock.now() - self.start if self.served else 0.0
+                now = clock.host() - self.start if self.served else 0.0
                 group = queue.admit(now, self.load.concurrency - len(self.active))
                 if hears:  # those waiting, and arriving, refill rows that end
                     rate = queue.rate(now)
@@ -503,6 +569,8 @@ class _Loop:
                 continue
             running = self._round()
             self._evict(running)
+        clock.now()  # the last spans' marks have run
+        self.spans.settle()
         _keep_gaps(self.records, self.gaps)
         return self.records
 
@@ -525,15 +593,16 @@ class _Loop:
             lead = int(min(self.first_real[i] for i in group))
             index = host_to_device(group, device)
             ids, mask = self.prompt_ids[index, lead:], self.prompt_mask[index, lead:]
+            host = (self.ids_host[group, lead:], self.mask_host[group, lead:])
         else:
-            ids, mask = self.prompt_ids, self.prompt_mask
-        group_state, logits = prefill(self.target, ids, mask)
+            ids, mask, host = self.prompt_ids, self.prompt_mask, (self.ids_host, self.mask_host)
+        group_state, logits = prefill(self.target, ids, host[1])
         features = self.tap.pop() if self.tap is not None else None  # [G, P', F]
         first = choose_next(logits, sampling, self.generator)  # [G]
         if self.greedy_gaps:
             self.gaps.append((group, top2_gap(logits)))
-        first_host = first.tolist()
-        prefilled = self.clock.now() - self.start
+        first_host = first_tokens(first, logits)
+        prefilled = self.clock.host() - self.start
         self.last_read = prefilled
         for row in group:
             record = records[row]
@@ -549,10 +618,11 @@ class _Loop:
             group_state.select_rows(running)
             keep = host_to_device(running, device)
             first, ids, mask = first[keep], ids[keep], mask[keep]
+            host = (host[0][running], host[1][running])
             features = features[keep] if features is not None else None
             if self.served:
                 lead = int(min(self.first_real[group[i]] for i in running)) - int(min(self.first_real[i] for i in group))
-                ids, mask = ids[:, lead:], mask[:, lead:]
+                ids, mask, host = ids[:, lead:], mask[:, lead:], (host[0][:, lead:], host[1][:, lead:])
                 features = features[:, lead:] if features is not None else None
         joining = [group[i] for i in running]
         drafter = self.drafter
@@ -561,14 +631,14 @@ class _Loop:
                 drafter.take_features(features)
             if self.served and not self.active:  # before its count is read: a reset drafter counts from 0
                 drafter.reset()
-            forwards = drafter.forwards
+            forwards, before = drafter.forwards, self.clock.mark()
             if not self.served:
-                drafter.start(ids, mask)
+                drafter.start(ids, mask, host)
             else:
-                drafter.add_rows(ids, mask)
-            draft_prefill_s = self.clock.now() - self.start - prefilled
+                drafter.add_rows(ids, mask, host)
+            # the draft's prefill, in the stream: its seconds reach the records after the next read
+            self.spans.add([records[row] for row in joining], ("draft_s", "draft_prefill_s"), before, self.clock.mark())
             for row in joining:
-                records[row].draft_s = records[row].draft_prefill_s = draft_prefill_s
                 records[row].draft_forwards = drafter.forwards - forwards
         self.state = joined(self.state, group_state)
         self.token = first if self.token is None else torch.cat([self.token, first])
@@ -586,7 +656,7 @@ class _Loop:
             if self.greedy_gaps:
                 self.gaps.append((active, gap))
             self.last_host = self.token.tolist()  # host sync, once per step: each row's token may be its EOS
-            stepped = self.clock.now() - self.start
+            stepped = self.clock.host() - self.start
             for row in active:
                 records[row].target_forwards += 1
                 records[row].target_s += stepped - self.last_read
@@ -595,7 +665,7 @@ class _Loop:
             return running
         self.token, running, host = _speculative_round(self.target, self.drafter, self.state, self.token, active,
                                                        records, self.generation, self.gamma, self.generator,
-                                                       self.clock, self.start, self.synthetic_acceptance, self.tap)
+                                                       self.spans, self.start, self.synthetic_acceptance, self.tap)
         self.last_host = [row.token for row in host]
         return running
 

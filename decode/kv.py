@@ -337,12 +337,15 @@ class KVState(TreeRounds):
         """The mask to hand the model for the slots so far. For a model type in PREBUILT_MASK_MODEL_TYPES with
         sdpa or eager attention and no sliding window: None where every slot is real (causal alone), else the
         4-D mask transformers would build from the 2-D one; transformers reads the 2-D mask on the host to decide
-        which (at every one-token forward), the host copy answers without a sync. Any other model: the 2-D mask.
+        which (at every one-token forward), the host copy answers without a sync. With a sliding window (a hole-free
+        cache): each layer kind's mask built on the device (`_windowed_mask`). Any other model: the 2-D mask.
         """
         config = model.config
-        if (getattr(config, "model_type", None) not in PREBUILT_MASK_MODEL_TYPES or self.hole_free
+        if (getattr(config, "model_type", None) not in PREBUILT_MASK_MODEL_TYPES
                 or getattr(config, "_attn_implementation", None) not in PREBUILT_MASK_ATTENTION):
             return to_device(self.mask, feed)
+        if self.hole_free:
+            return self._windowed_mask(model, feed, position_ids.shape[1])
         if self.mask_host.all():
             return None
         embeddings = model.get_input_embeddings().weight
@@ -350,6 +353,25 @@ class KVState(TreeRounds):
         shape_only = torch.empty((position_ids.shape[0], position_ids.shape[1], 0), dtype=embeddings.dtype, device=feed)
         return create_causal_mask(config=config, inputs_embeds=shape_only, attention_mask=to_device(self.mask, feed),
                                   past_key_values=self.cache, position_ids=position_ids, allow_is_causal_skip=False)
+
+    def _windowed_mask(self, model, feed: torch.device, queries: int):
+        """A hole-free cache's masks for the last `queries` slots, built on the device from the 2-D mask (no host
+        read): a query sees the real slots up to its own (and itself, so a padding query's row is never empty) and, on
+        sliding layers, those within the window; hole-free, a slot distance is a position distance."""
+        config = model.config
+        text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        window = sliding_window_of(config)
+        length = self.length
+        mask = to_device(self.mask, feed).bool()  # [B, L]
+        query_slots = torch.arange(length - queries, length, device=feed)[:, None]  # [S, 1]
+        distance = query_slots - torch.arange(length, device=feed)[None, :]  # [S, L]
+        full = (mask[:, None, :] & (distance >= 0)) | (distance == 0)  # [B, S, L]
+        allowed = {"full_attention": full}
+        if window is not None:
+            allowed["sliding_attention"] = full & (distance < window)
+        return layer_masks(allowed, getattr(text_config, "layer_types", None), window,
+                           getattr(config, "_attn_implementation", None) == "eager",
+                           model.get_input_embeddings().weight.dtype)
 
     def _check_layout(self) -> None:
         # a DynamicCache built from a sliding-window config keeps only the last W-1 slots of a layer,

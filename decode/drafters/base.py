@@ -8,9 +8,11 @@ import numpy as np
 import torch
 
 
-def unpadded(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
-    """Left-padded prompts [B, P] (mask [B, P]) -> each row's tokens without its padding (a host read)."""
-    return [[t for t, m in zip(row, mask) if m] for row, mask in zip(prompt_ids.tolist(), prompt_mask.tolist())]
+def unpadded(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, host: tuple | None = None) -> list[list[int]]:
+    """Left-padded prompts [B, P] (mask [B, P]) -> each row's tokens without its padding: from `host` (ids, mask as
+    numpy [B, P]) where the engine gives it, else a host read."""
+    ids, mask = host if host is not None else (prompt_ids.tolist(), prompt_mask.tolist())
+    return [[int(t) for t, m in zip(row, row_mask) if m] for row, row_mask in zip(ids, mask)]
 
 
 def right_aligned(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -108,18 +110,20 @@ class Drafter(ABC):
         if self._observed is not None:
             self._observed = [self._observed[r] for r in kept]
 
-    def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
-        """A new batch: prompt_ids, prompt_mask [B, P], left padded."""
+    def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, host: tuple | None = None) -> None:
+        """A new batch: prompt_ids, prompt_mask [B, P], left padded; host: the same as numpy arrays (the engine's
+        copy, so that a drafter reads its prompts without a device read), or None."""
         self.reset()
-        self.add_rows(prompt_ids, prompt_mask)
+        self.add_rows(prompt_ids, prompt_mask, host)
 
     def reset(self) -> None:
         """No rows from now on (a new batch, or a serving run whose rows all left)."""
         raise NotImplementedError(f"{type(self).__name__} cannot serve under load (no reset)")
 
-    def add_rows(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+    def add_rows(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, host: tuple | None = None) -> None:
         """Append rows [B', P] (left padded) after the current ones: requests admitted into the running batch,
-        whose target prefill has chosen their first token (the engine `observe`s it with every row's)."""
+        whose target prefill has chosen their first token (the engine `observe`s it with every row's). host: as
+        in `start`."""
         raise NotImplementedError(f"{type(self).__name__} cannot serve under load (no add_rows)")
 
     @abstractmethod

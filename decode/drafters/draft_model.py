@@ -89,14 +89,14 @@ class DraftModelDrafter(Drafter):
         """Whether the draft's cache exists (a deferred prefill, `defer`, has run)."""
         return self.state is not None
 
-    def start(self, prompt_ids, prompt_mask):
+    def start(self, prompt_ids, prompt_mask, host=None):
         self.reset()
         # a schedule may judge the draft's prefill dearer than anything drafting can save on this batch
         # (cost_model: a long prompt, few new tokens): then the draft never runs and every round is a plain step.
         # Serving (reset + add_rows) never asks: the batch holds requests that have not arrived yet
         width = self.prefill_width(prompt_ids.shape[1])
         self.off = self.schedule is not None and not self.schedule.worth_drafting(width)
-        self.add_rows(prompt_ids, prompt_mask)
+        self.add_rows(prompt_ids, prompt_mask, host)
 
     def reset(self):
         self.state = None
@@ -114,7 +114,7 @@ class DraftModelDrafter(Drafter):
         """The tokens the draft prefills of a prompt this wide: its window's, at most."""
         return prompt_width if self.context is None else min(prompt_width, self.context)
 
-    def add_rows(self, prompt_ids, prompt_mask):
+    def add_rows(self, prompt_ids, prompt_mask, host=None):
         """The joining rows' prompts prefilled into a cache of their own, joined to the running one (decode/kv.py
         KVState.join: the narrower left padded); their schedule state starts as a new batch's rows' does. A tree
         (static, dynamic, auto) keeps nothing per row between rounds: its rows join with the cache (auto's recent
@@ -124,24 +124,27 @@ class DraftModelDrafter(Drafter):
         self.lagging += [False] * prompt_ids.shape[0]
         self.device = prompt_ids.device
         if self.schedule is not None and self.schedule.reads_context:  # each row's prompt, its context's start
-            self.schedule.add_rows(prompt_ids.shape[0], prompt_tokens=prompt_mask.sum(dim=1).tolist())
+            self.schedule.add_rows(prompt_ids.shape[0], prompt_tokens=[int(t) for t in (
+                host[1].sum(axis=1) if host is not None else prompt_mask.sum(dim=1).tolist())])
         elif self.schedule is not None:
             self.schedule.add_rows(prompt_ids.shape[0])
         if not self.off:
             if self.context is not None:  # the window: each (left-padded) row's last tokens
                 prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
+                host = None if host is None else (host[0][:, -self.context:], host[1][:, -self.context:])
             if self._waits(prompt_mask):  # the prefill waits in the pending tokens (class doc)
                 if self.state is not None:
                     self.state.add_empty_rows(prompt_ids.shape[0])
                 self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
-                                                       for prompt in unpadded(prompt_ids, prompt_mask)]
+                                                       for prompt in unpadded(prompt_ids, prompt_mask, host)]
                 if self._idles:  # hybrid (defer) records its rows' catch-up itself
                     self.joined_empty[-prompt_ids.shape[0]:] = [True] * prompt_ids.shape[0]
                 return
             state = new_state(self.model)
             # a prompt id past the draft's embeddings (a smaller vocabulary, decode/vocab.py) is fed clamped, as every
             # later feed is: the draft predicts worse there, the target still decides
-            state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1), prompt_mask, last_only=True)
+            state.forward(self.model, prompt_ids.clamp(max=self.input_vocab_size - 1),
+                          prompt_mask if host is None else host[1], last_only=True)
             self.state = joined(self.state, state)
 
     def _waits(self, prompt_mask: torch.Tensor) -> bool:
@@ -252,26 +255,25 @@ class DraftModelDrafter(Drafter):
             tokens.append(token)
             if q is not None:
                 probs.append(q)
-            # 3. a schedule may end a row's draft after this token (confidence); stop when every row has ended
-            #    (after the last step there is nothing to stop)
-            if step + 1 < num_tokens and self._all_rows_ended(step, logits, q, token, remaining):
-                break
+            # 3. a schedule may end a row's draft after this token (confidence), on the device: the chain runs its
+            #    steps whatever the rows decided (asking the host whether every row has ended would stop the device
+            #    each step, and a captured loop cannot end early); the verification reads only each row's length
+            if step + 1 < num_tokens:
+                self._end_rows(step, logits, q, token, remaining)
             input_ids, input_mask = token[:, None], None
         drafted = torch.stack(tokens, dim=1)  # [B, G]
         self.last_proposal = drafted
         return Proposal(drafted, torch.stack(probs, dim=1) if probs else None, remaining.clamp(max=drafted.shape[1]))
 
-    def _all_rows_ended(self, step: int, logits: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor,
-                        remaining: torch.Tensor) -> bool:
-        """Apply the schedule's mid-round stop to remaining [B] in place: a row that stops keeps this step's
-        token and no more. logits [B, V_t], q [B, V_t] or None in greedy (the schedule then sees the softmax of
-        the logits), token [B]. True when no row drafts past this step: a host sync, only with a schedule that
-        stops rows."""
+    def _end_rows(self, step: int, logits: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor,
+                  remaining: torch.Tensor) -> None:
+        """Apply the schedule's mid-round stop to remaining [B] in place (no host read): a row that stops keeps this
+        step's token and no more. logits [B, V_t], q [B, V_t] or None in greedy (the schedule then sees the softmax of
+        the logits), token [B]."""
         if self.schedule is None or not self.schedule.stops_mid_round:
-            return False
+            return
         keep = self.schedule.keep_drafting(q if q is not None else torch.softmax(logits, dim=-1), token)  # [B] bool
         remaining.copy_(torch.where(keep, remaining, remaining.clamp(max=step + 1)))
-        return not bool((remaining > step + 1).any())
 
     def _note_catch_up(self, drafting: bool) -> None:
         """This round's facts for the records of rows whose prefill waited (joined_empty) or that were held after

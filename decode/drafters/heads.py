@@ -14,6 +14,7 @@ import torch
 from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned
 from decode.kv import KVState, host_to_device, joined
 from decode.sampling import logits_to_probs, sample
+from decode.static_kv import new_state
 from decode.settings import Sampling
 from decode.tree_layout import depths_and_ranks
 
@@ -85,17 +86,18 @@ class Eagle3Drafter(_HeadDrafter):
         self.fed, self.speculative_columns, self.last_host = False, 0, None
         self._observed = self._observed_drafts = None
 
-    def add_rows(self, prompt_ids, prompt_mask):
+    def add_rows(self, prompt_ids, prompt_mask, host=None):
         """Read the prompts' states but the last (paired with the next prompt token) in one head forward; the last
         waits for the token the target's prefill chose."""
         features = self._features()  # [G, P, F]
         self.device = prompt_ids.device
         width = prompt_ids.shape[1]
+        mask_host = host[1] if host is not None else prompt_mask.cpu().numpy()  # the cache's host mask: no read
         if width > 1:
-            ids, mask, read = prompt_ids[:, 1:], prompt_mask[:, :-1], features[:, :-1]
+            ids, mask, read = prompt_ids[:, 1:], mask_host[:, :-1], features[:, :-1]
         else:  # nothing to read yet: one masked column gives the rows a cache to join
-            ids, mask, read = prompt_ids, torch.zeros_like(prompt_mask), torch.zeros_like(features)
-        state = KVState()
+            ids, mask, read = prompt_ids, np.zeros_like(mask_host), torch.zeros_like(features)
+        state = new_state(self.head)  # the compiled modes' static cache where the head has a compiled step
         state.forward(self.head, ids.clamp(max=self.head.embed_tokens.num_embeddings - 1), mask, last_only=True,
                       features=read)
         self.state = joined(self.state, state)
@@ -230,7 +232,7 @@ class MedusaDrafter(_HeadDrafter):
         self.last: torch.Tensor | None = None  # [B, H]
         self._observed = self._observed_drafts = None
 
-    def add_rows(self, prompt_ids, prompt_mask):
+    def add_rows(self, prompt_ids, prompt_mask, host=None):
         features = self._features()[:, -1]  # the prompt's last position (left padded: always real)
         self.last = features if self.last is None else torch.cat([self.last, features])
 

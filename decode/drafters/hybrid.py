@@ -314,10 +314,10 @@ class HybridDrafter(Drafter):
         self._observed = self._observed_drafts = None
         self.round_facts = None
 
-    def add_rows(self, prompt_ids, prompt_mask):
+    def add_rows(self, prompt_ids, prompt_mask, host=None):
         """Each joining row's lookup index and suffix source (its prompt's earlier output leaves the shared cache),
         its estimators' rows (the pools their prior) and the draft model's rows (DraftModelDrafter.add_rows)."""
-        prompts = unpadded(prompt_ids, prompt_mask)
+        prompts = unpadded(prompt_ids, prompt_mask, host)
         if self.cache is not None:
             for prompt in prompts:
                 self.cache.forget(prompt_key(prompt))
@@ -334,7 +334,7 @@ class HybridDrafter(Drafter):
         self.generated += [1] * len(prompts)
         self.starts += [StartRecord() for _ in prompts]
         self.row_groups += groups
-        self.draft.add_rows(prompt_ids, prompt_mask)  # and self.wanted, its schedule
+        self.draft.add_rows(prompt_ids, prompt_mask, host)  # and self.wanted, its schedule
         self.device = prompt_ids.device
 
     def _priors(self) -> dict[str, list]:

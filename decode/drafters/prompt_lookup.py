@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import HostTextDrafter, Proposal
+from decode.drafters.base import HostTextDrafter, Proposal, unpadded
 from decode.kv import host_to_device
 from decode.tree_layout import TreeLayout
 
@@ -134,10 +134,9 @@ class PromptLookupDrafter(HostTextDrafter):
         self._observed = self._observed_drafts = None
         self.last_tree = None
 
-    def add_rows(self, prompt_ids, prompt_mask):
+    def add_rows(self, prompt_ids, prompt_mask, host=None):
         """Each joining row's index of its prompt (padding dropped)."""
-        ids, mask = prompt_ids.tolist(), prompt_mask.tolist()
-        self.rows += [NgramIndex([t for t, m in zip(row, row_mask) if m]) for row, row_mask in zip(ids, mask)]
+        self.rows += [NgramIndex(prompt) for prompt in unpadded(prompt_ids, prompt_mask, host)]
         self.device = prompt_ids.device
 
     def propose(self, last_tokens, max_tokens, row_limits=None):

@@ -247,9 +247,9 @@ class SuffixDrafter(HostTextDrafter):
         self.last_drafts: list[list[int]] = []
         self.last_tree = None
 
-    def add_rows(self, prompt_ids, prompt_mask):
+    def add_rows(self, prompt_ids, prompt_mask, host=None):
         """Each joining row's own trie of its prompt; its prompt's earlier output leaves the shared cache."""
-        prompts = unpadded(prompt_ids, prompt_mask)
+        prompts = unpadded(prompt_ids, prompt_mask, host)
         if self.cache is not None:
             for prompt in prompts:  # a prompt that runs again never drafts from its own earlier output
                 self.cache.forget(prompt_key(prompt))

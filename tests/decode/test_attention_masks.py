@@ -42,14 +42,26 @@ def test_masks_give_transformers_own_logits(monkeypatch, arch, attention, length
         assert torch.equal(a, b), f"step {step}"
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @torch.inference_mode()
-def test_sliding_window_models_keep_the_2d_mask():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def test_sliding_window_masks_built_on_the_device_give_transformers_own_logits(monkeypatch, arch, attention):
+    """A windowed model's cache is hole-free; its masks are built on the device from the 2-D mask (no host read):
+    the logits are those of transformers' own path from the 2-D mask, with a window (3) shorter than the rows."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    model = Qwen2ForCausalLM(config).eval()
-    state = KVState()
-    ids, mask = ragged_batch([3, 6])
-    state.forward(model, ids, mask)
-    assert state._attention_mask(model, ids.device, torch.zeros(2, 1, dtype=torch.long)).dim() == 2
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, sliding_window=3, initializer_range=0.2)
+    torch.manual_seed(0)
+    model = (Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, max_window_layers=0, **common)) if arch == "qwen2"
+             else MistralForCausalLM(MistralConfig(**common))).eval()
+    model.set_attn_implementation(attention)
+    ours = steps(KVState(), model, [3, 8, 1])
+    handed = []
+    real = KVState._attention_mask
+    monkeypatch.setattr(KVState, "_attention_mask", lambda self, model, feed, position_ids: handed.append(
+        real(self, model, feed, position_ids)) or to_device(self.mask, feed))
+    theirs = steps(KVState(), model, [3, 8, 1])
+    assert all(isinstance(m, dict) or m.dim() == 4 for m in handed)
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        assert torch.allclose(a, b, atol=1e-5), f"step {step}"

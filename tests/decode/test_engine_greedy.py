@@ -136,7 +136,7 @@ class ScriptedDrafter(Drafter):
         self.script = script  # (round, row) -> (length, wrong_at or None)
         self.commits = []  # (rows, drafted_host, accepted_host) as the engine reported them
 
-    def start(self, prompt_ids, prompt_mask):
+    def start(self, prompt_ids, prompt_mask, host=None):
         self.rows = list(range(prompt_ids.shape[0]))  # original row of each local row
         self.known = [0] * len(self.rows)  # baseline tokens each row has committed
         self.round = 0

@@ -85,9 +85,9 @@ def reference_drafts(target, head, sequence: list[int], count: int) -> list[int]
 class Recording(Eagle3Drafter):
     """An Eagle3Drafter that notes each round's drafts per request (a static batch: rows leave by select_rows)."""
 
-    def start(self, prompt_ids, prompt_mask):
+    def start(self, prompt_ids, prompt_mask, host=None):
         self.rows, self.seen = list(range(prompt_ids.shape[0])), {}
-        super().start(prompt_ids, prompt_mask)
+        super().start(prompt_ids, prompt_mask, host)
 
     def propose(self, last_tokens, max_tokens, row_limits=None):
         proposal = super().propose(last_tokens, max_tokens, row_limits)

@@ -1,17 +1,19 @@
-"""Host syncs per speculative round, counted as ops on a CPU (where nothing waits, but every op that would
-make the host wait for a GPU is still called).
+"""Host syncs per speculative round and per admission, counted as ops on a CPU (where nothing waits, but every op
+that would make the host wait for a GPU is still called), and the device synchronizes of the round's timing, counted
+with a fake CUDA device (torch.cuda.synchronize and CUDA events replaced by counting fakes).
 
 Counted as a sync ("read"): an op whose result the host needs (aten._local_scalar_dense: item, int, float;
 aten.is_nonzero: bool; ops with a data-dependent shape: nonzero, masked_select, unique) and a copy to the host
 (tolist, cpu), except of tensors the host itself made from Python data. Counted as a "pageable copy": a
 host-to-device copy that blocks on a GPU (torch.tensor(data, device=...), or a blocking .to(device) in our code).
-Clock reads are counted apart: each synchronises the CUDA devices, the price of splitting time into draft and
-target.
 
-Budget per round (sdpa or eager attention, a model without sliding windows): one read, the verification result
-(each row's accepted length, next token and drafts), from which the engine, the caches (hole counts) and the
-drafters take every host fact they need; no pageable copy; three clock reads.
+Budget (sdpa or eager attention): a round, one read (the verification result: each row's accepted length, next token
+and drafts, from which the engine, the caches and the drafters take every host fact they need), no pageable copy and
+no synchronize (its draft and verification seconds come from marks in the stream, read after a later read); an
+admission, one read (its first tokens with the prefill's finite check); static and served; every drafter and
+schedule but the two that build their tree on the host step by step (a dynamic tree, hybrid with confidence).
 """
+import time
 import traceback
 import weakref
 
@@ -79,8 +81,7 @@ class _Copies(TorchFunctionMode):
 
 
 class CountingClock(Clock):
-    """Marks the sync log at each clock read: start, prefill, draft prefill, then per round its start, the end
-    of drafting and the end of verification."""
+    """Marks the sync log at each synchronizing clock read (benchmarks/round_ab.py counts with it)."""
 
     def __init__(self, log):
         super().__init__("cpu")
@@ -91,49 +92,166 @@ class CountingClock(Clock):
         return super().now()
 
 
-def count_syncs(drafter_kind, lengths, sampling, gamma=3, max_new_tokens=12, synthetic_acceptance=None):
-    target = tiny_model("llama", seed=1, layers=3)
+class FakeEvent:
+    """torch.cuda.Event on a CPU: its time is the host's at record()."""
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return (end.at - self.at) * 1000.0
+
+
+def fake_cuda_clock(monkeypatch, log) -> Clock:
+    """A clock that believes it times one CUDA device: its synchronizes are logged, its marks are fake events."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", "", _caller())))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    clock = Clock("cpu")
+    clock.cuda_devices = [torch.device("cuda", 0)]
+    return clock
+
+
+def drafter_of(kind: str, target, sampling, generator):
+    """Every drafter and schedule the engine runs, by name."""
+    from decode.drafters.draft_tree import StaticTree
+    from decode.drafters.heads import Eagle3Drafter, MedusaDrafter
+    from decode.drafters.hybrid import HybridDrafter
+    from decode.drafters.schedules import make_schedule
+    from decode.drafters.suffix import SuffixDrafter
+    from decode.heads import MedusaHeads
+    from decode.tree_layout import static_parents
+    from test_heads import eagle3_head
+
+    def draft(schedule=None, tree=None):
+        return DraftModelDrafter(tiny_model("llama", seed=2, layers=1), VOCAB, sampling, generator, schedule=schedule,
+                                 tree=tree)
+    costs = (0.2, {1: 1.0, 2: 1.05, 3: 1.1})
+    return {
+        "draft_model": lambda: draft(),
+        "heuristic": lambda: draft(make_schedule("heuristic", 3)),
+        "confidence": lambda: draft(make_schedule("confidence", 3)),
+        "cost_model": lambda: draft(make_schedule("cost_model", 3, c=costs[0], v=costs[1])),
+        "static_tree": lambda: draft(tree=StaticTree(static_parents([2, 2]), sampling)),
+        "eagle3": lambda: Eagle3Drafter(eagle3_head(target, layers=(0, 1, 2)), VOCAB, sampling, generator),
+        "medusa": lambda: MedusaDrafter(MedusaHeads(64, VOCAB, 2, 1, 2).eval(), VOCAB, sampling, generator),
+        "prompt_lookup": lambda: PromptLookupDrafter(),
+        "suffix": lambda: SuffixDrafter(None, min_prob=0.0, depth=8),
+        "hybrid": lambda: HybridDrafter(draft(), VOCAB, 3, *costs),
+    }[kind]()
+
+
+def count_syncs(monkeypatch, drafter_kind, lengths, sampling, gamma=3, max_new_tokens=12, synthetic_acceptance=None,
+                load=None, target=None):
+    """Runs the engine with every sync logged; returns (records, the log before the first round, each round's log,
+    each admission's log, each round's wall by the host's clock)."""
+    import decode.generate as engine
+
+    target = target if target is not None else tiny_model("llama", seed=1, layers=3)
     ids, mask = ragged_batch(lengths, seed=0)
     generator = torch.Generator().manual_seed(0)
-    if drafter_kind == "draft_model":
-        drafter = DraftModelDrafter(tiny_model("llama", seed=2, layers=1), VOCAB, sampling, generator)
-    else:
-        drafter = PromptLookupDrafter()
+    drafter = drafter_of(drafter_kind, target, sampling, generator)
     generation = Generation(max_new_tokens=max_new_tokens, sampling=sampling)
-    log = []
-    clock = CountingClock(log)
+    log, walls = [], []
+    spans = {"round": engine._speculative_round, "admit": engine._Loop._admit}
+
+    def marked(kind, function):
+        def run(*args, **kwargs):
+            log.append(("begin", kind))
+            try:
+                return function(*args, **kwargs)
+            finally:
+                log.append(("end", kind))
+        return run
+    monkeypatch.setattr(engine, "_speculative_round", marked("round", spans["round"]))
+    monkeypatch.setattr(engine._Loop, "_admit", marked("admit", spans["admit"]))
+    verified = engine._RoundRecorder.verified
+    monkeypatch.setattr(engine._RoundRecorder, "verified",
+                        lambda self: walls.append(verified(self) - self.started) or self.verified_at)
+    clock = fake_cuda_clock(monkeypatch, log)
     with torch.inference_mode(), _Copies(log), _Reads(log):
         records = generate_speculative(target, drafter, ids, mask, generation, gamma, generator, clock,
-                                       synthetic_acceptance=synthetic_acceptance)
-    marks = clock.marks + [len(log)]
-    rounds = [log[marks[i]: marks[i + 3]] for i in range(3, len(clock.marks), 3)]  # round start .. next start
-    return records, log[: marks[3]], rounds, len(clock.marks)
+                                       synthetic_acceptance=synthetic_acceptance, load=load)
+    # split the log by the begin/end markers
+    rounds, admissions, current, setup, first = [], [], None, [], True
+    for event in log:
+        if event[0] == "begin":
+            current = []
+            (rounds if event[1] == "round" else admissions).append(current)
+            first = first and event[1] != "round"
+        elif event[0] == "end":
+            current = None
+        elif current is not None:
+            current.append(event)
+        elif first:
+            setup.append(event)
+    return records, setup, rounds, admissions, walls
+
+
+DRAFTERS = ["draft_model", "heuristic", "confidence", "cost_model", "static_tree", "eagle3", "medusa", "prompt_lookup",
+            "suffix", "hybrid"]
+
+
+def _assert_budget(records, rounds, admissions):
+    assert len(rounds) >= 4
+    for index, events in enumerate(rounds):
+        reads = [e for e in events if e[0] == "read"]
+        assert len(reads) == 1 and reads[0][2].startswith("decode/generate.py"), f"round {index}: {reads}"
+        assert [e for e in events if e[0] in ("pageable copy", "synchronize")] == [], f"round {index}: {events}"
+    for index, events in enumerate(admissions):
+        assert len([e for e in events if e[0] == "read"]) <= 1, f"admission {index}: {events}"
+        assert [e for e in events if e[0] in ("pageable copy", "synchronize")] == [], f"admission {index}: {events}"
+
+
+@pytest.mark.parametrize("drafter_kind", DRAFTERS)
+@pytest.mark.parametrize("served", [False, True], ids=["static", "served"])
+def test_one_read_and_no_synchronize_a_round_for_every_drafter(monkeypatch, drafter_kind, served):
+    from decode.serving import Load
+
+    load = Load([0.0, 0.0, 0.01], 2) if served else None
+    records, _, rounds, admissions, _ = count_syncs(monkeypatch, drafter_kind, [5, 11, 2], Sampling(), load=load)
+    _assert_budget(records, rounds, admissions)
+    assert len(admissions) == (2 if served else 1)
 
 
 @pytest.mark.parametrize("drafter_kind", ["draft_model", "prompt_lookup"])
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(True, 1.0)], ids=["greedy", "sampling"])
 @pytest.mark.parametrize("lengths", [[7], [5, 11, 2]], ids=["batch1", "ragged3"])
-def test_one_host_sync_per_round(drafter_kind, sampling, lengths):
-    records, setup, rounds, clock_reads = count_syncs(drafter_kind, lengths, sampling)
-    assert len(rounds) == max(len(r.rounds) for r in records) >= 4
-    for index, events in enumerate(rounds):
-        reads = [e for e in events if e[0] == "read"]
-        copies = [e for e in events if e[0] == "pageable copy"]
-        assert len(reads) == 1 and reads[0][2].startswith("decode/generate.py"), f"round {index}: {reads}"
-        assert copies == [], f"round {index}: {copies}"
-    assert clock_reads == 3 + 3 * len(rounds)  # start, prefill, draft prefill, then three a round
-    # per batch: the prompt mask to the host for each model's cache, prefill's finite check, the first tokens,
-    # and prompt lookup's copy of the prompts (ids and mask) for its n-gram index
-    expected_setup = 4 if drafter_kind == "draft_model" else 5
-    assert len([e for e in setup if e[0] == "read"]) == expected_setup, setup
-    assert [e for e in setup if e[0] == "pageable copy"] == []
+def test_one_host_sync_per_round(monkeypatch, drafter_kind, sampling, lengths):
+    records, setup, rounds, admissions, _ = count_syncs(monkeypatch, drafter_kind, lengths, sampling)
+    assert len(rounds) == max(len(r.rounds) for r in records)
+    _assert_budget(records, rounds, admissions)
+    # before the first round: the prompts to the host once (ids and mask) before the clock starts, which synchronizes
+    assert [e[0] for e in setup if e[0] != "pageable copy"] == ["read", "read", "synchronize"], setup
+
+
+def test_a_windowed_model_reads_once_a_round(monkeypatch):
+    """Sliding-window layers keep the cache hole-free; their masks are built on the device (decode/kv.py)."""
+    from decode.serving import Load
+    from test_sliding_window import tiny_windowed
+
+    for load in (None, Load([0.0, 0.0, 0.01], 2)):
+        records, _, rounds, admissions, _ = count_syncs(monkeypatch, "draft_model", [5, 11, 2], Sampling(), load=load,
+                                                        target=tiny_windowed("mistral", 4, 1))
+        _assert_budget(records, rounds, admissions)
+
+
+def test_a_rounds_parts_add_up_to_its_wall(monkeypatch):
+    """Each round's draft and verification seconds (marks in the stream, settled after a later read) add up to its
+    wall on the host's clock, within 2 ms a round; the prefill and the draft's prefill are counted apart."""
+    records, _, rounds, _, walls = count_syncs(monkeypatch, "draft_model", [7], Sampling(), max_new_tokens=16)
+    record = records[0]
+    assert len(walls) == len(rounds) == len(record.rounds) >= 4
+    parts = (record.draft_s - record.draft_prefill_s) + (record.target_s - record.prefill_s)
+    assert record.draft_prefill_s > 0 and record.draft_s > record.draft_prefill_s
+    assert abs(parts - sum(walls)) <= 0.002 * len(walls), (parts, sum(walls))
 
 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(True, 1.0)], ids=["greedy", "sampling"])
-def test_synthetic_acceptance_adds_no_host_sync(sampling):
-    records, _, rounds, _ = count_syncs("draft_model", [5, 11, 2], sampling, synthetic_acceptance=0.7)
-    assert len(rounds) == max(len(r.rounds) for r in records) >= 4
-    for index, events in enumerate(rounds):
-        reads = [e for e in events if e[0] == "read"]
-        assert len(reads) == 1 and reads[0][2].startswith("decode/generate.py"), f"round {index}: {reads}"
-        assert [e for e in events if e[0] == "pageable copy"] == [], f"round {index}"
+def test_synthetic_acceptance_adds_no_host_sync(monkeypatch, sampling):
+    records, _, rounds, admissions, _ = count_syncs(monkeypatch, "draft_model", [5, 11, 2], sampling,
+                                                    synthetic_acceptance=0.7)
+    _assert_budget(records, rounds, admissions)
