@@ -317,7 +317,9 @@ class _RoundRecorder:
             facts = layout.record_facts(host[local], draft_forwards)
             if source_facts:
                 facts = {**facts, **source_facts[local]}
-            record.rounds.append({"drafted": host[local].drafted, "accepted": host[local].accepted,
+            # a draft counts as accepted only where it was emitted: a round cut at EOS (or its budget) emits fewer
+            # tokens than the target accepted, all of them drafts
+            record.rounds.append({"drafted": host[local].drafted, "accepted": min(host[local].accepted, taken[local]),
                                   "emitted": taken[local], **facts})
             record.target_forwards += 1
             record.draft_forwards += draft_forwards

@@ -39,13 +39,15 @@ def position_rates(rounds: list[dict], gamma: int) -> list[float] | None:
     """Unconditional per-position rates of chain rounds drafting `gamma` (r_i: the share of rounds whose first i
     drafts were accepted), as the product of the conditional rates c_i = (rounds accepting at least i) / (rounds
     accepting at least i - 1 that drafted at least i): a round that drafted fewer (capped by the tokens left) says
-    nothing of the positions it did not draft. None without a round."""
+    nothing of the positions it did not draft, and a round cut at an EOS among its drafts (it emitted only accepted
+    drafts: emitted == accepted) nothing of the position after its last. None without a round."""
     rounds = [r for r in rounds if r.get("drafted")]
     if not rounds or not gamma:
         return None
     out, rate = [], 1.0
     for i in range(1, gamma + 1):
-        tried = sum(r["accepted"] >= i - 1 and r["drafted"] >= i for r in rounds)
+        tried = sum(r["accepted"] >= i - 1 and r["drafted"] >= i
+                    and not (r["accepted"] == i - 1 and r.get("emitted", i) == r["accepted"]) for r in rounds)
         rate *= sum(r["accepted"] >= i for r in rounds) / tried if tried else 0.0
         out.append(rate)
     return out

@@ -116,6 +116,18 @@ def test_eos_accepted_from_draft_cuts_the_row():
         assert s.output_ids.count(eos) <= 1
 
 
+def test_drafts_past_an_eos_are_not_counted_as_accepted():
+    """draft == target accepts every draft; with EOS the 3rd draft of row 0's first round (output index 3: index 0 is
+    the prefill's token), the round emits 3 tokens, all drafts: drafted 4, accepted 3 (not 4), emitted 3."""
+    target = tiny_model("llama", seed=1, layers=2)
+    base_full, _ = run_pair("llama", [6], 4, max_new_tokens=20, draft=target, target=target)
+    eos = base_full[0].output_ids[3]
+    assert eos not in base_full[0].output_ids[:3], "the test needs an EOS that first appears at index 3"
+    base, spec = run_pair("llama", [6], 4, max_new_tokens=20, eos=[eos], draft=target, target=target)
+    assert spec[0].output_ids == base[0].output_ids == base_full[0].output_ids[:4]
+    assert [(r["drafted"], r["accepted"], r["emitted"]) for r in spec[0].rounds] == [(4, 3, 3)]
+
+
 def test_padded_draft_vocab_is_restricted_to_common():
     target = tiny_model("llama", seed=1, layers=2, vocab_size=VOCAB)
     draft = tiny_model("llama", seed=2, layers=1, vocab_size=VOCAB - 16)  # fewer output rows

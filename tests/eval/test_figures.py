@@ -319,3 +319,11 @@ def test_a_row_that_ended_at_its_first_token_has_no_decode_time():
     assert run(summary, "speculative", "Y")["metrics"]["prefill_share"] == pytest.approx(1.0)
     # overall: the batch's decode wall is X's 0.4 s: (8 * 8 / 3.2) / (8 * 8 / 6.4) = 2.0
     assert run(summary, "speculative")["metrics"]["decode_speedup"] == pytest.approx(2.0)
+
+
+def test_acceptance_counts_a_draft_only_where_it_was_emitted():
+    """Two rounds drafting 4: one accepted all and emitted 5; one a record written before the rule, saying 4 accepted
+    where an EOS cut the round at its 3rd draft (emitted 3). Accepted 4 + 3 of 8 drafted: 0.875, not 1.0."""
+    rounds = [{"drafted": 4, "accepted": 4, "emitted": 5}, {"drafted": 4, "accepted": 4, "emitted": 3}]
+    samples = [record("baseline", 0, 0, tokens=9), record("speculative", 0, 0, tokens=9, gamma=4, rounds=rounds)]
+    assert run(summarize(samples), "speculative")["metrics"]["acceptance_rate"] == pytest.approx(7 / 8)

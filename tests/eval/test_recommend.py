@@ -588,3 +588,14 @@ def test_a_latency_interval_that_misses_its_point_is_dropped_and_said(monkeypatc
     # a point on its interval's edge is inside it
     edge = {"latency_s": 2.0, "latency_s_ci95": [2.0, 3.0]}
     assert rec.without_stray_intervals(edge) == [] and edge["latency_s_ci95"] == [2.0, 3.0]
+
+
+def test_position_rates_censor_a_round_cut_at_an_eos():
+    """Rounds (drafted, accepted, emitted): (2, 2, 3) all accepted and a bonus; (2, 1, 1) cut at an EOS that was its
+    first draft (accepted, emitted, nothing of position 2); (2, 0, 1) rejected at once. c1 = 2/3; at position 2 only
+    the first round was tried: c2 = 1/1, so r = [2/3, 2/3] (counting the cut round as a rejection would give 1/3)."""
+    from eval.acceptance_io import position_rates
+
+    rounds = [{"drafted": 2, "accepted": 2, "emitted": 3}, {"drafted": 2, "accepted": 1, "emitted": 1},
+              {"drafted": 2, "accepted": 0, "emitted": 1}]
+    assert position_rates(rounds, 2) == pytest.approx([2 / 3, 2 / 3])
