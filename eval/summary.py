@@ -161,6 +161,10 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     from config (config.yaml as saved). Pure: the same inputs give the same summary, NaN-free."""
     progress = progress or {}
     unknown = sorted({s["method"] for s in samples} - set(REGISTRY))  # a folder from another version of the tool
+    # a draft counts as accepted only where it was emitted (records written before the engine said so counted the
+    # drafts past an EOS)
+    samples = [{**s, "rounds": [{**r, "accepted": min(r["accepted"], r["emitted"])} if "emitted" in r else r
+                                for r in s["rounds"]]} if s.get("rounds") else s for s in samples]
     by_point: dict[Point, list[dict]] = defaultdict(list)
     for s in samples:
         if s["method"] in REGISTRY:
