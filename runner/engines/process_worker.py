@@ -10,7 +10,8 @@ The protocol: one JSON job per line on stdin, one JSON result per line on stdout
 prints of the processes it spawns) goes to stderr. A job {"op": NAME, ...} calls the worker's method NAME ("start",
 "check", "generate", "serve" and what a subclass adds); {"op": "stop"}, stdin EOF and SIGTERM shut the engine down and
 exit 0. A job that fails answers {"ok": false, "error": "<Type>: <one line>"} and the worker goes on serving (unless
-the engine died: exit 1).
+the engine died: exit 1). A worker whose parent is gone (the run
+SIGKILLed) gets SIGTERM: on Linux from PR_SET_PDEATHSIG, which its parent sets, elsewhere from watch_parent.
 
   {"op": "generate", "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": null (greedy) or float,
    "top_k", "top_p", "seed", "stop_token_ids"}: a fixed batch, every prompt added at once
@@ -30,6 +31,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +54,20 @@ serving = load(ROOT / "decode" / "serving.py", "speculate_decode_serving")
 
 class Terminated(BaseException):
     """SIGTERM, raised in the main thread so that the engine is shut down on the way out."""
+
+
+def watch_parent(interval_s: float = 1.0) -> None:
+    """SIGTERM to this process once its parent is gone (re-parented), so that it shuts its engine down where no
+    PR_SET_PDEATHSIG reaches it."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if parent != 1:
+        threading.Thread(target=watch, daemon=True, name="watch_parent").start()
 
 
 def one_line(error: BaseException) -> str:
@@ -228,6 +244,7 @@ class ProcessWorker:
             raise Terminated()
 
         signal.signal(signal.SIGTERM, on_sigterm)
+        watch_parent()
 
         def answer(result: dict):
             out.write(json.dumps(result) + "\n")

@@ -5,7 +5,11 @@ prompt: token i of a row is (sum(prompt) + 7 i) % 50 + 10 (greedy, every method 
 sends each step's tokens one chunk each with the cumulative draft_n and draft_n_accepted, and withholds the chunk of
 every 9th token (as the server does for a token that ends inside a UTF-8 character), or of the tokens at the 1-based
 positions FAKE_LLAMA_WITHHOLD lists (e.g. "1,4,5": the prefill's, a round's last and the next round's first).
-With FAKE_LLAMA_SIGILL set it dies of SIGILL at its start unless -nr (no weight repacking) is given."""
+With FAKE_LLAMA_SIGILL set it dies of SIGILL at its start unless -nr (no weight repacking) is given.
+
+Faults, for the worker's handling of them (each by an environment variable):
+- FAKE_LLAMA_SLOW_AT=N: a request of N new tokens streams a chunk a second, and SIGTERM waits for open streams to end
+  (as llama-server's does); FAKE_LLAMA_MARK names a file each such stream appends "pid parent-pid" to as it starts."""
 from __future__ import annotations
 
 import json
@@ -25,6 +29,18 @@ if "--version" in sys.argv:
     sys.exit(0)
 if os.environ.get("FAKE_LLAMA_SIGILL") and "-nr" not in sys.argv:  # a repacking kernel this machine cannot run
     os.kill(os.getpid(), signal.SIGILL)
+SLOW_AT = int(os.environ.get("FAKE_LLAMA_SLOW_AT", -1))
+streaming = {"open": 0, "stopping": False}
+
+
+def on_sigterm(signum, frame):
+    if not streaming["open"]:
+        os._exit(0)
+    streaming["stopping"] = True  # an open stream first
+
+
+if SLOW_AT > 0:
+    signal.signal(signal.SIGTERM, on_sigterm)
 SLOTS, GAMMA, SPEC = int(arg("-np", 1)), int(arg("--spec-draft-n-max", 0)), arg("--spec-type")
 EOS = int(arg("--fake-eos", -1))
 WITHHOLD = {int(x) for x in os.environ["FAKE_LLAMA_WITHHOLD"].split(",")} if os.environ.get("FAKE_LLAMA_WITHHOLD") \
@@ -81,10 +97,19 @@ class Handler(BaseHTTPRequestHandler):
         chunks.append({"content": "", "tokens": [], "stop": True, "tokens_predicted": n, "stop_type": "limit",
                        "timings": {"prompt_ms": 5.0, "predicted_ms": 2.0 * n, "predicted_n": n,
                                    **({"draft_n": drafted, "draft_n_accepted": accepted} if SPEC else {})}})
-        for chunk in chunks:
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            self.wfile.flush()
-            time.sleep(0.001)
+        if n == SLOW_AT and os.environ.get("FAKE_LLAMA_MARK"):
+            with open(os.environ["FAKE_LLAMA_MARK"], "a") as mark:
+                mark.write(f"{os.getpid()} {os.getppid()}\n")
+        streaming["open"] += 1
+        try:
+            for chunk in chunks:
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+                time.sleep(1.0 if n == SLOW_AT else 0.001)
+        finally:
+            streaming["open"] -= 1
+            if streaming["stopping"] and not streaming["open"]:
+                os._exit(0)
         self.close_connection = True
 
 

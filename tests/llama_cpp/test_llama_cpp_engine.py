@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +173,41 @@ def test_a_resumed_run_counts_what_was_done_and_releases_no_models(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     counts = re.findall(r"\] (\d+)/(\d+) llama_cpp", result.stderr)
     assert counts and counts[-1] == ("6", "6") and len(counts) == 3, result.stderr[-3000:]
+
+
+def test_a_killed_run_leaves_no_worker_or_server(tmp_path):
+    """launch.py SIGKILLed while a server streams (and its SIGTERM waits for the stream, as llama-server's does): the
+    worker (PR_SET_PDEATHSIG, else its parent watch) shuts its server down, SIGKILL after SERVER_STOP_S, and the
+    server dies with the worker: both gone within seconds."""
+    mark = tmp_path / "streaming"
+    config = _config(tmp_path, str(_fake_server(tmp_path)), ["llama_cpp_generate"],
+                     generation={"max_new_tokens": 30})
+    env = dict(os.environ, HF_HUB_OFFLINE="1", FAKE_LLAMA_SLOW_AT="30", FAKE_LLAMA_MARK=str(mark))
+    run = subprocess.Popen([sys.executable, str(Path(__file__).parents[2] / "launch.py"), "--config", str(config),
+                            "--out", str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert mark.exists(), "no stream started"
+        server, worker = map(int, mark.read_text().split()[:2])
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and (_running(server) or _running(worker)):
+            time.sleep(0.2)
+        assert not _running(server) and not _running(worker), "the server or its worker outlived the run"
+    finally:
+        run.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie is dead, waiting for its reaper)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_draft_minimum_above_gamma_is_refused(tmp_path):

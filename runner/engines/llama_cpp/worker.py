@@ -15,6 +15,9 @@ count so far) and the request's cumulative draft_n and draft_n_accepted, from wh
 (runner/engines/llama_cpp/engine.py rounds_of). A token whose bytes end inside a UTF-8 character is never sent by
 the server in a stream (its text goes with the next one): such ids are missing from output_ids, and the row's
 "ids_lost" says how many (tokens_predicted counts them).
+
+The server dies with the worker (PR_SET_PDEATHSIG on Linux), and the worker's shutdown gives it SERVER_STOP_S after
+SIGTERM before SIGKILL: llama-server waits on a stream still open.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import http.client
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +48,7 @@ def _base():
 
 ProcessWorker = _base().ProcessWorker
 HOST = "127.0.0.1"
+SERVER_STOP_S = 3.0  # after SIGTERM, before SIGKILL: what is lost is a stream nobody reads any more
 
 
 def server_version(server: str) -> str:
@@ -54,6 +59,17 @@ def server_version(server: str) -> str:
     if probe.returncode != 0 or line is None:
         raise RuntimeError(f"{server} --version failed: {(text or ['no output'])[-1][:200]}")
     return line.removeprefix("version:").strip()
+
+
+def die_with_worker() -> None:
+    """In the server, before it runs: SIGKILL when the worker dies (even by SIGKILL), so that no server outlives
+    it (Linux; elsewhere the worker's shutdown stops it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def server_command(engine: dict, port: int) -> list[str]:
@@ -90,6 +106,7 @@ class Worker(ProcessWorker):
         self.speculative = False
         self.events: queue.Queue = queue.Queue()  # (request, chunk or an error) from the request threads
         self.open: set[str] = set()  # requests whose stream has not ended
+        self.connections: dict[str, http.client.HTTPConnection] = {}  # request -> its stream's connection
 
     def ready(self) -> bool:
         return self.server is not None and self.server.poll() is None
@@ -101,12 +118,14 @@ class Worker(ProcessWorker):
         server, self.server = self.server, None
         if server is None:
             return
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+        self.abort(list(self.connections))
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=SERVER_STOP_S)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(timeout=10)
 
     def check(self, job: dict) -> dict:
         return {"ok": True, "llama_cpp": server_version(job["server"])}
@@ -119,7 +138,7 @@ class Worker(ProcessWorker):
         began = time.perf_counter()
         # its log goes to the worker's stderr (the worker log); stdin closed: it never reads the pipe of our jobs
         self.server = subprocess.Popen(server_command(engine, self.port), stdin=subprocess.DEVNULL,
-                                       stdout=sys.stderr, stderr=sys.stderr)
+                                       stdout=sys.stderr, stderr=sys.stderr, preexec_fn=die_with_worker)
         while True:
             if self.server.poll() is not None:
                 code, self.server = self.server.returncode, None
@@ -170,6 +189,7 @@ class Worker(ProcessWorker):
 
     def _stream(self, request: str, body: bytes) -> None:
         connection = http.client.HTTPConnection(HOST, self.port)
+        self.connections[request] = connection
         try:
             connection.request("POST", "/completion", body, {"Content-Type": "application/json"})
             response = connection.getresponse()
@@ -187,6 +207,7 @@ class Worker(ProcessWorker):
         except Exception as error:  # noqa: BLE001 - handed to step(), which raises it in the main thread
             self.events.put((request, error))
         finally:
+            self.connections.pop(request, None)
             connection.close()
 
     def in_flight(self) -> bool:
@@ -202,6 +223,8 @@ class Worker(ProcessWorker):
                 break
         out = []
         for request, chunk in chunks:
+            if request not in self.open:  # an aborted request's stream, cut by abort()
+                continue
             if isinstance(chunk, BaseException):
                 raise chunk
             if chunk.get("stop"):
@@ -215,7 +238,16 @@ class Worker(ProcessWorker):
         return super().run(*args, **kwargs)
 
     def abort(self, requests: list[str]) -> None:
-        self.open.difference_update(requests)  # the server ends a request whose connection closes
+        """The server ends a request whose connection closes."""
+        self.open.difference_update(requests)
+        for request in requests:
+            connection = self.connections.get(request)
+            sock = getattr(connection, "sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def row(self, final: dict, ids: list[int], steps: list[int], times: dict) -> dict:
         """One request's answer: its ids, llama.cpp's final timings and stop, and per chunk (tokens_predicted,
