@@ -383,7 +383,8 @@ class ProcessExecutor:
             answer = engine.process.ask(job, GENERATE_TIMEOUT_S)
         except WorkerDead as error:
             answer = {"ok": False, "error": str(error)}
-        if not answer.get("ok") and (engine.process is None or not engine.process.alive()):
+        if not answer.get("ok") and (answer.get("engine_dead") or engine.process is None or
+                                     not engine.process.alive()):
             engine.failed = f"{self.title}: {answer.get('error')}"
             self.stop(engine)
         return answer

@@ -10,7 +10,7 @@ The protocol: one JSON job per line on stdin, one JSON result per line on stdout
 prints of the processes it spawns) goes to stderr. A job {"op": NAME, ...} calls the worker's method NAME ("start",
 "check", "generate", "serve" and what a subclass adds); {"op": "stop"}, stdin EOF and SIGTERM shut the engine down and
 exit 0. A job that fails answers {"ok": false, "error": "<Type>: <one line>"} and the worker goes on serving (unless
-the engine died: exit 1). A worker whose parent is gone (the run
+the engine died: the answer says "engine_dead": true, and the worker exits 1). A worker whose parent is gone (the run
 SIGKILLed) gets SIGTERM: on Linux from PR_SET_PDEATHSIG, which its parent sets, elsewhere from watch_parent.
 
   {"op": "generate", "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": null (greedy) or float,
@@ -268,8 +268,9 @@ class ProcessWorker:
                 except Terminated:
                     raise
                 except Exception as error:  # noqa: BLE001 - every failure is an answer
-                    answer({"ok": False, "error": one_line(error)})
-                    if self.ready() and self.engine_dead():
+                    dead = self.ready() and self.engine_dead()
+                    answer({"ok": False, "error": one_line(error), **({"engine_dead": True} if dead else {})})
+                    if dead:
                         code = 1
                         break
         except (Terminated, KeyboardInterrupt):

@@ -8,6 +8,8 @@ positions FAKE_LLAMA_WITHHOLD lists (e.g. "1,4,5": the prefill's, a round's last
 With FAKE_LLAMA_SIGILL set it dies of SIGILL at its start unless -nr (no weight repacking) is given.
 
 Faults, for the worker's handling of them (each by an environment variable):
+- FAKE_LLAMA_START=exit: it passes --version, then exits 1 at its start with a line on stderr; =hang: it never answers.
+- FAKE_LLAMA_DIE_AT=N: a request of N new tokens kills it (exit code 3, a last line on stderr) after 3 chunks.
 - FAKE_LLAMA_SLOW_AT=N: a request of N new tokens streams a chunk a second, and SIGTERM waits for open streams to end
   (as llama-server's does); FAKE_LLAMA_MARK names a file each such stream appends "pid parent-pid" to as it starts."""
 from __future__ import annotations
@@ -29,7 +31,12 @@ if "--version" in sys.argv:
     sys.exit(0)
 if os.environ.get("FAKE_LLAMA_SIGILL") and "-nr" not in sys.argv:  # a repacking kernel this machine cannot run
     os.kill(os.getpid(), signal.SIGILL)
-SLOW_AT = int(os.environ.get("FAKE_LLAMA_SLOW_AT", -1))
+if os.environ.get("FAKE_LLAMA_START") == "exit":
+    print("fake: error loading model: tensor 'output.weight' has wrong shape", file=sys.stderr, flush=True)
+    sys.exit(1)
+if os.environ.get("FAKE_LLAMA_START") == "hang":
+    time.sleep(3600)
+DIE_AT, SLOW_AT = int(os.environ.get("FAKE_LLAMA_DIE_AT", -1)), int(os.environ.get("FAKE_LLAMA_SLOW_AT", -1))
 streaming = {"open": 0, "stopping": False}
 
 
@@ -102,7 +109,10 @@ class Handler(BaseHTTPRequestHandler):
                 mark.write(f"{os.getpid()} {os.getppid()}\n")
         streaming["open"] += 1
         try:
-            for chunk in chunks:
+            for index, chunk in enumerate(chunks):
+                if n == DIE_AT and index == 3:
+                    print("fake: GGML_ASSERT(n_tokens <= n_batch) failed", file=sys.stderr, flush=True)
+                    os._exit(3)
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
                 time.sleep(1.0 if n == SLOW_AT else 0.001)

@@ -175,6 +175,35 @@ def test_a_resumed_run_counts_what_was_done_and_releases_no_models(tmp_path):
     assert counts and counts[-1] == ("6", "6") and len(counts) == 3, result.stderr[-3000:]
 
 
+@pytest.mark.parametrize("case", ["exits", "hangs", "not-llama-server"])
+def test_a_server_that_does_not_start_is_one_line(tmp_path, case):
+    """A binary that passes --version and then exits or hangs at its start, or that is not llama-server at all:
+    one line naming it and exit 2, before anything runs (the docs' promise for a broken server)."""
+    server = "/bin/true" if case == "not-llama-server" else str(_fake_server(tmp_path))
+    extra = {"llama_cpp": {"server": server, "start_timeout_s": 2}} if case == "hangs" else {}
+    config = _config(tmp_path, server, ["llama_cpp_generate", "llama_cpp_ngram"], **extra)
+    result = run_launch(["--config", config, "--out", tmp_path / "out"],
+                        env_extra={"FAKE_LLAMA_START": {"exits": "exit", "hangs": "hang"}.get(case, "")})
+    fragment = {"exits": "exited while starting (exit code 1); its last line: fake: error loading model",
+                "hangs": "did not answer /health within 2 s",
+                "not-llama-server": "/bin/true is not llama.cpp's llama-server"}[case]
+    assert_one_clean_line(result, fragment)
+
+
+def test_a_server_killed_mid_run_is_said_so(tmp_path):
+    """A server that dies in a timed batch (its warmup and probes ran): each point on it fails with the server's
+    death, its exit code and its last line, not with what the worker's next job found."""
+    config = _config(tmp_path, str(_fake_server(tmp_path)), ["llama_cpp_generate", "llama_cpp_ngram"])
+    result = run_launch(["--config", config, "--out", tmp_path / "out"], env_extra={"FAKE_LLAMA_DIE_AT": "12"})
+    assert result.returncode == 3, result.stderr[-3000:]
+    failures = json.loads((tmp_path / "out" / "progress.json").read_text())["failures"]
+    assert {f["method"] for f in failures} == {"llama_cpp_generate", "llama_cpp_ngram"}
+    for failure in failures:
+        assert "llama-server died (exit code 3); its last line: fake: GGML_ASSERT(n_tokens <= n_batch) failed" \
+            in failure["error"], failure["error"]
+    assert "no engine" not in result.stderr
+
+
 def test_a_killed_run_leaves_no_worker_or_server(tmp_path):
     """launch.py SIGKILLed while a server streams (and its SIGTERM waits for the stream, as llama-server's does): the
     worker (PR_SET_PDEATHSIG, else its parent watch) shuts its server down, SIGKILL after SERVER_STOP_S, and the
@@ -219,13 +248,13 @@ def test_a_draft_minimum_above_gamma_is_refused(tmp_path):
 
 
 def test_a_server_killed_by_an_illegal_instruction_names_the_fix(tmp_path):
-    """A build whose repacking kernels this CPU cannot run (AMX in a VM) dies of SIGILL at its start: the points fail
-    with the fix named, and llama_cpp.repack: false (-nr) runs them."""
+    """A build whose repacking kernels this CPU cannot run (AMX in a VM) dies of SIGILL at its start: one line with
+    the fix named, before anything runs, and llama_cpp.repack: false (-nr) runs the points."""
     server = str(_fake_server(tmp_path))
     config = _config(tmp_path, server, ["llama_cpp_generate"])
     result = run_launch(["--config", config, "--out", tmp_path / "out"], env_extra={"FAKE_LLAMA_SIGILL": "1"})
-    assert result.returncode == 3, result.stderr[-2000:]
-    assert "illegal instruction" in result.stderr and "llama_cpp.repack: false" in result.stderr
+    assert_one_clean_line(result, "illegal instruction")
+    assert "llama_cpp.repack: false" in result.stderr
     result = run_launch(["--config", config, "--out", tmp_path / "again", "--set", "llama_cpp.repack=false"],
                         env_extra={"FAKE_LLAMA_SIGILL": "1"})
     assert result.returncode == 0, result.stderr[-2000:]

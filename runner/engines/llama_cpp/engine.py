@@ -106,19 +106,34 @@ def model_files(config, server: str) -> dict[str, str]:
 
 
 def check_llama_cpp(config, log: Path) -> dict:
-    """Before any model loads: the server runs, and the models are GGUF files (made at llama_cpp.weights)."""
+    """Before any model loads: the binary is llama-server, the models are GGUF files (made at llama_cpp.weights), and
+    a server of the target alone starts on them and answers (one that exits or hangs at its start is bad input: every
+    point would fail the same way)."""
     server = server_path(config)
     worker = LlamaCppProcess(sys.executable, log, "check")
     try:
         answer = worker.ask({"op": "check", "server": server}, CHECK_TIMEOUT_S)
+        if not answer.get("ok"):
+            raise UserError(f"llama_cpp.server: {reason(answer)}; build llama.cpp's server with "
+                            "`.ci/llama-cpp-env DIR` and set llama_cpp.server: DIR/bin/llama-server")
+        models = model_files(config, server)
+        settings = config.llama_cpp
+        probe = {"server": server, "model": models["target"], "spec_type": None, "slots": 1, "ctx": 512,
+                 "threads": settings.threads, "repack": settings.repack, "start_timeout_s": settings.start_timeout_s}
+        started = worker.ask({"op": "start", "engine": probe}, settings.start_timeout_s + CHECK_TIMEOUT_S)
+        if not started.get("ok"):
+            raise UserError(f"llama_cpp.server: {server} did not start on the target {Path(models['target']).name}: "
+                            f"{reason(started)}; its log: {log}")
     except WorkerDead as error:
         raise UserError(f"llama_cpp.server: the llama.cpp worker failed its check ({error})") from None
     finally:
         worker.close()
-    if not answer.get("ok"):
-        raise UserError(f"llama_cpp.server: {server} does not run ({answer.get('error')}); rebuild it with "
-                        "`.ci/llama-cpp-env DIR`")
-    return {"server": server, "llama_cpp": answer["llama_cpp"], "models": model_files(config, server)}
+    return {"server": server, "llama_cpp": answer["llama_cpp"], "models": models}
+
+
+def reason(answer: dict) -> str:
+    """A worker's error without its exception's type (RuntimeError: what the worker raises to say what happened)."""
+    return str(answer.get("error")).removeprefix("RuntimeError: ")
 
 
 class LlamaCppExecutor(ProcessExecutor):
@@ -142,7 +157,7 @@ class LlamaCppExecutor(ProcessExecutor):
         per_slot = longest + config.generation.max_new_tokens + 2 * max(config.speculative.gamma) + 16
         return {"server": self.checked["server"], "model": models["target"], "spec_type": None, **args,
                 "slots": slots, "ctx": slots * per_slot, "threads": config.llama_cpp.threads,
-                "repack": config.llama_cpp.repack}
+                "repack": config.llama_cpp.repack, "start_timeout_s": config.llama_cpp.start_timeout_s}
 
     def engine_bytes(self, kwargs: dict) -> int | None:
         """The GGUF files it maps (the target's, and the draft's): every server maps the same files, and the page

@@ -6,7 +6,8 @@ group: closing the worker takes the server down with it) on 127.0.0.1 and sends 
 It loads runner/engines/process_worker.py by its path (the loop, the protocol, the serve job's arrivals) and answers
 its jobs (see there); what is llama.cpp's is here:
   {"op": "start", "engine": {"server": path, "model": GGUF, "draft": GGUF or null, "spec_type": null |
-   "draft-simple" | "ngram-simple", "n_max", "n_min", "p_min", "ngram_n", "slots", "ctx", "threads", "repack"}}
+   "draft-simple" | "ngram-simple", "n_max", "n_min", "p_min", "ngram_n", "slots", "ctx", "threads", "repack",
+   "start_timeout_s"}}
         -> {"ok": true, "start_s": seconds until /health answered, "speculative": bool, "llama_cpp": its version}
   {"op": "check", "server": path} -> {"ok": true, "llama_cpp": version} (the binary runs)
 A request is POST /completion with the prompt's token ids, streamed, greedy (temperature 0), the prompt cache off,
@@ -17,7 +18,8 @@ the server in a stream (its text goes with the next one): such ids are missing f
 "ids_lost" says how many (tokens_predicted counts them).
 
 The server dies with the worker (PR_SET_PDEATHSIG on Linux), and the worker's shutdown gives it SERVER_STOP_S after
-SIGTERM before SIGKILL: llama-server waits on a stream still open.
+SIGTERM before SIGKILL: llama-server waits on a stream still open. A server that dies is said with its exit code
+and the last line it wrote.
 """
 from __future__ import annotations
 
@@ -54,11 +56,23 @@ SERVER_STOP_S = 3.0  # after SIGTERM, before SIGKILL: what is lost is a stream n
 def server_version(server: str) -> str:
     """`llama-server --version`'s version line (it prints it on stderr)."""
     probe = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=60)
-    text = (probe.stdout + probe.stderr).strip().splitlines()
+    text = [t for t in (probe.stdout + probe.stderr).strip().splitlines() if t.strip()]
     line = next((t for t in text if t.startswith("version")), None)
-    if probe.returncode != 0 or line is None:
-        raise RuntimeError(f"{server} --version failed: {(text or ['no output'])[-1][:200]}")
+    if line is None:  # another program (/bin/true prints its own --version)
+        raise RuntimeError(f"{server} is not llama.cpp's llama-server: its --version printed no 'version:' line "
+                           f"({(text or ['nothing'])[0][:120]!r}, exit code {probe.returncode})")
+    if probe.returncode != 0:
+        raise RuntimeError(f"{server} --version exited with code {probe.returncode}: {text[-1][:200]}")
     return line.removeprefix("version:").strip()
+
+
+def exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def die_with_worker() -> None:
@@ -107,12 +121,22 @@ class Worker(ProcessWorker):
         self.events: queue.Queue = queue.Queue()  # (request, chunk or an error) from the request threads
         self.open: set[str] = set()  # requests whose stream has not ended
         self.connections: dict[str, http.client.HTTPConnection] = {}  # request -> its stream's connection
+        self.last_line = ""  # the server's last line of output, for the message when it dies
+        self.forwarder: threading.Thread | None = None  # _forward's thread: it has read it all once it ends
 
     def ready(self) -> bool:
-        return self.server is not None and self.server.poll() is None
+        """A server was started (it may have died since: engine_dead)."""
+        return self.server is not None
 
     def engine_dead(self) -> bool:
         return self.server is not None and self.server.poll() is not None
+
+    def died(self) -> str:
+        code = self.server.poll() if self.server is not None else None
+        if code is not None and self.forwarder is not None:
+            self.forwarder.join(timeout=2)  # its last words, still in the pipe
+        return (f"llama-server died ({exit_text(code) if code is not None else 'gone'}); its last line: "
+                f"{self.last_line[:300] or '(none)'}")
 
     def shutdown(self) -> None:
         server, self.server = self.server, None
@@ -127,6 +151,15 @@ class Worker(ProcessWorker):
                 server.kill()
                 server.wait(timeout=10)
 
+    def _forward(self, stream) -> None:
+        """The server's output to the worker log, its last line kept."""
+        for raw in stream:
+            line = raw.decode(errors="replace")
+            sys.stderr.write(line)
+            if line.strip():
+                self.last_line = line.strip()
+        sys.stderr.flush()
+
     def check(self, job: dict) -> dict:
         return {"ok": True, "llama_cpp": server_version(job["server"])}
 
@@ -135,18 +168,29 @@ class Worker(ProcessWorker):
         engine = dict(job.get("engine") or {})
         version = server_version(engine["server"])
         self.port = free_port()
+        timeout = float(engine.get("start_timeout_s") or 600)
         began = time.perf_counter()
-        # its log goes to the worker's stderr (the worker log); stdin closed: it never reads the pipe of our jobs
+        # its output goes to the worker's stderr (the worker log) through _forward; stdin closed: it never reads the
+        # pipe of our jobs
+        self.last_line = ""
         self.server = subprocess.Popen(server_command(engine, self.port), stdin=subprocess.DEVNULL,
-                                       stdout=sys.stderr, stderr=sys.stderr, preexec_fn=die_with_worker)
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_worker)
+        self.forwarder = threading.Thread(target=self._forward, args=(self.server.stdout,), daemon=True)
+        self.forwarder.start()
         while True:
             if self.server.poll() is not None:
+                self.forwarder.join(timeout=2)  # its last words
                 code, self.server = self.server.returncode, None
-                if code == -4:  # SIGILL
+                if code == -signal.SIGILL:
                     raise RuntimeError("llama-server died of an illegal instruction while starting: a kernel its build "
                                        "chose for this CPU does not run here (seen: its weight repacking of quantized "
                                        "files, AMX, in a VM); set llama_cpp.repack: false")
-                raise RuntimeError(f"llama-server exited (code {code}) while starting; its log is the worker log")
+                raise RuntimeError(f"llama-server exited while starting ({exit_text(code)}); its last line: "
+                                   f"{self.last_line[:300] or '(none)'}")
+            if time.perf_counter() - began > timeout:
+                self.shutdown()
+                raise RuntimeError(f"llama-server did not answer /health within {timeout:g} s of its start "
+                                   f"(llama_cpp.start_timeout_s); its last line: {self.last_line[:300] or '(none)'}")
             try:
                 status, _ = self._get("/health")
                 if status == 200:
@@ -183,6 +227,8 @@ class Worker(ProcessWorker):
 
     # the requests run in threads (one HTTP stream each); step() hands on what their chunks brought
     def add(self, request: str, prompt: list[int], params: dict) -> None:
+        if self.engine_dead():
+            raise RuntimeError(self.died())
         self.open.add(request)
         body = json.dumps({**params, "prompt": prompt}).encode()
         threading.Thread(target=self._stream, args=(request, body), daemon=True).start()
@@ -226,7 +272,11 @@ class Worker(ProcessWorker):
             if request not in self.open:  # an aborted request's stream, cut by abort()
                 continue
             if isinstance(chunk, BaseException):
-                raise chunk
+                try:  # a stream cut by the server's death: say that, not the connection's error
+                    self.server.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    raise chunk from None
+                raise RuntimeError(self.died()) from None
             if chunk.get("stop"):
                 self.open.discard(request)
             self.chunks.setdefault(request, []).append(chunk)
