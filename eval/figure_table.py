@@ -368,7 +368,7 @@ FIGURES: list[Figure] = [
                               "accuracy_cut: answers cut at max_new_tokens before '####' (of accuracy_graded); when more than half "
                               "are cut the notes say the accuracy is not meaningful",
            columns=(Column("acc", ("accuracy",), "{:.3f}", 240, terminal=True),)),
-    Figure("flags", legend=f"a figure that cannot be trusted as it is, kept and marked '!' in the tables and plots, the notes say "
+    Figure("flags", legend=f"a figure that cannot be trusted as it is, kept and marked '!' in the tables and plots (never a reference's speedup, 1 by definition), the notes say "
                            f"why: few_samples: fewer than {MIN_PROMPTS} prompt batches back the ratio, so it has no interval; "
                            f"cross_process: some of its batches were paired with a baseline another process measured (a resumed "
                            f"run, a restarted worker), not back to back; "
