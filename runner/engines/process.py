@@ -11,7 +11,10 @@ Pairing (the engine's config section's `pairing`, said in progress.order and the
 - batch: every engine of a comparison is resident, one worker each, and each batch runs every point back to back in
   the Williams order of our own units (runner/plan.py order_of): the pairing our engine has.
 - engine: one engine at a time (build, warm up, every pending batch, tear down), the points' order rotating from
-  repeat to repeat; a drift probe (the first prompt, one new token) at each engine's start and end.
+  repeat to repeat; a drift probe (the first prompt, one new token) at each engine's start and end. A point's batch
+  and its reference's are then minutes apart, not back to back: each record says so (extra: pairing, back_to_back,
+  block: the engine's place in its repeat's order, block_started_unix_s), and the probe's readings are pooled over
+  the engines whose probe does the same work (probe_group), so that the drift figure spans the blocks.
 - auto: batch where the weights of every engine fit in the memory there is (on a GPU its free memory, on a CPU the
   host's available memory, each with room for KV caches and activations), else engine.
 
@@ -251,6 +254,7 @@ class ProcessExecutor:
         self.info: dict = {}  # version, interpreter, pairing and order, for progress.json's engine_info
         self.engines: dict[str, WorkerEngine] = {}  # json of the engine's arguments -> the engine
         self.failed: dict[Point, str] = {}
+        self.blocks: dict[Point, tuple[int, float]] = {}  # engine pairing: a point's block (its place, its start)
         self._reported: set[str] = set()  # failed points whose failure went to a unit result
         # decided in run(), once our engine's models are released (runner/experiment.py sweep): the free memory that
         # `pairing: auto` weighs is then the memory the workers get
@@ -294,6 +298,11 @@ class ProcessExecutor:
     def engine_info(self) -> dict:
         """What progress.json keeps of the engine (engine_info[name]) once its pairing is decided."""
         return {"pairing": self.pairing, "order": self.order_text()}
+
+    def probe_group(self, engine: WorkerEngine) -> str:
+        """The engines whose drift probe does the same work share a group, and their readings are compared with one
+        another (across blocks, under engine pairing). Default: each engine its own."""
+        return f"engine {engine.name}"
 
     # -- engines ----------------------------------------------------------------------------------
     def _pairing(self) -> str:
@@ -406,9 +415,9 @@ class ProcessExecutor:
                                                 f"({answer.get('error')}); no reading"])
                 return
             walls.append(answer["wall_s"])
-        yield unit, self._result(drift_probe_s=sorted(walls[1:])[1],
-                                 probe_process=f"{PROCESS}/{self.name} {engine.name}",
-                                 probe_name=f"{self.title} engine {engine.name}")
+        group = self.probe_group(engine)
+        yield unit, self._result(drift_probe_s=sorted(walls[1:])[1], probe_process=f"{PROCESS}/{self.name} {group}",
+                                 probe_name=f"{self.title} {group}")
 
     def warm_up(self, engine: WorkerEngine, point: Point, unit: Unit) -> None:
         """Each point's first batch with a short budget, untimed."""
@@ -493,10 +502,11 @@ class ProcessExecutor:
     def _by_engine(self, points: list[Point], units: list[Unit], done: set):
         repeat = units[0].repeat if units else 0
         order = [points[i] for i in williams_order(len(points), repeat)]
-        for point in order:
+        for position, point in enumerate(order):
             pending = self._pending(point, units, done)
             if not pending or point in self.failed or skipped_reason(point):
                 continue
+            self.blocks[point] = (position, time.time())
             try:
                 yield from self._on_engine(point, pending)
             finally:
@@ -514,7 +524,8 @@ class ProcessExecutor:
                 engine = self.engine_of(points[index])
                 if not any(engine is e for e in engines):
                     engines.append(engine)
-        for engine in engines:
+        for position, engine in enumerate(engines):
+            started = time.time()
             try:
                 for points, mine in plans:
                     for index in williams_order(len(points), mine[0].repeat):
@@ -523,6 +534,7 @@ class ProcessExecutor:
                         if self.engine_of(point) is not engine or not pending or point in self.failed \
                                 or skipped_reason(point):
                             continue
+                        self.blocks[point] = (position, started)
                         yield from self._on_engine(point, pending)
             finally:
                 self.stop(engine)
@@ -554,10 +566,22 @@ class ProcessExecutor:
             self._reported.add(point.label)
             result.failures.append(failure(point, "failed", rows))
         else:
+            for row in rows:
+                row["extra"] = {**(row.get("extra") or {}), **self.pairing_fields(point)}
             result.rows.extend(rows)
             # a fixed batch's wall is every row's latency; a load point's runs from its start to its last finish
             wall = (max(r["finish_s"] for r in rows) if unit.serving else rows[0]["latency_s"]) if rows else 0.0
             result.rates[point.label] = sum(r["new_tokens"] for r in rows) / wall if wall > 0 else 0.0
+
+    def pairing_fields(self, point: Point) -> dict:
+        """What a record says of its pairing: back to back with its reference's batch (batch pairing), or in a block of
+        its own (engine pairing: its place in the repeat's order of blocks and the block's start, so that the gap to the
+        reference's block can be told)."""
+        if point not in self.blocks:
+            return {"pairing": self.pairing, "back_to_back": True}
+        block, started = self.blocks[point]
+        return {"pairing": self.pairing, "back_to_back": False, "block": block,
+                "block_started_unix_s": round(started, 3)}
 
     def _note_pairing(self) -> None:
         self.info = self.engine_info()

@@ -117,6 +117,7 @@ def test_a_run_against_the_stand_in_server(tmp_path):
     draft = next(r for r in records if r["method"] == "llama_cpp_draft")
     assert draft["new_tokens"] == 12 and len(draft["output_ids"]) == 11  # the 9th token's chunk was not sent
     assert draft["extra"]["llama_cpp_ids_lost"] == 1 and draft["extra"]["llama_cpp_ttft_s"] == pytest.approx(0.005)
+    assert draft["extra"]["back_to_back"] is True  # batch pairing (auto: the GGUF files fit)
     progress = json.loads((out / "progress.json").read_text())
     assert progress["engine_info"]["llama_cpp"]["version"] == "1 (fake)"
 
@@ -237,6 +238,30 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_server_blocks_say_they_are_not_back_to_back_and_probe_drift_across_blocks(tmp_path):
+    """Engine pairing, 2 repeats of 3 points: the blocks' order rotates (Williams rows [0, 1, 2] then [1, 2, 0], so
+    the reference runs first, then last), every record says it was not paired back to back and which block it ran in,
+    and the drift probe's readings of the two servers without a draft model (the reference's, n-gram's) are one
+    series: 2 servers x 2 repeats x (start, end)."""
+    methods = ["llama_cpp_generate", "llama_cpp_draft", "llama_cpp_ngram"]
+    server = str(_fake_server(tmp_path))
+    out = tmp_path / "out"
+    result = run_launch(["--config", _config(tmp_path, server, methods, repeats=2,
+                                             llama_cpp={"server": server, "pairing": "engine"}), "--out", out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    blocks = {(r["method"], r["repeat"]): r["extra"]["block"] for r in records}
+    assert blocks == {("llama_cpp_generate", 0): 0, ("llama_cpp_draft", 0): 1, ("llama_cpp_ngram", 0): 2,
+                      ("llama_cpp_generate", 1): 2, ("llama_cpp_draft", 1): 0, ("llama_cpp_ngram", 1): 1}
+    assert all(r["extra"]["back_to_back"] is False and r["extra"]["pairing"] == "engine" for r in records)
+    started = {(r["method"], r["repeat"]): r["extra"]["block_started_unix_s"] for r in records}
+    assert started[("llama_cpp_generate", 0)] < started[("llama_cpp_draft", 0)] < started[("llama_cpp_ngram", 0)]
+    drift = json.loads((out / "progress.json").read_text())["drift"]["1"]
+    pooled = [v for k, v in drift.items() if k.endswith("llama_cpp servers without a draft model")]
+    assert len(pooled) == 1 and len(pooled[0]) == 8, drift
+    assert [len(v) for k, v in drift.items() if "llama_cpp servers with draft" in k] == [4], drift
 
 
 def test_a_draft_minimum_above_gamma_is_refused(tmp_path):

@@ -170,14 +170,27 @@ class LlamaCppExecutor(ProcessExecutor):
     def records_of(self, point: Point, unit: Unit, batch: list, answer: dict, load) -> list[dict]:
         return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset, load)
 
+    def probe_group(self, engine) -> str:
+        """A 1-token completion prefills the target, and a draft model too (draft-simple runs its draft over every
+        prefill batch; n-gram drafting and the target alone run nothing else), so servers with the same draft, or
+        none, do the same probe work and their readings compare across blocks."""
+        draft = engine.kwargs.get("draft")
+        return f"servers with draft {Path(draft).name}" if draft else "servers without a draft model"
+
     def order_text(self) -> str:
         what = (f"pairing {self.pairing}" + (" (llama_cpp.pairing: auto)" if self.settings.pairing == "auto" else "")
                 + ": " + ("every llama.cpp server of a comparison up, one worker each; each batch runs every "
                           "llama_cpp_* point back to back in the units' order, as our engine's points"
                           if self.pairing == "batch" else
-                          "one llama.cpp server at a time, over every batch, then the next; the points' order rotates "
-                          "from repeat to repeat (a Williams design); each server's drift probe (the first prompt, 1 "
-                          "new token) ran at its start and end"))
+                          "one llama.cpp server at a time, over every batch, then the next, so a point's batches are "
+                          "paired with the reference's measured in another block, minutes apart, not back to back "
+                          "(each record's extra.back_to_back, block, block_started_unix_s); the blocks' order rotates "
+                          "from repeat to repeat (a Williams design: with one repeat the reference's block is first); "
+                          "the drift probe (the first prompt, 1 new token) ran at each server's start and end, its "
+                          "readings compared across the servers that do the same probe work (without a draft model; "
+                          "with each draft), so the drift figure spans the blocks. llama.cpp b11434 takes no "
+                          "per-request speculation settings, so the reference and a speculative point cannot share a "
+                          "server"))
         return what + f"; weights {self.config.llama_cpp.weights}" + ("" if self.config.llama_cpp.repack else
                                                                        ", no weight repacking (-nr)")
 
