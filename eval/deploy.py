@@ -94,11 +94,10 @@ def load_label(result: dict) -> str:
 
 def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
     """Where the choice is off or one chain at a constant K at every batch or concurrency load of a context, and K
-    differs between them: the engines' per-batch-size forms, by context ("as measured" where none was asked). vLLM's
-    speculative_config at the largest K with num_speculative_tokens_per_batch_size [[lo, hi, K], ...] (inclusive
-    ranges from 1, the last K held above the last range, each K capped by num_speculative_tokens: vLLM's
-    validate_and_normalize_dynamic_sd_schedule); TensorRT-LLM's draft_len_schedule {the largest batch size of each K:
-    K} with max_draft_len the largest K (K 0 above the last key); SGLang and llama.cpp take one K a server: a note."""
+    differs between them: the engines' per-batch-size forms, by context ("as measured" where none was asked): each
+    target that takes a table (Settings.per_batch_size: inclusive ranges of rows from 1, the last K held above the last
+    range) from its settings at the largest K; TensorRT-LLM's draft_len_schedule {the largest batch size of each K:
+    K} with max_draft_len the largest K (K 0 above the last key); the targets that take one K a server: a note."""
     out = {}
     for context in dict.fromkeys(r["context"] for r in results):
         ks, chains, widest = {}, set(), None
@@ -126,35 +125,40 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
                 ranges[-1][1] = hi
             else:
                 ranges.append([1 if i == 0 else b, hi, ks[b]])
-        vllm = (emitted_settings.get("all") or emitted_settings[load_label(next(
+        at_widest = emitted_settings.get("all") or emitted_settings[load_label(next(
             r for r in results if r["context"] == context and r["load"].partition("=")[2] == str(widest)
-            and r["load"].partition("=")[0] in ("batch", "conc")))]).get("vllm")
+            and r["load"].partition("=")[0] in ("batch", "conc")))]
         top = max(ks.values())
         last_on = max(i for i, (_, _, k) in enumerate(ranges) if k)
-        out["as measured" if context is None else str(context)] = {
-            "batch_sizes": [[b, ks[b]] for b in rows],
-            "vllm": None if vllm is None else dict(vllm, num_speculative_tokens=top,
-                                                   num_speculative_tokens_per_batch_size=ranges),
-            "tensorrt_llm": {"max_draft_len": top, "draft_len_schedule": {str(hi): k for _, hi, k in
-                                                                          ranges[:last_on + 1]}},
-            "notes": [f"above {rows[-1]} rows (the largest load priced) vLLM holds K {ranges[-1][2]} and "
-                      f"TensorRT-LLM runs off{'' if ranges[-1][2] else ' too'}",
-                      "TensorRT-LLM's draft_len_schedule read as the largest batch size of each K, off above its last "
-                      "key (its form in which {1: 4} means batch size 1 only); an earlier form reads each key as "
-                      "the least batch size of its K and needs {1: max_draft_len}: check your version",
-                      "SGLang and llama.cpp take one K a server: each batch size's server is in the settings by load"]
-            + ([f"context {context}: a table of its own (vLLM's table here has no context axis)"]
-               if context is not None else [])}
+        forms, notes = {"batch_sizes": [[b, ks[b]] for b in rows]}, []
+        tables = [t for t in with_settings() if t.settings.per_batch_size is not None]
+        for target in tables:
+            settings = at_widest.get(target.name)
+            forms[target.name], target_notes = (None, []) if settings is None else \
+                target.settings.per_batch_size(settings, ranges)
+            notes += target_notes + ([f"context {context}: a table of its own ({target.title}'s table here has no "
+                                      "context axis)"] if context is not None and settings is not None else [])
+        forms["tensorrt_llm"] = {"max_draft_len": top,
+                                 "draft_len_schedule": {str(hi): k for _, hi, k in ranges[:last_on + 1]}}
+        single = [t.title for t in with_settings() if t.settings.per_batch_size is None]
+        notes += [f"above {rows[-1]} rows TensorRT-LLM runs off",
+                  "TensorRT-LLM's draft_len_schedule read as the largest batch size of each K, off above its last "
+                  "key (its form in which {1: 4} means batch size 1 only); an earlier form reads each key as "
+                  "the least batch size of its K and needs {1: max_draft_len}: check your version",
+                  f"{' and '.join(single)} take one K a server: each batch size's server is in the settings by load"]
+        out["as measured" if context is None else str(context)] = dict(forms, notes=notes)
     return out
 
 
 def per_batch_lines(table: dict) -> list[str]:
-    """per_batch_size's forms, printed: a vLLM line and a TensorRT-LLM line per context, then the notes."""
+    """per_batch_size's forms, printed: a line for each target that takes a table and a TensorRT-LLM line per
+    context, then the notes."""
     out = []
     for context, forms in table.items():
         out += ["", f"per batch size ({context}): K by rows {', '.join(f'{b}: {k}' for b, k in forms['batch_sizes'])}"]
-        if forms["vllm"] is not None:
-            out.append(f"  vLLM:      --speculative-config {shlex.quote(json.dumps(forms['vllm']))}")
+        for target in with_settings():
+            if forms.get(target.name) is not None:
+                out.append(f"  {target.title}: {target.settings.show(forms[target.name])}")
         out.append(f"  TensorRT-LLM: speculative_config {json.dumps(forms['tensorrt_llm'])}")
         out += [f"  note: {n}" for n in forms["notes"]]
     return out

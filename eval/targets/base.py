@@ -49,8 +49,9 @@ def loadable(draft: SimpleNamespace, loads: str, engine: str, label: str) -> tup
     """(what the engine loads for a draft entry of config.yaml (model, and gguf_file where given), notes). The config
     names what our engine loads, which is not always what a server loads: a synthetic model exists only in the
     process that built it; an offline short name is a GGUF shipped in packages that our engine converts to a
-    transformers folder; a GGUF is llama.cpp's form, a folder or hub id vLLM's and SGLang's. Where the engine cannot
-    load the model as given, a placeholder path stands in its place and a note says how to make the file."""
+    transformers folder; a GGUF is one engine's form, a folder or hub id another's (each target says which it loads).
+    Where the engine cannot load the model as given, a placeholder path stands in its place and a note says how to
+    make the file."""
     from utils.offline_models import OFFLINE_MODELS, cache_root
 
     model, gguf_file = str(draft.model), getattr(draft, "gguf_file", None)
@@ -96,6 +97,9 @@ class Settings:
     off: Any
     off_text: str
     no_equivalent: dict[str, str] = field(default_factory=dict)
+    # an engine that takes K by batch size: (its settings at the largest K, [[lo, hi, K], ...] inclusive ranges of rows
+    # from 1, the last K held above the last range) -> (its settings with that table, notes); None: one K a server
+    per_batch_size: Callable[[Any, list[list[int]]], tuple[Any, list[str]]] | None = None
 
 
 @dataclass(frozen=True)

@@ -58,9 +58,18 @@ def parse(data: dict, where: str) -> list[float]:
     return rates
 
 
+def per_batch_size(settings: dict, ranges: list[list[int]]) -> tuple[dict, list[str]]:
+    """speculative_config at the largest K with num_speculative_tokens_per_batch_size [[lo, hi, K], ...] (each K
+    capped by num_speculative_tokens: vLLM's validate_and_normalize_dynamic_sd_schedule)."""
+    top = max(k for _, _, k in ranges)
+    return (dict(settings, num_speculative_tokens=top, num_speculative_tokens_per_batch_size=ranges),
+            [f"above {ranges[-1][1]} rows (the largest load priced) {TITLE} holds K {ranges[-1][2]}"])
+
+
 TARGET = Target(
     name="vllm", title=TITLE, rank=0,
     settings=Settings(emit=speculative_config, show=lambda c: f"--speculative-config {shlex.quote(json.dumps(c))}",
-                      off=None, off_text="no speculative_config (speculation off)", no_equivalent=NO_EQUIVALENT),
+                      off=None, off_text="no speculative_config (speculation off)", no_equivalent=NO_EQUIVALENT,
+                      per_batch_size=per_batch_size),
     acceptance=AcceptanceForm(suffix="vllm.json", key=KEY, export=export, parse=parse,
                               describe="vLLM's synthetic form"))
