@@ -20,6 +20,9 @@ def test_cost_probes_fit_the_draft_prefill_and_the_cost_model_reads_it(monkeypat
         def now(self):
             return self.t
 
+        host = mark = now  # the engine's clock reads (decode/generate.py Clock)
+        seconds = staticmethod(lambda start, end: end - start)
+
     clock = Clock()
     target, draft = tiny_model("llama", seed=1), tiny_model("llama", seed=2, layers=1)
     real_prefilled = probes._prefilled
@@ -124,6 +127,9 @@ def test_the_probed_costs_predict_what_the_run_measures(monkeypatch):
 
         def now(self):
             return self.t
+
+        host = mark = now  # the engine's clock reads (decode/generate.py Clock)
+        seconds = staticmethod(lambda start, end: end - start)
 
     clock, positions = Clock(), []
     target, draft = tiny_model("llama", seed=1), tiny_model("llama", seed=1)
