@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig
 from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 KINDS = ("eagle3", "medusa")
@@ -135,7 +136,8 @@ class Eagle3Head(nn.Module):
         out = self.midlayer(embeds, hidden, self.rotary_emb(embeds, position_ids=position_ids), mask, past_key_values)
         self.last_hidden = out
         kept = out[:, -logits_to_keep:] if logits_to_keep else out
-        return SimpleNamespace(logits=self.lm_head(self.norm(kept)))
+        # transformers' output class, not a namespace: torch.compile traces its construction (decode/round_graph.py)
+        return CausalLMOutputWithPast(logits=self.lm_head(self.norm(kept)))
 
 
 class ResBlock(nn.Module):

@@ -1,11 +1,12 @@
 """A speculative chain round as one function over tensors, for the compiled and captured modes (decode/static_kv.py).
 
-`chain_round` runs a whole round of a draft model's chain over the two static caches: the draft's catch-up and its
-K draft steps, the target's verification of [last token, d_1 .. d_K], the acceptance (greedy, or the rejection sampler
-of decode/sampling.py accept_sampled) and both rollbacks. It reads and writes tensors only: no host value decides
-anything inside it, so `torch.compile(fullgraph=True)` traces it without a break, once per (models, batch capacity, K),
-and on CUDA the captured mode records it as one graph. Its randomness is an input (the draws made beforehand, in the
-order the eager engine makes them), so a sampled round gives the eager engine's tokens too.
+`chain_round` runs a whole round of a draft model's chain over the two static caches (`head_round`: an EAGLE-3
+head's): the draft's catch-up and its K draft steps, the target's verification of [last token, d_1 .. d_K], the
+acceptance (greedy, or the rejection sampler of decode/sampling.py accept_sampled) and both rollbacks. It reads and
+writes tensors only: no host value decides anything inside it, so `torch.compile(fullgraph=True)` traces it without a
+break, once per (models, batch capacity, K), and on CUDA the captured mode records it as one graph. Its randomness is
+an input (the draws made beforehand, in the order the eager engine makes them), so a sampled round gives the eager
+engine's tokens too.
 
 What lives on the device, per buffer row (B_cap rows; dead rows are masked and come out with 0 accepted):
 - each model's columns in use, `length` (0-d): a step writes from it on, a rollback moves it back to the first
@@ -14,16 +15,15 @@ What lives on the device, per buffer row (B_cap rows; dead rows are masked and c
 - the draft's pending token [B_cap] and whether there is one: after a round that accepted all K drafts, d_K (the draft
   never fed it); the next round's catch-up feeds [pending or a hole, last token] (width 2, always).
 
-`fused_round` is the entry point the engine's round loop calls for a chain round of a draft model at a constant
-schedule (`fusable` says when): it fills the round's inputs in place, runs the round, and returns its device results
-(`FusedRound`); after the round's one host read, `FusedRound.settle` brings the host's view (column counts, the
-drafter's pending tokens, forwards) up to date.
+`fused_round` is the entry point the engine's round loop calls for a chain round of a draft model or an EAGLE-3 head at
+a constant schedule (`fusable` says when): it fills the round's inputs in place, runs the round, and returns its
+device results (`FusedRound`); after the round's one host read, `FusedRound.settle` brings the host's view (column
+counts, the drafter's pending tokens, forwards) up to date.
 """
 from __future__ import annotations
 
 import time
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -31,20 +31,20 @@ from decode.drafters.base import pad_to_vocab
 from decode.kv import host_to_device
 from decode.sampling import accept_greedy, accept_sampled, logits_to_probs, sample
 from decode.settings import Sampling
-from decode.static_kv import CompiledModel, StaticKVState, compiled_of
+from decode.static_kv import CompiledModel, StaticKVState
 
 
 # -- the round, over tensors ----------------------------------------------------------------------------------------
 def _step(compiled: CompiledModel, buffers, length: torch.Tensor, count: torch.Tensor, ids: torch.Tensor,
-          valid: torch.Tensor) -> torch.Tensor:
-    """Append ids, valid [B_cap, W] at the columns from length on; advance length and count in place. -> fp32 logits
-    [B_cap, W, V]."""
+          valid: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Append ids, valid [B_cap, W] (and a head's per-column inputs) at the columns from length on; advance length and
+    count in place. -> (fp32 logits [B_cap, W, V], the target's hidden states [B_cap, W, F] where it returns them)."""
     positions = (count[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)  # [B_cap, W]
     buffers.start.copy_(length)
-    logits, _ = compiled._forward(buffers, ids, positions, valid)
+    logits, hidden = compiled._forward(buffers, ids, positions, valid, **inputs)
     length.add_(ids.shape[1])
     count.add_(valid.long().sum(dim=1))
-    return logits
+    return logits, hidden
 
 
 def _keep_prefix(buffers, length: torch.Tensor, count: torch.Tensor, first: torch.Tensor, width: int,
@@ -65,7 +65,7 @@ def draft_chain(draft: CompiledModel, buffers, length, count, pending, has_pendi
     None. Returns drafts [B_cap, gamma] and their q [B_cap, gamma, V] (sampling) or None."""
     ids = torch.stack([pending, token.clamp(max=input_vocab_size - 1)], dim=1)  # [B_cap, 2]
     valid = torch.stack([has_pending & live, live], dim=1)
-    logits = _step(draft, buffers, length, count, ids, valid)[:, -1]
+    logits = _step(draft, buffers, length, count, ids, valid)[0][:, -1]
     tokens, probs = [], []
     for step in range(gamma):
         logits = pad_to_vocab(logits, vocab_size)  # [B_cap, V]: ids past the draft's vocabulary get q = 0
@@ -78,7 +78,7 @@ def draft_chain(draft: CompiledModel, buffers, length, count, pending, has_pendi
         tokens.append(drafted)
         if step + 1 < gamma:
             logits = _step(draft, buffers, length, count, drafted.clamp(max=input_vocab_size - 1)[:, None],
-                           live[:, None])[:, -1]
+                           live[:, None])[0][:, -1]
     return torch.stack(tokens, dim=1), (torch.stack(probs, dim=1) if probs else None)
 
 
@@ -86,11 +86,12 @@ def verify_chain(target: CompiledModel, buffers, length, count, token, drafts, p
                  sampling: Sampling, uniform, exponential):
     """The target's verification of [token, d_1 .. d_G], the acceptance and the target's rollback. draft_limit [B_cap]
     (0 for a dead row); uniform [B_cap, G] and exponential [B_cap, V]: the acceptance's draws (sampling). Returns
-    accepted_len [B_cap] (0 for a dead row) and the next token [B_cap]."""
+    accepted_len [B_cap] (0 for a dead row), the next token [B_cap] and the target's hidden states at the layers it
+    returns [B_cap, G + 1, F] (None where it returns none)."""
     gamma = drafts.shape[1]
     first = length.clone()
-    logits = _step(target, buffers, length, count, torch.cat([token[:, None], drafts], dim=1),
-                   live[:, None].expand(-1, gamma + 1))  # [B_cap, G + 1, V]
+    logits, hidden = _step(target, buffers, length, count, torch.cat([token[:, None], drafts], dim=1),
+                           live[:, None].expand(-1, gamma + 1))  # [B_cap, G + 1, V]
     if sampling.do_sample:
         target_probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
         accepted_len, next_token = accept_sampled(drafts, probs, target_probs, draft_limit, uniform=uniform,
@@ -99,7 +100,7 @@ def verify_chain(target: CompiledModel, buffers, length, count, token, drafts, p
         accepted_len, next_token = accept_greedy(drafts, logits, draft_limit)
     accepted_len = torch.where(live, accepted_len, 0)
     _keep_prefix(buffers, length, count, first, gamma + 1, torch.where(live, accepted_len + 1, 0))
-    return accepted_len, next_token
+    return accepted_len, next_token, hidden
 
 
 def chain_round(target: CompiledModel, target_buffers, target_length, target_count, draft: CompiledModel,
@@ -111,8 +112,8 @@ def chain_round(target: CompiledModel, target_buffers, target_length, target_cou
     Returns accepted_len [B_cap], next token [B_cap], drafts [B_cap, gamma]."""
     drafts, probs = draft_chain(draft, draft_buffers, draft_length, draft_count, pending, has_pending, token, live,
                                 gamma, vocab_size, input_vocab_size, sampling, draft_noise)
-    accepted_len, next_token = verify_chain(target, target_buffers, target_length, target_count, token, drafts, probs,
-                                            draft_limit, live, sampling, uniform, exponential)
+    accepted_len, next_token, _ = verify_chain(target, target_buffers, target_length, target_count, token, drafts,
+                                               probs, draft_limit, live, sampling, uniform, exponential)
     # the draft fed [pending, last token, d_1 .. d_{G-1}]: of the last G columns keep the last token and the accepted
     # drafts it fed; after a full accept d_G waits for the next catch-up
     fed_from = draft_length - gamma
@@ -123,48 +124,106 @@ def chain_round(target: CompiledModel, target_buffers, target_length, target_cou
     return accepted_len, next_token, drafts
 
 
+def head_chain(head: CompiledModel, buffers, length, count, pending_ids, pending_valid, pending_features, token, live,
+               gamma: int, vocab_size: int, index, embedding_size: int, sampling: Sampling, noise):
+    """An EAGLE-3 head's catch-up and gamma draft steps (decode/drafters/heads.py Eagle3Drafter, over a static cache).
+    The pending pairs, right aligned in gamma + 1 columns: pending_features [B_cap, gamma + 1, F] (the target's states
+    the head has not read) and pending_ids (the token after each; the last column's is this round's `token`), masked
+    by pending_valid. Each later step feeds the head's own pre-norm state with the token drafted; those steps' columns
+    go at the end (they read the head's states, not the target's). index [V_d]: each draft id's target id.
+    Returns drafts [B_cap, gamma] and their q (sampling) or None."""
+    ids = torch.cat([pending_ids[:, :-1], token[:, None]], dim=1).clamp(max=embedding_size - 1)  # [B_cap, gamma + 1]
+    logits, _ = _step(head, buffers, length, count, ids, pending_valid & live[:, None], features=pending_features)
+    logits, hidden = logits[:, -1], head.model.last_hidden[:, -1:]
+    tokens, probs = [], []
+    for step in range(gamma):
+        over_target = logits.new_full((logits.shape[0], vocab_size), float("-inf")).index_copy(-1, index, logits)
+        if sampling.do_sample:
+            q = logits_to_probs(over_target, sampling.temperature, sampling.top_k, sampling.top_p)
+            drafted = sample(q, exponential=noise[step])
+            probs.append(q)
+        else:
+            drafted = over_target.argmax(dim=-1)
+        tokens.append(drafted)
+        if step + 1 < gamma:
+            logits, _ = _step(head, buffers, length, count, drafted.clamp(max=embedding_size - 1)[:, None],
+                              live[:, None], hidden=hidden)
+            logits, hidden = logits[:, -1], head.model.last_hidden[:, -1:]
+    _keep_prefix(buffers, length, count, length - (gamma - 1), gamma - 1, torch.zeros_like(token))
+    return torch.stack(tokens, dim=1), (torch.stack(probs, dim=1) if probs else None)
+
+
+def head_round(target: CompiledModel, target_buffers, target_length, target_count, head: CompiledModel, head_buffers,
+               head_length, head_count, pending_ids, pending_valid, pending_features, token, draft_limit, live,
+               gamma: int, vocab_size: int, index, embedding_size: int, sampling: Sampling,
+               draft_noise=None, uniform=None, exponential=None):
+    """chain_round for an EAGLE-3 head (head_chain): the target's verification returns its hidden states at the
+    head's layers, and the next round's pending pairs are each row's verification columns of its last token and
+    accepted drafts (right aligned; written in place). Returns accepted_len [B_cap], next token [B_cap], drafts
+    [B_cap, gamma]."""
+    drafts, probs = head_chain(head, head_buffers, head_length, head_count, pending_ids, pending_valid,
+                               pending_features, token, live, gamma, vocab_size, index, embedding_size, sampling,
+                               draft_noise)
+    accepted_len, next_token, hidden = verify_chain(target, target_buffers, target_length, target_count, token, drafts,
+                                                    probs, draft_limit, live, sampling, uniform, exponential)
+    # column c of the next catch-up holds verification column j = c - (gamma - accepted): the state at the last token
+    # (j = 0) and at each accepted draft, each paired with the token after it (d_{j+1}; the last: the next token)
+    columns = torch.arange(gamma + 1, device=token.device)
+    source = columns[None, :] - (gamma - accepted_len)[:, None]  # [B_cap, gamma + 1]
+    pending_valid.copy_((source >= 0) & live[:, None])
+    source = source.clamp(min=0)
+    pending_features.copy_(hidden.gather(1, source[..., None].expand(-1, -1, hidden.shape[-1])))
+    pending_ids.copy_(drafts.gather(1, source.clamp(max=gamma - 1)))
+    return accepted_len, next_token, drafts
+
+
 # -- compiled or captured -------------------------------------------------------------------------------------------
-_COMPILED: dict = {}  # (backend, mode) -> chain_round under torch.compile
+_COMPILED: dict = {}  # (round function, backend, mode) -> it under torch.compile
 
 
-def compiled_round(backend="inductor", mode: str | None = None):
-    """chain_round under torch.compile(fullgraph=True, dynamic=False): one graph per (models, capacity, gamma,
-    sampling setting)."""
-    key = (str(backend), mode)
+def compiled_round(round_fn=None, backend="inductor", mode: str | None = None):
+    """chain_round (or head_round) under torch.compile(fullgraph=True, dynamic=False): one graph per (models,
+    capacity, gamma, sampling setting)."""
+    round_fn = round_fn or chain_round
+    key = (round_fn, str(backend), mode)
     if key not in _COMPILED:
         options = {"mode": mode} if backend == "inductor" and mode else {}
-        _COMPILED[key] = torch.compile(chain_round, backend=backend, fullgraph=True, dynamic=False, **options)
+        _COMPILED[key] = torch.compile(round_fn, backend=backend, fullgraph=True, dynamic=False, **options)
     return _COMPILED[key]
 
 
 @dataclass
 class _RoundInputs:
-    """A (target buffer set, draft buffer set, gamma)'s round inputs, allocated once and written in place before each
-    round (a captured round replays on fixed addresses)."""
+    """A (target buffer set, drafter's buffer set, gamma, sampling or not)'s round inputs, allocated once and written in
+    place before each round (a captured round replays on fixed addresses)."""
     target_length: torch.Tensor  # 0-d long
     draft_length: torch.Tensor  # 0-d long
-    pending: torch.Tensor  # [B_cap] long
-    has_pending: torch.Tensor  # [B_cap] bool
     token: torch.Tensor  # [B_cap] long
     draft_limit: torch.Tensor  # [B_cap] long
     live: torch.Tensor  # [B_cap] bool
+    pending: torch.Tensor  # a draft model: [B_cap] long; a head: the pending ids [B_cap, gamma + 1]
+    has_pending: torch.Tensor  # a draft model: [B_cap] bool; a head: pending_valid [B_cap, gamma + 1]
+    pending_features: torch.Tensor | None = None  # a head: [B_cap, gamma + 1, F]
     draft_noise: torch.Tensor | None = None  # [gamma, B_cap, V] (sampling)
     uniform: torch.Tensor | None = None  # [B_cap, gamma]
     exponential: torch.Tensor | None = None  # [B_cap, V]
     graph: tuple | None = None  # the captured mode on CUDA: (graph, outputs)
-    owner: weakref.ref = field(default=lambda: None)
 
 
-def _round_inputs(state: StaticKVState, draft_state: StaticKVState, gamma: int, vocab: int,
-                  sampled: bool) -> _RoundInputs:
+def _round_inputs(state: StaticKVState, draft_state: StaticKVState, gamma: int, vocab: int, sampled: bool,
+                  features: tuple | None) -> _RoundInputs:
+    """features: a head's (width, dtype) of the target's states it reads; None: a draft model."""
     key = (id(draft_state.buffers), gamma, sampled)
     table = state.buffers.steps.setdefault("rounds", {})
     found = table.get(key)
     if found is None:
         capacity, device = state.buffers.valid.shape[0], state.compiled.device
         zeros = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        found = _RoundInputs(zeros(()), zeros(()), zeros(capacity), zeros(capacity, dtype=torch.bool), zeros(capacity),
-                             zeros(capacity), zeros(capacity, dtype=torch.bool))
+        pending = (capacity,) if features is None else (capacity, gamma + 1)
+        found = _RoundInputs(zeros(()), zeros(()), zeros(capacity), zeros(capacity), zeros(capacity, dtype=torch.bool),
+                             zeros(*pending), zeros(*pending, dtype=torch.bool))
+        if features is not None:
+            found.pending_features = zeros(capacity, gamma + 1, features[0], dtype=features[1])
         if sampled:
             found.draft_noise = torch.ones(gamma, capacity, vocab, device=device)
             found.uniform = zeros(capacity, gamma, dtype=torch.float32)
@@ -173,27 +232,42 @@ def _round_inputs(state: StaticKVState, draft_state: StaticKVState, gamma: int, 
     return found
 
 
-def fusable(state, drafter, gamma: int, budget_host: list[int], synthetic_acceptance=None, tap=None) -> bool:
-    """Whether this chain round runs as one function: a compiled or captured target and draft model (static states of
-    one batch capacity), a chain (no tree) at a constant schedule, no synthetic acceptance, every row's backlog at
-    most the one token a full accept leaves, and some row drafting the full gamma (a shorter round's verification and
-    random draws are narrower in the eager engine)."""
+def _kind(drafter) -> str | None:
+    """"model" (a draft model), "eagle3" (an EAGLE-3 head), or None: no fused round for this drafter."""
     from decode.drafters.draft_model import DraftModelDrafter
+    from decode.drafters.heads import Eagle3Drafter
+
+    if isinstance(drafter, DraftModelDrafter):
+        return "model"
+    return "eagle3" if isinstance(drafter, Eagle3Drafter) else None
+
+
+def fusable(state, drafter, gamma: int, budget_host: list[int], synthetic_acceptance=None) -> bool:
+    """Whether this chain round runs as one function: a compiled or captured target and drafter (a draft model, or an
+    EAGLE-3 head, each with a compiled step: static states of one batch capacity, the target returning the head's
+    layers), a chain (no tree) at a constant schedule, no synthetic acceptance, every row's backlog within the
+    round's catch-up (a draft model's: the one token a full accept leaves; a head's: gamma + 1 states), and some row
+    drafting the full gamma (a shorter round's verification and random draws are narrower in the eager engine)."""
     from decode.drafters.schedules import ConstantSchedule
 
-    if not isinstance(drafter, DraftModelDrafter) or synthetic_acceptance is not None or tap is not None:
+    kind = _kind(drafter)
+    if kind is None or synthetic_acceptance is not None or gamma < 1 or max(budget_host, default=0) < gamma:
         return False
-    schedule = drafter.schedule
-    if drafter.tree is not None or drafter.off or (schedule is not None and type(schedule) is not ConstantSchedule):
+    schedule = getattr(drafter, "schedule", None)
+    if drafter.tree is not None or (schedule is not None and type(schedule) is not ConstantSchedule):
         return False
     draft_state = drafter.state
     if not isinstance(state, StaticKVState) or not isinstance(draft_state, StaticKVState):
         return False
     if state.buffers is None or draft_state.buffers is None or state._tree is not None or draft_state._tree is not None:
         return False
-    if state.buffers.valid.shape[0] != draft_state.buffers.valid.shape[0] or compiled_of(drafter.model) is None:
+    if state.buffers.valid.shape[0] != draft_state.buffers.valid.shape[0] or len(state.rows) != len(draft_state.rows):
         return False
-    return gamma >= 1 and max(budget_host, default=0) >= gamma and all(len(p) <= 1 for p in drafter.pending)
+    if kind == "model":
+        return not drafter.off and all(len(p) <= 1 for p in drafter.pending)
+    reads = set(drafter.target_layers) <= set(state.compiled.head_layers)
+    held = getattr(drafter, "features", None)
+    return reads and bool(held) and all(len(f) <= gamma + 1 for f in held)
 
 
 @dataclass
@@ -206,45 +280,58 @@ class FusedRound:
     state: StaticKVState
     drafter: object
     target_first: int  # the target's first column of the round (host)
-    draft_first: int  # the draft's first column of the round (host)
+    draft_first: int  # the drafter's first column of the round (host)
+    features: torch.Tensor | None = None  # a head: the next round's pending states [B, gamma + 1, F], right aligned
 
     def readout(self) -> torch.Tensor:
-        """What the round's one host read copies, [B, 3 + gamma], as decode/generate.py ChainRound.readout: accepted_len,
-        next token, draft_limit, the drafts."""
-        return torch.cat([self.accepted_len[:, None], self.token[:, None], self.draft_limit[:, None], self.drafts], dim=1)
+        """What the round's one host read copies, [B, 3 + gamma], as decode/generate.py ChainRound.readout:
+        accepted_len, next token, draft_limit, the drafts."""
+        return torch.cat([self.accepted_len[:, None], self.token[:, None], self.draft_limit[:, None], self.drafts],
+                         dim=1)
 
     def settle(self, accepted_host: list[int], drafts_host: list[list[int]]) -> None:
         """After the host read: each state's columns in use (the device already rolled back), the drafter's pending
-        tokens (d_gamma after a full accept), its last proposal, forwards and schedule."""
+        tokens (a draft model: d_gamma after a full accept; a head: its pending states and tokens), its last
+        proposal, forwards and schedule, as its commit would leave them: an eager round may follow."""
         gamma, drafter = self.drafts.shape[1], self.drafter
         most = max(accepted_host, default=0)
         self.state.length = self.target_first + most + 1
         self.state.forwards += 1
         draft_state = drafter.state
-        draft_state.length = self.draft_first + 1 + min(most, gamma - 1) + 1
         draft_state.forwards += gamma
+        drafter.last_proposal = self.drafts
+        if self.features is not None:  # a head: the catch-up's columns stay, its draft steps' went
+            draft_state.length = self.draft_first + gamma + 1
+            drafter.features = [self.features[row, gamma - accepted:] for row, accepted in enumerate(accepted_host)]
+            drafter.tokens = [list(drafts[:accepted]) for accepted, drafts in zip(accepted_host, drafts_host)]
+            drafter.fed, drafter.speculative_columns, drafter.last_host = True, 0, None
+            return
+        draft_state.length = self.draft_first + 1 + min(most, gamma - 1) + 1
         vocab_cap = drafter.input_vocab_size - 1
         drafter.pending = [[min(drafts[-1], vocab_cap)] if accepted == gamma else []
                            for accepted, drafts in zip(accepted_host, drafts_host)]
-        drafter.last_proposal = self.drafts
         if drafter.schedule is not None:
             drafter.schedule.update([gamma] * len(accepted_host), accepted_host)
 
 
 def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host: list[int], gamma: int,
                 sampling: Sampling, generator: torch.Generator | None = None) -> FusedRound:
-    """One chain round of a draft model (DraftModelDrafter over a compiled or captured model) against the target's
-    static state, as one function (`chain_round`): token [B] each live row's last committed token, budget_host its
-    budget before max_new_tokens (draft_limit = min(gamma, budget)). `fusable` must hold. Sampling draws its
-    randomness from `generator` first, in the eager engine's order (each draft step's Exp(1) [B, V], the acceptance's
-    uniforms [B, gamma], the next token's Exp(1) [B, V]), so the tokens are the eager engine's."""
-    draft_state = drafter.state
+    """One chain round of a draft model (DraftModelDrafter) or an EAGLE-3 head (Eagle3Drafter), each over a compiled
+    or captured step, against the target's static state, as one function (`chain_round`, `head_round`): token [B] each
+    live row's last committed token, budget_host its budget before max_new_tokens (draft_limit = min(gamma, budget)).
+    `fusable` must hold. Sampling draws its randomness from `generator` first, in the eager engine's order (each
+    draft step's Exp(1) [B, V], the acceptance's uniforms [B, gamma], the next token's Exp(1) [B, V]), so the tokens
+    are the eager engine's."""
+    draft_state, head = drafter.state, _kind(drafter) == "eagle3"
     compiled, draft = state.compiled, draft_state.compiled
     state._room(gamma + 1)  # compaction (rare) reads the host: before the round, not inside it
-    draft_state._room(gamma + 1)
+    draft_state._room(2 * gamma + 1 if head else gamma + 1)
     rows, vocab, device = state.rows, drafter.target_vocab_size, token.device
-    inputs = _round_inputs(state, draft_state, gamma, vocab, sampling.do_sample)
-    inputs.owner = weakref.ref(state)
+    features = None
+    if head:
+        sample_state = drafter.features[0]
+        features = (sample_state.shape[-1], sample_state.dtype)
+    inputs = _round_inputs(state, draft_state, gamma, vocab, sampling.do_sample, features)
     inputs.target_length.fill_(state.length)
     inputs.draft_length.fill_(draft_state.length)
     inputs.live.zero_()
@@ -255,7 +342,15 @@ def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host:
     inputs.draft_limit[rows] = host_to_device([min(gamma, b) for b in budget_host], device)
     inputs.pending.zero_()
     inputs.has_pending.zero_()
-    if any(drafter.pending):
+    if head:  # the pending pairs, right aligned in gamma + 1 columns
+        inputs.pending_features.zero_()
+        for local, (row_states, row_tokens) in enumerate(zip(drafter.features, drafter.tokens)):
+            row, held = rows[local], len(row_states)
+            inputs.pending_features[row, gamma + 1 - held:] = row_states
+            inputs.has_pending[row, gamma + 1 - held:] = True
+            if row_tokens:
+                inputs.pending[row, gamma + 1 - held: gamma] = host_to_device(row_tokens, device)
+    elif any(drafter.pending):
         inputs.pending[rows] = host_to_device([p[0] if p else 0 for p in drafter.pending], device)
         inputs.has_pending[rows] = host_to_device([bool(p) for p in drafter.pending], device, dtype=torch.bool)
     if sampling.do_sample:
@@ -264,36 +359,47 @@ def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host:
         inputs.draft_noise[:, rows] = torch.stack(noise)
         inputs.uniform[rows] = torch.rand((batch, gamma), generator=generator, device=device)
         inputs.exponential[rows] = torch.empty(batch, vocab, device=device).exponential_(1.0, generator=generator)
-    args = (compiled, state.buffers, inputs.target_length, state.count, draft, draft_state.buffers,
-            inputs.draft_length, draft_state.count, inputs.pending, inputs.has_pending, inputs.token,
-            inputs.draft_limit, inputs.live, gamma, vocab, drafter.input_vocab_size, sampling, inputs.draft_noise,
-            inputs.uniform, inputs.exponential)
-    with compiled._attention(), draft._attention():
-        accepted_len, next_token, drafts = _run(compiled, inputs, args)
+    common = (inputs.token, inputs.draft_limit, inputs.live, gamma, vocab)
+    if head:
+        args = (compiled, state.buffers, inputs.target_length, state.count, draft, draft_state.buffers,
+                inputs.draft_length, draft_state.count, inputs.pending, inputs.has_pending, inputs.pending_features,
+                *common, drafter.index, drafter.embedding_size)
+    else:
+        args = (compiled, state.buffers, inputs.target_length, state.count, draft, draft_state.buffers,
+                inputs.draft_length, draft_state.count, inputs.pending, inputs.has_pending, *common,
+                drafter.input_vocab_size)
+    args += (sampling, inputs.draft_noise, inputs.uniform, inputs.exponential)
+    held_layers = compiled.hidden_layers
+    compiled.hidden_layers = tuple(drafter.target_layers)  # the states the head reads, in its order (or none)
+    try:
+        with compiled._attention(), draft._attention():
+            accepted_len, next_token, drafts = _run(head_round if head else chain_round, compiled, inputs, args)
+    finally:
+        compiled.hidden_layers = held_layers
     return FusedRound(accepted_len[rows], next_token[rows], drafts[rows], inputs.draft_limit[rows], state, drafter,
-                      state.length, draft_state.length)
+                      state.length, draft_state.length, inputs.pending_features[rows] if head else None)
 
 
-def _run(compiled: CompiledModel, inputs: _RoundInputs, args: tuple):
+def _run(round_fn, compiled: CompiledModel, inputs: _RoundInputs, args: tuple):
     """The round as the target's mode runs its steps: captured (a graph recorded at its first round on CUDA, uncaptured
     on a CPU) or under torch.compile with the target's backend and mode (its graphs counted as the target's)."""
     if compiled.captured:
         if compiled.device.type != "cuda":
-            return chain_round(*args)
+            return round_fn(*args)
         if inputs.graph is None:
-            inputs.graph = _capture_round(compiled, args)
+            inputs.graph = _capture_round(round_fn, compiled, args)
         graph, outputs = inputs.graph
         graph.replay()
         return outputs
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
-    out = compiled_round(compiled.backend, compiled.mode if compiled.backend == "inductor" else None)(*args)
+    out = compiled_round(round_fn, compiled.backend, compiled.mode if compiled.backend == "inductor" else None)(*args)
     compiled.count_events(counters["stats"]["unique_graphs"] - before, (None, 0), (None, 0))
     return out
 
 
-def _capture_round(compiled: CompiledModel, args: tuple):
+def _capture_round(round_fn, compiled: CompiledModel, args: tuple):
     """Capture a whole round on CUDA, as CompiledModel._capture does a step. Unlike a step, a round's warm run is not
     harmless to repeat (it rolls back and moves the pending token): the warm run goes on a copy of the round's
     device state, restored before the capture."""
@@ -306,7 +412,7 @@ def _capture_round(compiled: CompiledModel, args: tuple):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        chain_round(*args)
+        round_fn(*args)
     torch.cuda.current_stream().wait_stream(side)
     for tensor, copy in zip(state_tensors, saved):
         tensor.copy_(copy)
@@ -321,7 +427,7 @@ def _capture_round(compiled: CompiledModel, args: tuple):
     graph = torch.cuda.CUDAGraph()
     began = time.perf_counter()
     with torch.cuda.graph(graph, pool=compiled._pool):
-        outputs = chain_round(*args)
+        outputs = round_fn(*args)
     compiled.capture_s.append(time.perf_counter() - began)
     if compiled.recordings is not None:
         compiled.recordings += 1

@@ -157,6 +157,9 @@ class StepInputs:
     valid: torch.Tensor  # [B_cap, W] bool: the column is a real token of its row
     positions: torch.Tensor  # [B_cap, W] long: each token's position
     ancestors: torch.Tensor | None = None  # [B_cap, W, L_max] bool, a tree step: the region's columns each node sees
+    # a model's own per-column inputs by keyword, [B_cap, W, ...] (an EAGLE-3 head: the target's states `features`, or
+    # its own `hidden`)
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -167,8 +170,10 @@ class _Buffers:
     region: torch.Tensor  # 0-d long: a tree step's first column of its round's region (prefix before it)
     valid: torch.Tensor  # [B_cap, L_max] bool
     positions: torch.Tensor  # [B_cap, L_max] long
+    count: torch.Tensor  # [B_cap] long: each row's next position (its tokens so far), the state's `count`
     owner: weakref.ref = field(default=lambda: None)  # the StaticKVState using them; dead: free
-    steps: dict = field(default_factory=dict)  # (width, tree) -> StepInputs
+    # (width, tree) -> StepInputs; "rounds": decode/round_graph.py's round inputs, by drafter buffer set and gamma
+    steps: dict = field(default_factory=dict)
 
 
 class CompiledModel:
@@ -330,10 +335,11 @@ class CompiledModel:
             cache = Cache(layers=[ColumnLayer(self.max_length, start) for _ in range(self.num_layers)])
             valid = torch.zeros(capacity, self.max_length, dtype=torch.bool, device=self.device)
             positions = torch.zeros(capacity, self.max_length, dtype=torch.long, device=self.device)
+            count = torch.zeros(capacity, dtype=torch.long, device=self.device)
             if self.device.type == "cuda":  # CUDA graphs replay on fixed addresses
-                for tensor in (start, region, valid, positions):
+                for tensor in (start, region, valid, positions, count):
                     torch._dynamo.mark_static_address(tensor)
-            free = _Buffers(cache, start, region, valid, positions)
+            free = _Buffers(cache, start, region, valid, positions, count)
             pool.append(free)
         free.owner = weakref.ref(owner)
         return free
@@ -359,7 +365,7 @@ class CompiledModel:
                            next(self.model.parameters()).dtype)
 
     def _forward(self, buffers: _Buffers, input_ids, query_positions, query_valid, ancestors=None,
-                 last_only: bool = False):
+                 last_only: bool = False, **inputs):
         """One step: input_ids, query_positions, query_valid [B_cap, S] go to the columns from buffers.start on (the
         valid and positions columns written here, inside the graph, as the cache's keys and values are)."""
         query_columns = buffers.start + torch.arange(input_ids.shape[1], device=input_ids.device)  # [S]
@@ -370,7 +376,7 @@ class CompiledModel:
         if last_only:
             extra["logits_to_keep"] = 1
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=query_positions,
-                         past_key_values=buffers.cache, use_cache=True, **extra)
+                         past_key_values=buffers.cache, use_cache=True, **extra, **inputs)
         if not self.hidden_layers:
             return out.logits.float(), None
         return out.logits.float(), torch.cat([out.hidden_states[i] for i in self.hidden_layers], dim=-1)
@@ -387,21 +393,21 @@ class CompiledModel:
             for config in self.gqa_configs:
                 config._attn_implementation_internal = "sdpa"
 
-    def _captured_step(self, buffers: _Buffers, input_ids, query_positions, query_valid, ancestors=None):
+    def _captured_step(self, buffers: _Buffers, input_ids, query_positions, query_valid, ancestors=None, **inputs):
         """The captured mode's step: on CUDA the replay of this shape's graph, captured at its first call (over the
         static cache and the step's StepInputs, whose addresses never change); on a CPU the same step, uncaptured."""
         if self.device.type != "cuda":
-            return self._forward(buffers, input_ids, query_positions, query_valid, ancestors)
-        key = (id(buffers), input_ids.shape[1], ancestors is not None, self.hidden_layers)
+            return self._forward(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
+        key = (id(buffers), input_ids.shape[1], ancestors is not None, self.hidden_layers, tuple(sorted(inputs)))
         found = self.graphs.get(key)
         if found is None:
-            found = self._capture(buffers, input_ids, query_positions, query_valid, ancestors)
+            found = self._capture(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
             self.graphs[key] = found
         graph, outputs = found
         graph.replay()
         return outputs
 
-    def _capture(self, buffers: _Buffers, *inputs):
+    def _capture(self, buffers: _Buffers, *args, **inputs):
         """Capture one step shape: a warm run on a side stream (lazy initialisations, the allocator), then the
         capture. Both write the step's columns with what its replay writes again, so running it twice is harmless."""
         if self._pool is None:
@@ -409,12 +415,12 @@ class CompiledModel:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._forward(buffers, *inputs)
+            self._forward(buffers, *args, **inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         began = time.perf_counter()
         with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self._forward(buffers, *inputs)
+            outputs = self._forward(buffers, *args, **inputs)
         self.capture_s.append(time.perf_counter() - began)
         if self.recordings is not None:
             self.recordings += 1
@@ -423,7 +429,7 @@ class CompiledModel:
         return graph, outputs
 
     def run(self, buffers: _Buffers, input_ids, query_positions, query_valid, compiled: bool = True,
-            ancestors: torch.Tensor | None = None, last_only: bool = False):
+            ancestors: torch.Tensor | None = None, last_only: bool = False, **inputs):
         """One step over [B_cap, S] (S one of step_widths, or tree_widths with ancestors, when compiled) -> (fp32
         logits [B_cap, S, V], the hidden_layers' states [B_cap, S, len x H] or None). Both are the graph's outputs
         (with CUDA graphs, overwritten by its next replay): index them before the next step."""
@@ -431,12 +437,12 @@ class CompiledModel:
 
         with self._attention():
             if not compiled:  # last_only (the eager prefill): the LM head on the last column alone, [B_cap, 1, V]
-                return self._forward(buffers, input_ids, query_positions, query_valid, ancestors, last_only)
+                return self._forward(buffers, input_ids, query_positions, query_valid, ancestors, last_only, **inputs)
             assert not last_only, "a compiled step returns every column's logits (its last may be padding)"
             if self.captured:  # no dynamo: its captures are counted as they happen (_capture)
-                return self._step(buffers, input_ids, query_positions, query_valid, ancestors)
+                return self._step(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
             before, events = counters["stats"]["unique_graphs"], cudagraph_events()
-            out = self._step(buffers, input_ids, query_positions, query_valid, ancestors)
+            out = self._step(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
             self.count_events(counters["stats"]["unique_graphs"] - before, events, cudagraph_events())
         return out
 
@@ -456,7 +462,8 @@ class CompiledModel:
                 "step_widths": list(self.step_widths), "tree_widths": list(self.tree_widths),
                 "max_length": self.max_length, "gqa_attention": bool(self.gqa_configs),
                 "buffer_sets": {b: len(pool) for b, pool in sorted(self.buffers.items())}, "graphs": self.compiles,
-                "recompiles_after_warmup": self.recompiles_after_warmup, "cuda_graphs": self.cudagraphs or (self.captured and self.device.type == "cuda"),
+                "recompiles_after_warmup": self.recompiles_after_warmup,
+                "cuda_graphs": self.cudagraphs or (self.captured and self.device.type == "cuda"),
                 "recordings": self.recordings, "recordings_after_warmup": self.recordings_after_warmup,
                 "skips": self.skips, "captures": len(self.capture_s),
                 "capture_s": [round(seconds, 4) for seconds in self.capture_s]}
@@ -497,17 +504,17 @@ class StaticKVState(TreeRounds):
 
     def _start(self, batch: int) -> None:
         self.buffers = self.compiled.buffers_for(batch, self)
-        capacity = self.buffers.valid.shape[0]
         self.buffers.valid.zero_()
         self.buffers.positions.zero_()
         self.rows = torch.arange(batch, device=self.compiled.device)
-        self.count = torch.zeros(capacity, dtype=torch.long, device=self.compiled.device)
+        self.count = self.buffers.count.zero_()  # the buffers' own: a captured round reads it at a fixed address
         self.length = 0
         self._tree = None
 
     def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """Append input_ids [B, S] (input_mask [B, S]) and return fp32 logits [B, S, V] ([B, 1, V] with last_only)."""
+                last_only: bool = False, **inputs) -> torch.Tensor:
+        """Append input_ids [B, S] (input_mask [B, S]) and return fp32 logits [B, S, V] ([B, 1, V] with last_only).
+        inputs: the model's own per-column inputs [B, S, ...] by keyword (an EAGLE-3 head's features or hidden)."""
         assert model is self.compiled.model, "a StaticKVState serves the model it was built for"
         first = self.buffers is None
         if first:
@@ -520,14 +527,15 @@ class StaticKVState(TreeRounds):
         if first or input_ids.shape[1] > widest:
             # the prefill, or a catch-up wider than any compiled step: eager when first, else in compiled chunks
             if first:  # eager: with last_only the LM head runs on the last column alone, as decode/kv.py's
-                logits, hidden = self._step(input_ids, input_mask, compiled=False, last_only=last_only)
+                logits, hidden = self._step(input_ids, input_mask, compiled=False, last_only=last_only, inputs=inputs)
             else:
-                chunks = [self._step(input_ids[:, i:i + widest], input_mask[:, i:i + widest])
+                chunks = [self._step(input_ids[:, i:i + widest], input_mask[:, i:i + widest],
+                                     inputs={k: v[:, i:i + widest] for k, v in inputs.items()})
                           for i in range(0, input_ids.shape[1], widest)]
                 logits = torch.cat([chunk for chunk, _ in chunks], dim=1)
                 hidden = torch.cat([h for _, h in chunks], dim=1) if chunks[0][1] is not None else None
         else:
-            logits, hidden = self._step(input_ids, input_mask)
+            logits, hidden = self._step(input_ids, input_mask, inputs=inputs)
         self.compiled.hidden_out = hidden
         self.forwards += 1
         return logits[:, -1:] if last_only else logits
@@ -541,7 +549,7 @@ class StaticKVState(TreeRounds):
                                    f"({self.length} in use, a step of {width}); this is a bug in sizing it")
 
     def _step(self, input_ids: torch.Tensor, input_mask: torch.Tensor, compiled: bool = True,
-              last_only: bool = False) -> torch.Tensor:
+              last_only: bool = False, inputs: dict | None = None) -> torch.Tensor:
         buffers, capacity = self.buffers, self.buffers.valid.shape[0]
         num_tokens = input_ids.shape[1]
         width = self.compiled.width_for(num_tokens) if compiled else num_tokens
@@ -558,11 +566,22 @@ class StaticKVState(TreeRounds):
             step.valid.zero_()
         step.ids[self.rows, :num_tokens] = input_ids
         step.valid[self.rows, :num_tokens] = input_mask.bool()
+        for name, values in (inputs or {}).items():  # [B, S, ...] -> the step's [B_cap, W, ...], in place
+            held = step.extra.get(name)
+            if held is None or held.shape[2:] != values.shape[2:] or held.dtype != values.dtype:
+                held = step.extra[name] = values.new_zeros(capacity, width, *values.shape[2:])
+            elif not full:
+                held.zero_()
+            held[self.rows, :num_tokens] = values
         torch.add(self.count[:, None], step.valid.cumsum(dim=1), out=step.positions)
         step.positions.sub_(1).clamp_min_(0)  # [B_cap, W]
         buffers.start.fill_(self.length)
         logits, hidden = self.compiled.run(buffers, step.ids, step.positions, step.valid, compiled=compiled,
-                                           last_only=last_only)
+                                           last_only=last_only, **{name: step.extra[name] for name in inputs or {}})
+        own = getattr(self.compiled.model, "last_hidden", None)
+        if isinstance(own, torch.Tensor) and own.shape[:2] == (capacity, width):
+            # an EAGLE-3 head keeps its pre-norm states for its next step: the live rows' real columns, as eager
+            self.compiled.model.last_hidden = own[self.rows, :num_tokens]
         # the step's padding (columns past num_tokens) was only ever seen by itself: free it
         self.count += step.valid.sum(dim=1)
         self.length += num_tokens

@@ -24,10 +24,19 @@ def fused_generate(target, drafter, ids, mask, max_new_tokens, gamma, sampling=S
                    most_rounds=None, first_leaves_after=None):
     """A static batch's rounds as the engine's loop runs them (no EOS: each row ends at max_new_tokens and leaves),
     every round fused, until a round is not `fusable` (the last ones, whose budgets are below gamma) or after
-    most_rounds. first_leaves_after: after that many rounds the first row leaves (as a row at EOS would). Returns each row's tokens so far and each round's accepted lengths."""
+    most_rounds. first_leaves_after: after that many rounds the first row leaves (as a row at EOS would). Returns
+    each row's tokens so far and each round's accepted lengths."""
     with torch.inference_mode():
         state = new_state(target)
         logits = state.forward(target, ids, mask, last_only=True)[:, -1]
+    return _rounds(state, target, drafter, logits, ids, mask, max_new_tokens, gamma, sampling, generator, most_rounds,
+                   first_leaves_after)
+
+
+def _rounds(state, target, drafter, logits, ids, mask, max_new_tokens, gamma, sampling, generator, most_rounds,
+            first_leaves_after=None):
+    """The rounds after the target's prefill (logits [B, V] of the first token): fused_generate's loop."""
+    with torch.inference_mode():
         token = logits.argmax(dim=-1) if not sampling.do_sample else sample(
             logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p), generator)
         outputs, active = [[t] for t in token.tolist()], list(range(ids.shape[0]))
@@ -147,3 +156,90 @@ def test_fused_round_with_inductor_is_exact():
     outputs, accepts = fused_generate(ctarget, DraftModelDrafter(cdraft, VOCAB, Sampling()), ids, mask,
                                       generation.max_new_tokens, gamma)
     assert same_prefix(outputs, eager) and accepts
+
+
+def fused_head_generate(target, drafter, ids, mask, max_new_tokens, gamma, sampling=Sampling(), generator=None,
+                        most_rounds=None):
+    """fused_generate for an EAGLE-3 head: the target's prefill returns the states the head reads, handed over before
+    the drafter's start (as the engine's tap does)."""
+    compiled = target._speculate_compiled
+    compiled.hidden_layers = tuple(drafter.target_layers)
+    with torch.inference_mode():
+        state = new_state(target)
+        logits = state.forward(target, ids, mask, last_only=True)[:, -1]
+        drafter.take_features(compiled.hidden_out)
+    compiled.hidden_layers = ()
+    return _rounds(state, target, drafter, logits, ids, mask, max_new_tokens, gamma, sampling, generator, most_rounds)
+
+
+@pytest.fixture(scope="module")
+def eagle3():
+    """A 4-layer target and an EAGLE-3 head fit to its greedy continuations (decode/heads.py; tests/decode/test_heads.py
+    fit): its drafts are accepted often, not always."""
+    from decode.heads import MedusaHeads
+    from test_heads import eagle3_head, fit
+
+    target = tiny_model("llama", seed=1, layers=4)
+    head = eagle3_head(target)
+    fit(target, head, MedusaHeads(64, VOCAB, 1, 1, 4), steps=60)
+    return target, head.eval()
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(True, 0.8)], ids=["greedy", "sampled"])
+def test_fused_eagle3_rounds_give_the_eager_engines_tokens(eagle3, sampling):
+    """An EAGLE-3 head's rounds fused (the head's catch-up of up to gamma + 1 pending states, its own states fed back,
+    the target's states of the accepted columns for the next round), under torch.compile(fullgraph=True): the eager
+    engine's tokens on a ragged batch, and one graph for every round after the first."""
+    from torch._dynamo.utils import counters
+
+    from decode.drafters.heads import Eagle3Drafter
+
+    torch._dynamo.reset()
+    target, head = eagle3
+    gamma = 3
+    ids, mask = ragged_batch([6, 4, 6], seed=5)
+    generation = Generation(max_new_tokens=16, sampling=sampling)
+    generator = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        eager = generate_speculative(target, Eagle3Drafter(head, VOCAB, sampling, generator), ids, mask, generation,
+                                     gamma, generator)
+    ctarget = copy.copy(target)
+    ctarget.__dict__.pop("_speculate_compiled", None)
+    attach(ctarget, CompiledModel(ctarget, (1, gamma + 1), 64, (3,), backend="eager", head_layers=head.target_layers))
+    chead = copy.copy(head)
+    attach(chead, CompiledModel(chead, (1, gamma + 1), 64, (3,), backend="eager"))
+    generator = torch.Generator().manual_seed(3)
+    drafter = Eagle3Drafter(chead, VOCAB, sampling, generator)
+    graphs = counters["stats"]["unique_graphs"]
+    outputs, accepts = fused_head_generate(ctarget, drafter, ids, mask, generation.max_new_tokens, gamma, sampling,
+                                           generator)
+    assert same_prefix(outputs, eager)
+    assert len(accepts) >= 3 and len({a for round_ in accepts for a in round_}) >= 3  # of several acceptances
+    # the round's graph once (the head's eager prefill and the target's compile no step: every round was fused)
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+
+
+def test_engine_rounds_of_a_compiled_head_give_the_eager_tokens(eagle3):
+    """An EAGLE-3 head with a compiled step keeps its cache in static buffers (its features and own states padded into
+    the step's inputs, `last_hidden` of the live rows' real columns): the engine's own rounds, those a loop runs where
+    a round is not fused, give the eager head's tokens."""
+    from decode.drafters.heads import Eagle3Drafter
+    from decode.static_kv import StaticKVState
+
+    target, head = eagle3
+    gamma = 3
+    ids, mask = ragged_batch([6, 4, 6], seed=5)
+    generation = Generation(max_new_tokens=12)
+    with torch.inference_mode():
+        eager = generate_speculative(target, Eagle3Drafter(head, VOCAB, Sampling()), ids, mask, generation, gamma)
+    ctarget = copy.copy(target)
+    ctarget.__dict__.pop("_speculate_compiled", None)
+    attach(ctarget, CompiledModel(ctarget, (1, gamma + 1), 64, (3,), backend="eager", head_layers=head.target_layers))
+    chead = copy.copy(head)
+    attach(chead, CompiledModel(chead, (1, gamma + 1), 64, (3,), backend="eager"))
+    drafter = Eagle3Drafter(chead, VOCAB, Sampling())
+    with torch.inference_mode():
+        compiled = generate_speculative(ctarget, drafter, ids, mask, generation, gamma)
+    assert isinstance(drafter.state, StaticKVState)
+    assert [r.output_ids for r in compiled] == [r.output_ids for r in eager]
+    assert [r.rounds for r in compiled] == [r.rounds for r in eager]
