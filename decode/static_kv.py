@@ -469,6 +469,13 @@ class CompiledModel:
                 "capture_s": [round(seconds, 4) for seconds in self.capture_s]}
 
 
+def _shaped_like(layer, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value states of one column for `capacity` rows, as a layer's are: what lazy_initialization sizes from."""
+    keys, values = layer.keys, layer.values
+    return (keys.new_zeros(capacity, keys.shape[1], 1, keys.shape[3]),
+            values.new_zeros(capacity, values.shape[1], 1, values.shape[3]))
+
+
 def attach(model, compiled: CompiledModel) -> None:
     model._speculate_compiled = compiled
 
@@ -507,6 +514,7 @@ class StaticKVState(TreeRounds):
         self.buffers.valid.zero_()
         self.buffers.positions.zero_()
         self.rows = torch.arange(batch, device=self.compiled.device)
+        self.rows_host: list[int] | None = list(range(batch))  # the same on the host, where known without a read
         self.count = self.buffers.count.zero_()  # the buffers' own: a captured round reads it at a fixed address
         self.length = 0
         self._tree = None
@@ -665,10 +673,90 @@ class StaticKVState(TreeRounds):
         """Keep only the given live rows [B'] (a tensor or a host list); the others become dead rows of the buffers."""
         on_device = isinstance(rows, torch.Tensor) and rows.device == self.rows.device
         keep = self.rows[rows if on_device else host_to_device(rows, self.rows.device)]
+        if self.rows_host is not None and (not isinstance(rows, torch.Tensor) or rows.device.type == "cpu"):
+            self.rows_host = [self.rows_host[i] for i in (rows.tolist() if isinstance(rows, torch.Tensor) else rows)]
+        else:
+            self.rows_host = None
         dead = torch.ones(self.buffers.valid.shape[0], dtype=torch.bool, device=keep.device)
         dead[keep] = False
         self.buffers.valid[dead] = False
         self.rows = keep
+
+    # -- continuous batching: rows join between rounds, in row buckets -------------------------------------------
+    def join(self, other: "StaticKVState") -> None:
+        """Append other's live rows (a prefilled batch of the same compiled model, in a buffer set of its own) after
+        these, between rounds: served requests join the running batch. They take free rows of this buffer set, or,
+        where it has too few, every row moves to the set of the next capacity (CompiledModel.capacity: with batch
+        sizes 1, 2, 4, .., 64 a row bucket, padded with dead rows), whose steps are compiled (or captured) for it at
+        the warmup: a join compiles nothing. Positions, not columns, order a row's tokens, so the joining rows' columns
+        end where the widest state's do (left padding is no hole). other's buffers are free after."""
+        if not isinstance(other, StaticKVState) or other.compiled is not self.compiled:
+            raise ValueError("join: a static state joins another of the same compiled model")
+        if self._tree is not None or other._tree is not None:
+            raise ValueError("join: a tree round is under way; rows join between rounds")
+        if other.buffers is None:
+            return
+        if self.buffers is None:  # no rows yet: other's rows are this state's
+            self.__dict__.update(other.__dict__)
+            self.buffers.owner = weakref.ref(self)
+            other.buffers = None
+            return
+        mine = self.rows_host if self.rows_host is not None else self.rows.tolist()  # at an admission: one read
+        theirs = other.rows_host if other.rows_host is not None else other.rows.tolist()
+        for state in (self, other):
+            if state.length > state.compiled.max_length // 2:  # both must fit beside each other's longest
+                state.compact()
+        width = max(self.length, other.length)
+        if self.compiled.capacity(len(mine) + len(theirs)) != self.buffers.valid.shape[0]:
+            mine = self._move_to(self.compiled.capacity(len(mine) + len(theirs)), mine)
+        free = [row for row in range(self.buffers.valid.shape[0]) if row not in set(mine)][: len(theirs)]
+        device = self.rows.device
+        to_rows, from_rows = host_to_device(free, device), host_to_device(theirs, device)
+        to_columns = torch.arange(width - other.length, width, device=device)
+        buffers, source = self.buffers, other.buffers
+        buffers.valid[to_rows] = False
+        if other.length:
+            for layer, joining in zip(buffers.cache.layers, source.cache.layers):
+                if not joining.is_initialized:
+                    continue
+                if not layer.is_initialized:  # a layer sized [B_cap, H, L_max, D] by the first states it sees
+                    layer.lazy_initialization(*_shaped_like(joining, buffers.valid.shape[0]))
+                for mine_t, theirs_t in ((layer.keys, joining.keys), (layer.values, joining.values)):
+                    mine_t[to_rows[:, None], :, to_columns[None, :]] = \
+                        theirs_t[from_rows, :, : other.length].transpose(1, 2)
+            buffers.valid[to_rows[:, None], to_columns[None, :]] = source.valid[from_rows, : other.length]
+            buffers.positions[to_rows[:, None], to_columns[None, :]] = source.positions[from_rows, : other.length]
+        buffers.count[to_rows] = source.count[from_rows]
+        self.rows = torch.cat([self.rows, to_rows])
+        self.rows_host = mine + free
+        self.length = width
+        self.forwards += other.forwards
+        source.owner, other.buffers = (lambda: None), None
+
+    def _move_to(self, capacity: int, rows: list[int]) -> list[int]:
+        """Every live row (rows: the buffers' rows, on the host) into a free buffer set of this capacity, rows 0 ..;
+        the old set is free after. Returns the new buffer rows."""
+        old, new = self.buffers, self.compiled.buffers_for(capacity, self)
+        count = len(rows)
+        index = host_to_device(rows, self.rows.device)
+        new.valid.zero_()
+        new.positions.zero_()
+        new.count.zero_()
+        length = self.length
+        for layer, moving in zip(new.cache.layers, old.cache.layers):
+            if not moving.is_initialized:
+                continue
+            if not layer.is_initialized:
+                layer.lazy_initialization(*_shaped_like(moving, capacity))
+            layer.keys[:count, :, :length] = moving.keys[index, :, :length]
+            layer.values[:count, :, :length] = moving.values[index, :, :length]
+        new.valid[:count, :length] = old.valid[index, :length]
+        new.positions[:count, :length] = old.positions[index, :length]
+        new.count[:count] = old.count[index]
+        old.owner = lambda: None
+        self.buffers, self.count = new, new.count
+        self.rows = torch.arange(count, device=self.rows.device)
+        return list(range(count))
 
     def compact(self) -> None:
         """Move each row's valid columns to the right end of the columns kept, in order (one gather per layer, in

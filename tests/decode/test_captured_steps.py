@@ -82,3 +82,54 @@ def test_compile_cudagraphs_is_a_setting_of_the_engine():
     assert EngineConfig(compile=True).compile is True
     with pytest.raises(ValueError):
         EngineConfig(compile="inductor")
+
+
+@pytest.mark.parametrize("mode", [None, CAPTURED], ids=["compiled", "captured"])
+def test_rows_join_a_static_batch_in_row_buckets_and_compile_nothing_new(mode):
+    """Continuous batching's join on the static buffers: 2 rows decode, 1 joins (its own prefill; the batch moves to
+    the bucket of 4 rows), 1 more joins (a free row of that bucket), one leaves; every step's greedy token equals the
+    eager cache's (decode/kv.py KVState.join), and once each bucket's width compiled, joins and departures compile
+    nothing."""
+    from decode.kv import KVState
+    from decode.static_kv import StaticKVState
+
+    torch._dynamo.reset()
+    model = tiny_model("llama", seed=1, layers=2)
+    twin = copy.copy(model)
+    twin.__dict__.pop("_speculate_compiled", None)
+    compiled = CompiledModel(twin, (1,), 64, (1, 2, 4, 8), mode=mode, backend="eager")
+    attach(twin, compiled)
+    prompts = [ragged_batch([5, 3], seed=1), ragged_batch([7], seed=2), ragged_batch([2], seed=3)]
+
+    def decode(state, m, token, steps):
+        tokens = []
+        for _ in range(steps):
+            token = state.forward(m, token[:, None])[:, -1].argmax(dim=-1)
+            tokens.append(token.tolist())
+        return token, tokens
+
+    def run(m, fresh):
+        with torch.inference_mode():
+            state = fresh()
+            token = state.forward(m, *prompts[0], last_only=True)[:, -1].argmax(dim=-1)
+            token, first = decode(state, m, token, 3)
+            seen = [first]
+            for ids, mask in prompts[1:]:
+                joining = fresh()
+                joined_token = joining.forward(m, ids, mask, last_only=True)[:, -1].argmax(dim=-1)
+                state.join(joining)
+                token, tokens = decode(state, m, torch.cat([token, joined_token]), 3)
+                seen.append(tokens)
+            state.select_rows([0, 2, 3])
+            token, tokens = decode(state, m, token[torch.tensor([0, 2, 3])], 3)
+            seen.append(tokens)
+        return seen, state
+
+    eager, _ = run(model, KVState)
+    run(twin, lambda: StaticKVState(compiled))  # the buckets' steps: 2 and 4 rows, width 1
+    graphs = compiled.compiles
+    compiled.warm = True
+    static, state = run(twin, lambda: StaticKVState(compiled))
+    assert static == eager
+    assert state.buffers.valid.shape[0] == 4 and len(state.rows) == 3
+    assert compiled.recompiles_after_warmup == 0 and compiled.compiles == graphs
