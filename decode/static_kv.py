@@ -703,10 +703,7 @@ class StaticKVState(TreeRounds):
             return
         mine = self.rows_host if self.rows_host is not None else self.rows.tolist()  # at an admission: one read
         theirs = other.rows_host if other.rows_host is not None else other.rows.tolist()
-        for state in (self, other):
-            if state.length > state.compiled.max_length // 2:  # both must fit beside each other's longest
-                state.compact()
-        width = max(self.length, other.length)
+        width = max(self.length, other.length)  # a step that would not fit compacts (_room), as ever
         if self.compiled.capacity(len(mine) + len(theirs)) != self.buffers.valid.shape[0]:
             mine = self._move_to(self.compiled.capacity(len(mine) + len(theirs)), mine)
         free = [row for row in range(self.buffers.valid.shape[0]) if row not in set(mine)][: len(theirs)]
