@@ -1,7 +1,13 @@
 """recommend.json's per_batch_size (eval/deploy.py): where the choice differs by batch size, vLLM's
-num_speculative_tokens_per_batch_size and TensorRT-LLM's draft_len_schedule, by hand."""
+num_speculative_tokens_per_batch_size and TensorRT-LLM's draft_len_schedule, by hand; vLLM's table read by vLLM's own
+config code where SPECULATE_VLLM_PYTHON names its CPU build (skipped otherwise)."""
+import json
+import os
+import subprocess
+
 from eval.deploy import per_batch_size
 from eval.recommend import settings_of
+from helpers import VLLM_PYTHON, needs_vllm
 
 
 def chain(k, speedup):
@@ -54,3 +60,36 @@ def test_one_table_a_context():
     assert list(table) == ["512"] and table["512"]["vllm"]["num_speculative_tokens_per_batch_size"] == [
         [1, 3, 4], [4, 4, 0]]
     assert table["512"]["tensorrt_llm"]["draft_len_schedule"] == {"3": 4}
+
+
+# vLLM's own reading: SpeculativeConfig (the pydantic config --speculative-config becomes) and the dense batch size -> K
+# lookup its scheduler runs on, whose validation (validate_and_normalize_dynamic_sd_schedule) refuses a table that does
+# not start at 1, overlaps or has a K below 0
+VLLM_READS = """
+import json, sys
+from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+emitted, target = json.loads(sys.argv[1]), sys.argv[2]
+spec = SpeculativeConfig(**emitted, target_model_config=ModelConfig(model=target),
+                         target_parallel_config=ParallelConfig())
+lookup = build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size, 10, spec.num_speculative_tokens)
+print(json.dumps({"dynamic": spec.uses_dynamic_speculative_decoding(), "k": spec.num_speculative_tokens,
+                  "by_batch_size": lookup[1:]}))
+"""
+
+
+@needs_vllm()
+def test_vllms_own_config_reads_the_emitted_table(tmp_path):
+    """The emitted speculative_config, constructed as vLLM's SpeculativeConfig on a tiny pair and expanded by its
+    scheduler's lookup up to 10 rows: K 4 at 1-3 rows, 2 at 4-7, 0 at 8 and above (the last range held)."""
+    from helpers import save_vllm_pair
+
+    target, draft = save_vllm_pair(tmp_path)
+    results = [load("batch=1", 4), load("batch=2", 4), load("batch=4", 2), load("batch=8", 0)]
+    emitted = per_batch_size(results, settings_of(results, {"draft": [{"model": str(draft), "label": "d"}]}))
+    done = subprocess.run([VLLM_PYTHON, "-c", VLLM_READS, json.dumps(emitted["as measured"]["vllm"]), str(target)],
+                          capture_output=True, text=True, timeout=600, cwd="/",
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    read = json.loads(done.stdout.strip().splitlines()[-1])
+    assert read == {"dynamic": True, "k": 4, "by_batch_size": [4, 4, 4, 2, 2, 2, 2, 0, 0, 0]}
