@@ -12,7 +12,8 @@ TEXT = EngineText(
     no_prediction="llama.cpp's server runs draft and target inside its own slot loop, so no lone draft or verification "
                   "forward can be timed through it: c and v, and so the prediction, are not measurable there",
     no_prediction_load="llama.cpp's server runs draft and target in one slot loop: no c or v is measurable through it",
-    drift_probe="1-token completion of the first prompt through the same llama.cpp server",
+    drift_probe="1-token completion of the first prompt, at each start and end of the llama.cpp servers that do "
+                "the same probe work (those without a draft model, or with the same draft)",
     # latency and TPOT on the client's clock, as tok/s (the server's generation time leaves out the stream's
     # delivery); TTFT the server's prompt time, which the client does not see apart in a fixed batch
     request_times=(None, "llama_cpp_ttft_s"),
