@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
-from eval.figures import (accuracy, base_figures, batch_costs, batch_exact_match, batch_synthetic, draft_time_share,
-                          round_figures, speedups)
-from eval.serving import (occupancy_costs, served_acceptance, served_exact_match, served_load, served_replay,
-                          served_speedups, served_synthetic)
+from eval.figures import (accuracy, base_figures, batch_costs, draft_time_share, outputs_match, round_figures, speedups,
+                          synthetic)
+from eval.serving import REQUESTS, occupancy_costs, served_acceptance, served_load, served_pairs, served_replay
+from eval.totals import BATCHES, Pairing
 from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
                         HOST_BOUND_MIN_C, NUMERICS_DRIFT)
 from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
@@ -64,19 +64,21 @@ class Column:
     fmt: str  # the format of each value
     at: float = math.inf  # its place among its table's columns (default: after every other)
     terminal: bool = False  # also one of the terminal's headline columns
-    trees_only: bool = False  # shown only in a table that has a tree point
+    only_with: str | None = None  # shown only in a table where a run has this key ("tree": a tree point)
     kind: Format = PLAIN  # how its cells show the value (units, interval, flags)
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a figure's computation may read: the point, its records and its baseline's (None: none ran), the figures
-    computed before it, and what the run measured besides: at a fixed batch its cost probe and cost profile, at a load
-    point its probes by batch size, its profile and the config's SLO."""
+    """What a figure's computation may read: the point, its records and its baseline's (None: none ran), how they
+    pair (eval/totals.py BATCHES at a fixed batch, eval/serving.py REQUESTS at a load point), the figures computed
+    before it, and what the run measured besides: at a fixed batch its cost probe and cost profile, at a load point
+    its probes by batch size, its profile and the config's SLO."""
     point: object  # eval.records Point
     samples: list
     baseline: list | None
     metrics: dict
+    pairing: Pairing = BATCHES
     costs: object = None  # eval.records CostProbe at the point's batch size (fixed batches)
     profile: object = None  # eval.costs' cost profile of the run (None: a group's figures, or none)
     probes: dict | None = None  # batch size -> CostProbe (load points)
@@ -100,6 +102,8 @@ class Figure:
     served_columns: tuple[Column, ...] = ()  # its columns of the serving table
     csv: tuple[str, ...] = ()  # summary.csv fields besides its columns' paths, after every column's
     served_csv: tuple[tuple[str, float], ...] = ()  # serving.csv fields, each (metric path, its place)
+    per_group: tuple[tuple[str, str], ...] = ()  # under load, its fields of each group's row (by_group), each (field,
+    #   the metric path it shows): a group's requests get every figure a load point does, its row these
     static: Callable | None = None  # (Inputs) -> {metric: value} at a fixed-batch point; None: another entry's
     #   computation gives it, or it has no fixed-batch form
     served: Callable | None = None  # (Inputs) -> {metric: value} at a load point; None: likewise
@@ -162,7 +166,24 @@ def serving_metrics(point, samples: list[dict], baseline: list[dict] | None, pro
                     profile=None) -> dict:
     """Every figure of one serving point against the baseline of its load point (None: none ran). Both with their
     slots (eval/serving.py with_slots)."""
-    return computed(SERVED, Inputs(point, samples, baseline, {}, profile=profile, probes=probes, slo=slo))
+    return computed(SERVED, Inputs(point, samples, baseline, {}, REQUESTS, profile=profile, probes=probes, slo=slo))
+
+
+def group_metrics(point, samples: list[dict], baseline: list[dict]) -> dict:
+    """A group of a load point's requests against the baseline's same requests: the fields the table gives per group
+    (Figure.per_group), computed as the load point's figures are, with no probe, profile or SLO (the group's
+    requests share the load point's schedule, its occupancy and its span); a figure that does not apply to the
+    method (acceptance: rounds only) is left out."""
+    metrics = serving_metrics(point, samples, baseline, {}, None)
+    out = {}
+    for field, path in (pair for f in FIGURES for pair in f.per_group):
+        head, *rest = path.split(".")
+        if head in metrics:
+            value = metrics[head]
+            for part in rest:
+                value = (value or {}).get(part)
+            out[field] = value
+    return out
 
 
 FIGURES: list[Figure] = [
@@ -182,7 +203,7 @@ FIGURES: list[Figure] = [
     Figure("throughput_tok_s", served=served_load, legend="sum(N) / sum(batch wall times), a batch's wall time being its slowest row's latency; "
                                       "throughput_tok_s_repeats: the same per repeat, throughput_tok_s_std their standard deviation",
            columns=(Column("tok/s", ("throughput_tok_s",), "{:.2f}", 20, terminal=True),)),
-    Figure("speedup", static=speedups, served=served_speedups, legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
+    Figure("speedup", static=speedups, served=speedups, legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
                              "temperature and run (the ratio of total tokens over total wall, not a mean of ratios)",
            columns=(Column("speedup [95% CI]", ("speedup",), "{:.2f}", 30, terminal=True, kind=MEASURED),)),
     Figure("speedup_ci95", legend=f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement (the batches "
@@ -254,7 +275,7 @@ FIGURES: list[Figure] = [
                                            "drafted the full gamma: then Leviathan's model at gamma applies; null for a tree"),
     Figure("drafted_per_round", legend="mean drafted tokens per round (a tree: nodes verified besides the root, the tables' nodes/rd); "
                                        "zero_draft_rounds: share of rounds that drafted nothing (a plain target step)",
-           columns=(Column("nodes/rd", ("drafted_per_round",), "{:.2f}", 50, trees_only=True),)),
+           columns=(Column("nodes/rd", ("drafted_per_round",), "{:.2f}", 50, only_with="tree"),)),
     Figure("alpha", legend="Leviathan's alpha from the rounds, for every schedule: the alpha with sum_r E[a_r | gamma_r, alpha] = "
                            "sum_r a_r over the rounds that drafted, E[a | g, alpha] = alpha (1 - alpha^g) / (1 - alpha); every draft "
                            "accepted gives 1, none 0; null when no round drafted a token. Not solved from tau, which counts the "
@@ -333,14 +354,14 @@ FIGURES: list[Figure] = [
                            Column("TTFT P50 s replay", ("replay.ttft_p50_s",), "{:.3f}", 190),
                            Column("TPOT ms replay", ("replay.tpot_mean_ms",), "{:.1f}", 200),),
            served_csv=(("predicted_speedup_replay", 460), ("predicted_speedup_replay_ci95", 470), ("replay.ttft_p50_s", 480), ("replay.tpot_mean_ms", 490), ("replay.e2e_p50_s", 500))),
-    Figure("exact_match", static=batch_exact_match, served=served_exact_match, legend="greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
+    Figure("exact_match", static=outputs_match, served=outputs_match, legend="greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
                                  "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
                                  "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "
                                  "differ in length only); null for a synthetic-acceptance point (its output is not the target's)",
            columns=(Column("exact", ("exact_match",), "{:.3f}", 230, terminal=True),),
            served_columns=(Column("exact", ("exact_match",), "{:.3f}", 210),),
            served_csv=(("exact_match", 510),)),
-    Figure("synthetic_acceptance", static=batch_synthetic, served=served_synthetic, legend="config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
+    Figure("synthetic_acceptance", static=synthetic, served=synthetic, legend="config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
                                           "real acceptance). Draft and target run their real forwards (gamma drafts, one verification "
                                           "of gamma + 1 tokens), but draft i of a round is accepted iff drafts 1..i-1 were and an "
                                           "independent Bernoulli(alpha) draw says yes (drawn on the device from the batch's seeded "
@@ -354,7 +375,8 @@ FIGURES: list[Figure] = [
                                           "it takes no part in best. The report's 'Synthetic acceptance' table: set alpha, estimated "
                                           "alpha [95% CI], speedup [95% CI], predicted [at alpha's CI], c, v, measured / predicted [at the "
                                           "speedup's CI]",
-           served_columns=(Column("synthetic", ("synthetic_acceptance",), "{:g}", 20, terminal=True),)),
+           served_columns=(Column("synthetic", ("synthetic_acceptance",), "{:g}", 20, terminal=True,
+                                  only_with="synthetic_acceptance"),)),
     Figure("alpha_ci95", legend=f"synthetic points: 95% bootstrap CI of alpha over prompts: resample the prompts with replacement, "
                                 f"each with all its repeats' rounds, solve alpha from the resample's rounds as alpha itself "
                                 f"({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}, the expanded percentile interval as "
@@ -429,7 +451,7 @@ FIGURES: list[Figure] = [
            served_only=True),
     Figure("ttft_s (load)", legend="time to first token = first token - slot: the prefill and any wait inside the engine for the "
                                    "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
-           served_only=True,
+           served_only=True, per_group=(("ttft_s_p50", "ttft_s.p50"),),
            served_columns=(Column("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}", 30, terminal=True),),
            served_csv=(("ttft_s.mean", 30), ("ttft_s.p50", 40), ("ttft_s.p90", 50), ("ttft_s.p99", 60))),
     Figure("by_group", legend="per group of a load point's requests (dataset.group_by's values, and a conversation's turns: 'turn 1', "
@@ -448,7 +470,7 @@ FIGURES: list[Figure] = [
            served_csv=(("max_in_flight", 300),)),
     Figure("tpot_s (load)", legend="time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
                                    "one-token request has none)",
-           served_only=True,
+           served_only=True, per_group=(("tpot_s_p50", "tpot_s.p50"),),
            served_columns=(Column("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}", 40, terminal=True, kind=MS),),
            served_csv=(("tpot_s.mean", 70), ("tpot_s.p50", 80), ("tpot_s.p90", 90), ("tpot_s.p99", 100))),
     Figure("itl_s", legend="inter-token latency: the gaps between successive emissions of a request, pooled over requests; as in "
@@ -459,7 +481,7 @@ FIGURES: list[Figure] = [
            served_csv=(("itl_s.mean", 110), ("itl_s.p50", 120), ("itl_s.p90", 130), ("itl_s.p99", 140))),
     Figure("e2e_s", legend="end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
                            "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
-           served_only=True,
+           served_only=True, per_group=(("e2e_s_p50", "e2e_s.p50"),),
            served_columns=(Column("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}", 60),),
            served_csv=(("e2e_s.mean", 150), ("e2e_s.p50", 160), ("e2e_s.p90", 170), ("e2e_s.p99", 180))),
     Figure("output_tok_s", legend="total new tokens / span, span = the last finish - the load point's start (t = 0: the serving "
@@ -484,21 +506,22 @@ FIGURES: list[Figure] = [
                                        "too, is described by acceptance_by_depth_rank); acceptance_by_source for a drafter of several "
                                        "sources, a source offered and never chosen with 0 rounds",
            served_only=True,
+           per_group=(("acceptance_pooled", "acceptance_pooled"), ("mean_accepted_tokens_pooled", "mean_accepted_tokens_pooled")),
            served_columns=(Column("accept pooled / per-req", ("acceptance_pooled", "acceptance_per_request"), "{:.3f}", 120),
                            Column("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}", 130),),
            served_csv=(("acceptance_pooled", 240), ("acceptance_per_request", 250), ("mean_accepted_tokens_pooled", 260), ("mean_accepted_tokens_per_request", 270), ("alpha", 280), ("alpha_rounds", 350))),
-    Figure("speedup_tput", legend="(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
+    Figure("speedup_tput", served=served_pairs, legend="(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
                                   "point and temperature: a per-request token rate. By Little's law a system's tok/s = L x (sum N / "
                                   "sum E2E), L the mean requests in the system (queued or in flight) over the span, so the ratio is "
                                   "the system throughput ratio where both keep the same L (a closed loop at C always full: L = C, E2E "
                                   "from the slot); where requests queue in the engine, L differs between methods and output_tok_s_ratio (method / baseline "
                                   "output_tok_s, a reading without interval) is the system's ratio",
-           served_only=True,
+           served_only=True, per_group=(("requests_paired", "requests_paired"),),
            served_columns=(Column("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}", 140, terminal=True, kind=MEASURED),
                            Column("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}", 160),),
            served_csv=(("requests_paired", 360), ("speedup_tput", 370), ("output_tok_s_ratio", 410))),
     Figure("speedup_tpot", legend="mean TPOT of the baseline / the method's, over the requests both served with N > 1",
-           served_only=True,
+           served_only=True, per_group=(("speedup_tpot", "speedup_tpot"), ("speedup_tpot_ci95", "speedup_tpot_ci95")),
            served_columns=(Column("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}", 150, terminal=True, kind=MEASURED),),
            served_csv=(("speedup_tpot", 390), ("speedup_tpot_ci95", 400))),
     Figure("speedup_tput_ci95", legend=f"95% paired bootstrap over requests (request i of both, with all its repeats; a "

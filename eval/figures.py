@@ -11,7 +11,8 @@ from eval.replay import PART_OFF, part_times, prediction_off_reason, prefill_def
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
 from eval.synthetic import not_the_targets, synthetic_prediction
-from eval.totals import block_efficiency, paired_clusters, throughput, unit_of, unit_totals, units
+from eval.totals import (BATCHES, Pairing, block_efficiency, paired_clusters, paired_units, throughput, unit_totals,
+                          units)
 from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
 from utils.data import extract_gsm8k_answer
 
@@ -112,19 +113,15 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(output, reference)) if a != b), min(len(output), len(reference)))
 
 
-def sample_keys(samples: list[dict]) -> dict[tuple, dict]:
-    """(repeat, sample_id) -> record: how a fixed batch's records pair with the baseline's."""
-    return {(s.get("repeat", 0), s["sample_id"]): s for s in samples}
-
-
-def exact_match(samples: list[dict], baseline: list[dict], keys=sample_keys,
-                names: tuple[str, ...] = ("repeat", "sample_id")) -> dict | None:
-    """Greedy outputs against the baseline's on the same key: keys(records) -> {key: record}, (repeat, sample_id) at
-    a fixed batch, a load point's request too (eval/serving.py request_keys). Each mismatch names its key (names: of
-    the key's parts), says where it starts (first_mismatch) and, where the baseline recorded its top-2 logit gaps,
-    baseline_gap: the baseline's top-1 minus top-2 logit at that token (eval/flags.py weighs it against the numerics
-    drift), null where the outputs differ in length only (no token to compare: no rounding flip does that)."""
-    mine, reference = keys(samples), keys(baseline)
+def exact_match(samples: list[dict], baseline: list[dict], pairing: Pairing = BATCHES) -> dict | None:
+    """Greedy outputs against the baseline's, row by row (the pairing's rows: (repeat, sample_id) at a fixed batch,
+    (repeat, request, sample_id) under load) over the units both finished. Each mismatch names its row, says where it
+    starts (first_mismatch) and, where the baseline recorded its top-2 logit gaps, baseline_gap: the baseline's top-1
+    minus top-2 logit at that token (eval/flags.py weighs it against the numerics drift), null where the outputs
+    differ in length only (no token to compare: no rounding flip does that)."""
+    both = set(paired_units(samples, baseline, pairing))
+    mine = {row: s for row, unit, s in pairing.rows(samples) if unit in both}
+    reference = {row: s for row, _, s in pairing.rows(baseline)}
     paired = sorted(set(mine) & set(reference))
     if not paired:
         return None
@@ -134,7 +131,7 @@ def exact_match(samples: list[dict], baseline: list[dict], keys=sample_keys,
         first = first_mismatch(s["output_ids"], ref["output_ids"])
         if first is None:
             continue
-        mismatch = {**dict(zip(names, key)), "first_mismatch": first}
+        mismatch = {**dict(zip(pairing.row_names, key)), "first_mismatch": first}
         gaps = ref.get("top2_gaps")
         if gaps:
             mismatch["baseline_gap"] = gaps[first] if first < min(len(gaps), len(s["output_ids"])) else None
@@ -382,30 +379,28 @@ def round_figures(inputs) -> dict:
 
 
 def speedups(inputs) -> dict:
-    """The speedup and the decode speedup over the batches both finished, with their paired intervals (none for the
-    baseline against itself, 1 by definition); None without a baseline."""
-    out = dict.fromkeys(["speedup", "decode_speedup", "speedup_ci95", "decode_speedup_ci95"])
-    samples, baseline = inputs.samples, inputs.baseline
-    if baseline:
-        clusters = paired_clusters(samples, baseline)
-        decode_clusters = paired_clusters(samples, baseline, decode=True)
-        reference = REGISTRY[inputs.point.method].is_reference
-        out["speedup"] = ratio_of_totals(clusters) if clusters else None
-        out["decode_speedup"] = ratio_of_totals(decode_clusters) if decode_clusters else None
-        out["speedup_ci95"] = None if reference else bootstrap_ci(clusters)
-        out["decode_speedup_ci95"] = None if reference else bootstrap_ci(decode_clusters)
+    """Each ratio of the point's pairing (fixed batches: the speedup and the decode speedup over the batches both
+    finished; a load point: the throughput and TPOT speedups over the requests both served) with its paired
+    interval (none for the reference against itself, 1 by definition); None without a baseline."""
+    pairing, samples, baseline = inputs.pairing, inputs.samples, inputs.baseline
+    reference = REGISTRY[inputs.point.method].is_reference
+    out = {}
+    for ratio_of in pairing.ratios:
+        clusters = paired_clusters(samples, baseline, pairing, ratio_of) if baseline else []
+        out[ratio_of.name] = ratio_of_totals(clusters) if clusters else None
+        out[ratio_of.name + "_ci95"] = None if reference or not baseline else bootstrap_ci(clusters)
     return out
 
 
-def batch_exact_match(inputs) -> dict:
-    """exact_match over the batches both finished (compares_outputs); the greedy reference is its own: 1."""
-    point, samples, baseline = inputs.point, inputs.samples, inputs.baseline
-    if point.temperature is None and REGISTRY[point.method].is_reference:
+def outputs_match(inputs) -> dict:
+    """exact_match over the units both finished (compares_outputs); the greedy reference is its own (1) where the
+    pairing gives it."""
+    point, samples, baseline, pairing = inputs.point, inputs.samples, inputs.baseline, inputs.pairing
+    if pairing.reference_exact and point.temperature is None and REGISTRY[point.method].is_reference:
         return {"exact_match": 1.0, "mismatches": []}
     if not baseline or not compares_outputs(point):
         return {}
-    paired_keys = set(units(samples)) & set(units(baseline))
-    return exact_match([s for s in samples if unit_of(s) in paired_keys], baseline) or {}
+    return exact_match(samples, baseline, pairing) or {}
 
 
 def batch_costs(inputs) -> dict:
@@ -413,13 +408,14 @@ def batch_costs(inputs) -> dict:
     return cost_figures(inputs.point, inputs.metrics, inputs.costs, inputs.samples, inputs.baseline, inputs.profile)
 
 
-def batch_synthetic(inputs) -> dict:
-    """A synthetic point's figures (eval/synthetic.py) in place of the exact match, and its test of the cost model."""
+def synthetic(inputs) -> dict:
+    """A synthetic point's figures (eval/synthetic.py) in place of the exact match (accepted at a set alpha, its
+    output is not the target's), and its test of the cost model against the throughput ratio."""
     point = inputs.point
     if point.synthetic_acceptance is None:
         return {}
     out = not_the_targets(point, inputs.samples, inputs.metrics)
-    return {**out, **synthetic_prediction(point, {**inputs.metrics, **out})}
+    return {**out, **synthetic_prediction(point, {**inputs.metrics, **out}, speedup=inputs.pairing.ratios[0].name)}
 
 
 def accuracy(inputs) -> dict:

@@ -24,7 +24,7 @@ from collections import defaultdict
 from decode.k_model import best_k, round_parts
 from decode.serving import Load, Queue
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
-from eval.totals import paired_clusters, units
+from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
 
 
 # ---- the schedule replayed in seconds, with a cost profile (eval/costs.py) ----------------------------------------
@@ -398,7 +398,7 @@ def joint_interval(replays: list[tuple[list, list]], decode: bool = False,
     (eval/stats.py, its n the prompt batches), None with fewer than MIN_PROMPTS batches."""
     rng, values, n = random.Random(seed), [], None
     for mine, theirs in replays:
-        clusters = paired_clusters(mine, theirs, decode=decode)
+        clusters = paired_clusters(mine, theirs, BATCHES, DECODE_SPEEDUP if decode else SPEEDUP)
         n = len(clusters)
         if n < MIN_PROMPTS:
             return None
@@ -425,7 +425,7 @@ def static_prediction(samples: list[dict], baseline: list[dict], profile, draft:
         mine, theirs, pricer, base = _static_replays(samples, baseline, profile, draft, batch_size, clamp_rows)
     except MissingCost as error:
         return None, lacking(error, whose)
-    clusters, decode = paired_clusters(mine, theirs), paired_clusters(mine, theirs, decode=True)
+    clusters, decode = paired_clusters(mine, theirs), paired_clusters(mine, theirs, BATCHES, DECODE_SPEEDUP)
     if not clusters:
         return None, "no batch both ran"
     # a resampled profile prices the same steps as the profile: no MissingCost here

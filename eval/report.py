@@ -52,32 +52,36 @@ def decorated(run: dict, path: str, text: str, kind: Format) -> str:
 
 
 def cell(run: dict, column: Column) -> str:
-    path, fmt = column.paths[0], column.fmt
-    value = _value(run, path)
-    if path == "status":
-        if value == "partial":
-            b = run.get("batches") or {}
-            return f"partial {b.get('done')}/{b.get('planned')}" if b.get("planned") else f"partial {b.get('done')}"
-        return value or ""
-    if run.get("status") in ("failed", "skipped") and path not in run_keys():
+    """A table cell of either kind of point (a fixed batch's run, a load point's): its values joined by ' / ', each
+    in the column's format and units, the first with what its kind adds (decorated); a failed or skipped run shows
+    its own keys only."""
+    paths, fmt = column.paths, column.fmt
+    if paths == ("line",):  # a load point's row: its line, the load being its table's
+        return line_label(run)
+    if paths == ("status",):
+        if run.get("status") == "partial":
+            done = run.get("batches") or run.get("repeats") or {}  # a load point's unit is a repeat
+            return f"partial {done.get('done')}/{done.get('planned')}" if done.get("planned") else \
+                f"partial {done.get('done')}"
+        return run.get("status") or ""
+    if run.get("status") in ("failed", "skipped") and paths[0] not in run_keys():
         return ""
-    if value is None:
-        return "-"
-    return decorated(run, path, fmt.format(column.kind.shown(value)), column.kind)
+    values = [_value(run, path) for path in paths]
+    text = " / ".join(_fmt(None if value is None else column.kind.shown(value), fmt) for value in values)
+    return text if values[0] is None else decorated(run, paths[0], text, column.kind)
 
 
-def columns_for(runs: list[dict]) -> list[Column]:
-    """The table's columns: after the label and status, each axis that declares a column (eval/axes.py) where a run
-    has a value on it; the tree ones only where a run has a tree."""
+def columns_for(runs: list[dict], served: bool = False, terminal: bool = False) -> list[Column]:
+    """A table's columns for these runs (served: a load point's; terminal: the terminal's headline ones): a column
+    declared only_with a key where a run has it; in the fixed batches' summary.md, after the label and status, each
+    axis that declares a column (eval/axes.py) where a run has a value on it (a load point's row is its line)."""
+    table = [c for c in columns(served) if (c.terminal or not terminal)
+             and (c.only_with is None or any(run.get(c.only_with) is not None for run in runs))]
+    if served or terminal:
+        return table
     shown = [Column(axis.column, (axis.name,), "{}") for axis in AXES
              if axis.column and any(run.get(axis.name) is not None for run in runs)]
-    trees = any(run.get("tree") is not None for run in runs)
-    table = [c for c in columns() if trees or not c.trees_only]
     return table[:2] + shown + table[2:]
-
-
-def rows(runs: list[dict]) -> list[list[str]]:
-    return [[cell(run, column) for column in columns_for(runs)] for run in runs]
 
 
 def md_cell(text: str) -> str:
@@ -85,23 +89,25 @@ def md_cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-def _table(runs: list[dict]) -> list[str]:
-    headers = [c.header for c in columns_for(runs)]
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + [
-        "| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(runs)]
+def _table(runs: list[dict], columns: list[Column]) -> list[str]:
+    """A Markdown table: a row per run."""
+    return ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(md_cell(cell(run, column)) for column in columns) + " |" for run in runs]
 
 
 def markdown(summary: dict, title: str = "") -> str:
     overall = [r for r in summary["runs"] if r.get("group") is None]
     # a serving run's tables are its own (serving_lines); a run of fixed batches has no serving section
-    lines = [f"# {title}\n" if title else ""] + (_table(overall) if overall or not summary.get("serving") else [])
+    lines = [f"# {title}\n" if title else ""] + (_table(overall, columns_for(overall))
+                                                 if overall or not summary.get("serving") else [])
     failed = [r for r in overall if r["status"] in ("failed", "skipped")]
     if failed:
         lines += ["", "Not measured:"] + [f"- {r['label']}: {r['status']}: {r['error']}" for r in failed]
     for group in summary.get("groups") or []:
         field = (summary.get("group_fields") or {}).get(group) or summary.get("group_by") or "group"
         lines += ["", f"## {group}" if field == "turn" else f"## {field}: {group}", ""]
-        lines += _table([r for r in summary["runs"] if r.get("group") == group])
+        runs = [r for r in summary["runs"] if r.get("group") == group]
+        lines += _table(runs, columns_for(runs))
     if any(flagged(r) for r in summary["runs"]):
         lines += ["", "! = flagged: the notes say why (legend: flags)."]
     lines += tree_lines(overall)
@@ -314,13 +320,15 @@ def engine_lines(engines: list[dict]) -> list[str]:
     return lines
 
 
-def csv_text(summary: dict) -> str:
+def csv_text(summary: dict, served: bool = False) -> str:
+    """summary.csv (served: serving.csv): a row per run (per method and load point: summary.json's serving.runs),
+    its own keys (a load point's have no group), its figures' fields (eval/figure_table.py), its flags and error."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    keys = run_keys()
-    paths = list(keys) + [path for path in csv_fields() if path not in keys]
+    keys = [k for k in run_keys() if not (served and k == "group")]
+    paths = keys + [path for path in (served_csv_fields() if served else csv_fields()) if path not in keys]
     writer.writerow(paths + ["flags", "error"])
-    for run in summary["runs"]:
+    for run in summary["serving"]["runs"] if served else summary["runs"]:
         writer.writerow([_value(run, p) for p in paths] + [";".join(f["code"] for f in run.get("flags") or []),
                                                           run.get("error", "")])
     return buffer.getvalue()
@@ -512,53 +520,41 @@ def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | N
         write_json(out_dir / summary_copy, summary)
     write_atomic(out_dir / "summary.csv", csv_text(summary))
     if summary.get("serving"):
-        write_atomic(out_dir / "serving.csv", serving_csv(summary))
+        write_atomic(out_dir / "serving.csv", csv_text(summary, served=True))
     write_atomic(out_dir / "summary.md", markdown(summary, title))
     if with_plots:
         plots(summary, out_dir)
 
 
 def print_table(summary: dict, console) -> None:
-    """The headline columns of the overall runs (summary.md has them all, and the per-group tables)."""
+    """The headline columns: under load a table per load point, then the overall runs of fixed batches (summary.md
+    has every column, the per-group tables and the crossover)."""
+    if summary.get("serving"):
+        console.print("[bold]speculate under load[/bold] (every column and the crossover in summary.md; ! = flagged)")
+        runs = summary["serving"]["runs"]
+        for load in dict.fromkeys(load_label(run) for run in runs):
+            _print(console, load, [r for r in runs if load_label(r) == load],
+                   columns_for(runs, served=True, terminal=True))
+    overall = [r for r in summary["runs"] if r.get("group") is None]
+    if overall or not summary.get("serving"):
+        _print(console, "speculate (all columns and groups in summary.md; ! = flagged, see its notes)", overall,
+               columns_for(overall, terminal=True))
+
+
+def _print(console, title: str, runs: list[dict], columns: list[Column]) -> None:
+    """One terminal table, a row per run."""
     from rich.table import Table
 
-    if summary.get("serving"):
-        print_serving_table(summary, console)
-        if not summary["runs"]:
-            return
-    table = Table(title="speculate (all columns and groups in summary.md; ! = flagged, see its notes)")
-    chosen = [c for c in columns() if c.terminal]
-    for header in (c.header for c in chosen):
-        table.add_column(header, justify="right" if header != "point" else "left", no_wrap=header != "point")
-    for run in summary["runs"]:
-        if run.get("group") is None:
-            table.add_row(*[cell(run, column) for column in chosen])
+    table = Table(title=title, title_justify="left")
+    for header in (c.header for c in columns):
+        table.add_column(header, justify="left" if header == "point" else "right", overflow="fold",
+                         min_width=24 if header == "point" else 6)
+    for run in runs:
+        table.add_row(*[cell(run, column) for column in columns])
     console.print(table)
 
 
 # ---- serving runs (config load:, eval/serving.py) ------------------------------------------------------------------
-
-def serving_cell(run: dict, column: Column) -> str:
-    paths, fmt = column.paths, column.fmt
-    if paths == ("line",):
-        return line_label(run)
-    if paths == ("status",):
-        repeats = run.get("repeats") or {}
-        return f"partial {repeats.get('done')}/{repeats.get('planned')}" if run["status"] == "partial" else run["status"]
-    if run["status"] in ("failed", "skipped"):
-        return ""
-    values = [_value(run, path) for path in paths]
-    text = " / ".join(_fmt(None if value is None else column.kind.shown(value), fmt) for value in values)
-    return text if values[0] is None else decorated(run, paths[0], text, column.kind)
-
-
-def serving_columns(runs: list[dict], terminal: bool = False) -> list[tuple]:
-    """The serving table's columns (terminal: the terminal's only); the synthetic one only where a run has a set
-    alpha."""
-    synthetic = any(r.get("synthetic_acceptance") is not None for r in runs)
-    return [c for c in columns(served=True) if (c.terminal or not terminal)
-            and (synthetic or c.paths != ("synthetic_acceptance",))]
-
 
 def serving_synthetic_lines(runs: list[dict]) -> list[str]:
     """Under load, per synthetic-acceptance point: the set alpha against the estimated one, and the throughput
@@ -573,7 +569,7 @@ def serving_synthetic_lines(runs: list[dict]) -> list[str]:
              "measured / predicted [speedup's CI] |", "|---|---|---|---|---|---|---|---|---|"]
     for r in chosen:
         lines.append(f"| {md_cell(line_label(r))} | {md_cell(load_label(r))} | "
-                     f"{synthetic_cells(r, serving_cell(r, column_of('speedup_tput', served=True)))} |")
+                     f"{synthetic_cells(r, cell(r, column_of('speedup_tput', served=True)))} |")
     return lines
 
 
@@ -617,16 +613,12 @@ def serving_lines(summary: dict) -> list[str]:
                   f"baseline, paired prompt batch by prompt batch) is built for fixed batches only; here {titles}'s "
                   "points and ours each read against their own reference, in the tables below, and no figure sets "
                   "one engine's tok/s against the other's."]
-    columns = serving_columns(serving["runs"])
-    headers = [c.header for c in columns]
+    columns = columns_for(serving["runs"], served=True)
     by_load: dict[str, list[dict]] = {}
     for run in serving["runs"]:
         by_load.setdefault(load_label(run), []).append(run)
     for load, runs in by_load.items():
-        lines += ["", f"### {load} ({runs[0]['metrics'].get('requests', '-')} requests)", "",
-                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(md_cell(serving_cell(r, column)) for column in columns) + " |"
-                  for r in runs]
+        lines += ["", f"### {load} ({runs[0]['metrics'].get('requests', '-')} requests)", ""] + _table(runs, columns)
         failed = [r for r in runs if r["status"] in ("failed", "skipped")]
         lines += [f"- {r['label']}: {r['status']}: {r.get('error')}" for r in failed]
         lines += serving_group_lines(runs)
@@ -658,38 +650,6 @@ def serving_lines(summary: dict) -> list[str]:
                   f"{_with_ci(v['tput_ratio'], v['tput_ratio_ci95'])} | {v['verdict']} (n={v['requests_paired']}) | "
                   f"{_fmt(v['output_tok_s_ratio'])} |" for v in versus]
     return lines
-
-
-def serving_csv(summary: dict) -> str:
-    """serving.csv: a row per method and load point, its axes and metrics (summary.json's serving.runs)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    axes = [k for k in run_keys() if k != "group"]
-    fields = served_csv_fields()
-    writer.writerow(axes + fields + ["flags", "error"])
-    for run in summary["serving"]["runs"]:
-        writer.writerow([run.get(k) for k in axes] + [_value(run, p) for p in fields]
-                        + [";".join(f["code"] for f in run.get("flags") or []), run.get("error", "")])
-    return buffer.getvalue()
-
-
-def print_serving_table(summary: dict, console) -> None:
-    """A table per load point, the headline columns (every column and the crossover: summary.md)."""
-    from rich.table import Table
-
-    chosen = serving_columns(summary["serving"]["runs"], terminal=True)
-    by_load: dict[str, list] = {}
-    for run in summary["serving"]["runs"]:
-        by_load.setdefault(load_label(run), []).append(run)
-    console.print("[bold]speculate under load[/bold] (every column and the crossover in summary.md; ! = flagged)")
-    for load, runs in by_load.items():
-        table = Table(title=load, title_justify="left")
-        for header in (c.header for c in chosen):
-            table.add_column(header.replace(" [95% CI]", ""), justify="left" if header == "point" else "right",
-                             overflow="fold", min_width=24 if header == "point" else 6)
-        for run in runs:
-            table.add_row(*[serving_cell(run, column) for column in chosen])
-        console.print(table)
 
 
 def _rate_positions(loads: list) -> tuple[list[float], dict]:

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from decode.methods import ENGINE_CAPS, ENGINE_TEXTS, REGISTRY, caps_of, reference_method
 from eval.costs import run_costs
-from eval.figures import compares_outputs, constant_draft_length, exact_match
+from eval.figures import constant_draft_length
 from eval.flags import CI_WIDE, flags_of
 from eval.groups import groups_of, in_group
 from eval.leviathan import predicted_speedup, solve_alpha
@@ -27,8 +27,7 @@ from eval.replay import (MissingCost, Pricer, beyond_caches, beyond_note, lackin
 from eval.sources import acceptance_by_source
 from eval.stats import (MIN_PROMPTS, bootstrap_ci, distribution, expanded_interval, misses, ratio, ratio_of_totals,
                         strict)
-from eval.synthetic import not_the_targets, synthetic_prediction
-from eval.totals import cross_process_pairs
+from eval.totals import Pairing, Ratio, cross_process_pairs, paired_clusters, paired_units
 from eval.trees import acceptance_by_depth_rank, tree_of
 
 LOAD_AXES = ("concurrency", "request_rate")  # the crossover runs along each, the other held
@@ -119,6 +118,39 @@ def request_keys(samples: list[dict]) -> dict[tuple, dict]:
             for repeat, rows in by_repeat(samples).items() for i, s in enumerate(rows)}
 
 
+def request_rows(samples: list[dict]) -> list[tuple]:
+    """A load point's requests as the pairing's rows: each request its own unit."""
+    return [(key, key, s) for key, s in request_keys(samples).items()]
+
+
+def request_clusters(samples: list[dict]):
+    """A request carries all its repeats; a conversation all its turns (a later turn quotes the earlier answers)."""
+    return lambda key, rows: (1, *key[1:]) if rows[0].get("conversation") is None else (0, rows[0]["conversation"])
+
+
+def request_tokens_and_e2e(rows: list[dict]) -> tuple:
+    return rows[0]["new_tokens"], e2e(rows[0])
+
+
+def request_tpot(rows: list[dict]) -> tuple | None:
+    """(1, TPOT): summed over requests, (1 / sum TPOT) / (1 / sum baseline TPOT) = mean baseline TPOT / mean TPOT;
+    None for a one-token request."""
+    per_token = tpot(rows[0])
+    return None if per_token is None else (1, per_token)
+
+
+# A load point pairs request by request (the same prompt on the same arrival schedule), both sides with their
+# slots (with_slots): the throughput speedup over (N, E2E), the TPOT speedup over the requests with a TPOT on both.
+REQUESTS = Pairing(rows=request_rows, row_names=("repeat", "request", "sample_id"), clusters=request_clusters,
+                   ratios=(Ratio("speedup_tput", request_tokens_and_e2e), Ratio("speedup_tpot", request_tpot)),
+                   reference_exact=False)
+
+
+def requests_paired(samples: list[dict], baseline: list[dict]) -> int:
+    """The requests both served, each counted once over its repeats."""
+    return len({key[1:] for key in paired_units(samples, baseline, REQUESTS)})
+
+
 # ---- per load point and method ------------------------------------------------------------------------------------
 
 def load_figures(samples: list[dict], slo: dict | None) -> dict:
@@ -199,33 +231,6 @@ def acceptance_figures(samples: list[dict], point: Point) -> dict:
             "acceptance_by_source": acceptance_by_source(rounds, REGISTRY[point.method].draft_sources)}
 
 
-def speedup_clusters(samples: list[dict], baseline: list[dict]) -> tuple[list[tuple], list[tuple], int]:
-    """Per request both sides served (summed over the repeats both served): (tokens, E2E, baseline tokens, baseline
-    E2E) for the throughput ratio, and (requests with a TPOT, their TPOT sum, the same of the baseline) for the TPOT
-    ratio, both shaped for eval/stats.py's ratio_of_totals and bootstrap_ci; the turns of one conversation
-    (dataset.turns) are one cluster, resampled together (a later turn quotes the earlier answers). Also the requests
-    paired. Both sides with their slots (with_slots)."""
-    mine, theirs = request_keys(samples), request_keys(baseline)
-    tput: dict[tuple, list[float]] = {}
-    per_token: dict[tuple, list[float]] = {}
-    paired = sorted(set(mine) & set(theirs))
-    for key in paired:
-        a, b = mine[key], theirs[key]
-        # a request carries all its repeats; a conversation all its turns
-        request = (1, *key[1:]) if a.get("conversation") is None else (0, a["conversation"])
-        total = tput.setdefault(request, [0, 0.0, 0, 0.0])
-        for i, value in enumerate((a["new_tokens"], e2e(a), b["new_tokens"], e2e(b))):
-            total[i] += value
-        ta, tb = tpot(a), tpot(b)
-        if ta is not None and tb is not None:
-            # (1 / sum TPOT) / (1 / sum baseline TPOT) = mean baseline TPOT / mean TPOT
-            total = per_token.setdefault(request, [0, 0.0, 0, 0.0])
-            for i, value in enumerate((1, ta, 1, tb)):
-                total[i] += value
-    return ([tuple(v) for _, v in sorted(tput.items())], [tuple(v) for _, v in sorted(per_token.items())],
-            len({key[1:] for key in paired}))
-
-
 COST_ROWS_REACH = 0.1  # how far (relative) outside the probed batch sizes an occupancy may take their nearest
 
 
@@ -258,7 +263,7 @@ def replayed_figures(samples: list[dict], baseline: list[dict]) -> dict:
     """The figures the replay predicts of a load point's schedule, computed as the measured ones are; parts_s: the
     seconds of each part (eval/replay.py part_times), what prediction_off weighs."""
     mine, theirs = with_slots(samples), with_slots(baseline)
-    tput, _, _ = speedup_clusters(mine, theirs)
+    tput = paired_clusters(mine, theirs, REQUESTS)
     figures = load_figures(mine, None)
     tpot_mean = (figures["tpot_s"] or {}).get("mean")
     return {"speedup": ratio_of_totals(tput) if tput else None, "tok_s": figures["output_tok_s"],
@@ -315,26 +320,17 @@ def withheld(point: float | None, interval: list[float] | None) -> str | None:
             "requests re-drawn keep rounds whose K was chosen for the batch they ran in, so no interval")
 
 
-def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None, group_by: str | None) -> list[dict]:
-    """Per group of the requests (eval/groups.py: group_by's values, a conversation's turns): its requests' TTFT, TPOT
-    and E2E P50, pooled acceptance and MAT, and the TPOT speedup against the same requests of the baseline with its
-    interval over those requests. No throughput: the groups' requests share one span. Both sides with their slots."""
+def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None, group_by: str | None,
+                  figures_of) -> list[dict]:
+    """Per group of the requests (eval/groups.py: group_by's values, a conversation's turns): its requests (each
+    counted once over the repeats) and figures_of(point, its requests, the baseline's same requests): the figures
+    the table gives per group (eval/figure_table.py group_metrics). Both sides with their slots."""
     out = []
     for group, field in groups_of(samples, group_by):
         mine = [s for s in samples if in_group(s, group, field)]
         theirs = [s for s in baseline or [] if in_group(s, group, field)]
-        figures = load_figures(mine, None)
-        row = {"group": group, "group_field": field, "requests": len({s.get("request") for s in mine}),
-               **{f"{name}_p50": (figures[name] or {}).get("p50") for name in ("ttft_s", "tpot_s", "e2e_s")}}
-        if REGISTRY[point.method].has_rounds:
-            accepted = acceptance_figures(mine, point)
-            row.update(acceptance_pooled=accepted["acceptance_pooled"],
-                       mean_accepted_tokens_pooled=accepted["mean_accepted_tokens_pooled"])
-        _, per_token, paired = speedup_clusters(mine, theirs) if theirs else ([], [], 0)
-        row.update(requests_paired=paired, speedup_tpot=ratio_of_totals(per_token) if per_token else None,
-                   speedup_tpot_ci95=bootstrap_ci(per_token) if per_token and not REGISTRY[point.method].is_reference
-                   else None)
-        out.append(row)
+        out.append({"group": group, "group_field": field, "requests": len({s.get("request") for s in mine}),
+                    **figures_of(point, mine, theirs)})
     return out
 
 
@@ -348,30 +344,12 @@ def served_acceptance(inputs) -> dict:
     return acceptance_figures(inputs.samples, inputs.point)
 
 
-def served_speedups(inputs) -> dict:
-    """The throughput and TPOT speedups over the requests both served, with their paired intervals (none for the
-    baseline against itself), and the ratio of the system's tok/s; None without a baseline."""
-    out = dict.fromkeys(["speedup_tput", "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95",
-                         "output_tok_s_ratio"])
-    out["requests_paired"] = 0
-    samples, baseline = inputs.samples, inputs.baseline
-    if baseline:
-        tput, per_token, paired = speedup_clusters(samples, baseline)
-        out["requests_paired"] = paired
-        out["speedup_tput"] = ratio_of_totals(tput) if tput else None
-        out["speedup_tpot"] = ratio_of_totals(per_token) if per_token else None
-        if not REGISTRY[inputs.point.method].is_reference:
-            out["speedup_tput_ci95"] = bootstrap_ci(tput)
-            out["speedup_tpot_ci95"] = bootstrap_ci(per_token)
-        out["output_tok_s_ratio"] = ratio(inputs.metrics["output_tok_s"], load_figures(baseline, None)["output_tok_s"])
-    return out
-
-
-def served_exact_match(inputs) -> dict:
-    """exact_match over the requests both served (compares_outputs); each mismatch names its request."""
-    if not inputs.baseline or not compares_outputs(inputs.point):
-        return {}
-    return exact_match(inputs.samples, inputs.baseline, request_keys, ("repeat", "request", "sample_id")) or {}
+def served_pairs(inputs) -> dict:
+    """The requests both served, and the system's tok/s over the baseline's (a reading: no interval)."""
+    baseline = inputs.baseline
+    return {"requests_paired": requests_paired(inputs.samples, baseline) if baseline else 0,
+            "output_tok_s_ratio": ratio(inputs.metrics["output_tok_s"], load_figures(baseline, None)["output_tok_s"])
+            if baseline else None}
 
 
 def occupancy_costs(inputs) -> dict:
@@ -404,16 +382,6 @@ def served_replay(inputs) -> dict:
             out["prediction_off"] = prediction_off(inputs.metrics["speedup_tput"], out["replay"],
                                                    part_times(samples, baseline))
     return out
-
-
-def served_synthetic(inputs) -> dict:
-    """A synthetic load point's figures in place of the exact match (accepted at a set alpha, its output is not the
-    target's), and its test of the cost model against the throughput speedup."""
-    point = inputs.point
-    if point.synthetic_acceptance is None:
-        return {}
-    out = not_the_targets(point, inputs.samples, inputs.metrics)
-    return {**out, **synthetic_prediction(point, {**inputs.metrics, **out}, speedup="speedup_tput")}
 
 
 def prediction_gap(point: Point, metrics: dict, probes: dict[int, CostProbe]) -> str | None:
@@ -568,7 +536,7 @@ FIXED_SCHEDULE = "constant"
 def versus_fixed(runs: list[dict], by_point: dict[Point, list[dict]]) -> list[dict]:
     """Per load point and method line but its gamma and schedule: each point whose schedule is not the constant one
     against the constant schedule's best K there (the highest throughput speedup's point estimate, so the choice
-    favours the constant K): its (sum N / sum E2E) over that K's, over the requests both served (speedup_clusters:
+    favours the constant K): its (sum N / sum E2E) over that K's, over the requests both served (REQUESTS:
     the same requests on the same arrivals, each with all its repeats), with its 95% paired bootstrap interval; the
     ratio of their system tok/s as a reading; and the verdict: "above" or "below" where the interval lies wholly
     above or below 1, "tied" where it holds 1, "too few requests" where fewer than MIN_PROMPTS pair (no interval).
@@ -587,7 +555,8 @@ def versus_fixed(runs: list[dict], by_point: dict[Point, list[dict]]) -> list[di
         for run in rows:
             if run["schedule"] == FIXED_SCHEDULE:
                 continue
-            tput, _, paired = speedup_clusters(by_point[Point.of(run)], by_point[Point.of(best)])
+            mine, theirs = by_point[Point.of(run)], by_point[Point.of(best)]
+            tput, paired = paired_clusters(mine, theirs, REQUESTS), requests_paired(mine, theirs)
             value = ratio_of_totals(tput) if tput else None
             interval = bootstrap_ci(tput) if tput else None
             if value is None:
@@ -634,11 +603,11 @@ def slo_of(config: dict | None) -> dict | None:
 
 
 def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, list[dict]], progress: dict,
-                    slo: dict | None, costs_of, order, machine_of, metrics_of) -> tuple[dict, list[str]]:
+                    slo: dict | None, costs_of, order, machine_of, metrics_of, group_metrics_of) -> tuple[dict, list[str]]:
     """summary.json's "serving": {slo, runs, crossovers}, and its notes. by_point and failures: the serving points'
     records and failures; costs_of(progress, point, samples) -> CostProbe (eval/summary.py); order: the points' sort
     key; machine_of(point, costs) -> what eval/flags.py flags_of reads (drift, numerics, ci_target); metrics_of: a
-    point's figures (eval/figure_table.py serving_metrics)."""
+    point's figures (eval/figure_table.py serving_metrics); group_metrics_of: a group's (group_metrics)."""
     untimed = {p: sum(not timed(s) for s in rows) for p, rows in by_point.items()}
     by_point = {p: with_slots([s for s in rows if timed(s)]) for p, rows in by_point.items()}
     baselines = {(REGISTRY[p.method].engine, p.comparison): rows for p, rows in by_point.items()
@@ -671,7 +640,7 @@ def serving_section(by_point: dict[Point, list[dict]], failures: dict[Point, lis
             if ENGINE_CAPS[engine].times_forwards else {}
         probes = {b: p for b, p in probes.items() if p is not None}
         metrics = metrics_of(point, samples, baseline, probes, slo, profile)
-        by_group = group_figures(point, samples, baseline, progress.get("group_by"))
+        by_group = group_figures(point, samples, baseline, progress.get("group_by"), group_metrics_of)
         if by_group:
             metrics["by_group"] = by_group
         paired_repeats = len(set(by_repeat(samples)) & set(by_repeat(baseline or [])))

@@ -13,7 +13,7 @@ from eval.groups import TURN, group_text, groups_of, in_group, natural
 from eval.figures import exact_match, prediction_gap
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
-from eval.figure_table import legend, run_metrics, serving_metrics
+from eval.figure_table import group_metrics, legend, run_metrics, serving_metrics
 from eval.axes import comparison_axes, point_axes, sort_key
 from eval.costs import run_costs
 from eval.replay import beyond_note
@@ -257,7 +257,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
                                                                              REGISTRY[point.method].engine),
                                   "numerics": numerics if caps_of(point.method).probes_numerics else {},
                                   "ci_target": progress.get("ci_target") or CI_WIDE},
-            serving_metrics)
+            serving_metrics, group_metrics)
         notes.extend(serving_notes)
     measured = {r["label"] for r in runs + (serving["runs"] if serving else [])}
     missing = [label for label in planned if label not in measured]

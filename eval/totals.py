@@ -1,8 +1,11 @@
-"""Batches and their totals: throughput, block efficiency, and the pairing of a point's batches with the
-baseline's that every ratio rests on."""
+"""Batches and their totals: throughput, block efficiency, and the pairing of a point's records with the
+baseline's that every ratio rests on: one function for fixed batches and load points, its pairing a parameter (a
+served point is a batch whose rows arrive: eval/serving.py REQUESTS)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
 
 from eval.records import EARLIER_PROCESS
 from eval.stats import ratio
@@ -68,24 +71,87 @@ def clusters_of(samples: list[dict]) -> dict[int, int]:
     return {b: names.setdefault(root(("batch", b)), len(names)) for b in sorted({s["batch_index"] for s in samples})}
 
 
-def paired_clusters(samples: list[dict], baseline: list[dict], decode: bool = False) -> list[tuple]:
-    """Per prompt batch that both sides finished, summed over the repeats both finished, in batch order:
-    (point tokens, point wall, baseline tokens, baseline wall). The unit a ratio's bootstrap resamples: a prompt
-    batch carries all its repeats, and the batches of one conversation's turns go together (clusters_of). Empty
-    when decode=True and either side has no prefill time."""
-    mine, theirs = units(samples), units(baseline)
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio of the point's totals to the baseline's over the units both finished (eval/stats.py ratio_of_totals)."""
+    name: str  # its metric (its interval: name + "_ci95")
+    measure: Callable[[list[dict]], tuple | None]  # a unit's records -> (amount, time); None: the unit has none
+    every_pair: bool = False  # a unit without it: no ratio at all (its records do not time it); else that pair is left out
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """How a point's records pair with its baseline's: by unit (a fixed batch: (repeat, batch_index); a load
+    point's request: (repeat, request, sample_id)), each unit resampled with its cluster (a prompt batch or a
+    request with all its repeats, a conversation's turns together), and the ratios over them, the throughput
+    ratio first; the outputs pair row by row (a batch's row: (repeat, sample_id); a request)."""
+    rows: Callable[[list[dict]], list[tuple]]  # records -> [(row key, unit key, record)], in the records' order
+    row_names: tuple[str, ...]  # the row key's parts, as a mismatch names them
+    clusters: Callable[[list[dict]], Callable[[tuple, list[dict]], object]]  # the point's records -> (unit key, its
+    #   records) -> its cluster, ordered as the bootstrap takes them
+    ratios: tuple[Ratio, ...]
+    reference_exact: bool  # whether the greedy reference's exact match is given (1 by definition) or left out
+
+
+def tokens_and_wall(batch: list[dict]) -> tuple:
+    """A batch's tokens and wall (its slowest row's latency)."""
+    totals = unit_totals(batch)
+    return totals["tokens"], totals["wall"]
+
+
+def decode_tokens_and_wall(batch: list[dict]) -> tuple | None:
+    """The same after both prefills; None where a row has no prefill time."""
+    totals = unit_totals(batch)
+    return None if totals["decode_wall"] is None else (totals["decode_tokens"], totals["decode_wall"])
+
+
+def batch_clusters(samples: list[dict]) -> Callable[[tuple, list[dict]], int]:
     cluster = clusters_of(samples)
-    clusters: dict[int, list[float]] = {}
+    return lambda key, batch: cluster[key[1]]
+
+
+def batch_rows(samples: list[dict]) -> list[tuple]:
+    return [((s.get("repeat", 0), s["sample_id"]), unit_of(s), s) for s in samples]
+
+
+def units_of(samples: list[dict], pairing: Pairing) -> dict[tuple, list[dict]]:
+    """unit key -> its records, in the records' order."""
+    by_unit: dict[tuple, list[dict]] = defaultdict(list)
+    for _, unit, s in pairing.rows(samples):
+        by_unit[unit].append(s)
+    return by_unit
+
+
+SPEEDUP = Ratio("speedup", tokens_and_wall)
+DECODE_SPEEDUP = Ratio("decode_speedup", decode_tokens_and_wall, every_pair=True)
+BATCHES = Pairing(rows=batch_rows, row_names=("repeat", "sample_id"), clusters=batch_clusters,
+                  ratios=(SPEEDUP, DECODE_SPEEDUP), reference_exact=True)
+
+
+def paired_units(samples: list[dict], baseline: list[dict], pairing: Pairing = BATCHES) -> list[tuple]:
+    """The unit keys both sides finished, in order."""
+    return sorted(set(units_of(samples, pairing)) & set(units_of(baseline, pairing)))
+
+
+def paired_clusters(samples: list[dict], baseline: list[dict], pairing: Pairing = BATCHES,
+                    ratio_of: Ratio | None = None) -> list[tuple]:
+    """Per cluster of the units both sides finished (a prompt batch, a request), summed over the repeats both
+    finished, in cluster order: (point amount, point time, baseline amount, baseline time) of the ratio (default:
+    the pairing's throughput ratio). The unit a ratio's bootstrap resamples: a prompt batch carries all its repeats,
+    and the batches of one conversation's turns go together (clusters_of). Empty where the ratio needs every pair
+    and one lacks it (no prefill time: no decode speedup)."""
+    ratio_of = ratio_of or pairing.ratios[0]
+    mine, theirs = units_of(samples, pairing), units_of(baseline, pairing)
+    cluster = pairing.clusters(samples)
+    clusters: dict = {}
     for key in sorted(set(mine) & set(theirs)):
-        a, b = unit_totals(mine[key]), unit_totals(theirs[key])
-        if decode:
-            if a["decode_wall"] is None or b["decode_wall"] is None:
+        a, b = ratio_of.measure(mine[key]), ratio_of.measure(theirs[key])
+        if a is None or b is None:
+            if ratio_of.every_pair:
                 return []
-            values = (a["decode_tokens"], a["decode_wall"], b["decode_tokens"], b["decode_wall"])
-        else:
-            values = (a["tokens"], a["wall"], b["tokens"], b["wall"])
-        total = clusters.setdefault(cluster[key[1]], [0, 0.0, 0, 0.0])
-        for i, value in enumerate(values):
+            continue
+        total = clusters.setdefault(cluster(key, mine[key]), [0, 0.0, 0, 0.0])
+        for i, value in enumerate((*a, *b)):
             total[i] += value
     return [tuple(clusters[index]) for index in sorted(clusters)]
 

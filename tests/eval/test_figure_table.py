@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 import eval.figure_table as table
-from eval.report import csv_text, markdown, print_table, serving_csv
+from eval.report import csv_text, markdown, print_table
 from eval.summary import summarize
 from sample_records import paired_run, record
 from toy_figure import TOY
@@ -57,7 +57,7 @@ def test_a_registered_figure_is_in_every_output(toy):
 
     rows = list(csv.DictReader(io.StringIO(csv_text(summary))))
     assert float(next(r for r in rows if r["label"] == SPEC)["toy_rounds_per_token"]) == pytest.approx(0.25)
-    rows = list(csv.DictReader(io.StringIO(serving_csv(summary))))
+    rows = list(csv.DictReader(io.StringIO(csv_text(summary, served=True))))
     assert float(next(r for r in rows if r["method"] == "speculative")["toy_rounds_per_token"]) == pytest.approx(0.3)
 
     console = Console(record=True, width=400)
@@ -68,7 +68,7 @@ def test_a_registered_figure_is_in_every_output(toy):
 
 def test_without_the_figure_no_output_has_it():
     summary = summarize(paired_run(units=8) + load_point(), {})
-    outputs = [markdown(summary, "t"), csv_text(summary), serving_csv(summary), str(summary)]
+    outputs = [markdown(summary, "t"), csv_text(summary), csv_text(summary, served=True), str(summary)]
     assert not any("toy" in text for text in outputs)
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from eval.records import CostProbe, Point
 from eval.figure_table import columns
-from eval.report import markdown, serving_cell
+from eval.report import cell, markdown
 from eval.serving import costs_at, crossing, crossing_text, inter_token_gaps, tpot
 from eval.summary import summarize
 from sample_records import paired_run, record
@@ -124,7 +124,7 @@ def test_speedups_by_hand_with_too_few_requests():
     assert m["speedup_tput_ci95"] is None and m["speedup_tpot_ci95"] is None
     assert [f["code"] for f in m_run["flags"]] == ["few_samples"]
     tput = next(c for c in columns(served=True) if c.header.startswith("speedup tput"))
-    assert serving_cell(m_run, tput) == "1.50 (n=2) !"
+    assert cell(m_run, tput) == "1.50 (n=2) !"
 
 
 def test_eight_requests_get_an_interval():
@@ -145,16 +145,18 @@ def test_eight_requests_get_an_interval():
 def test_a_conversations_turns_are_one_cluster_of_the_interval():
     """Under load the throughput interval resamples conversations: requests 0 and 2 are turns of conversation 0, 1 and
     3 of conversation 1; each cluster sums its turns (tokens 10 + 10, E2E 1 + 1 against 2 + 2)."""
-    from eval.serving import speedup_clusters, with_slots
+    from eval.serving import REQUESTS, requests_paired, with_slots
+    from eval.totals import paired_clusters
 
     def side(method, finish):
         return [request(method, i, concurrency=4, first=0.2, finish=finish, tokens=10, conversation=i % 2,
                         turn=1 + i // 2) for i in range(4)]
 
-    tput, per_token, paired = speedup_clusters(with_slots(side("speculative", 1.0)), with_slots(side("baseline", 2.0)))
-    assert tput == [(20, 2.0, 20, 4.0)] * 2 and len(per_token) == 2 and paired == 4
+    mine, theirs = with_slots(side("speculative", 1.0)), with_slots(side("baseline", 2.0))
+    tput, per_token = (paired_clusters(mine, theirs, REQUESTS, ratio_of) for ratio_of in REQUESTS.ratios)
+    assert tput == [(20, 2.0, 20, 4.0)] * 2 and len(per_token) == 2 and requests_paired(mine, theirs) == 4
     single = [{k: v for k, v in r.items() if k not in ("conversation", "turn")} for r in side("baseline", 2.0)]
-    assert len(speedup_clusters(with_slots(single), with_slots(single))[0]) == 4  # no conversations: a request each
+    assert len(paired_clusters(with_slots(single), with_slots(single), REQUESTS)) == 4  # no conversations: a request each
 
 
 def test_requests_pair_by_position_when_prompts_cycle():
