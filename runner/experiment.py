@@ -17,7 +17,7 @@ from runner.engines import ENGINES, HOME, Engine
 from runner.plan import Unit, comparisons, num_units, points_of, units_of
 from runner.load import follows_of, request_count, requests_of
 from runner.probes import PROCESS, environment
-from runner.session import UnitResult
+from runner.records import UnitResult
 from runner.storage import ReportFolder
 from utils import UserError, raise_interrupt, signals_held
 from utils.config import Config

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from runner.plan import Unit
-    from runner.session import UnitResult
+    from runner.records import UnitResult
     from utils.config import Config
 
 

@@ -40,7 +40,7 @@ from eval.records import Comparison, Point
 from runner.engines.base import Engine
 from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
-from runner.session import UnitResult, failure
+from runner.records import UnitResult, failure
 from utils import UserError, hold_signals, release_signals
 
 GENERATE_TIMEOUT_S = 3600.0

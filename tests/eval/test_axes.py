@@ -13,7 +13,7 @@ from eval.records import Comparison, Point, SampleRecord, batch_key
 from eval.report import csv_text, markdown
 from eval.summary import summarize
 from runner.plan import comparisons, points_of, units_of
-from runner.session import record_of
+from runner.records import record_of
 from utils.config import Config, validate
 
 VALID = {"target": {"model": "t"}, "draft": {"model": "d"}, "dataset": {"path": "x.jsonl", "preset": "gsm8k"},

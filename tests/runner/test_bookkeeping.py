@@ -8,7 +8,7 @@ from rich.console import Console
 from eval.records import Comparison, CostProbe
 from runner.experiment import Experiment
 from runner.plan import points_of
-from runner.session import UnitResult
+from runner.records import UnitResult
 from sample_records import record
 from utils.config import validate
 

@@ -22,7 +22,7 @@ from runner.engines.process import (ProcessExecutor, WorkerDead, WorkerProcess, 
                                     timing_of)
 from runner.load import request_fields
 from runner.plan import Unit
-from runner.session import record_of
+from runner.records import record_of
 from utils import UserError
 
 WORKER = Path(__file__).with_name("worker.py")
