@@ -23,7 +23,7 @@ counts, the drafter's pending tokens, forwards) up to date.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -112,6 +112,17 @@ def chain_round(target: CompiledModel, target_buffers, target_length, target_cou
     Returns accepted_len [B_cap], next token [B_cap], drafts [B_cap, gamma]."""
     drafts, probs = draft_chain(draft, draft_buffers, draft_length, draft_count, pending, has_pending, token, live,
                                 gamma, vocab_size, input_vocab_size, sampling, draft_noise)
+    return chain_rest(drafts, probs, target, target_buffers, target_length, target_count, draft_buffers, draft_length,
+                      draft_count, pending, has_pending, token, draft_limit, live, input_vocab_size, sampling, uniform,
+                      exponential)
+
+
+def chain_rest(drafts, probs, target: CompiledModel, target_buffers, target_length, target_count, draft_buffers,
+               draft_length, draft_count, pending, has_pending, token, draft_limit, live, input_vocab_size: int,
+               sampling: Sampling, uniform=None, exponential=None):
+    """chain_round after draft_chain (drafts [B_cap, gamma], probs): the verification, the acceptance, both rollbacks
+    and the pending token. Its own function where the draft's and the verification's seconds are told apart."""
+    gamma = drafts.shape[1]
     accepted_len, next_token, _ = verify_chain(target, target_buffers, target_length, target_count, token, drafts,
                                                probs, draft_limit, live, sampling, uniform, exponential)
     # the draft fed [pending, last token, d_1 .. d_{G-1}]: of the last G columns keep the last token and the accepted
@@ -164,6 +175,16 @@ def head_round(target: CompiledModel, target_buffers, target_length, target_coun
     drafts, probs = head_chain(head, head_buffers, head_length, head_count, pending_ids, pending_valid,
                                pending_features, token, live, gamma, vocab_size, index, embedding_size, sampling,
                                draft_noise)
+    return head_rest(drafts, probs, target, target_buffers, target_length, target_count, pending_ids, pending_valid,
+                     pending_features, token, draft_limit, live, sampling, uniform, exponential)
+
+
+def head_rest(drafts, probs, target: CompiledModel, target_buffers, target_length, target_count, pending_ids,
+              pending_valid, pending_features, token, draft_limit, live, sampling: Sampling, uniform=None,
+              exponential=None):
+    """head_round after head_chain: the verification, the acceptance, the target's rollback and the next pending
+    pairs."""
+    gamma = drafts.shape[1]
     accepted_len, next_token, hidden = verify_chain(target, target_buffers, target_length, target_count, token, drafts,
                                                     probs, draft_limit, live, sampling, uniform, exponential)
     # column c of the next catch-up holds verification column j = c - (gamma - accepted): the state at the last token
@@ -207,7 +228,7 @@ class _RoundInputs:
     draft_noise: torch.Tensor | None = None  # [gamma, B_cap, V] (sampling)
     uniform: torch.Tensor | None = None  # [B_cap, gamma]
     exponential: torch.Tensor | None = None  # [B_cap, V]
-    graph: tuple | None = None  # the captured mode on CUDA: (graph, outputs)
+    graphs: dict = field(default_factory=dict)  # the captured mode on CUDA: part -> (graph, outputs)
 
 
 def _round_inputs(state: StaticKVState, draft_state: StaticKVState, gamma: int, vocab: int, sampled: bool,
@@ -315,13 +336,14 @@ class FusedRound:
 
 
 def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host: list[int], gamma: int,
-                sampling: Sampling, generator: torch.Generator | None = None) -> FusedRound:
+                sampling: Sampling, generator: torch.Generator | None = None, on_drafted=None) -> FusedRound:
     """One chain round of a draft model (DraftModelDrafter) or an EAGLE-3 head (Eagle3Drafter), each over a compiled
     or captured step, against the target's static state, as one function (`chain_round`, `head_round`): token [B] each
     live row's last committed token, budget_host its budget before max_new_tokens (draft_limit = min(gamma, budget)).
     `fusable` must hold. Sampling draws its randomness from `generator` first, in the eager engine's order (each
     draft step's Exp(1) [B, V], the acceptance's uniforms [B, gamma], the next token's Exp(1) [B, V]), so the tokens
-    are the eager engine's."""
+    are the eager engine's. on_drafted: called between the drafts and the verification (a clock's mark), which then
+    run as two functions (a graph each: draft_chain or head_chain, then chain_rest or head_rest); None: one."""
     draft_state, head = drafter.state, _kind(drafter) == "eagle3"
     compiled, draft = state.compiled, draft_state.compiled
     state._room(gamma + 1)  # compaction (rare) reads the host: before the round, not inside it
@@ -359,36 +381,51 @@ def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host:
         inputs.draft_noise[:, rows] = torch.stack(noise)
         inputs.uniform[rows] = torch.rand((batch, gamma), generator=generator, device=device)
         inputs.exponential[rows] = torch.empty(batch, vocab, device=device).exponential_(1.0, generator=generator)
-    common = (inputs.token, inputs.draft_limit, inputs.live, gamma, vocab)
+    target_part = (compiled, state.buffers, inputs.target_length, state.count)
+    chances = (inputs.uniform, inputs.exponential)
     if head:
-        args = (compiled, state.buffers, inputs.target_length, state.count, draft, draft_state.buffers,
-                inputs.draft_length, draft_state.count, inputs.pending, inputs.has_pending, inputs.pending_features,
-                *common, drafter.index, drafter.embedding_size)
+        drafter_part = (draft, draft_state.buffers, inputs.draft_length, draft_state.count, inputs.pending,
+                        inputs.has_pending, inputs.pending_features)
+        whole = (head_round, (*target_part, *drafter_part, inputs.token, inputs.draft_limit, inputs.live, gamma, vocab,
+                              drafter.index, drafter.embedding_size, sampling, inputs.draft_noise, *chances))
+        drafting = (head_chain, (*drafter_part, inputs.token, inputs.live, gamma, vocab, drafter.index,
+                                 drafter.embedding_size, sampling, inputs.draft_noise))
+        rest = (head_rest, (*target_part, *drafter_part[4:], inputs.token, inputs.draft_limit, inputs.live, sampling,
+                            *chances))
     else:
-        args = (compiled, state.buffers, inputs.target_length, state.count, draft, draft_state.buffers,
-                inputs.draft_length, draft_state.count, inputs.pending, inputs.has_pending, *common,
-                drafter.input_vocab_size)
-    args += (sampling, inputs.draft_noise, inputs.uniform, inputs.exponential)
+        drafter_part = (draft, draft_state.buffers, inputs.draft_length, draft_state.count, inputs.pending,
+                        inputs.has_pending)
+        whole = (chain_round, (*target_part, *drafter_part, inputs.token, inputs.draft_limit, inputs.live, gamma,
+                               vocab, drafter.input_vocab_size, sampling, inputs.draft_noise, *chances))
+        drafting = (draft_chain, (*drafter_part, inputs.token, inputs.live, gamma, vocab, drafter.input_vocab_size,
+                                  sampling, inputs.draft_noise))
+        rest = (chain_rest, (*target_part, *drafter_part[1:], inputs.token, inputs.draft_limit, inputs.live,
+                             drafter.input_vocab_size, sampling, *chances))
     held_layers = compiled.hidden_layers
     compiled.hidden_layers = tuple(drafter.target_layers)  # the states the head reads, in its order (or none)
     try:
         with compiled._attention(), draft._attention():
-            accepted_len, next_token, drafts = _run(head_round if head else chain_round, compiled, inputs, args)
+            if on_drafted is None:
+                accepted_len, next_token, drafts = _run(*whole, compiled, inputs, "round")
+            else:
+                drafted = _run(*drafting, compiled, inputs, "draft")
+                on_drafted()
+                accepted_len, next_token, drafts = _run(rest[0], (*drafted, *rest[1]), compiled, inputs, "rest")
     finally:
         compiled.hidden_layers = held_layers
     return FusedRound(accepted_len[rows], next_token[rows], drafts[rows], inputs.draft_limit[rows], state, drafter,
                       state.length, draft_state.length, inputs.pending_features[rows] if head else None)
 
 
-def _run(round_fn, compiled: CompiledModel, inputs: _RoundInputs, args: tuple):
+def _run(round_fn, args: tuple, compiled: CompiledModel, inputs: _RoundInputs, part: str):
     """The round as the target's mode runs its steps: captured (a graph recorded at its first round on CUDA, uncaptured
     on a CPU) or under torch.compile with the target's backend and mode (its graphs counted as the target's)."""
     if compiled.captured:
         if compiled.device.type != "cuda":
             return round_fn(*args)
-        if inputs.graph is None:
-            inputs.graph = _capture_round(round_fn, compiled, args)
-        graph, outputs = inputs.graph
+        if part not in inputs.graphs:
+            inputs.graphs[part] = _capture_round(round_fn, compiled, args)
+        graph, outputs = inputs.graphs[part]
         graph.replay()
         return outputs
     from torch._dynamo.utils import counters
@@ -405,7 +442,7 @@ def _capture_round(round_fn, compiled: CompiledModel, args: tuple):
     device state, restored before the capture."""
     state_tensors = [a for a in args if isinstance(a, torch.Tensor)]
     saved = [t.clone() for t in state_tensors]
-    caches = [args[1], args[5]]
+    caches = [a for a in args if hasattr(a, "cache") and hasattr(a, "valid")]  # the buffer sets it writes
     saved_caches = [[(layer.keys.clone(), layer.values.clone()) for layer in b.cache.layers if layer.is_initialized]
                     for b in caches]
     saved_columns = [(b.valid.clone(), b.positions.clone()) for b in caches]

@@ -21,7 +21,7 @@ def compiled_copy(model, widths, max_length, batch_sizes, backend="eager", mode=
 
 
 def fused_generate(target, drafter, ids, mask, max_new_tokens, gamma, sampling=Sampling(), generator=None,
-                   most_rounds=None, first_leaves_after=None):
+                   most_rounds=None, first_leaves_after=None, on_drafted=None):
     """A static batch's rounds as the engine's loop runs them (no EOS: each row ends at max_new_tokens and leaves),
     every round fused, until a round is not `fusable` (the last ones, whose budgets are below gamma) or after
     most_rounds. first_leaves_after: after that many rounds the first row leaves (as a row at EOS would). Returns
@@ -30,11 +30,11 @@ def fused_generate(target, drafter, ids, mask, max_new_tokens, gamma, sampling=S
         state = new_state(target)
         logits = state.forward(target, ids, mask, last_only=True)[:, -1]
     return _rounds(state, target, drafter, logits, ids, mask, max_new_tokens, gamma, sampling, generator, most_rounds,
-                   first_leaves_after)
+                   first_leaves_after, on_drafted)
 
 
 def _rounds(state, target, drafter, logits, ids, mask, max_new_tokens, gamma, sampling, generator, most_rounds,
-            first_leaves_after=None):
+            first_leaves_after=None, on_drafted=None):
     """The rounds after the target's prefill (logits [B, V] of the first token): fused_generate's loop."""
     with torch.inference_mode():
         token = logits.argmax(dim=-1) if not sampling.do_sample else sample(
@@ -47,7 +47,7 @@ def _rounds(state, target, drafter, logits, ids, mask, max_new_tokens, gamma, sa
             budget = [min(gamma, max_new_tokens - len(outputs[row]) - 1) for row in active]
             if not fusable(state, drafter, gamma, budget):
                 break
-            fused = fused_round(state, drafter, token, budget, gamma, sampling, generator)
+            fused = fused_round(state, drafter, token, budget, gamma, sampling, generator, on_drafted)
             values = fused.readout().tolist()  # the round's one host read
             drafts = [v[3:] for v in values]
             fused.settle([v[0] for v in values], drafts)
@@ -243,3 +243,25 @@ def test_engine_rounds_of_a_compiled_head_give_the_eager_tokens(eagle3):
     assert isinstance(drafter.state, StaticKVState)
     assert [r.output_ids for r in compiled] == [r.output_ids for r in eager]
     assert [r.rounds for r in compiled] == [r.rounds for r in eager]
+
+
+def test_a_round_split_at_its_drafts_gives_the_same_tokens():
+    """on_drafted (a clock's mark between the drafts and the verification): the round runs as two functions, a graph
+    each, the mark between them every round; the tokens are the whole round's."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    target = tiny_model("llama", seed=1, layers=1)
+    draft = noisy_copy(target, 0.15)
+    gamma = 2
+    ids, mask = ragged_batch([6, 3], seed=1)
+    runs = []
+    for split in (False, True):
+        ctarget = compiled_copy(target, (1, gamma + 1), 64, (2,))
+        cdraft = compiled_copy(draft, (1, 2), 64, (2,))
+        marks, graphs = [], counters["stats"]["unique_graphs"]
+        runs.append(fused_generate(ctarget, DraftModelDrafter(cdraft, VOCAB, Sampling()), ids, mask, 12, gamma,
+                                   on_drafted=(lambda: marks.append(1)) if split else None))
+        if split:
+            assert len(marks) == len(runs[1][1]) and counters["stats"]["unique_graphs"] - graphs == 2
+    assert runs[0] == runs[1] and runs[0][1]
