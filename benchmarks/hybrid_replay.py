@@ -199,8 +199,8 @@ class Hindsight(HybridDrafter):
                 rates["draft"] = [1.0 if at + step < len(ids) and argmax[at + step - 1] == ids[at + step] else 0.0
                                   for step in range(limit)]
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
-            catch_up = self._catch_up_cost(len(self.draft.pending[row]) + 1)
-            plans.append(plan_row(rates, lengths, limit, self.c, self.v_of, merge=self.merge, catch_up=catch_up))
+            plans.append(plan_row(rates, lengths, limit, self.prices, merge=self.merge,
+                                  fed=len(self.draft.pending[row]) + 1))
         return plans
 
 

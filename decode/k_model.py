@@ -33,21 +33,30 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return out
 
 
-def round_parts(target: Callable[[int], float | None], draft: Callable[[int], float | None], k: int, fed: int = 1
-                ) -> tuple[float, float] | None:
+def round_parts(target: Callable[[int], float | None], draft: Callable[[int], float | None], k: int, fed: int = 1,
+                nodes: int | None = None) -> tuple[float, float] | None:
     """(the draft's seconds, the target's) of a round of K at the rows and context the callables price: target(width)
     a verification that wide, draft(width) a draft forward feeding that many tokens a row; None where one is not
-    priced."""
+    priced. nodes: the drafted tokens the target verifies where they are not the K the draft model drafted (a source
+    that costs no forward drafts them too: hybrid's free sources and trees), K where None."""
+    width = (k if nodes is None else nodes) + 1
     if k == 0:
-        verify = target(1)
+        verify = target(width)
         return None if verify is None else (0.0, verify)
-    first, step, verify = draft(fed), draft(1), target(k + 1)
+    first, step, verify = draft(fed), draft(1), target(width)  # in this order: a pricer names the first it lacks
     return None if None in (first, step, verify) else (first + (k - 1) * step, verify)
 
 
-def round_seconds(target, draft, k: int, fed: int = 1) -> float | None:
-    parts = round_parts(target, draft, k, fed)
+def round_seconds(target, draft, k: int, fed: int = 1, nodes: int | None = None) -> float | None:
+    parts = round_parts(target, draft, k, fed, nodes)
     return None if parts is None else sum(parts)
+
+
+def feed_seconds(draft: Callable[[int], float | None], fed: int) -> float | None:
+    """What a round pays to feed the draft `fed` tokens a row (its catch-up, or on an empty cache its deferred
+    prefill) beyond the one token a caught-up round feeds: round_parts' draft seconds at `fed` less at 1."""
+    wide, narrow = round_parts(lambda w: 0.0, draft, 1, fed), round_parts(lambda w: 0.0, draft, 1)
+    return None if wide is None or narrow is None else wide[0] - narrow[0]
 
 
 def pick(values: dict, order: Callable | None = None):

@@ -22,7 +22,8 @@ with the last slope past the longest measured; the merged tree's E_m takes the b
 source with a long confident match makes the draft's options lose, and the draft does not run that round: its cache
 catches up on the row's committed tokens the next time it drafts (DraftModelDrafter's pending tokens). A row that has
 not drafted with the model for PROBE_EVERY rounds drafts at least one model token (the only way its evidence
-recovers; once the draft's deferred prefill has run: HybridDrafter), and every PROBE_EVERY rounds below the cap a row
+recovers; once the draft's deferred prefill has run, and where the tokens it has left repay the catch-up:
+HybridDrafter), and every PROBE_EVERY rounds below the cap a row
 that drafts with the model drafts one token more than its best length (the cost_model schedule's probe: the draft's
 position k + 1 is scored only where it was drafted, so one early rejection at position 2 would otherwise keep every
 later row at k = 1 for good). With a confidence threshold (speculative.confidence), a row's draft branch also ends
@@ -54,6 +55,7 @@ from decode.drafters.draft_model import DraftModelDrafter
 from decode.drafters.prompt_lookup import NgramIndex
 from decode.drafters.schedules import CostModelSchedule, PointEvidence, Schedule, confident, prefill_steps
 from decode.drafters.suffix import SuffixCache, SuffixSource, prompt_key, unpadded
+from decode.k_model import feed_seconds, pick, round_seconds
 from decode.kv import host_to_device
 from decode.tree_layout import TreeLayout
 
@@ -133,37 +135,62 @@ def survival(rates: list[float], k: int) -> list[float]:
     return out
 
 
-def plan_row(rates: dict[str, list[float]], lengths: dict[str, int], limit: int, c: float, v_of,
-             need_draft: bool = False, merge: bool = True, catch_up: float = 0.0) -> tuple[str | None, int, int, float]:
+class StepPrices:
+    """Hybrid's costs in target steps, as the K model's round pricing reads them (decode/k_model.py round_seconds,
+    feed_seconds: one pricing for a round, its catch-up and the draft's deferred prefill). A hybrid run has no step
+    table, only its cost probes: target(w), a verification w tokens wide: v(w - 1) (1: a plain step); draft(w), the
+    draft's forward feeding w tokens a row: c, and wider the probes' prefill line at w, at least c (c where no line
+    was measured: the feed then costs nothing more)."""
+
+    def __init__(self, c: float, v_of, prefill_cost: dict | None = None):
+        self.c, self.v_of, self.prefill_cost = c, v_of, prefill_cost
+
+    def target(self, width: int) -> float:
+        return 1.0 if width <= 1 else self.v_of(width - 1)
+
+    def draft(self, width: int) -> float:
+        if width <= 1 or self.prefill_cost is None:
+            return self.c
+        return max(self.c, prefill_steps(self.prefill_cost, width))
+
+    def round(self, k_draft: int, nodes: int | None = None, fed: int = 1) -> float:
+        """A round of k_draft draft tokens (their first forward feeding `fed` a row) and `nodes` verified (k_draft
+        where None: a chain of the draft's)."""
+        return round_seconds(self.target, self.draft, k_draft, fed, nodes)
+
+    def feed(self, fed: int) -> float:
+        """Feeding the draft `fed` tokens (a catch-up or the deferred prefill) beyond a caught-up round's one."""
+        return feed_seconds(self.draft, fed)
+
+
+def plan_row(rates: dict[str, list[float]], lengths: dict[str, int], limit: int, prices: StepPrices,
+             need_draft: bool = False, merge: bool = True, fed: int = 1) -> tuple[str | None, int, int, float]:
     """One row's choice: (free source or None, its tokens k_f, draft tokens k_d, expected tokens per cost). rates: each
-    source's [b_1 ..]; lengths: each free source's candidate length (<= limit); v_of(n): the verification cost of n
-    nodes. need_draft: only options with k_d >= 1 (a probe); merge False: no tree of two sources; catch_up: what the
-    draft's first forward costs this round beyond c (it also feeds the tokens committed since the draft last ran),
-    added to every option that drafts. On a tie the option listed first (cheaper) wins."""
+    source's [b_1 ..]; lengths: each free source's candidate length (<= limit); prices: each option's round
+    (StepPrices.round). need_draft: only options with k_d >= 1 (a probe); merge False: no tree of two sources; fed: the
+    tokens the draft's first forward feeds this round (its catch-up: the tokens committed since the draft last ran,
+    and the last one), priced into every option that drafts. On a tie (k_model.pick) the option listed first
+    (cheaper) wins."""
     options: list[tuple[str | None, int, int, float]] = []
     if not need_draft:
-        options.append((None, 0, 0, 1.0))
+        options.append((None, 0, 0, 1.0 / prices.round(0)))
         for source in FREE:
             s = survival(rates[source], lengths.get(source, 0))
             for k in range(1, len(s) + 1):
-                options.append((source, k, 0, (1 + sum(s[:k])) / v_of(k)))
+                options.append((source, k, 0, (1 + sum(s[:k])) / prices.round(0, nodes=k)))
     draft = survival(rates["draft"], limit)
     for k in range(1, limit + 1):
-        options.append((None, 0, k, (1 + sum(draft[:k])) / (k * c + catch_up + v_of(k))))
+        options.append((None, 0, k, (1 + sum(draft[:k])) / prices.round(k, fed=fed)))
     for source in FREE if merge else ():
         s = survival(rates[source], lengths.get(source, 0))
         for kf in range(1, len(s) + 1):
             for kd in range(1, limit + 1):
                 either = [1 - (1 - (s[i] if i < kf else 0.0)) * (1 - (draft[i] if i < kd else 0.0))
                           for i in range(max(kf, kd))]
-                options.append((source, kf, kd, (1 + sum(either)) / (kd * c + catch_up + v_of(kf + kd))))
+                options.append((source, kf, kd, (1 + sum(either)) / prices.round(kd, nodes=kf + kd, fed=fed)))
     if not options:
         return None, 0, 0, 1.0
-    best = options[0]
-    for option in options[1:]:
-        if option[3] > best[3] + 1e-12:
-            best = option
-    return best
+    return options[pick({index: option[3] for index, option in enumerate(options)})]
 
 
 class StartRecord:
@@ -248,12 +275,14 @@ class HybridDrafter(Drafter):
     times what a token costs it without the draft model (its best plans' 1 / tokens per cost, in target steps) less
     what it costs with it, both averaged over the row's rounds so far and shrunk toward its group's or the point's
     rounds (start_pools, StartRecord),
-    exceeds the prefill (prefill_cost: fixed + per_token * the tokens to feed, in target steps, measured in this run).
-    While the point's draft record holds fewer than MIN_POOLED_ROUNDS rounds (a draft that never runs learns nothing)
-    it starts in the first round a plan drafts with it; so it does without prefill_cost or budget (priced_start), a
-    probe's round included. Once started, each round that drafts also pays its catch-up (the tokens the free sources
-    committed since the draft last ran), priced as a prefill of that width where prefill_cost is known (at least c),
-    on top of c for its other tokens.
+    exceeds what feeding the prompts costs beyond a caught-up round (StepPrices.feed: the draft's first forward on the
+    prefill line, prefill_cost: fixed + per_token * the tokens fed in target steps measured in this run, at least c,
+    less the c its plan counts). Once started, each round that drafts also pays its catch-up (the tokens the free
+    sources committed since the draft last ran), priced into its options the same way (StepPrices.round); a probe runs
+    only where that row's expected saving, as above, exceeds its catch-up's price (_feed_pays). While the point's
+    draft record holds fewer than MIN_POOLED_ROUNDS rounds (a draft that never runs learns nothing) it starts in the
+    first round a plan drafts with it and every probe runs; so it does without prefill_cost or budget (priced_start),
+    a probe's round included.
     """
     PROBE_EVERY = 8
     START_PRIOR_ROUNDS = 4.0
@@ -275,6 +304,7 @@ class HybridDrafter(Drafter):
         draft.schedule, draft.tree = self.wanted, None
         self.vocab = target_vocab_size
         self.gamma, self.c = gamma, c
+        self.prices = StepPrices(c, self.v_of, prefill_cost)
         pools = pools if pools is not None else {}
         self.estimators = {key: CostModelSchedule(gamma, c if key == "draft" else 0.0, v,
                                                   evidence=pools.setdefault(key, PointEvidence(gamma)))
@@ -355,17 +385,17 @@ class HybridDrafter(Drafter):
         for row, limit in enumerate(limits):
             rates = self._rates(row, priors)
             lengths = {s: len(self.candidates[row][s]) for s in FREE}
-            free = plan_row(rates, lengths, 0, self.c, self.v_of, merge=self.merge)
-            steady = plan_row(rates, lengths, limit, self.c, self.v_of, merge=self.merge)
+            free = plan_row(rates, lengths, 0, self.prices, merge=self.merge)
+            steady = plan_row(rates, lengths, limit, self.prices, merge=self.merge)
             self._note(row, free[3], steady[3])
             free_plans.append(free)
             if not started and self.priced_start:  # no probe before the draft's cache exists: _start_pays decides
                 plans.append(steady)
                 continue
-            probe = self.since_draft[row] + 1 >= self.PROBE_EVERY and limit > 0
-            catch_up = self._catch_up_cost(len(self.draft.pending[row]) + 1)
-            plan = plan_row(rates, lengths, limit, self.c, self.v_of, need_draft=probe, merge=self.merge,
-                            catch_up=catch_up) if probe or catch_up else steady
+            fed = len(self.draft.pending[row]) + 1
+            probe = self.since_draft[row] + 1 >= self.PROBE_EVERY and limit > 0 and self._feed_pays([row], fed)
+            plan = plan_row(rates, lengths, limit, self.prices, need_draft=probe, merge=self.merge, fed=fed) \
+                if probe or self.prices.feed(fed) else steady
             plans.append(plan)
         if not started and self.priced_start and not self._start_pays(plans):
             return free_plans
@@ -380,35 +410,35 @@ class HybridDrafter(Drafter):
         for record in pools:
             record.add(1 / free, 1 / with_draft)
 
-    def _catch_up_cost(self, width: int) -> float:
-        """The draft's first forward of a round feeding `width` tokens, beyond c, in target steps: the prefill line
-        at that width (at least c), where measured; 0 where not."""
-        if self.prefill_cost is None or width <= 1:
-            return 0.0
-        return max(0.0, prefill_steps(self.prefill_cost, width) - self.c)
+    def _saving(self, row: int) -> float:
+        """What the draft model is expected to save the row over its remaining tokens, in target steps: the tokens it
+        is expected still to generate times a token's cost without the draft less with it (its StartRecord, shrunk
+        toward its group's or the point's)."""
+        point = self.start_pools.get(None)
+        group = self.start_pools.get(self.row_groups[row]) if self.row_groups[row] is not None else None
+        prior = group if group is not None and group.rounds >= self.START_PRIOR_ROUNDS else point
+        free, with_draft = self.starts[row].per_token(prior, self.START_PRIOR_ROUNDS)
+        left = max(0, self.budget - self.generated[row]) if self.lengths is None else \
+            self.lengths.remaining(self.row_groups[row], self.generated[row], self.budget)
+        return left * (free - with_draft)
+
+    def _feed_pays(self, rows: list[int], fed: int) -> bool:
+        """Whether feeding the draft `fed` tokens (a probe's catch-up, or the deferred prefill) pays for these rows:
+        their savings (_saving) above the feed's price (StepPrices.feed). Where it cannot be priced (no prefill line
+        or budget) or the point's draft record is thin (a draft that never runs learns nothing), it does."""
+        if not self.priced_start or self.estimators["draft"].pool.tested[1] < CostModelSchedule.MIN_POOLED_ROUNDS:
+            return True
+        return sum(self._saving(row) for row in rows) > self.prices.feed(fed)
 
     def _start_pays(self, plans: list[tuple[str | None, int, int, float]]) -> bool:
         """Whether this round prefills the draft model (see the class doc)."""
         if not any(plan[2] for plan in plans):
             return False
-        if self.estimators["draft"].pool.tested[1] < CostModelSchedule.MIN_POOLED_ROUNDS:
-            return True
-        point = self.start_pools.get(None)
         # the rows this start feeds: the others are held (DraftModelDrafter.held_rows), not prefilled now, and save
         # nothing by it
         held = set(self.draft.held_rows([plan[2] for plan in plans]))
-        width = max(len(p) for row, p in enumerate(self.draft.pending) if row not in held)
-        saving = 0.0
-        for row, record in enumerate(self.starts):
-            if row in held:
-                continue
-            group = self.start_pools.get(self.row_groups[row]) if self.row_groups[row] is not None else None
-            prior = group if group is not None and group.rounds >= self.START_PRIOR_ROUNDS else point
-            free, with_draft = record.per_token(prior, self.START_PRIOR_ROUNDS)
-            left = max(0, self.budget - self.generated[row]) if self.lengths is None else \
-                self.lengths.remaining(self.row_groups[row], self.generated[row], self.budget)
-            saving += left * (free - with_draft)
-        return saving > prefill_steps(self.prefill_cost, 1 + width)
+        fed = [row for row in range(len(plans)) if row not in held]
+        return self._feed_pays(fed, 1 + max(len(self.draft.pending[row]) for row in fed))
 
     def _deepen(self, row: int, plan: tuple[str | None, int, int, float], limit: int):
         """The draft-length probe: a round below the cap counts toward it; after PROBE_EVERY of them, the next round

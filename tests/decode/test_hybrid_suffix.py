@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
-from decode.drafters.hybrid import HybridDrafter, LengthRecord, StartRecord, plan_row
+from decode.drafters.hybrid import HybridDrafter, LengthRecord, StartRecord, StepPrices, plan_row
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, SuffixTrie, remember_outputs
 from eval.sources import acceptance_by_source
 from stats import V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
@@ -92,20 +92,22 @@ def test_greedy_suffix_and_hybrid_equal_the_target(arch, lengths):
 
 def test_plan_row_prefers_a_confident_free_match_and_the_draft_elsewhere():
     v = {k: 1.0 + 0.1 * k for k in range(1, 9)}.get
+    prices = StepPrices(0.3, v, {"fixed": 0.0, "per_token": 0.1})  # the draft feeding w tokens: max(0.3, 0.1 w)
     sure, unsure = [0.95] * 4, [0.1] * 4
     # lookup's 4 tokens at 0.95 beat any draft at c = 0.3: the draft does not run
-    assert plan_row({"lookup": sure, "suffix": unsure, "draft": [0.6] * 4}, {"lookup": 4, "suffix": 2}, 4, 0.3, v)[:3] \
-        == ("lookup", 4, 0)
+    assert plan_row({"lookup": sure, "suffix": unsure, "draft": [0.6] * 4}, {"lookup": 4, "suffix": 2}, 4,
+                    prices)[:3] == ("lookup", 4, 0)
     # no free match: the draft's 0.9 makes k = 4 worth it: (1 + .9 + .81 + .729 + .656) / (4 * .3 + 1.4) = 1.573 > 1
-    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, 0.3, v)[:3] == (None, 0, 4)
-    # the same after a long catch-up: its first forward costs 0.5 more: 4.095 / (1.2 + 0.5 + 1.4) = 1.32, still k = 4;
-    # 3.0 more: 4.095 / 5.6 = 0.73 at k = 4, 1.9 / 4.4 = 0.43 at k = 1: a plain step
-    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, 0.3, v, catch_up=0.5)[:3] \
-        == (None, 0, 4)
-    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, 0.3, v, catch_up=3.0)[:3] \
+    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, prices)[:3] == (None, 0, 4)
+    # the same after a catch-up: its first forward feeds 8 tokens, 0.8 (0.5 more than a step): 4.095 / (0.8 + 0.9 +
+    # 1.4) = 1.32, still k = 4; 33 tokens, 3.3 (3.0 more): 4.095 / 5.6 = 0.73 at k = 4, 1.9 / 4.4 = 0.43 at k = 1: a
+    # plain step
+    chain = plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, prices, fed=8)
+    assert chain[:3] == (None, 0, 4) and chain[3] == pytest.approx(4.0951 / 3.1, abs=1e-4)
+    assert plan_row({"lookup": sure, "suffix": sure, "draft": [0.9] * 4}, {}, 4, prices, fed=33)[:3] \
         == (None, 0, 0)
     # nothing promising: a plain step
-    assert plan_row({"lookup": unsure, "suffix": unsure, "draft": [0.1] * 4}, {"lookup": 3}, 4, 0.3, v)[:3] == \
+    assert plan_row({"lookup": unsure, "suffix": unsure, "draft": [0.1] * 4}, {"lookup": 3}, 4, prices)[:3] == \
         (None, 0, 0)
 
 
@@ -432,6 +434,43 @@ def test_hybrid_probes_one_draft_token_deeper_so_one_early_rejection_does_not_pi
     assert drafts[0] == [1, 1] and max(drafted for drafted, _ in drafts) > 2
 
 
+def test_a_probe_pays_its_catch_up_only_where_the_tokens_left_repay_it_by_hand():
+    """A probe (PROBE_EVERY rounds without the draft model) feeds the draft the tokens committed since it last ran;
+    it runs only where the row's expected saving over its remaining tokens exceeds that feed's price. Worked by hand:
+    the draft's pool as in the probe test above (b_1 = 0.892, b_2 = b_3 = b_4 = 0.595), c = 0.4, v(k) = 1 + 0.05 k, no
+    free candidate. Caught up, k = 1 is the best round: 1.892 / 1.45 = 1.305 tokens a step, 0.766 steps a token
+    against a plain step's 1.0: the draft saves 0.234 a token. The row's catch-up feeds 99 pending tokens and its last
+    one, on the prefill line 0.4 + 0.01 x 100 = 1.4, 1.0 more than a step: with it, k = 1 reads 1.892 / 2.45 = 0.77,
+    k = 2 2.423 / 2.9 = 0.84, k = 3 2.739 / 3.35 = 0.82, k = 4 2.927 / 3.8 = 0.77, all under a plain step's 1. The
+    probe drafts its best, k = 2, where 0.234 x the tokens left exceeds 1.0: 44 left (10.3) probe; 3 left (0.70) do
+    not, where every probe once ran whatever it cost (the held-out rag and summary prompts: 1,104 catch-up tokens fed
+    for 48 drafted)."""
+    from decode.drafters.schedules import PointEvidence
+
+    def plan(generated):
+        evidence = PointEvidence(4)
+        evidence.counts.tested = [0.0, 100.0, 1.0, 0.0, 0.0]
+        evidence.counts.accepted = [0.0, 90.0, 0.0, 0.0, 0.0]
+        drafter = HybridDrafter(DraftModelDrafter(tiny_model("llama", seed=1, layers=1), VOCAB, Sampling()), VOCAB, 4,
+                                0.4, {k: 1 + 0.05 * k for k in range(1, 10)}, pools={"draft": evidence},
+                                prefill_cost={"fixed": 0.4, "per_token": 0.01}, budget=64)
+        ids, mask = ragged_batch([5], seed=0)
+        with torch.inference_mode():
+            drafter.start(ids, mask)
+        drafter.draft.state = object()  # as after its deferred prefill: the cache exists
+        drafter.draft.pending = [[7] * 99]
+        drafter.since_draft, drafter.generated = [HybridDrafter.PROBE_EVERY - 1], [generated]
+        drafter.candidates = [{"lookup": [], "suffix": []}]
+        drafter.keys = [{"lookup": "lookup:n1", "suffix": "suffix:p<.5"}]
+        return drafter._plans([4])[0], drafter
+
+    probed, drafter = plan(20)
+    assert drafter.starts[0].per_token() == pytest.approx((1.0, 1.45 / 1.8922), abs=1e-4)
+    assert drafter.prices.feed(100) == pytest.approx(1.0)
+    assert probed[:3] == (None, 0, 2) and probed[3] == pytest.approx(2.4233 / 2.9, abs=1e-3)
+    assert plan(61)[0][:3] == (None, 0, 0)
+
+
 def test_hybrids_draft_branch_ends_after_the_step_whose_confidence_falls_under_the_threshold():
     """speculative.confidence in hybrid (_Wanted.keep_drafting, ConfidenceSchedule's rule): a row's draft branch ends
     after the step whose top probability falls under the threshold, that step's token kept. At 1.0 no step reaches it
@@ -479,7 +518,8 @@ def test_a_deferred_draft_prefill_drafts_as_the_eager_one_and_costs_nothing_unti
 
 def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
     """HybridDrafter._start_pays on a schedule worked out by hand: one row with 2 rounds whose best plans cost 0.5
-    target steps a token without the draft model and 0.25 with it, budget 20, prefill 1 + 0.1 a token."""
+    target steps a token without the draft model and 0.25 with it, budget 20, prefill 1.4 + 0.1 a token, of which the
+    round's first draft step (c = 0.4) is already in its plan: feeding w tokens costs 1.0 + 0.1 w more."""
     from decode.drafters.schedules import PointEvidence
 
     known = PointEvidence(4)
@@ -487,7 +527,7 @@ def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
         known.counts.add(4, 3)
     drafter = HybridDrafter(DraftModelDrafter(tiny_model("llama", seed=1, layers=1), VOCAB, Sampling()), VOCAB, 4,
                             0.4, {k: 1.0 for k in range(1, 9)}, pools={"draft": known},
-                            prefill_cost={"fixed": 1.0, "per_token": 0.1}, budget=20)
+                            prefill_cost={"fixed": 1.4, "per_token": 0.1}, budget=20)
     drafter.reset()
     row = StartRecord()
     row.add(0.5, 0.25)
@@ -500,7 +540,7 @@ def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
         drafter.start_pools = {} if point is None else {None: point}
         return drafter._start_pays(plans)
 
-    # 10 tokens to feed: cost 1 + 0.1 x 10 = 2.0; saving (20 - 10) x (0.5 - 0.25) = 2.5 -> start
+    # 10 tokens to feed: cost 1.4 + 0.1 x 10 - 0.4 = 2.0; saving (20 - 10) x (0.5 - 0.25) = 2.5 -> start
     assert pays(10)
     assert not pays(12)  # (20 - 12) x 0.25 = 2.0, not above 2.0
     assert not pays(10, pending=15)  # 16 tokens to feed: 2.6 > 2.5
@@ -520,7 +560,7 @@ def test_the_deferred_start_pays_for_the_drafts_prefill_by_hand():
     drafter.lengths = None
     # two rows, the second not drafting this round and 20 tokens from its end (a saving of 5.0 if fed): where its
     # prompt is no longer than the drafting row's it is fed, and counts (2.0 + 5.0 > 2.0); where it is longer it is
-    # held, not prefilled, and neither counts nor widens the feed (2.0, not above 2.0; counted, 7.0 > 1 + 3.1)
+    # held, not prefilled, and neither counts nor widens the feed (2.0, not above 2.0; counted, 7.0 > 1.0 + 3.1)
     drafter.starts, drafter.row_groups, drafter.generated = [row, row], [None, None], [12, 0]
     two = [(None, 0, 2, 1.5), (None, 0, 0, 1.0)]
     drafter.draft.pending = [[7] * 9, [7] * 5]
