@@ -137,7 +137,8 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
             forms[target.name], target_notes = (None, []) if settings is None else \
                 target.settings.per_batch_size(settings, ranges)
             notes += target_notes + ([f"context {context}: a table of its own ({target.title}'s table here has no "
-                                      "context axis)"] if context is not None and settings is not None else [])
+                                      "context axis)"] if context is not None and forms[target.name] is not None
+                                     else [])
         forms["tensorrt_llm"] = {"max_draft_len": top,
                                  "draft_len_schedule": {str(hi): k for _, hi, k in ranges[:last_on + 1]}}
         single = [t.title for t in with_settings() if t.settings.per_batch_size is None]
@@ -145,7 +146,8 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
                   "TensorRT-LLM's draft_len_schedule read as the largest batch size of each K, off above its last "
                   "key (its form in which {1: 4} means batch size 1 only); an earlier form reads each key as "
                   "the least batch size of its K and needs {1: max_draft_len}: check your version",
-                  f"{' and '.join(single)} take one K a server: each batch size's server is in the settings by load"]
+                  f"{' and '.join(single)} {'takes' if len(single) == 1 else 'take'} one K a server: each batch "
+                  "size's server is in the settings by load"]
         out["as measured" if context is None else str(context)] = dict(forms, notes=notes)
     return out
 

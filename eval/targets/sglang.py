@@ -1,7 +1,15 @@
 """SGLang: the recommendation as its server flags (server_args.py's --speculative-*; its version not pinned by the
-copy at hand): one chain of K drafts (top-k 1; NGRAM's breadth 1), K + 1 tokens verified. No acceptance form."""
+copy at hand): one chain of K drafts (top-k 1; NGRAM's breadth 1), K + 1 tokens verified. No acceptance form.
+
+K by batch size (per_batch_size), checked against SGLang 0.5.23's speculative/adaptive_spec_params.py and
+arg_groups/speculative_hook.py: `--speculative-adaptive` with `--speculative-adaptive-config FILE`, a JSON object
+{"least batch size of a tier": {"candidate_steps": [...]}, ...} (a batch takes the tier of the largest key at or below
+its size); within a tier the server moves between the candidates on an EMA of the accepted length, so one candidate
+holds the tier at K (0: no drafts). --speculative-num-steps must be one of the candidates. Only EAGLE and EAGLE3 (top-k
+1) adapt: the server turns adaptive off, with a warning, for any other algorithm."""
 from __future__ import annotations
 
+import json
 import shlex
 
 from eval.targets.base import HF, Choice, Settings, Target
@@ -32,6 +40,27 @@ def flags(choice: Choice) -> tuple[list[str] | None, list[str]]:
                   "--speculative-num-draft-tokens", str(choice.gamma + 1)], notes
 
 
+ADAPTIVE = ("EAGLE", "EAGLE3")  # adaptive_spec_params.py adaptive_unsupported_reason
+ADAPTIVE_FILE = "sglang-adaptive.json"
+
+
+def per_batch_size(settings: list[str], ranges: list[list[int]]) -> tuple[list[str] | None, list[str]]:
+    """The flags at the largest K with --speculative-adaptive and its tiers' file (the file in a note), where the
+    algorithm adapts; else None and a note: one K a server."""
+    algorithm = settings[settings.index("--speculative-algorithm") + 1]
+    if algorithm not in ADAPTIVE:
+        return None, [f"{TITLE} takes K by batch size (--speculative-adaptive) for {' and '.join(ADAPTIVE)} only, not "
+                      f"{algorithm}: one K a server, each batch size's server in the settings by load"]
+    top = max(k for _, _, k in ranges)
+    out = list(settings)
+    out[out.index("--speculative-num-steps") + 1] = str(top)
+    out[out.index("--speculative-num-draft-tokens") + 1] = str(top + 1)
+    tiers = {str(lo): {"candidate_steps": [k]} for lo, _, k in ranges}
+    return out + ["--speculative-adaptive", "--speculative-adaptive-config", ADAPTIVE_FILE], [
+        f"{ADAPTIVE_FILE} for {TITLE}: {json.dumps(tiers)} (each key the least batch size of its tier, one candidate "
+        f"K: the tier holds it)", f"above {ranges[-1][1]} rows (the largest load priced) {TITLE} holds K {ranges[-1][2]}"]
+
+
 TARGET = Target(name="sglang", title=TITLE, rank=1,
                 settings=Settings(emit=flags, show=shlex.join, off=[], off_text="no speculation flags (off)",
-                                  no_equivalent=NO_EQUIVALENT))
+                                  no_equivalent=NO_EQUIVALENT, per_batch_size=per_batch_size))

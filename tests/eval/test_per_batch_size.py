@@ -46,6 +46,35 @@ def test_k_by_batch_size_in_the_engines_forms():
     assert any("above 8 rows" in n for n in forms["notes"])
 
 
+def test_sglang_takes_tiers_for_eagle3_and_one_k_a_server_for_a_draft_model():
+    """SGLang 0.5.23 (adaptive_spec_params.py): --speculative-adaptive with a file of tiers keyed by their least batch
+    size, one candidate a tier holding its K, --speculative-num-steps among them (the largest); EAGLE and EAGLE3 only.
+    K 4 at batch 1 and 2, K 2 at 4, off at 8: tiers {"1": [4], "4": [2], "8": [0]}. A draft model (STANDALONE): no
+    table, a note."""
+    def eagle(name, best):
+        row = load(name, best)
+        for c in row["candidates"][:2]:
+            c.update(method="eagle3", draft="h", candidate=c["candidate"].replace("speculative draft=d", "eagle3 draft=h"))
+            c["axes"].update(method="eagle3", draft="h")
+        row["best"] = row["best"].replace("speculative draft=d", "eagle3 draft=h")
+        return row
+
+    heads = {"draft": [{"model": "/heads/e3", "kind": "eagle3", "label": "h"}]}
+    results = [eagle("batch=1", 4), eagle("batch=2", 4), eagle("batch=4", 2), eagle("batch=8", 0)]
+    forms = per_batch_size(results, settings_of(results, heads))["as measured"]
+    flags = forms["sglang"]
+    assert flags[flags.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert flags[flags.index("--speculative-num-steps") + 1] == "4"
+    assert flags[flags.index("--speculative-num-draft-tokens") + 1] == "5"
+    assert flags[-3:] == ["--speculative-adaptive", "--speculative-adaptive-config", "sglang-adaptive.json"]
+    tiers = next(n for n in forms["notes"] if n.startswith("sglang-adaptive.json"))
+    assert '{"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [2]}, "8": {"candidate_steps": [0]}}' in tiers
+
+    chains = [load("batch=1", 4), load("batch=2", 4), load("batch=4", 2), load("batch=8", 0)]
+    forms = per_batch_size(chains, settings_of(chains, CONFIG))["as measured"]
+    assert forms["sglang"] is None and any("not STANDALONE: one K a server" in n for n in forms["notes"])
+
+
 def test_no_table_where_k_does_not_differ_or_a_load_is_no_constant_chain():
     same = [load("batch=1", 2), load("batch=4", 2)]
     assert per_batch_size(same, settings_of(same, CONFIG)) == {}
