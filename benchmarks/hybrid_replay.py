@@ -47,6 +47,7 @@ from decode.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from decode.drafters.hybrid import FREE, HybridDrafter, LengthRecord, plan_row  # noqa: E402
 from decode.drafters.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from decode.drafters.suffix import SuffixCache, SuffixDrafter, prompt_key  # noqa: E402
+from decode.k_model import round_parts  # noqa: E402
 from decode.methods.suffix import Options as SuffixOptions  # noqa: E402
 from decode.names import TARGET, draft_model  # noqa: E402
 
@@ -161,7 +162,7 @@ class TeacherForcedDraft(Drafter):
                     lengths[row] = step + 1
             tokens.append(drafted)
         steps = max(lengths) if stops else longest
-        self.spent += self.prices.draft_first(width) + (steps - 1) * self.prices.draft_s
+        self.spent += round_parts(lambda w: 0.0, self.prices.draft_first, steps, width)[0]  # the K model's round
         self.count += steps
         self.last_proposal = torch.tensor([t[:steps] for t in tokens])
         return Proposal(self.last_proposal, None, torch.tensor(lengths))
