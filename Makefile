@@ -1,4 +1,4 @@
-.PHONY: setup offline test bench demo gpu-wheels
+.PHONY: setup offline test bench demo gpu-wheels gpu-plan gpu-dry-run
 setup:
 	pip install -r requirements.txt -c constraints.txt
 offline:
@@ -12,3 +12,8 @@ bench:
 # the wheels a GPU machine without network needs (docs/gpu.md)
 gpu-wheels:
 	benchmarks/gpu_wheels.sh .gpu-wheels
+# the planned GPU session (docs/gpu.md): its steps and budgets, and its CPU dry run (tiny shapes, seconds)
+gpu-plan:
+	python benchmarks/gpu_session.py --plan
+gpu-dry-run:
+	python benchmarks/gpu_session.py results/gpu-session-dry --dry-run

@@ -3,8 +3,8 @@ any local model does: quantized by bitsandbytes, say, which a synthetic: model i
 
     python benchmarks/save_synthetic.py CONFIG.yaml DIR      # -> DIR/target, DIR/draft
 
-Used by benchmarks/gpu_session.sh for the 4-bit transfer check (configs/transfer-synthetic.yaml: draw=cpu, so the
-folders hold the weights a CPU run of the config ran)."""
+Used for the 4-bit transfer check of configs/transfer-synthetic.yaml (docs/gpu.md; draw=cpu, so the folders hold
+the weights a CPU run of the config ran)."""
 import sys
 from pathlib import Path
 

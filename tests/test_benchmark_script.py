@@ -108,3 +108,167 @@ def test_gpu_check_imports_no_optional_package():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+OFFLINE_ABSENT = ("pydantic", "bitsandbytes", "pynvml", "datasets", "gguf", "flash_attn")
+
+
+def _gpu_session():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_session
+
+    return gpu_session
+
+
+def test_gpu_session_plan_fits_its_total_and_every_goal_has_a_step():
+    """--plan lists every step with its budget; the budgets add up to no more than 8 minutes; each goal row names a
+    step whose function puts that row's figure."""
+    import inspect
+
+    gpu_session = _gpu_session()
+    assert gpu_session.TOTAL_S == 480
+    budgets = {step.name: step.budget_s for step in gpu_session.STEPS}
+    assert sum(budgets.values()) <= gpu_session.TOTAL_S
+    assert set(budgets) == set(gpu_session.STEP_FUNCTIONS) and list(budgets)[-1] == "table"
+    for goal in gpu_session.GOALS:
+        assert goal.step in budgets, goal
+        assert f'"{goal.key}"' in inspect.getsource(gpu_session.STEP_FUNCTIONS[goal.step]), goal
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--plan"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    for name, budget in budgets.items():
+        assert any(line.split()[:2] == [name, f"{budget}s"] for line in lines), name
+    assert any(line.split()[:2] == ["total", f"{sum(budgets.values())}s"] for line in lines)
+
+
+def test_gpu_session_budgets_skip_and_interrupt(monkeypatch, tmp_path):
+    """A step past its budget is interrupted and says so; one whose budget exceeds what is left of the total is
+    skipped and says so; a step that raises is its own row's error and the next still runs."""
+    import time
+
+    gpu_session = _gpu_session()
+    ran = []
+
+    def sleeper(seconds):
+        def step(session):
+            ran.append(seconds)
+            time.sleep(seconds)
+            return {"slept": seconds}
+        return step
+
+    def broken(session):
+        raise RuntimeError("a bug")
+
+    functions = {name: sleeper(0.0) for name in gpu_session.STEP_FUNCTIONS}
+    functions.update(env=sleeper(2.0), bandwidth=broken)
+    monkeypatch.setattr(gpu_session, "STEP_FUNCTIONS", functions)
+    budgets = {name: 0.2 for name in functions}
+    budgets.update(capture=5.0)  # more than the 1.5 s total leaves after env's interrupted 0.2 s
+    session = gpu_session.Session(gpu_session.arguments([str(tmp_path), "--dry-run"])[1])
+    records = {r["step"]: r for r in gpu_session.run_steps(session, 1.5, budgets=budgets)}
+    assert records["env"]["status"] == "over budget" and "budget of 0.2 s" in records["env"]["detail"]
+    assert records["env"]["seconds"] < 1.0
+    assert records["bandwidth"]["status"] == "error" and "a bug" in records["bandwidth"]["detail"]
+    assert records["capture"]["status"] == "skipped" and "past the total" in records["capture"]["detail"]
+    assert records["floor"]["status"] == "ok" and records["table"]["status"] == "ok"
+    assert sum(r["seconds"] for r in records.values()) <= 1.5
+
+
+def test_gpu_session_figures_worked_by_hand():
+    """The busy share: kernel intervals inside two rounds [0, 10] and [20, 30] us, overlapping kernels counted once,
+    a kernel between rounds not at all: (4 + 2 + 1) / 20. The replay: rounds priced at their widest draft, c = 1 s,
+    v(1) = 10 s, v(5) = 20 s: (4 + 20) + (2 + 20) = 46; the baseline, (5 - 1) steps of v(1) = 40."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    gpu_session = _gpu_session()
+
+    def event(name, start, end, device, annotation=False):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_type=device,
+                               is_user_annotation=annotation)
+    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    events = [event("speculate.round", 0, 10, cpu), event("speculate.round", 20, 30, cpu),
+              event("k", 1, 3, cuda), event("k", 2, 5, cuda), event("k", 8, 12, cuda), event("k", 14, 16, cuda),
+              event("k", 25, 26, cuda), event("speculate.round", 20, 30, cuda, annotation=True)]
+    share, rounds = gpu_session.kernel_busy_share(events)
+    assert rounds == 2 and share == pytest.approx(7 / 20)
+    assert gpu_session.kernel_busy_share(events[:2]) == (None, 2)  # a CPU: no device activity
+
+    def record(drafted, tokens):
+        return SimpleNamespace(rounds=[{"drafted": d} for d in drafted], new_tokens=tokens)
+    v = {1: 10.0, gpu_session.GAMMA + 1: 20.0}
+    assert gpu_session.replayed_s([record([4, 2], 9), record([4], 5)], 1.0, v) == 46.0
+    assert gpu_session.replayed_s([record([], 5), record([], 3)], 1.0, v) == 40.0
+
+
+@pytest.mark.e2e
+def test_gpu_session_dry_run_checks_the_round_counters(tmp_path):
+    """The CPU dry run runs every step (nf4 skipped without CUDA, saying why) without any package a GPU machine may
+    lack, checks one host read a round, the rounds' marks adding up to their wall and the capture counters, writes
+    strict JSON, and prints the goal table last, with a row for every goal."""
+    gpu_session = _gpu_session()
+    out = tmp_path / "session"
+    # run as the GPU machine has it: none of the packages it may lack importable (an attempt fails and is logged)
+    blocked = tmp_path / "blocked.log"
+    code = f"""
+import importlib.abc, importlib.machinery, runpy, sys
+class Refuse(importlib.abc.Loader):
+    def create_module(self, spec):
+        open({str(blocked)!r}, "a").write(spec.name + "\\n")
+        raise ImportError(spec.name + " is blocked")
+    def exec_module(self, module):
+        pass
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]  # one installed is found (availability checks as there), then refused
+        if top in {OFFLINE_ABSENT!r} and importlib.machinery.PathFinder.find_spec(top) is not None:
+            return importlib.machinery.ModuleSpec(name, Refuse())
+sys.meta_path.insert(0, Blocker())
+sys.argv = ["gpu_session.py", {str(out)!r}, "--dry-run"]
+runpy.run_path("benchmarks/gpu_session.py", run_name="__main__")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    assert not blocked.exists(), blocked.read_text()
+    records = _strict_json(out / "records.json")
+    goals = json.loads((out / "goals.json").read_text(), parse_constant=lambda c: 1 / 0)
+    assert records["checks_failed"] == []
+    steps = {r["step"]: r for r in records["steps"]}
+    assert [r["step"] for r in records["steps"]] == [s.name for s in gpu_session.STEPS]
+    assert all(r["status"] == "ok" for name, r in steps.items() if name != "nf4"), steps
+    assert steps["nf4"]["status"] == "skipped" and "CUDA" in steps["nf4"]["detail"]
+    rounds = steps["rounds"]["figures"]
+    assert set(rounds["reads_per_round"]) == {1} and rounds["rounds_profiled"] == len(rounds["reads_per_round"])
+    assert rounds["busy_share"] is None and rounds["fake_synchronizes"] >= 1
+    assert {which: (f["mode"], f["captures"]) for which, f in steps["capture"]["figures"].items()} == {
+        "target": ("cudagraphs", 0), "draft": ("cudagraphs", 0)}
+    assert [row["key"] for row in goals] == [goal.key for goal in gpu_session.GOALS]
+    rows = {row["key"]: row for row in goals}
+    assert rows["reads"]["value"] == 1 and rows["reads"]["status"] == "dry: pass"
+    assert rows["energy_b1"]["status"] == "not measured" and "energy counter" in rows["energy_b1"]["note"]
+    assert rows["busy"]["status"] == "not measured" and "no CUDA kernels" in rows["busy"]["note"]
+    for key in ("spec_b1", "spec_b8", "spec_b32", "served_c1", "served_c32", "eagle3_b1", "replay", "hf_baseline",
+                "hf_assisted", "floor"):
+        assert rows[key]["value"] is not None and rows[key]["value"] > 0, rows[key]
+    table = (out / "goals.md").read_text().strip()
+    assert result.stdout.rstrip().endswith(table) and table.count("\n") == len(goals) + 1
+
+
+def test_gpu_session_dry_run_fails_a_second_read_in_a_round(monkeypatch, tmp_path):
+    """A round that reads the device twice fails the dry run's counter check."""
+    import decode.generate as engine
+
+    gpu_session = _gpu_session()
+    real = engine._speculative_round
+
+    def reads_twice(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out[0].tolist()
+        return out
+    monkeypatch.setattr(engine, "_speculative_round", reads_twice)
+    session = gpu_session.Session(gpu_session.arguments([str(tmp_path), "--dry-run"])[1])
+    figures = gpu_session.step_rounds(session)
+    assert set(figures["reads_per_round"]) == {2}
+    assert any("host reads a round [2" in check for check in session.checks), session.checks
