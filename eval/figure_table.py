@@ -3,19 +3,23 @@ axes.
 
 A figure is a named value of a run's metrics (summary.json) with what the report says of it: its legend text, the
 columns of the fixed-batch table (summary.md, the terminal's headline columns) and of the serving table, its fields of
-summary.csv and serving.csv. Each column and CSV field carries its place among its table's columns (`at`): the tables'
-orders are not the legend's. A figure that is computed declares how: `static` for a fixed-batch point, `served` for a
-load point (None: it has no such form, or another entry computes it: one computation may give several figures, e.g. a
-ratio and its interval), and when it applies (from the method's MethodSpec and its engine's EngineCaps). run_metrics
-and serving_metrics are the loop over these computations in the table's order, each reading the figures before it.
+summary.csv and serving.csv, and under load its fields of each group's row. Each column and CSV field carries its
+place among its table's columns (`at`): the tables' orders are not the legend's. A figure that is computed declares
+how: `static` for a fixed-batch point, `served` for a load point (often the same function: a load point is a batch
+whose rows arrive, and what differs is how its records pair with the baseline's, Inputs.pairing), when it applies
+(from the method's MethodSpec and its engine's EngineCaps), and what it gives (`gives`: one computation may give
+several figures, each with its own legend entry or named in one's text, `also`). run_metrics and serving_metrics are
+the loop over these computations in the table's order, each reading the figures before it; a computation that gives
+a figure its entry does not declare is refused, and tests/eval/test_figure_table.py finds a legend entry nothing
+computes and a computed figure no legend describes.
 
 Everything that lists figures derives from FIGURES: the legend (summary.json, legend()), the report's columns and CSVs
-(eval/report.py), and the figures run_metrics and serving_metrics compute. A new figure computed from what the records
-already hold is one entry (register(), or a line here) with its computation: tests/eval/test_figure_table.py registers
-a toy figure declared in one file (tests/eval/toy_figure.py) and finds it in every output. A figure that needs a new
-measurement also takes the code that measures it (our engine's runner/ and decode/, each other engine's worker) and
-its field in the records (eval/records.py); a plotted one a plot in eval/report.py, whose plots are listed there, not
-read from this table.
+(eval/report.py), the figures run_metrics and serving_metrics compute and a load point's group rows. A new figure
+computed from what the records already hold is one entry (register(), or a line here) with its computation:
+tests/eval/test_figure_table.py registers a toy figure declared in one file (tests/eval/toy_figure.py) and finds it in
+every output. A figure that needs a new measurement also takes the code that measures it (our engine's runner/ and
+decode/, each other engine's worker) and its field in the records (eval/records.py); a plotted one a plot in
+eval/report.py, whose plots are listed there, not read from this table.
 """
 from __future__ import annotations
 
@@ -24,15 +28,19 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
-from eval.figures import (accuracy, base_figures, batch_costs, draft_time_share, outputs_match, round_figures, speedups,
-                          synthetic)
-from eval.serving import REQUESTS, occupancy_costs, served_acceptance, served_load, served_pairs, served_replay
+from eval.figures import (accuracy, batch_costs, draft_time_share, latency, new_tokens, outputs_match, prefill_share,
+                          reference_accepted_tokens, round_figures, sample_count, speedups, synthetic, throughputs,
+                          time_per_output_token, time_to_first_token, tokens_per_target_call)
+from eval.serving import (REQUESTS, e2e_figures, itl_figures, max_in_flight_figures, occupancy_costs, occupancy_figures,
+                          queue_figures, rate_figures, served_acceptance, served_pairs, served_replay, tpot_figures,
+                          ttft_figures)
 from eval.totals import BATCHES, Pairing
 from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
                         HOST_BOUND_MIN_C, NUMERICS_DRIFT)
 from eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_PROMPTS
 
 STATIC, SERVED = "static", "served"  # a fixed-batch point, a load point (config load:)
+LOAD = " (load)"  # a legend entry of a load point's figure whose fixed-batch one has the plain name
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,21 @@ class Figure:
     #   computation gives it, or it has no fixed-batch form
     served: Callable | None = None  # (Inputs) -> {metric: value} at a load point; None: likewise
     applies: Callable = _always  # (MethodSpec, EngineCaps) -> whether the point's method and engine have it
+    gives: tuple[str, ...] = ()  # the metrics its computations return, both forms (computed() holds them to it);
+    #   () with a computation: its own metric
+    also: tuple[str, ...] = ()  # the further metrics its legend text describes, each named in it
+    outside: str | None = None  # an entry that is no metric of a point: where it is (a run's own key, a summary's)
+
+    @property
+    def metric(self) -> str:
+        """Its metric's key: "ttft_s (load)" is a load point's ttft_s."""
+        return self.name.removesuffix(LOAD)
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        if self.static is None and self.served is None:
+            return ()
+        return self.gives or (self.metric,)
 
 
 def register(figure: Figure) -> Figure:
@@ -153,8 +176,45 @@ def computed(form: str, inputs: Inputs) -> dict:
     for figure in FIGURES:
         compute = figure.static if form == STATIC else figure.served
         if compute is not None and figure.applies(spec, caps):
-            out.update(compute(replace(inputs, metrics=dict(out))))
+            found = compute(replace(inputs, metrics=dict(out)))
+            undeclared = set(found) - set(figure.given)
+            if undeclared:  # a figure the legend checks (described(), computed_metrics()) would not see
+                raise ValueError(f"figure table: {figure.name}'s computation gives {sorted(undeclared)}, which its entry "
+                                 "does not declare (gives)")
+            out.update(found)
     return out
+
+
+def requests_figure(figures: Callable) -> Callable:
+    """A figure of a load point's requests alone (eval/serving.py REQUEST_FIGURES: (requests, SLO) -> figures) as the
+    table computes it."""
+    def compute(inputs):
+        return figures(inputs.samples, inputs.slo)
+
+    compute.__name__ = figures.__name__
+    return compute
+
+
+def computed_metrics(form: str) -> set[str]:
+    """The metrics the table's computations of this form give."""
+    return {name for f in FIGURES if (f.static if form == STATIC else f.served) is not None for name in f.given}
+
+
+def described() -> set[str]:
+    """The metrics a legend entry describes: its own, and those its text names (also)."""
+    return {name for f in FIGURES if f.legend is not None
+            for name in ((f.metric,) if f.outside is None else ()) + f.also}
+
+
+def uncomputed() -> list[str]:
+    """Legend entries of a metric that no computation of their form gives (a load point's: served_only)."""
+    return [f.name for f in FIGURES if f.legend is not None and f.outside is None
+            and f.metric not in computed_metrics(SERVED if f.served_only else STATIC)]
+
+
+def undescribed() -> list[str]:
+    """Computed metrics with no legend: no entry's own, none its text names."""
+    return sorted((computed_metrics(STATIC) | computed_metrics(SERVED)) - described())
 
 
 def run_metrics(point, samples: list[dict], baseline: list[dict] | None, costs, profile=None) -> dict:
@@ -192,20 +252,29 @@ FIGURES: list[Figure] = [
                             "marked 'partial done/planned' in the tables and hollow in the plots, its ratios pair only the batches "
                             "it has, and it takes no part in best; failed / skipped: not measured (the error says why)",
            columns=(Column("status", ("status",), "{}", 10, terminal=True),),
-           served_columns=(Column("status", ("status",), "{}", 10),)),
+           served_columns=(Column("status", ("status",), "{}", 10),),
+           outside="a run's own key"),
     Figure("batches", legend="a batch is one (repeat, batch_index) of a point; done: measured, paired: also measured by the "
                              "baseline (every ratio uses only these), planned: what the sweep planned (every repeat), prompts: the "
                              "distinct prompt batches paired (what an interval rests on; a conversation's turns, with their batches, count "
                              "once), cross_process: paired batches whose "
-                             "baseline another process measured (a resumed run, a restarted worker)"),
-    Figure("samples", static=base_figures, legend="sequences measured (rows of samples.jsonl)"),
-    Figure("new_tokens", legend="N: generated tokens up to and including EOS, no prompt, no padding; counted alike for every method"),
-    Figure("throughput_tok_s", served=served_load, legend="sum(N) / sum(batch wall times), a batch's wall time being its slowest row's latency; "
+                             "baseline another process measured (a resumed run, a restarted worker)",
+           outside="a run's own key"),
+    Figure("samples", legend="sequences measured (rows of samples.jsonl)",
+           static=sample_count),
+    Figure("new_tokens", legend="N: generated tokens up to and including EOS, no prompt, no padding; counted alike for every method",
+           static=new_tokens),
+    Figure("throughput_tok_s", static=throughputs,
+           gives=("throughput_tok_s", "throughput_tok_s_repeats", "throughput_tok_s_std"),
+           also=("throughput_tok_s_repeats", "throughput_tok_s_std"), legend="sum(N) / sum(batch wall times), a batch's wall time being its slowest row's latency; "
                                       "throughput_tok_s_repeats: the same per repeat, throughput_tok_s_std their standard deviation",
            columns=(Column("tok/s", ("throughput_tok_s",), "{:.2f}", 20, terminal=True),)),
-    Figure("speedup", static=speedups, served=speedups, legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
+    Figure("speedup", legend="throughput(point) / throughput(baseline) over the batches both finished: same prompts, batch size, "
                              "temperature and run (the ratio of total tokens over total wall, not a mean of ratios)",
-           columns=(Column("speedup [95% CI]", ("speedup",), "{:.2f}", 30, terminal=True, kind=MEASURED),)),
+           columns=(Column("speedup [95% CI]", ("speedup",), "{:.2f}", 30, terminal=True, kind=MEASURED),),
+           gives=("speedup", "speedup_ci95", "decode_speedup", "decode_speedup_ci95", "speedup_tput",
+                  "speedup_tput_ci95", "speedup_tpot", "speedup_tpot_ci95"),
+           static=speedups, served=speedups),
     Figure("speedup_ci95", legend=f"95% paired bootstrap CI over prompts: resample the prompt batches with replacement (the batches "
                                   f"holding one conversation's turns together, dataset.turns: they are not independent), each carrying "
                                   f"all its repeats of the point and of the baseline (tokens and wall, measured back to back), "
@@ -223,30 +292,45 @@ FIGURES: list[Figure] = [
                                     "batch only (no prefill time). hybrid prefills its draft model in the first round that drafts "
                                     "with it, if any: that prefill is decode time here",
            columns=(Column("dec speedup [95% CI]", ("decode_speedup",), "{:.2f}", 40, kind=RATIO),),
-           csv=("decode_speedup_ci95",)),
+           csv=("decode_speedup_ci95",),
+           also=("decode_speedup_ci95",)),
     Figure("latency_s", legend="per sequence: wall time from its batch's start to its last token, device synchronised; mean, p50, "
                                "p90, p99",
            columns=(Column("lat p50 s", ("latency_s.p50",), "{:.3f}", 180, terminal=True),
-                    Column("lat p90 s", ("latency_s.p90",), "{:.3f}", 190),)),
-    Figure("tpot_s", legend="time per output token: latency / N per sequence", columns=(Column('TPOT ms', ('tpot_s.mean',), '{:.1f}', 220, kind=MS),)),
-    Figure("ttft_s", legend="time to first token: the prefill", columns=(Column('TTFT s', ('ttft_s.mean',), '{:.3f}', 200),)),
+                    Column("lat p90 s", ("latency_s.p90",), "{:.3f}", 190),),
+           static=latency),
+    Figure("tpot_s", legend="time per output token: latency / N per sequence", columns=(Column('TPOT ms', ('tpot_s.mean',), '{:.1f}', 220, kind=MS),),
+           static=time_per_output_token),
+    Figure("ttft_s", legend="time to first token: the prefill", columns=(Column('TTFT s', ('ttft_s.mean',), '{:.3f}', 200),),
+           static=time_to_first_token),
     Figure("prefill_share", legend="(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot "
                                    "speed up",
-           columns=(Column("prefill %", ("prefill_share",), "{:.0%}", 210),)),
-    Figure("draft_time_share", static=draft_time_share, applies=_has_rounds, legend="time spent drafting / latency, summed over samples"),
+           columns=(Column("prefill %", ("prefill_share",), "{:.0%}", 210),),
+           static=prefill_share),
+    Figure("draft_time_share", legend="time spent drafting / latency, summed over samples",
+           static=draft_time_share, applies=_has_rounds),
     Figure("block_efficiency", legend="tau = N / target forwards, the prefill forward and its token included: mean tokens per "
                                       "target call (baseline 1.0)",
-           columns=(Column("tau", ("block_efficiency",), "{:.3f}", 70, terminal=True),)),
+           columns=(Column("tau", ("block_efficiency",), "{:.3f}", 70, terminal=True),),
+           static=tokens_per_target_call),
     Figure("mean_accepted_tokens", legend="MAT = sum(emitted e_r) / rounds R, the correction or bonus token included: what vLLM and "
                                           "SGLang call acceptance length, Spec-Bench's #MAT (baseline 1.0); for a tree the same: its "
                                           "accepted path length plus one, per round",
-           columns=(Column("MAT", ("mean_accepted_tokens",), "{:.3f}", 80),)),
+           columns=(Column("MAT", ("mean_accepted_tokens",), "{:.3f}", 80),),
+           static=reference_accepted_tokens),
     Figure("tree", legend="the shape of a round's draft (config speculative.tree): null, a chain of gamma; '3-2-1-1', a static tree "
                           "with 3 children at the root, 2 under each of those, ...; 'dynamic-N', EAGLE-2's dynamic tree keeping the "
                           "best N nodes; 'auto', the shape the tree policy picks. A tree's round verifies all its nodes in one target "
                           "forward and accepts one path from the root. The tables show the tree and nodes/rd columns where a point "
-                          "has a tree"),
-    Figure("rounds", static=round_figures, served=served_acceptance, applies=_has_rounds, legend="R: speculation rounds (target verification forwards after the prefill), all sequences"),
+                          "has a tree",
+           outside="an axis: a run's own key"),
+    Figure("rounds", legend="R: speculation rounds (target verification forwards after the prefill), all sequences",
+           gives=("rounds", "acceptance_rate", "mean_accepted_tokens", "alpha", "per_position_acceptance",
+                  "accepted_histogram", "drafted_per_round", "max_drafted", "zero_draft_rounds",
+                  "constant_draft_length", "acceptance_by_depth_rank", "acceptance_by_source", "acceptance_pooled",
+                  "acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request",
+                  "alpha_rounds"),
+           static=round_figures, served=served_acceptance, applies=_has_rounds),
     Figure("acceptance_rate", legend="sum(accepted a_r) / sum(drafted gamma_r) over all rounds of all sequences; rounds that "
                                      "drafted nothing add nothing; null when no round drafted a token. For a tree: accepted path "
                                      "length / nodes verified (besides the root), which falls as the tree widens whatever its "
@@ -275,7 +359,8 @@ FIGURES: list[Figure] = [
                                            "drafted the full gamma: then Leviathan's model at gamma applies; null for a tree"),
     Figure("drafted_per_round", legend="mean drafted tokens per round (a tree: nodes verified besides the root, the tables' nodes/rd); "
                                        "zero_draft_rounds: share of rounds that drafted nothing (a plain target step)",
-           columns=(Column("nodes/rd", ("drafted_per_round",), "{:.2f}", 50, only_with="tree"),)),
+           columns=(Column("nodes/rd", ("drafted_per_round",), "{:.2f}", 50, only_with="tree"),),
+           also=("zero_draft_rounds",)),
     Figure("alpha", legend="Leviathan's alpha from the rounds, for every schedule: the alpha with sum_r E[a_r | gamma_r, alpha] = "
                            "sum_r a_r over the rounds that drafted, E[a | g, alpha] = alpha (1 - alpha^g) / (1 - alpha); every draft "
                            "accepted gives 1, none 0; null when no round drafted a token. Not solved from tau, which counts the "
@@ -283,7 +368,7 @@ FIGURES: list[Figure] = [
                            "of a chain (acceptance_by_depth_rank describes a tree); a chain point some of whose rounds were trees "
                            "(hybrid's merged trees) solves it from its chain rounds only",
            columns=(Column("alpha", ("alpha",), "{:.3f}", 90, kind=Format(interval="{:.3f}")),)),
-    Figure("draft_cost_ratio_c", static=batch_costs, served=occupancy_costs, legend="one draft step / one baseline step, each timed as the run executes it (a draft step: its "
+    Figure("draft_cost_ratio_c", legend="one draft step / one baseline step, each timed as the run executes it (a draft step: its "
                                         "1-token forward and its token's choice; a baseline step: the target's 1-token forward, its "
                                         "token's choice, greedy its top-2 gap, and the host read), medians of interleaved repetitions "
                                         "measured in the run at this batch size, on the first batch's prompts cut or grown to the "
@@ -292,7 +377,14 @@ FIGURES: list[Figure] = [
                                         "4), and each run, overall and per group, reads the one nearest its rows' mean cache "
                                         "(prompt + half the new tokens): cost_context gives both, and a note names the runs whose "
                                         "probe was timed more than 2x from it",
-           columns=(Column("c", ("draft_cost_ratio_c",), "{:.3f}", 100),)),
+           columns=(Column("c", ("draft_cost_ratio_c",), "{:.3f}", 100),),
+           gives=("draft_cost_ratio_c", "verify_cost_ratio_v", "draft_cost_ratio_c_run", "verify_cost_ratio_v_run",
+                  "weight_bytes_ratio", "draft_busy_share", "target_busy_share", "predicted_speedup",
+                  "predicted_speedup_v1", "efficiency", "decode_efficiency", "predicted_speedup_replay",
+                  "predicted_speedup_replay_ci95", "predicted_decode_speedup_replay", "replay_efficiency",
+                  "replay_decode_efficiency", "replay", "replay_missing", "prediction_off", "verify_cost_by_nodes",
+                  "cost_rows", "cost_batch_sizes"),
+           static=batch_costs, served=occupancy_costs),
     Figure("verify_cost_ratio_v", legend="one chain verification of gamma+1 tokens (the target forward, the acceptance, the host read, "
                                          "the rollback) / one baseline step, measured likewise; for a tree of n nodes besides its "
                                          "root, v(n): one (n+1)-token target forward through the tree mask (null for auto, whose n "
@@ -302,7 +394,8 @@ FIGURES: list[Figure] = [
                                             "the baseline's decode time per step, over the batches both finished (chains with a "
                                             "draft model, our engine); verify_cost_ratio_v_run: the target's time per round after "
                                             "the prefill / the same step. Beside c and v they say whether a decode efficiency off 1 "
-                                            "comes from the probed costs (c, v unlike c_run, v_run) or from the tokens per round"),
+                                            "comes from the probed costs (c, v unlike c_run, v_run) or from the tokens per round",
+           also=("verify_cost_ratio_v_run",)),
     Figure("verify_cost_by_nodes", legend="tree points: v(n) at every node count n measured at the point's batch size (the "
                                           "verification of n nodes is an (n+1)-token forward; the run probes the n of each tree it "
                                           "sweeps, and 1, 2, 3, 4, 6, 8, 12, 16, 24, 32 for auto); the prediction interpolates "
@@ -315,7 +408,8 @@ FIGURES: list[Figure] = [
            columns=(Column("bytes", ("weight_bytes_ratio",), "{:.3f}", 110),)),
     Figure("draft_busy_share", legend="CUDA only: the GPU's busy time (its kernels' time, from the profiler) in the draft's 1-token "
                                       "forward / that forward's wall time; target_busy_share: the same for the target's; null on a "
-                                      "CPU"),
+                                      "CPU",
+           also=("target_busy_share",)),
     Figure("predicted_speedup", legend="(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma*c + v)); predicted_speedup_v1 uses v = 1 "
                                        "(Leviathan et al. 2023, Thm 3.8). Only where the model applies: a constant draft length, a "
                                        "draft model, c and v measured; else null and the notes say why. A tree: sum_r E[e_r] / "
@@ -327,12 +421,14 @@ FIGURES: list[Figure] = [
                                        "round's target forward verified (the batch's widest tree, which a row with a smaller tree or "
                                        "none waits for too; older records without it: the row's own); predicted_speedup_v1 uses "
                                        "v(n) = 1",
-           columns=(Column("pred", ("predicted_speedup",), "{:.3f}", 130, terminal=True),)),
+           columns=(Column("pred", ("predicted_speedup",), "{:.3f}", 130, terminal=True),),
+           also=("predicted_speedup_v1",)),
     Figure("efficiency", legend="measured speedup / predicted speedup: how close the implementation comes to the algorithm's limit; "
                                 "decode_efficiency: decode speedup / predicted speedup",
            columns=(Column("eff", ("efficiency",), "{:.3f}", 140),
-                    Column("dec eff", ("decode_efficiency",), "{:.3f}", 150),)),
-    Figure("predicted_speedup_replay", served=served_replay, legend="the replay of the point's own schedule (eval/replay.py, docs/predict.md): its batches, "
+                    Column("dec eff", ("decode_efficiency",), "{:.3f}", 150),),
+           also=("decode_efficiency",)),
+    Figure("predicted_speedup_replay", legend="the replay of the point's own schedule (eval/replay.py, docs/predict.md): its batches, "
                                               "or under a load its requests at their arrivals, as the engine's loop runs them (admit, "
                                               "round, evict), each request with its measured prompt length, new tokens and rounds, "
                                               "each step priced by the run's cost profile (costs.json: the probes' steps by rows and "
@@ -353,15 +449,21 @@ FIGURES: list[Figure] = [
            served_columns=(Column("replay [95% CI]", ("predicted_speedup_replay",), "{:.2f}", 180, terminal=True, kind=CI),
                            Column("TTFT P50 s replay", ("replay.ttft_p50_s",), "{:.3f}", 190),
                            Column("TPOT ms replay", ("replay.tpot_mean_ms",), "{:.1f}", 200),),
-           served_csv=(("predicted_speedup_replay", 460), ("predicted_speedup_replay_ci95", 470), ("replay.ttft_p50_s", 480), ("replay.tpot_mean_ms", 490), ("replay.e2e_p50_s", 500))),
-    Figure("exact_match", static=outputs_match, served=outputs_match, legend="greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
+           served_csv=(("predicted_speedup_replay", 460), ("predicted_speedup_replay_ci95", 470), ("replay.ttft_p50_s", 480), ("replay.tpot_mean_ms", 490), ("replay.e2e_p50_s", 500)),
+           gives=("predicted_speedup_replay", "predicted_speedup_replay_ci95", "replay", "replay_missing",
+                  "prediction_off"),
+           also=("predicted_speedup_replay_ci95", "predicted_decode_speedup_replay", "replay", "replay_missing",
+                 "replay_efficiency", "replay_decode_efficiency"),
+           served=served_replay),
+    Figure("exact_match", legend="greedy only: share of samples whose tokens equal the baseline's on the same prompt and repeat; "
                                  "mismatches list where each starts (first_mismatch, a token index) and, where the baseline "
                                  "recorded it, baseline_gap: the baseline's top-1 minus top-2 logit at that token (null: the outputs "
                                  "differ in length only); null for a synthetic-acceptance point (its output is not the target's)",
            columns=(Column("exact", ("exact_match",), "{:.3f}", 230, terminal=True),),
            served_columns=(Column("exact", ("exact_match",), "{:.3f}", 210),),
-           served_csv=(("exact_match", 510),)),
-    Figure("synthetic_acceptance", static=synthetic, served=synthetic, legend="config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
+           served_csv=(("exact_match", 510),),
+           gives=("exact_match", "mismatches"), also=("mismatches",), static=outputs_match, served=outputs_match),
+    Figure("synthetic_acceptance", legend="config speculative.synthetic_acceptance: the set alpha of a synthetic point (null: the "
                                           "real acceptance). Draft and target run their real forwards (gamma drafts, one verification "
                                           "of gamma + 1 tokens), but draft i of a round is accepted iff drafts 1..i-1 were and an "
                                           "independent Bernoulli(alpha) draw says yes (drawn on the device from the batch's seeded "
@@ -376,7 +478,10 @@ FIGURES: list[Figure] = [
                                           "alpha [95% CI], speedup [95% CI], predicted [at alpha's CI], c, v, measured / predicted [at the "
                                           "speedup's CI]",
            served_columns=(Column("synthetic", ("synthetic_acceptance",), "{:g}", 20, terminal=True,
-                                  only_with="synthetic_acceptance"),)),
+                                  only_with="synthetic_acceptance"),),
+           gives=("synthetic", "synthetic_acceptance", "alpha_ci95", "alpha_minus_set", "alpha_prompts", "exact_match",
+                  "mismatches", "predicted_speedup_ci95", "efficiency", "efficiency_ci95"),
+           also=("synthetic",), static=synthetic, served=synthetic),
     Figure("alpha_ci95", legend=f"synthetic points: 95% bootstrap CI of alpha over prompts: resample the prompts with replacement, "
                                 f"each with all its repeats' rounds, solve alpha from the resample's rounds as alpha itself "
                                 f"({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}, the expanded percentile interval as "
@@ -385,11 +490,14 @@ FIGURES: list[Figure] = [
                                 "minus the set alpha; alpha_prompts: the prompts behind the interval. predicted_speedup_ci95: the "
                                 "prediction at the interval's ends, c and v as measured (their own spread is not in it); efficiency_ci95: "
                                 "the speedup's interval over the prediction (the prompts' spread alone)",
-           csv=("alpha_ci95",)),
-    Figure("accuracy", static=accuracy, legend="GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
+           csv=("alpha_ci95",),
+           also=("alpha_minus_set", "alpha_prompts", "predicted_speedup_ci95", "efficiency_ci95")),
+    Figure("accuracy", legend="GSM8K: share of answers (after the last '####', else the last number) equal to the reference; "
                               "accuracy_cut: answers cut at max_new_tokens before '####' (of accuracy_graded); when more than half "
                               "are cut the notes say the accuracy is not meaningful",
-           columns=(Column("acc", ("accuracy",), "{:.3f}", 240, terminal=True),)),
+           columns=(Column("acc", ("accuracy",), "{:.3f}", 240, terminal=True),),
+           gives=("accuracy", "accuracy_cut", "accuracy_graded"), also=("accuracy_cut", "accuracy_graded"),
+           static=accuracy),
     Figure("flags", legend=f"a figure that cannot be trusted as it is, kept and marked '!' in the tables and plots (never a reference's speedup, 1 by definition), the notes say "
                            f"why: few_samples: fewer than {MIN_PROMPTS} prompt batches back the ratio, so it has no interval; "
                            f"cross_process: some of its batches were paired with a baseline another process measured (a resumed "
@@ -422,24 +530,29 @@ FIGURES: list[Figure] = [
                            f"than 5% from it), whatever the measured speedup's own interval; the message names the parts of the "
                            f"schedule that ran more than 10% from what the replay priced (the draft's steps as c_run / c, the "
                            f"verifications as v_run / v, the prefills; under a load these three as the records time them, in units "
-                           f"of the baseline's steps: a machine uniformly slower than its probes names none)"),
+                           f"of the baseline's steps: a machine uniformly slower than its probes names none)",
+           outside="a run's own key", also=("prediction_off",)),
     Figure("group", legend="dataset.group_by's value, or a conversation's turn ('turn 1', 'turn 2', ...: runs of conversations "
                            "give figures per turn besides group_by's; group_field says which); null: the overall run. At batch size 1 a group's figures are exact; at batch "
                            "size > 1 rows of different groups share a batch, and a group's batch wall time is its slowest row of "
-                           "that group in the batch"),
-    Figure("engines", legend=" ".join(t.legend for t in ENGINE_TEXTS.values()) or None),
+                           "that group in the batch",
+           outside="a run's own key"),
+    Figure("engines", legend=" ".join(t.legend for t in ENGINE_TEXTS.values()) or None,
+           outside="summary.json engines (eval/summary.py engine_comparison)"),
     Figure("best", legend="per comparison (batch size or load point, and temperature): each method's point with the highest "
                           "measured speedup among status ok points (flagged ones included and marked), and the gamma predicted "
                           "best among the gammas swept: by the replay of each gamma's own schedule where every gamma has one "
                           "(alpha_used null), else, for a constant draft length with measured costs, by Leviathan's model from "
-                          "the best point's alpha, c and v; the report prints a method's line where it ran more than one point"),
+                          "the best point's alpha, c and v; the report prints a method's line where it ran more than one point",
+           outside="summary.json best (eval/summary.py best_points)"),
     Figure("best_method", legend="per comparison and engine, overall and per group: the method whose point has the highest "
                                  "measured speedup among status ok points (flagged ones included and marked), and its margin "
                                  "over the runner-up (the next method's best point): the ratio of the two points' throughputs "
                                  "over the prompt batches both finished (margin), with the 95% paired bootstrap interval over "
                                  "prompts of speedup_ci95, the runner-up in the baseline's place (margin_ci95; null below "
                                  f"{MIN_PROMPTS} prompt batches, margin_prompts says how many); verdict above, below or tied "
-                                 "(the interval holds 1)"),
+                                 "(the interval holds 1)",
+           outside="summary.json best_method (eval/summary.py best_methods)"),
     Figure("serving", legend="a serving run (config load:): each load point (concurrency C: at most C requests in flight; "
                              "request_rate: arrivals per second, null = all at once; conversations: first turns per second, a later turn "
                              "arriving load.think_s after the turn before it ends) serves the same N requests on the same arrival "
@@ -448,42 +561,50 @@ FIGURES: list[Figure] = [
                              "(its prefill began), first token, finish; its clock starts at its slot: when it got one of the C "
                              "concurrency slots (vLLM bench serve's --max-concurrency semaphore), max(arrival, the earliest release "
                              "of a slot by a finishing request, in arrival order, then request order: a conversation's later turn arrives after its previous answer); with no cap binding, its arrival",
-           served_only=True),
+           served_only=True,
+           outside="summary.json serving (eval/serving.py serving_section)"),
     Figure("ttft_s (load)", legend="time to first token = first token - slot: the prefill and any wait inside the engine for the "
                                    "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
            served_only=True, per_group=(("ttft_s_p50", "ttft_s.p50"),),
            served_columns=(Column("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}", 30, terminal=True),),
-           served_csv=(("ttft_s.mean", 30), ("ttft_s.p50", 40), ("ttft_s.p90", 50), ("ttft_s.p99", 60))),
+           served_csv=(("ttft_s.mean", 30), ("ttft_s.p50", 40), ("ttft_s.p90", 50), ("ttft_s.p99", 60)),
+           served=requests_figure(ttft_figures)),
     Figure("by_group", legend="per group of a load point's requests (dataset.group_by's values, and a conversation's turns: 'turn 1', "
                               "'turn 2', ...): its requests' TTFT, TPOT and E2E P50, pooled acceptance and MAT, and the TPOT speedup "
                               "against the same requests of the baseline, with its 95% paired bootstrap interval over those requests "
                               "(null below 8); no throughput, since every group's requests share the load point's span",
-           served_only=True),
+           served_only=True,
+           outside="a load point's metrics, its groups' fields the entries' per_group (eval/serving.py group_figures)"),
     Figure("queue_s", legend="the client's wait for a concurrency slot = slot - arrival (0 with no cap binding); not in TTFT, E2E or "
                              "the SLO, as in vLLM's bench serve",
            served_only=True,
            served_columns=(Column("queue P50 / P99 s", ("queue_s.p50", "queue_s.p99"), "{:.3f}", 70),),
-           served_csv=(("queue_s.mean", 310), ("queue_s.p50", 320), ("queue_s.p90", 330), ("queue_s.p99", 340))),
+           served_csv=(("queue_s.mean", 310), ("queue_s.p50", 320), ("queue_s.p90", 330), ("queue_s.p99", 340)),
+           served=requests_figure(queue_figures)),
     Figure("max_in_flight", legend="the most requests in flight (admitted, not finished) at once; where the concurrency exceeds the "
                                    "load point's requests the notes say that at most that many could be",
            served_only=True,
-           served_csv=(("max_in_flight", 300),)),
+           served_csv=(("max_in_flight", 300),),
+           served=requests_figure(max_in_flight_figures)),
     Figure("tpot_s (load)", legend="time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
                                    "one-token request has none)",
            served_only=True, per_group=(("tpot_s_p50", "tpot_s.p50"),),
            served_columns=(Column("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}", 40, terminal=True, kind=MS),),
-           served_csv=(("tpot_s.mean", 70), ("tpot_s.p50", 80), ("tpot_s.p90", 90), ("tpot_s.p99", 100))),
+           served_csv=(("tpot_s.mean", 70), ("tpot_s.p50", 80), ("tpot_s.p90", 90), ("tpot_s.p99", 100)),
+           served=requests_figure(tpot_figures)),
     Figure("itl_s", legend="inter-token latency: the gaps between successive emissions of a request, pooled over requests; as in "
                            "vLLM a chunk of tokens emitted at once (a round's accepted drafts and its target token) is one gap, so "
                            "speculation has fewer, longer gaps: TPOT is the per-token figure",
            served_only=True,
            served_columns=(Column("ITL P50 / P99 ms", ("itl_s.p50", "itl_s.p99"), "{:.1f}", 50, kind=MS),),
-           served_csv=(("itl_s.mean", 110), ("itl_s.p50", 120), ("itl_s.p90", 130), ("itl_s.p99", 140))),
+           served_csv=(("itl_s.mean", 110), ("itl_s.p50", 120), ("itl_s.p90", 130), ("itl_s.p99", 140)),
+           served=requests_figure(itl_figures)),
     Figure("e2e_s", legend="end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
                            "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
            served_only=True, per_group=(("e2e_s_p50", "e2e_s.p50"),),
            served_columns=(Column("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}", 60),),
-           served_csv=(("e2e_s.mean", 150), ("e2e_s.p50", 160), ("e2e_s.p90", 170), ("e2e_s.p99", 180))),
+           served_csv=(("e2e_s.mean", 150), ("e2e_s.p50", 160), ("e2e_s.p90", 170), ("e2e_s.p99", 180)),
+           served=requests_figure(e2e_figures)),
     Figure("output_tok_s", legend="total new tokens / span, span = the last finish - the load point's start (t = 0: the serving "
                                   "benchmark duration, the first request's arrival gap in it; summed "
                                   "over repeats); requests_per_s likewise; goodput_req_s: requests meeting every limit of config "
@@ -492,13 +613,18 @@ FIGURES: list[Figure] = [
            served_columns=(Column("tok/s", ("output_tok_s",), "{:.1f}", 80, terminal=True),
                            Column("req/s", ("requests_per_s",), "{:.2f}", 90),
                            Column("goodput req/s", ("goodput_req_s",), "{:.2f}", 100),),
-           served_csv=(("requests", 0), ("output_tokens", 10), ("span_s", 20), ("output_tok_s", 190), ("requests_per_s", 200), ("goodput_req_s", 210), ("slo_met", 220))),
+           served_csv=(("requests", 0), ("output_tokens", 10), ("span_s", 20), ("output_tok_s", 190), ("requests_per_s", 200), ("goodput_req_s", 210), ("slo_met", 220)),
+           served=requests_figure(rate_figures),
+           gives=("requests", "output_tokens", "span_s", "output_tok_s", "requests_per_s", "goodput_req_s", "slo_met"),
+           also=("requests_per_s", "goodput_req_s", "slo_met")),
     Figure("mean_in_flight", legend="occupancy: the time average over the span of the requests between admission and finish = "
                                     "sum(finish - admitted) / span; busy_in_flight: the same over the time at least one was in "
                                     "flight (what a step sees: idle time between arrivals left out)",
            served_only=True,
            served_columns=(Column("in flight", ("mean_in_flight",), "{:.2f}", 110),),
-           served_csv=(("mean_in_flight", 230), ("busy_in_flight", 290))),
+           served_csv=(("mean_in_flight", 230), ("busy_in_flight", 290)),
+           served=requests_figure(occupancy_figures), gives=("mean_in_flight", "busy_in_flight"),
+           also=("busy_in_flight",)),
     Figure("acceptance_pooled", legend="acceptance rate pooled over every round of every request, sum(accepted) / sum(drafted) (as "
                                        "vLLM's counters); acceptance_per_request: the mean over requests of each request's own (as "
                                        "specdec_bench); mean_accepted_tokens_pooled / _per_request: MAT = emitted / rounds, likewise; "
@@ -509,8 +635,10 @@ FIGURES: list[Figure] = [
            per_group=(("acceptance_pooled", "acceptance_pooled"), ("mean_accepted_tokens_pooled", "mean_accepted_tokens_pooled")),
            served_columns=(Column("accept pooled / per-req", ("acceptance_pooled", "acceptance_per_request"), "{:.3f}", 120),
                            Column("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}", 130),),
-           served_csv=(("acceptance_pooled", 240), ("acceptance_per_request", 250), ("mean_accepted_tokens_pooled", 260), ("mean_accepted_tokens_per_request", 270), ("alpha", 280), ("alpha_rounds", 350))),
-    Figure("speedup_tput", served=served_pairs, legend="(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
+           served_csv=(("acceptance_pooled", 240), ("acceptance_per_request", 250), ("mean_accepted_tokens_pooled", 260), ("mean_accepted_tokens_per_request", 270), ("alpha", 280), ("alpha_rounds", 350)),
+           also=("acceptance_per_request", "mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request",
+                 "alpha_rounds")),
+    Figure("speedup_tput", legend="(sum N / sum E2E) of the method / the baseline's over the requests both served at the same load "
                                   "point and temperature: a per-request token rate. By Little's law a system's tok/s = L x (sum N / "
                                   "sum E2E), L the mean requests in the system (queued or in flight) over the span, so the ratio is "
                                   "the system throughput ratio where both keep the same L (a closed loop at C always full: L = C, E2E "
@@ -519,7 +647,8 @@ FIGURES: list[Figure] = [
            served_only=True, per_group=(("requests_paired", "requests_paired"),),
            served_columns=(Column("speedup tput [95% CI]", ("speedup_tput",), "{:.2f}", 140, terminal=True, kind=MEASURED),
                            Column("tok/s ratio", ("output_tok_s_ratio",), "{:.2f}", 160),),
-           served_csv=(("requests_paired", 360), ("speedup_tput", 370), ("output_tok_s_ratio", 410))),
+           served_csv=(("requests_paired", 360), ("speedup_tput", 370), ("output_tok_s_ratio", 410)),
+           served=served_pairs, gives=("requests_paired", "output_tok_s_ratio"), also=("output_tok_s_ratio",)),
     Figure("speedup_tpot", legend="mean TPOT of the baseline / the method's, over the requests both served with N > 1",
            served_only=True, per_group=(("speedup_tpot", "speedup_tpot"), ("speedup_tpot_ci95", "speedup_tpot_ci95")),
            served_columns=(Column("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}", 150, terminal=True, kind=MEASURED),),
@@ -531,7 +660,8 @@ FIGURES: list[Figure] = [
                                        "interval covers how the ratio varies from request to request on that schedule, not from "
                                        "run to run",
            served_only=True,
-           served_csv=(("speedup_tput_ci95", 380),)),
+           served_csv=(("speedup_tput_ci95", 380),),
+           also=("speedup_tpot_ci95",)),
     Figure("predicted_speedup (load)", legend="Leviathan's (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v)) at the load point's "
                                               "measured alpha (pooled chain rounds), with c and v at its occupancy while busy "
                                               "(busy_in_flight, cost_rows): linear between the batch sizes probed around it "
@@ -541,7 +671,8 @@ FIGURES: list[Figure] = [
                                               "no queue, no joining request",
            served_only=True,
            served_columns=(Column("pred", ("predicted_speedup",), "{:.2f}", 170, terminal=True),),
-           served_csv=(("draft_cost_ratio_c", 420), ("verify_cost_ratio_v", 430), ("cost_rows", 440), ("predicted_speedup", 450))),
+           served_csv=(("draft_cost_ratio_c", 420), ("verify_cost_ratio_v", 430), ("cost_rows", 440), ("predicted_speedup", 450)),
+           also=("cost_rows", "cost_batch_sizes")),
     Figure("crossovers", legend="per method line and sweep along one load axis (the other held): measured: where the throughput "
                                 "speedup's point estimate crosses 1 (the load where the straight line between the two loads around "
                                 "the crossing meets 1; null beside 'all at once'), the verdict 'above 1 at every load measured' or "
@@ -549,7 +680,8 @@ FIGURES: list[Figure] = [
                                 "whose interval lies wholly above 1; predicted: the same on the predicted speedups; tpot: on the TPOT "
                                 "speedup. A concurrency above a load point's requests is placed at the requests (no more can be in "
                                 "flight), and of several such caps the lowest stands for them",
-           served_only=True),
+           served_only=True,
+           outside="summary.json serving.crossovers (eval/serving.py crossovers)"),
     Figure("versus_fixed", legend="per load point and method line but gamma and schedule: each point whose schedule is not "
                                   "constant against the best fixed K there (the constant schedule's highest throughput speedup, "
                                   "a choice that favours the fixed K): tput_ratio, (sum N / sum E2E) over the fixed K's over "
@@ -558,5 +690,6 @@ FIGURES: list[Figure] = [
                                   "tied where it holds 1, too few requests where fewer than 8 pair (a conversation's "
                                   "turns count once); output_tok_s_ratio: the "
                                   "system tok/s over the fixed K's (a reading)",
-           served_only=True),
+           served_only=True,
+           outside="summary.json serving.versus_fixed (eval/serving.py versus_fixed)"),
 ]

@@ -329,39 +329,69 @@ def compares_outputs(point: Point) -> bool:
     return point.temperature is None and not REGISTRY[point.method].is_reference and point.synthetic_acceptance is None
 
 
-def base_figures(inputs) -> dict:
-    """The records' own figures: their counts, latencies (an engine's own request times where it records them),
-    throughput per repeat and overall, tau, and the prefill's share; MAT 1.0 for the reference where its forwards are
-    counted (tau; a method with rounds has its own, speculation_figures)."""
-    point, samples = inputs.point, inputs.samples
-    spec = REGISTRY[point.method]
-    latencies = [s["latency_s"] for s in samples]
-    text = ENGINE_TEXTS.get(spec.engine)
-    per_request = per_request_times(samples, text.request_times) if text and text.request_times else None
-    tau = block_efficiency(samples)
-    metrics = {
-        "samples": len(samples),
-        "new_tokens": sum(s["new_tokens"] for s in samples),
-        "latency_s": distribution(per_request[0] if per_request else latencies),
-        "tpot_s": distribution([lat / s["new_tokens"] for s, lat in zip(samples, per_request[0] if per_request
-                                                                      else latencies) if s["new_tokens"]]),
-        "ttft_s": distribution(per_request[1] if per_request else
-                               [s["prefill_s"] for s in samples if s.get("prefill_s") is not None]),
-        "throughput_tok_s": throughput(samples),
-        "block_efficiency": tau,
-        # a reference's 1 token a step is a count where its forwards are counted, as tau: not where they are not
-        "mean_accepted_tokens": 1.0 if spec.is_reference and tau is not None else None,
-        "prefill_share": None,
-    }
+def sample_count(inputs) -> dict:
+    return {"samples": len(inputs.samples)}
+
+
+def new_tokens(inputs) -> dict:
+    return {"new_tokens": sum(s["new_tokens"] for s in inputs.samples)}
+
+
+def throughputs(inputs) -> dict:
+    """Throughput overall and per repeat, and the repeats' standard deviation."""
+    samples = inputs.samples
     repeats = sorted({s.get("repeat", 0) for s in samples})
     per_repeat = [throughput([s for s in samples if s.get("repeat", 0) == r]) for r in repeats]
-    metrics["throughput_tok_s_repeats"] = per_repeat
-    metrics["throughput_tok_s_std"] = statistics.stdev(per_repeat) if len(per_repeat) > 1 and None not in per_repeat else None
-    if samples and all(s.get("prefill_s") is not None for s in samples):
-        # a row that ended at its first token carries the batch's draft prefill it never waited for
-        metrics["prefill_share"] = ratio(sum(min(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0), s["latency_s"])
-                                             for s in samples), sum(latencies))
-    return metrics
+    return {"throughput_tok_s": throughput(samples), "throughput_tok_s_repeats": per_repeat,
+            "throughput_tok_s_std": statistics.stdev(per_repeat) if len(per_repeat) > 1 and None not in per_repeat
+            else None}
+
+
+def request_times(inputs) -> tuple[list[float], list[float] | None]:
+    """Each record's latency and TTFT: an engine's own request times where it records them (per_request_times),
+    else the records' latency and prefill (None: a record has no prefill time)."""
+    samples = inputs.samples
+    text = ENGINE_TEXTS.get(REGISTRY[inputs.point.method].engine)
+    per_request = per_request_times(samples, text.request_times) if text and text.request_times else None
+    if per_request:
+        return per_request
+    return [s["latency_s"] for s in samples], None
+
+
+def latency(inputs) -> dict:
+    return {"latency_s": distribution(request_times(inputs)[0])}
+
+
+def time_per_output_token(inputs) -> dict:
+    latencies = request_times(inputs)[0]
+    return {"tpot_s": distribution([lat / s["new_tokens"] for s, lat in zip(inputs.samples, latencies)
+                                    if s["new_tokens"]])}
+
+
+def time_to_first_token(inputs) -> dict:
+    ttfts = request_times(inputs)[1]
+    return {"ttft_s": distribution(ttfts if ttfts is not None else
+                                   [s["prefill_s"] for s in inputs.samples if s.get("prefill_s") is not None])}
+
+
+def prefill_share(inputs) -> dict:
+    samples = inputs.samples
+    if not samples or any(s.get("prefill_s") is None for s in samples):
+        return {"prefill_share": None}
+    # a row that ended at its first token carries the batch's draft prefill it never waited for
+    return {"prefill_share": ratio(sum(min(s["prefill_s"] + (s.get("draft_prefill_s") or 0.0), s["latency_s"])
+                                       for s in samples), sum(s["latency_s"] for s in samples))}
+
+
+def tokens_per_target_call(inputs) -> dict:
+    return {"block_efficiency": block_efficiency(inputs.samples)}
+
+
+def reference_accepted_tokens(inputs) -> dict:
+    """MAT 1.0 for the reference where its forwards are counted (tau: a reference's 1 token a step is a count there,
+    not where they are not); a method with rounds has its own (speculation_figures), None meanwhile."""
+    counted = REGISTRY[inputs.point.method].is_reference and inputs.metrics.get("block_efficiency") is not None
+    return {"mean_accepted_tokens": 1.0 if counted else None}
 
 
 def draft_time_share(inputs) -> dict:

@@ -154,31 +154,63 @@ def requests_paired(samples: list[dict], baseline: list[dict]) -> int:
 # ---- per load point and method ------------------------------------------------------------------------------------
 
 def load_figures(samples: list[dict], slo: dict | None) -> dict:
-    """Latencies (mean, P50, P90, P99, linear interpolation between ranks; TTFT and E2E from each request's slot, the
-    wait for it queue_s), rates over the span (each repeat's start, t = 0, to its last finish, summed over repeats:
-    vLLM's benchmark duration, which the first request's gap is part of), goodput, and the rows in flight: their
-    time average over the span, over the time any was in flight (busy), and the most at once. samples: with their
-    slots (with_slots)."""
-    spans = [max(s["finish_s"] for s in rows) for rows in by_repeat(samples).values()]
-    span = sum(spans)
+    """Every figure of a load point's requests alone (REQUEST_FIGURES, each a figure table entry's): latencies (mean,
+    P50, P90, P99, linear interpolation between ranks; TTFT and E2E from each request's slot, the wait for it
+    queue_s), rates over the span, goodput, and the rows in flight. samples: with their slots (with_slots)."""
+    return {name: value for figures in REQUEST_FIGURES for name, value in figures(samples, slo).items()}
+
+
+def span_of(samples: list[dict]) -> float:
+    """Each repeat's start, t = 0, to its last finish, summed over repeats: vLLM's benchmark duration, which the
+    first request's gap is part of."""
+    return sum(max(s["finish_s"] for s in rows) for rows in by_repeat(samples).values())
+
+
+def ttft_figures(samples: list[dict], slo: dict | None) -> dict:
+    return {"ttft_s": distribution([ttft(s) for s in samples])}
+
+
+def queue_figures(samples: list[dict], slo: dict | None) -> dict:
+    return {"queue_s": distribution([s["slot_s"] - s["arrival_s"] for s in samples])}
+
+
+def max_in_flight_figures(samples: list[dict], slo: dict | None) -> dict:
+    return {"max_in_flight": max_in_flight(samples)}
+
+
+def tpot_figures(samples: list[dict], slo: dict | None) -> dict:
+    return {"tpot_s": distribution([t for t in map(tpot, samples) if t is not None])}
+
+
+def itl_figures(samples: list[dict], slo: dict | None) -> dict:
+    return {"itl_s": distribution([g for s in samples for g in inter_token_gaps(s)])}
+
+
+def e2e_figures(samples: list[dict], slo: dict | None) -> dict:
+    return {"e2e_s": distribution([e2e(s) for s in samples])}
+
+
+def rate_figures(samples: list[dict], slo: dict | None) -> dict:
+    """Tokens and requests over the span; goodput: the requests meeting every limit of the SLO, null without one."""
+    span = span_of(samples)
+    met = [meets_slo(s, slo) for s in samples] if slo else None
+    return {"requests": len(samples), "output_tokens": sum(s["new_tokens"] for s in samples), "span_s": span,
+            "output_tok_s": ratio(sum(s["new_tokens"] for s in samples), span),
+            "requests_per_s": ratio(len(samples), span),
+            "goodput_req_s": None if met is None else ratio(sum(met), span),
+            "slo_met": None if met is None else ratio(sum(met), len(met))}
+
+
+def occupancy_figures(samples: list[dict], slo: dict | None) -> dict:
+    """The requests in flight: their time average over the span, and over the time any was in flight (busy)."""
     # the time average of requests between admission and finish: each contributes its time in flight
     in_flight = sum(s["finish_s"] - admitted(s) for s in samples)
-    met = [meets_slo(s, slo) for s in samples] if slo else None
-    return {
-        "requests": len(samples), "output_tokens": sum(s["new_tokens"] for s in samples), "span_s": span,
-        "ttft_s": distribution([ttft(s) for s in samples]),
-        "tpot_s": distribution([t for t in map(tpot, samples) if t is not None]),
-        "itl_s": distribution([g for s in samples for g in inter_token_gaps(s)]),
-        "e2e_s": distribution([e2e(s) for s in samples]),
-        "queue_s": distribution([s["slot_s"] - s["arrival_s"] for s in samples]),
-        "output_tok_s": ratio(sum(s["new_tokens"] for s in samples), span),
-        "requests_per_s": ratio(len(samples), span),
-        "goodput_req_s": None if met is None else ratio(sum(met), span),
-        "slo_met": None if met is None else ratio(sum(met), len(met)),
-        "mean_in_flight": ratio(in_flight, span),
-        "busy_in_flight": ratio(in_flight, sum(map(busy_time, by_repeat(samples).values()))),
-        "max_in_flight": max_in_flight(samples),
-    }
+    return {"mean_in_flight": ratio(in_flight, span_of(samples)),
+            "busy_in_flight": ratio(in_flight, sum(map(busy_time, by_repeat(samples).values())))}
+
+
+REQUEST_FIGURES = (ttft_figures, queue_figures, max_in_flight_figures, tpot_figures, itl_figures, e2e_figures,
+                   rate_figures, occupancy_figures)
 
 
 def busy_time(rows: list[dict]) -> float:
@@ -334,11 +366,6 @@ def group_figures(point: Point, samples: list[dict], baseline: list[dict] | None
     return out
 
 
-def served_load(inputs) -> dict:
-    """load_figures of a load point, its SLO the config's."""
-    return load_figures(inputs.samples, inputs.slo)
-
-
 def served_acceptance(inputs) -> dict:
     """acceptance_figures of a load point."""
     return acceptance_figures(inputs.samples, inputs.point)
@@ -360,7 +387,8 @@ def occupancy_costs(inputs) -> dict:
                          "predicted_speedup"])
     if REGISTRY[point.method].has_rounds and point.gamma and tree_of(point) is None \
             and metrics.get("constant_draft_length"):
-        at = costs_at(inputs.probes, point.draft, point.gamma, metrics["busy_in_flight"] or point.batch_size)
+        busy = occupancy_figures(inputs.samples, None)["busy_in_flight"]  # its own: the table lists it later
+        at = costs_at(inputs.probes, point.draft, point.gamma, busy or point.batch_size)
         if at is not None and metrics.get("alpha") is not None:
             out.update(draft_cost_ratio_c=at["c"], verify_cost_ratio_v=at["v"], cost_rows=at["rows"],
                        cost_batch_sizes=at["probed"],

@@ -75,3 +75,50 @@ def test_without_the_figure_no_output_has_it():
 def test_a_name_already_in_the_table_is_refused(toy):
     with pytest.raises(ValueError, match="toy_rounds_per_token"):
         table.register(TOY)
+
+
+# ---- every legend entry computed, every computed figure in the legend --------------------------------------------
+
+# computed figures no legend text names yet: writing theirs changes the legend of every summary already written
+NO_TEXT_YET = {"max_drafted", "output_tokens", "requests", "requests_paired", "span_s"}
+
+
+def test_every_legend_entry_is_computed_and_every_computed_figure_has_a_legend():
+    assert table.uncomputed() == []
+    assert set(table.undescribed()) == NO_TEXT_YET
+
+
+def named(name: str, text: str) -> bool:
+    """Whether a legend text names a figure: whole, or as the tail the legend writes after a figure it names or its
+    entry's own ('mean_accepted_tokens_pooled / _per_request'; the entry predicted_speedup_replay's '_ci95')."""
+    parts = name.split("_")
+    return name in text or any("_".join(parts[:i]) in text and "_" + "_".join(parts[i:]) in text
+                               for i in range(1, len(parts)))
+
+
+def test_each_further_figure_an_entry_describes_is_named_in_its_text():
+    assert named("mean_accepted_tokens_per_request", "MAT: mean_accepted_tokens_pooled / _per_request")
+    assert not named("slo_met", "goodput_req_s: requests meeting every limit")
+    assert [(f.name, name) for f in table.FIGURES for name in f.also
+            if not named(name, f"{f.name}: {f.legend or ''}")] == []
+
+
+def test_a_legend_entry_nothing_computes_is_found(monkeypatch):
+    monkeypatch.setattr(table, "FIGURES", list(table.FIGURES))
+    table.register(table.Figure("toy_unmeasured", legend="toy: a figure no computation gives"))
+    assert table.uncomputed() == ["toy_unmeasured"]
+
+
+def test_a_computed_figure_without_a_legend_is_found(monkeypatch):
+    monkeypatch.setattr(table, "FIGURES", list(table.FIGURES))
+    table.register(table.Figure("toy_counted", legend="toy: samples counted", gives=("toy_counted", "toy_silent"),
+                                static=lambda inputs: {"toy_counted": 1, "toy_silent": 2}))
+    assert set(table.undescribed()) == NO_TEXT_YET | {"toy_silent"}
+
+
+def test_a_computation_that_gives_more_than_its_entry_declares_is_refused(monkeypatch):
+    monkeypatch.setattr(table, "FIGURES", list(table.FIGURES))
+    table.register(table.Figure("toy_counted", legend="toy: samples counted",
+                                static=lambda inputs: {"toy_counted": 1, "toy_silent": 2}))
+    with pytest.raises(ValueError, match=r"toy_counted's computation gives \['toy_silent'\]"):
+        summarize(paired_run(units=8), {})
