@@ -337,11 +337,15 @@ def csv_text(summary: dict, served: bool = False) -> str:
 # ---- plots --------------------------------------------------------------------------------------------
 
 def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
-    """matplotlib's yerr: distances below and above each value, NaN where a run has no interval (few prompts: no bar
-    is drawn, where a zero-width one would read as a precise figure); None when no run has an interval."""
+    """matplotlib's yerr of the runs' metric (_yerr)."""
+    return _yerr([run["metrics"].get(metric) for run in runs], [run["metrics"].get(metric + "_ci95") for run in runs])
+
+
+def _yerr(values: list, intervals: list) -> list[list[float]] | None:
+    """matplotlib's yerr: distances below and above each value, NaN where it has no interval (few prompts: no bar
+    is drawn, where a zero-width one would read as a precise figure); None when no value has an interval."""
     lows, highs, any_interval = [], [], False
-    for run in runs:
-        value, interval = run["metrics"].get(metric), run["metrics"].get(metric + "_ci95")
+    for value, interval in zip(values, intervals):
         if interval and value is not None:
             lows.append(max(value - interval[0], 0.0))
             highs.append(max(interval[1] - value, 0.0))
@@ -352,19 +356,30 @@ def _errors(runs: list[dict], metric: str) -> list[list[float]] | None:
     return [lows, highs] if any_interval else None
 
 
-def _predicted_band(axes, runs: list[dict], color) -> None:
-    """The replay's predicted speedup along gamma (dashed, in the line's colour) and its 95% band where the points have one:
-    measured against predicted at a glance."""
-    predicted = [(r["gamma"], r["metrics"]["predicted_speedup_replay"], r["metrics"].get("predicted_speedup_replay_ci95"))
-                 for r in runs if r["metrics"].get("predicted_speedup_replay") is not None]
-    if not predicted:
-        return
-    xs = [x for x, _, _ in predicted]
-    axes.plot(xs, [y for _, y, _ in predicted], linestyle="--", linewidth=1.0, color=color, alpha=0.8)
-    banded = [(x, ci) for x, _, ci in predicted if ci]
-    if len(banded) == len(predicted) and len(banded) > 1:
-        axes.fill_between(xs, [ci[0] for _, ci in banded], [ci[1] for _, ci in banded], color=color, alpha=0.15,
-                          linewidth=0)
+def _curve(axes, xs: list, ys: list, label: str, intervals: list | None = None, hollow: list | None = None,
+           marked: list | None = None, predicted: list[tuple] | None = None, predicted_label: str | None = None,
+           color=None):
+    """One line of a plot of either kind of point (fixed batches along gamma, a load point's line along its load):
+    its values with their 95% intervals as error bars, hollow where partial, '!' where flagged; predicted, (x, value,
+    interval) each, dashed in its colour with its 95% band where every predicted value has one. Its colour."""
+    container = axes.errorbar(xs, ys, yerr=_yerr(ys, intervals) if intervals else None, capsize=3, label=label,
+                              color=color)
+    color = container.lines[0].get_color()
+    for x, y, empty in zip(xs, ys, hollow or [False] * len(xs)):
+        axes.plot([x], [y], marker="o", linestyle="none", markeredgecolor=color,
+                  markerfacecolor="white" if empty else color, zorder=3)
+    for x, y, mark in zip(xs, ys, marked or []):
+        if mark:
+            axes.annotate("!", (x, y), textcoords="offset points", xytext=(4, 4), color=color)
+    shown = [(x, value, interval) for x, value, interval in predicted or [] if value is not None]
+    if shown:
+        pxs = [x for x, _, _ in shown]
+        axes.plot(pxs, [value for _, value, _ in shown], linestyle="--", linewidth=1.0, color=color, alpha=0.8,
+                  label=predicted_label)
+        if len(shown) > 1 and all(interval for _, _, interval in shown):
+            axes.fill_between(pxs, [i[0] for _, _, i in shown], [i[1] for _, _, i in shown], color=color, alpha=0.15,
+                              linewidth=0)
+    return color
 
 
 def _line_key(run: dict) -> str:
@@ -424,18 +439,12 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
             runs = sorted((r for r in runs if r["metrics"].get(metric) is not None), key=lambda r: r["gamma"])
             if not runs:
                 continue
-            xs, ys = [r["gamma"] for r in runs], [r["metrics"][metric] for r in runs]
-            bars = _errors(runs, metric) if metric == "speedup" else None
-            container = axes.errorbar(xs, ys, yerr=bars, capsize=3, label=key)
-            color = container.lines[0].get_color()
-            for x, y, r in zip(xs, ys, runs):  # partial points hollow
-                axes.plot([x], [y], marker="o", linestyle="none", markeredgecolor=color,
-                          markerfacecolor="white" if r["status"] == "partial" else color, zorder=3)
-            if metric == "speedup":
-                for x, y, r in zip(xs, ys, runs):
-                    if flagged(r):
-                        axes.annotate("!", (x, y), textcoords="offset points", xytext=(4, 4), color=color)
-                _predicted_band(axes, runs, color)
+            speedup = metric == "speedup"
+            _curve(axes, [r["gamma"] for r in runs], [r["metrics"][metric] for r in runs], key,
+                   intervals=[r["metrics"].get("speedup_ci95") for r in runs] if speedup else None,
+                   hollow=[r["status"] == "partial" for r in runs], marked=[flagged(r) for r in runs] if speedup else None,
+                   predicted=[(r["gamma"], r["metrics"].get("predicted_speedup_replay"),
+                               r["metrics"].get("predicted_speedup_replay_ci95")) for r in runs] if speedup else None)
             drawn += 1
         if metric == "speedup":
             axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
@@ -660,10 +669,12 @@ def _rate_positions(loads: list) -> tuple[list[float], dict]:
 
 
 def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
-    """speedup_vs_<axis>.png: the throughput speedup against the load, one line per method line with its 95% CI as a
-    band and its prediction dashed, the measured crossing marked x (on 1.0); tpot_vs_throughput.png: TPOT P50 (solid)
+    """speedup_vs_<axis>.png: the throughput speedup against the load, one line per method line drawn as a fixed
+    batch's against gamma (_curve: its 95% CIs, partial points hollow, flagged ones '!', its prediction dashed with the
+    replay's band), the measured crossing marked x (on 1.0); tpot_vs_throughput.png: TPOT P50 (solid)
     and P99 (dashed) against output tok/s, baseline and methods, a point per load (cN rR: its concurrency and rate)."""
     serving = summary["serving"]
+    by_label = {run["label"]: run for run in serving["runs"]}
     written = []
     for axis in ("concurrency", "request_rate"):
         chosen = [c for c in serving.get("crossovers") or [] if c["axis"] == axis]
@@ -672,23 +683,17 @@ def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
         figure, axes = plt.subplots(figsize=(6.5, 4.2))
         ticks: dict = {}
         for index, c in enumerate(chosen):
-            color = f"C{index % 10}"
             xs, named = _rate_positions(c["loads"]) if axis == "request_rate" else (c["loads"], {})
             ticks.update(named)
             held = "request_rate" if axis == "concurrency" else "concurrency"
             label = c["line"] + (f", conc {c[held]}" if held == "concurrency" else
                                  "" if c[held] is None else f", rate {c[held]:g}/s")
-            axes.plot(xs, c["speedup_tput"], marker="o", color=color, label=label)
-            bands = [(x, ci) for x, ci in zip(xs, c["speedup_tput_ci95"]) if ci]
-            if len(bands) >= 2:
-                axes.fill_between([x for x, _ in bands], [ci[0] for _, ci in bands], [ci[1] for _, ci in bands],
-                                  color=color, alpha=0.2, linewidth=0)
-            for x, ci in bands if len(bands) < 2 else []:
-                axes.plot([x, x], ci, color=color, alpha=0.5)
-            if any(p is not None for p in c["predicted_speedup"]):
-                shown = [(x, p) for x, p in zip(xs, c["predicted_speedup"]) if p is not None]
-                axes.plot([x for x, _ in shown], [p for _, p in shown], linestyle="--", color=color, alpha=0.8,
-                          label=f"{label} (predicted)")
+            runs = [by_label.get(name) or {} for name in c["labels"]]
+            color = _curve(axes, xs, c["speedup_tput"], label, intervals=c["speedup_tput_ci95"],
+                           hollow=[run.get("status") == "partial" for run in runs], marked=[flagged(run) for run in runs],
+                           predicted=list(zip(xs, c["predicted_speedup"], c.get("predicted_speedup_ci95")
+                                              or [None] * len(xs))),
+                           predicted_label=f"{label} (predicted)", color=f"C{index % 10}")
             first = c["measured"].get("crossing")
             if first and first["load"] is not None:
                 axes.plot([first["load"]], [1.0], marker="x", markersize=10, color=color, linestyle="none")
