@@ -26,21 +26,27 @@ requests.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import ClassVar
 
+from decode.methods import REGISTRY
 from eval.axes import AXES, POINT, label_of
 from eval.records import Comparison, Point
 from runner.engines.base import Engine
+from runner.load import request_fields
 from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
 from runner.probes import PROCESS
-from runner.records import UnitResult, failure
+from runner.records import UnitResult, failure, record_of
 from utils import UserError, hold_signals, release_signals
 
 GENERATE_TIMEOUT_S = 3600.0
@@ -239,6 +245,19 @@ class WorkerEngine:
     warmed: set = field(default_factory=set)  # the points warmed up on this process's engine
 
 
+@contextlib.contextmanager
+def checking_worker(process: type[WorkerProcess], python: str, log: Path, setting: str):
+    """A worker for an engine's check before any model loads, closed after it; one that dies or hangs is one line
+    naming the setting that chose what it ran."""
+    worker = process(python, log, "check")
+    try:
+        yield worker
+    except WorkerDead as error:
+        raise UserError(f"{setting}: {process.title} failed its check ({error})") from None
+    finally:
+        worker.close()
+
+
 class ProcessExecutor:
     """Runs the points of one engine's methods (MethodSpec.engine == name) in worker processes and yields each
     finished unit (and each drift reading), as the local and Ray executors do; the experiment keeps what they bring.
@@ -247,9 +266,13 @@ class ProcessExecutor:
     name: str  # the engine's name: its methods' MethodSpec.engine, its config section, its log's name
     title: str  # how errors and notes name it
     process: type[WorkerProcess]
+    kept: ClassVar[tuple[str, ...]] = ()  # what env.json and engine_info keep of the check's answer beside the version
 
-    def __init__(self, config, session, python: str, out_dir: Path):
-        self.session, self.config, self.python = session, config, python
+    def __init__(self, config, session, checked: dict, out_dir: Path):
+        """checked: check()'s answer (the engine's version under its name; "python": the workers' interpreter, else
+        this one; what the engine found of its models)."""
+        self.session, self.config, self.checked = session, config, checked
+        self.python = checked.get("python") or sys.executable
         self.log = Path(out_dir) / f"{self.name}-worker.log"
         self.info: dict = {}  # version, interpreter, pairing and order, for progress.json's engine_info
         self.engines: dict[str, WorkerEngine] = {}  # json of the engine's arguments -> the engine
@@ -261,6 +284,17 @@ class ProcessExecutor:
         self.pairing: str | None = None
 
     # -- what the engine says ---------------------------------------------------------------------------
+    @classmethod
+    def check(cls, config, log: Path) -> dict:
+        """Before any model loads: refuse (UserError, one line) what the engine cannot run; its answer has the engine's
+        version under its name and what the executor needs of its environment."""
+        return {cls.name: None}
+
+    @classmethod
+    def environment(cls, checked: dict) -> dict:
+        """What env.json records of the engine's environment."""
+        return {"version": checked.get(cls.name), **{key: checked[key] for key in cls.kept}}
+
     @property
     def settings(self):
         """The engine's config section (its pairing, start_timeout_s)."""
@@ -288,16 +322,50 @@ class ProcessExecutor:
         return 0
 
     def records_of(self, point: Point, unit: Unit, batch: list, answer: dict, load) -> list[dict]:
-        """A worker's answer to a batch's job as the point's records (KeyError, TypeError, ValueError: unreadable)."""
+        """A worker's answer to a batch's job as the point's records (KeyError, TypeError, ValueError: unreadable): each
+        row's times from the answer (timing_of), the rest from the engine's measured()."""
+        spec = REGISTRY[point.method]
+        rows = []
+        for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
+            measured, extra = self.measured(spec, row, answer if index == 0 else None)
+            record = SimpleNamespace(draft_forwards=None, draft_s=0.0, draft_prefill_s=0.0, **measured,
+                                     **timing_of(unit, answer, row, index))
+            rows.append(record_of(point, unit, prompt, record, self.session.tokenizer, self.config.dataset.preset,
+                                  spec.has_rounds, len(batch), extra={"engine": self.name, **extra},
+                                  **request_fields(load if unit.serving else None, index)))
+        return rows
+
+    def measured(self, spec, row: dict, answer: dict | None) -> tuple[dict, dict]:
+        """A worker's row as what the record takes (output_ids, new_tokens, stop_reason, target_forwards, rounds: None
+        where the method has none) and the engine's own readings for the record's extra; answer: the job's whole
+        answer, given with the batch's first row only (what the batch measured once)."""
         raise NotImplementedError
 
     def order_text(self) -> str:
         """progress.order: how the pairing ran its points (self.pairing decided)."""
-        return f"pairing {self.pairing}"
+        auto = f" ({self.name}.pairing: auto)" if self.settings.pairing == "auto" else ""
+        how = self.how_paired()
+        return f"pairing {self.pairing}{auto}" + (f": {how}" if how else "")
+
+    def how_paired(self) -> str:
+        """What the decided pairing meant for this engine's points, for order_text (an engine adds its own)."""
+        if self.pairing == "batch":
+            return (f"every {self.title} engine of a comparison resident, one worker each; each batch runs every point "
+                    "back to back in the units' order, as our engine's points")
+        return (f"one {self.title} engine at a time, over every batch, then the next, so a point's batches are paired "
+                "with the reference's measured in another block, minutes apart, not back to back (each record's "
+                "extra.back_to_back, block, block_started_unix_s); the blocks' order rotates from repeat to repeat (a "
+                "Williams design: with one repeat the reference's block is first); the drift probe (the first "
+                "prompt, 1 new token) ran at each engine's start and end")
 
     def engine_info(self) -> dict:
         """What progress.json keeps of the engine (engine_info[name]) once its pairing is decided."""
-        return {"pairing": self.pairing, "order": self.order_text()}
+        return {**self.environment(self.checked), "pairing": self.pairing, "order": self.order_text(),
+                **self.own_info()}
+
+    def own_info(self) -> dict:
+        """The engine's own settings that engine_info keeps beside its version, pairing and order."""
+        return {}
 
     def probe_group(self, engine: WorkerEngine) -> str:
         """The engines whose drift probe does the same work share a group, and their readings are compared with one
@@ -592,15 +660,24 @@ class ProcessEngine(Engine):
     given the loaded prompts and tokenizer; every process down at close (and after each run: none stays resident
     while another engine's units run)."""
     exclusive = True  # its workers load their own copies of the models
+    executor_class: ClassVar[type[ProcessExecutor]]  # the engine's: its name and title are the engine's
+    checking: ClassVar[str] = "checking the engine"  # the status line while its check runs
     executor: ProcessExecutor | None = None
+    checked: dict | None = None
 
-    def make_executor(self, session) -> ProcessExecutor:
-        """The executor of this engine's points (a subclass passes what its check found)."""
-        raise NotImplementedError
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "executor_class" in cls.__dict__:
+            cls.name, cls.title = cls.executor_class.name, cls.executor_class.title
+
+    def check(self) -> dict:
+        with self.status(self.checking) if self.status else contextlib.nullcontext():
+            self.checked = self.executor_class.check(self.config, self.out_dir / f"{self.name}-worker.log")
+        return self.executor_class.environment(self.checked)
 
     def start(self, session) -> None:
         self.session = session
-        self.executor = self.make_executor(session)
+        self.executor = self.executor_class(self.config, session, self.checked or {}, self.out_dir)
 
     def run(self, units: list[Unit], done: set):
         yield from self.executor.run(units, done)

@@ -94,10 +94,7 @@ class ToyExecutor(ProcessExecutor):
 
 
 class ToyEngine(ProcessEngine):
-    name, title = "toy", "toy"
-
-    def make_executor(self, session):
-        return ToyExecutor(self.config, session, sys.executable, self.out_dir)
+    executor_class = ToyExecutor
 
 
 @pytest.fixture

@@ -14,14 +14,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from decode.methods import REGISTRY
 from eval.records import Point
-from runner.engines.process import ProcessExecutor, WorkerDead, WorkerProcess, max_concurrency, timing_of
-from runner.load import request_fields
-from runner.plan import Unit
-from runner.records import record_of
+from runner.engines.process import ProcessExecutor, WorkerProcess, checking_worker, max_concurrency
 from utils import UserError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -110,8 +106,7 @@ def check_llama_cpp(config, log: Path) -> dict:
     a server of the target alone starts on them and answers (one that exits or hangs at its start is bad input: every
     point would fail the same way)."""
     server = server_path(config)
-    worker = LlamaCppProcess(sys.executable, log, "check")
-    try:
+    with checking_worker(LlamaCppProcess, sys.executable, log, "llama_cpp.server") as worker:
         answer = worker.ask({"op": "check", "server": server}, CHECK_TIMEOUT_S)
         if not answer.get("ok"):
             raise UserError(f"llama_cpp.server: {reason(answer)}; build llama.cpp's server with "
@@ -124,10 +119,6 @@ def check_llama_cpp(config, log: Path) -> dict:
         if not started.get("ok"):
             raise UserError(f"llama_cpp.server: {server} did not start on the target {Path(models['target']).name}: "
                             f"{reason(started)}; its log: {log}")
-    except WorkerDead as error:
-        raise UserError(f"llama_cpp.server: the llama.cpp worker failed its check ({error})") from None
-    finally:
-        worker.close()
     return {"server": server, "llama_cpp": answer["llama_cpp"], "models": models}
 
 
@@ -138,11 +129,8 @@ def reason(answer: dict) -> str:
 
 class LlamaCppExecutor(ProcessExecutor):
     """The llama_cpp_* points of the units it is given, each in a llama.cpp server (runner/engines/process.py)."""
-    name, title, process = "llama_cpp", "llama.cpp", LlamaCppProcess
-
-    def __init__(self, config, session, checked: dict, out_dir: Path):
-        super().__init__(config, session, sys.executable, out_dir)
-        self.checked = checked
+    name, title, process, kept = "llama_cpp", "llama.cpp", LlamaCppProcess, ("server",)
+    check = staticmethod(check_llama_cpp)
 
     def engine_kwargs(self, point: Point) -> dict:
         config = self.config
@@ -167,8 +155,16 @@ class LlamaCppExecutor(ProcessExecutor):
     def overhead_bytes(self) -> int:
         return SERVER_OVERHEAD_BYTES
 
-    def records_of(self, point: Point, unit: Unit, batch: list, answer: dict, load) -> list[dict]:
-        return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset, load)
+    def measured(self, spec, row: dict, answer: dict | None) -> tuple[dict, dict]:
+        """The client's times (timing_of: the batch's wall, or a served request's arrival to last token), the server's
+        own TTFT and latency per request in extra, rounds from its counters."""
+        timings = row.get("timings") or {}
+        prompt_s = timings.get("prompt_ms", 0.0) / 1000
+        extra = {"llama_cpp_ttft_s": prompt_s, "llama_cpp_latency_s": prompt_s + timings.get("predicted_ms", 0.0) / 1000,
+                 "llama_cpp_timings": timings, "llama_cpp_ids_lost": row.get("ids_lost", 0)}
+        rounds = rounds_of(row.get("counts")) if spec.has_rounds else None
+        return dict(output_ids=row["output_ids"], new_tokens=row["new_tokens"], stop_reason=row["stop_reason"],
+                    target_forwards=len(rounds) + 1 if rounds is not None else None, rounds=rounds), extra
 
     def probe_group(self, engine) -> str:
         """A 1-token completion prefills the target, and a draft model too (draft-simple runs its draft over every
@@ -177,49 +173,18 @@ class LlamaCppExecutor(ProcessExecutor):
         draft = engine.kwargs.get("draft")
         return f"servers with draft {Path(draft).name}" if draft else "servers without a draft model"
 
-    def order_text(self) -> str:
-        what = (f"pairing {self.pairing}" + (" (llama_cpp.pairing: auto)" if self.settings.pairing == "auto" else "")
-                + ": " + ("every llama.cpp server of a comparison up, one worker each; each batch runs every "
-                          "llama_cpp_* point back to back in the units' order, as our engine's points"
-                          if self.pairing == "batch" else
-                          "one llama.cpp server at a time, over every batch, then the next, so a point's batches are "
-                          "paired with the reference's measured in another block, minutes apart, not back to back "
-                          "(each record's extra.back_to_back, block, block_started_unix_s); the blocks' order rotates "
-                          "from repeat to repeat (a Williams design: with one repeat the reference's block is first); "
-                          "the drift probe (the first prompt, 1 new token) ran at each server's start and end, its "
-                          "readings compared across the servers that do the same probe work (without a draft model; "
-                          "with each draft), so the drift figure spans the blocks. llama.cpp b11434 takes no "
-                          "per-request speculation settings, so the reference and a speculative point cannot share a "
-                          "server"))
+    def how_paired(self) -> str:
+        what = super().how_paired()
+        if self.pairing != "batch":
+            what += (", its readings compared across the servers that do the same probe work (without a draft model; "
+                     "with each draft), so the drift figure spans the blocks. llama.cpp b11434 takes no per-request "
+                     "speculation settings, so the reference and a speculative point cannot share a server")
         return what + f"; weights {self.config.llama_cpp.weights}" + ("" if self.config.llama_cpp.repack else
                                                                        ", no weight repacking (-nr)")
 
-    def engine_info(self) -> dict:
-        return {"version": self.checked["llama_cpp"], "server": self.checked["server"], "models":
-                self.checked["models"], "weights": self.config.llama_cpp.weights,
-                "repack": self.config.llama_cpp.repack, "pairing": self.pairing,
-                "order": self.order_text()}
-
-
-def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str, load=None) -> list[dict]:
-    """A llama.cpp job's answer as records: the client's times (timing_of: the batch's wall, or a served request's
-    arrival to last token), the server's own TTFT and latency per request in extra, rounds from its counters."""
-    rows = []
-    spec = REGISTRY[point.method]
-    for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
-        timings = row.get("timings") or {}
-        prompt_s = timings.get("prompt_ms", 0.0) / 1000
-        extra = {"engine": "llama_cpp", "llama_cpp_ttft_s": prompt_s,
-                 "llama_cpp_latency_s": prompt_s + timings.get("predicted_ms", 0.0) / 1000,
-                 "llama_cpp_timings": timings, "llama_cpp_ids_lost": row.get("ids_lost", 0)}
-        rounds = rounds_of(row.get("counts")) if spec.has_rounds else None
-        measured = SimpleNamespace(
-            output_ids=row["output_ids"], new_tokens=row["new_tokens"], stop_reason=row["stop_reason"],
-            target_forwards=len(rounds) + 1 if rounds is not None else None, draft_forwards=None, draft_s=0.0,
-            draft_prefill_s=0.0, rounds=rounds, **timing_of(unit, answer, row, index))
-        rows.append(record_of(point, unit, prompt, measured, tokenizer, preset, spec.has_rounds, len(batch),
-                              extra=extra, **request_fields(load if unit.serving else None, index)))
-    return rows
+    def own_info(self) -> dict:
+        return {"models": self.checked["models"], "weights": self.config.llama_cpp.weights,
+                "repack": self.config.llama_cpp.repack}
 
 
 def rounds_of(counts: list | None) -> list[dict] | None:

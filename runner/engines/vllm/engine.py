@@ -18,11 +18,8 @@ from types import SimpleNamespace
 
 from decode.methods import REGISTRY
 from eval.records import Point
-from runner.engines.process import (ProcessExecutor, WorkerDead, WorkerProcess, max_concurrency, resident_bytes,
-                                    timing_of)
-from runner.load import request_fields
-from runner.plan import Unit
-from runner.records import record_of
+from runner.engines.process import (ProcessExecutor, WorkerDead, WorkerProcess, checking_worker, max_concurrency,
+                                    resident_bytes)
 from utils import UserError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -134,13 +131,8 @@ def check_vllm(config, log: Path) -> dict:
         raise UserError(f"vllm.python: {where} cannot import vllm ({last}); set vllm.python to the interpreter of an "
                         "environment with vLLM (.ci/vllm-env DIR builds one), or drop the vllm_* methods")
     packages = sorted({REGISTRY[m].engine_package for m in config.methods if REGISTRY[m].engine_package})
-    worker = VllmProcess(python, log, "check")
-    try:
+    with checking_worker(VllmProcess, python, log, "vllm.python") as worker:
         answer = worker.ask({"op": "check", "models": dirs, "packages": packages}, CHECK_TIMEOUT_S)
-    except VllmDead as error:
-        raise UserError(f"vllm.python: the vLLM worker failed its check ({error})") from None
-    finally:
-        worker.close()
     if not answer.get("ok"):
         raise UserError(f"vllm: the check in {python} failed: {answer.get('error')}")
     for role, why in answer["unsupported"].items():
@@ -157,11 +149,11 @@ def check_vllm(config, log: Path) -> dict:
 class VllmExecutor(ProcessExecutor):
     """The vllm_* points of the units it is given, in vLLM workers (runner/engines/process.py ProcessExecutor).
     checked: check_vllm's answer (the interpreter, vLLM's version, what each model is loaded from)."""
-    name, title, process = "vllm", "vLLM", VllmProcess
+    name, title, process, kept = "vllm", "vLLM", VllmProcess, ("python",)
+    check = staticmethod(check_vllm)
 
     def __init__(self, config, session, checked: dict, out_dir: Path):
-        super().__init__(config, session, checked["python"], out_dir)
-        self.checked = checked
+        super().__init__(config, session, checked, out_dir)
         longest = max(len(p.token_ids) for p in session.prompt_set.prompts)
         if config.vllm.max_model_len and config.vllm.max_model_len < longest + config.generation.max_new_tokens:
             raise UserError(f"vllm.max_model_len: {config.vllm.max_model_len} is below the longest prompt ({longest} "
@@ -268,52 +260,29 @@ class VllmExecutor(ProcessExecutor):
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
         return env
 
-    def records_of(self, point: Point, unit: Unit, batch: list, answer: dict, load) -> list[dict]:
-        return records_of(point, unit, batch, answer, self.session.tokenizer, self.config.dataset.preset, load)
-
-    def order_text(self) -> str:
-        what = (f"pairing {self.pairing}" + (" (vllm.pairing: auto)" if self.config.vllm.pairing == "auto" else "")
-                + ": " + ("every vLLM engine of a comparison resident, one worker process each; each batch runs every vllm_* "
-                   "point back to back in the units' order, as our engine's points" if self.pairing == "batch" else
-                   "one vLLM engine at a time, over every batch, then the next; the points' order rotates from repeat "
-                   "to repeat (a Williams design); a vllm_* point and vllm_generate ran the same prompts minutes "
-                   "apart, not back to back, and each engine's drift probe (the first prompt, 1 new token) ran at "
-                   "its start and end"))
-        if self.config.load is not None:
-            what += ("; under load each engine served every load point (max_num_seqs the largest concurrency, at most "
-                     "the requests), and a load point's warmup and drift probe ran its first min(concurrency, requests) "
-                     "requests as a fixed batch")
-        return what
-
-    def engine_info(self) -> dict:
-        return {"version": self.checked["vllm"], "python": self.checked["python"], "pairing": self.pairing,
-                "order": self.order_text(), "cpu_reserved_cores": None if self.config.device.startswith("cuda") else
-                int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
-
-
-def records_of(point: Point, unit: Unit, batch, answer: dict, tokenizer, preset: str, load=None) -> list[dict]:
-    """A vLLM batch's answer as records: wall time of the generate call for every row (vLLM schedules the batch as
-    one), vLLM's own TTFT and latency per request in extra, and rounds from its per-request speculative counters.
-    A served request's (a serving unit's): its arrival, admission, first token, finish and emits, latency_s =
-    finish - arrival, prefill_s = first token - arrival (TTFT, the queue's wait included) and target_s its time in the
-    engine (finish - admission: vLLM runs the target and the drafter in one step)."""
-    rows = []
-    spec = REGISTRY[point.method]
-    for index, (prompt, row) in enumerate(zip(batch, answer["rows"])):
-        timing = timing_of(unit, answer, row, index)
-        extra = {"engine": "vllm", "vllm_ttft_s": row.get("ttft_s"), "vllm_latency_s": row.get("latency_s")}
-        if index == 0 and answer.get("counters") is not None:
+    def measured(self, spec, row: dict, answer: dict | None) -> tuple[dict, dict]:
+        """vLLM schedules a batch as one (the wall of the generate call for every row: timing_of), its own TTFT and
+        latency per request go to extra, the rounds come from its per-request speculative counters, and the batch's
+        differenced Prometheus counters are kept in its first record."""
+        extra = {"vllm_ttft_s": row.get("ttft_s"), "vllm_latency_s": row.get("latency_s")}
+        if answer is not None and answer.get("counters") is not None:
             extra["vllm_batch_counters"] = answer["counters"]
-        measured = SimpleNamespace(
+        return dict(
             output_ids=row["output_ids"], new_tokens=row["new_tokens"],
             stop_reason=row["stop_reason"] if row["stop_reason"] in ("eos", "length") else "eos",
             target_forwards=len(row["steps"]) if row.get("steps") else None,  # one target forward per engine step
-            draft_forwards=None, draft_s=0.0, draft_prefill_s=0.0,
-            rounds=rounds_of(row.get("spec"), row["new_tokens"], row.get("steps")) if spec.has_rounds else None,
-            **timing)
-        rows.append(record_of(point, unit, prompt, measured, tokenizer, preset, spec.has_rounds, len(batch),
-                              extra=extra, **request_fields(load if unit.serving else None, index)))
-    return rows
+            rounds=rounds_of(row.get("spec"), row["new_tokens"], row.get("steps")) if spec.has_rounds else None), extra
+
+    def how_paired(self) -> str:
+        if self.config.load is None:
+            return super().how_paired()
+        return super().how_paired() + ("; under load each engine served every load point (max_num_seqs the largest "
+                                       "concurrency, at most the requests), and a load point's warmup and drift probe "
+                                       "ran its first min(concurrency, requests) requests as a fixed batch")
+
+    def own_info(self) -> dict:
+        return {"cpu_reserved_cores": None if self.config.device.startswith("cuda") else
+                int(self.worker_env().get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))}
 
 
 def rounds_of(spec: dict | None, new_tokens: int, steps: list[int] | None) -> list[dict] | None:
