@@ -12,7 +12,10 @@ confidence, from the draft's own state before the next position, never from the 
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the method registry reads SCHEDULES without torch
+    import torch
 
 from decode.k_model import expected_tokens, round_seconds
 from decode.names import TARGET
@@ -24,6 +27,8 @@ class Schedule:
     stops_mid_round = False  # True: keep_drafting may end rows during a round (the drafter asks it each step)
     reads_context = False  # True: add_rows(n, prompt_tokens=[...]) (the drafter reads the joining rows' prompt lengths)
     reads_queue = False  # True: queued(requests, rate) before each admission (the serving loop scans its queue)
+    measured = False  # True: it reads this run's measured c and v and the draft's prefill cost (runner/probes.py times
+    #   every draft length up to gamma, and the prefill)
     # True: a row may go many rounds without drafting (its K is 0 at some loads): a draft model leaves such a row out of
     # its cache while it does not draft (DraftModelDrafter: its prefill waits for the first round that drafts)
     idles_rows = False
@@ -292,6 +297,7 @@ class CostModelSchedule(Schedule):
     it is one for the whole batch, and the batch then holds requests that have not arrived yet, whose prompts and
     budgets nobody knows; the draft stays on, and each row's length is still chosen per round (0: a plain step).
     """
+    measured = True
     name = "cost_model"
     PROBE_EVERY = 8
     DECAY = 0.8

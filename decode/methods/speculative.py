@@ -8,9 +8,11 @@ from pathlib import Path
 from decode.k_model import KModel
 from decode.methods.base import MethodSpec, option
 
-SCHEDULES = ("constant", "heuristic", "confidence", "cost_model", "recommended")  # the draft-length schedules (decode/drafters/
-#   schedules.py SCHEDULES: a test keeps them equal)
-MEASURED = ("cost_model",)  # those that read the measured c and v and the draft's prefill cost
+from decode.drafters.schedules import SCHEDULES as _BUILT
+
+SCHEDULES = tuple(_BUILT)  # the draft-length schedules, as decode/drafters/schedules.py names them
+MEASURED = tuple(name for name, schedule in _BUILT.items() if schedule.measured)  # those that read the measured c
+#   and v and the draft's prefill cost
 
 
 @dataclass(frozen=True)
