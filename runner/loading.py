@@ -13,7 +13,7 @@ import torch
 from decode import Clock, check_vocab_compatible
 from decode.drafters.heads import is_head
 from decode.heads import KINDS as HEAD_KINDS
-from decode.methods import HOME_ENGINE, REGISTRY
+from decode.methods import REGISTRY, caps_of
 from decode.vocab import VocabMismatch
 from utils import ConfigError, UserError
 from utils.data import context_note
@@ -64,7 +64,7 @@ def load_models(config, device: torch.device, loading) -> tuple[LoadedModel, dic
     drafts = {}
     for index, draft_config in enumerate(config.draft):
         role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
-        if not any(REGISTRY[m].needs_draft and REGISTRY[m].engine == HOME_ENGINE and draft_config.kind in
+        if not any(REGISTRY[m].needs_draft and caps_of(m).home and draft_config.kind in
                    REGISTRY[m].draft_kinds for m in config.methods):
             continue
         if draft_config.kind in HEAD_KINDS:
@@ -218,7 +218,7 @@ def model_notes(config, target, drafts, prompt_set) -> list[str]:
              for role, m in loaded]
     notes += [f"{role}: attention {m.attention_note}" for role, m in loaded if m.attention_note]
     notes += prompt_notes(prompt_set, config.dataset)
-    if any(not REGISTRY[m].per_row_timing and REGISTRY[m].engine == HOME_ENGINE for m in config.methods):
+    if any(not REGISTRY[m].per_row_timing and caps_of(m).home for m in config.methods):
         notes.append("transformers' peers (hf_*): one wall time per batch (per-row latency = batch time), "
                      "no TTFT or forward counts")
     notes += [f"{m}: {REGISTRY[m].memory}" for m in config.methods if REGISTRY[m].memory]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decode import Clock, Generation, Sampling
-from decode.methods import HOME_ENGINE, REGISTRY, RunContext
+from decode.methods import HOME_ENGINE, REGISTRY, RunContext, caps_of
 from decode.serving import Load
 from eval.records import Comparison, CostProbe, Point
 from runner import loading
@@ -75,7 +75,7 @@ class Session:
         self._released = False
         config = self.config
         torch.manual_seed(config.seed)
-        if not any(REGISTRY[m].engine == HOME_ENGINE for m in config.methods):
+        if not any(caps_of(m).home for m in config.methods):
             return self.load_prompts_only()
         self.target, self.drafts, self.clock = loading.load_models(config, self.device, self._loading)
         self.tokenizer = self.target.tokenizer
