@@ -27,6 +27,15 @@ class DraftOptions:
                              f"{min(config.speculative.gamma)}, or drop the smaller gammas")
 
 
+def deploy(choice) -> tuple[list[str], list[str]]:
+    """A draft model drafting K every round, as measured: --spec-draft-n-min K and --spec-draft-p-min 0, so that no
+    draft is cut short by its confidence."""
+    k = str(choice.gamma)
+    model, notes = choice.model_for("gguf", "llama.cpp")
+    return ["--spec-type", "draft-simple", "--model-draft", model, "--spec-draft-n-max", k, "--spec-draft-n-min",
+            k, "--spec-draft-p-min", "0"], notes
+
+
 def server_args(point, drafts, options: DraftOptions):
     return {"spec_type": "draft-simple", "draft": point.draft, "n_max": point.gamma,
             "n_min": options.llama_cpp_draft_min, "p_min": options.llama_cpp_draft_p_min}
@@ -35,4 +44,4 @@ def server_args(point, drafts, options: DraftOptions):
 RANK = 1  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("llama_cpp_draft", "llama.cpp's draft-model speculation: the draft proposes up to gamma tokens a "
                   "step", axes=("draft", "gamma"), run=None, has_rounds=True, per_row_timing=False, engine="llama_cpp",
-                  counterpart="speculative", options=DraftOptions, engine_config=server_args)
+                  counterpart="speculative", options=DraftOptions, engine_config=server_args, deploy=deploy)

@@ -11,4 +11,4 @@ def speculative_config(point, drafts, options):
 RANK = 3  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("vllm_eagle", "vLLM's EAGLE / EAGLE-3 speculation with a head trained for the target (a draft of "
                   "kind eagle or eagle3)", axes=("draft", "gamma"), run=None, has_rounds=True, per_row_timing=False,
-                  engine="vllm", draft_kinds=("eagle", "eagle3"), engine_config=speculative_config)
+                  engine="vllm", counterpart="eagle3", draft_kinds=("eagle", "eagle3"), engine_config=speculative_config)

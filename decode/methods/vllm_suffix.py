@@ -9,5 +9,5 @@ def speculative_config(point, drafts, options):
 
 RANK = 5  # its place among the engine's methods (decode/methods/__init__.py)
 SPEC = MethodSpec("vllm_suffix", "vLLM's suffix decoding (needs arctic-inference in the vLLM environment)",
-                  axes=("gamma",), run=None, has_rounds=True, per_row_timing=False, engine="vllm",
+                  axes=("gamma",), run=None, has_rounds=True, per_row_timing=False, engine="vllm", counterpart="suffix",
                   engine_config=speculative_config, engine_package="arctic_inference")

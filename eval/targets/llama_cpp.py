@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 
 from decode.methods import REGISTRY
-from eval.targets.base import GGUF, AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
+from eval.targets.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
 
 NO_EQUIVALENT = {"hybrid": "llama.cpp has no per-round switch between drafters",
                  "early_exit": "llama.cpp drafts with no layers of the target itself",
@@ -25,29 +25,14 @@ NO_EQUIVALENT = {"hybrid": "llama.cpp has no per-round switch between drafters",
                  "eagle3": "llama.cpp's EAGLE-3 (--spec-type draft-eagle3) loads its own GGUF conversion of the "
                            "head: not emitted"}
 SYNTH_FLAG = "--spec-synth-rates"
-TITLE = "llama.cpp"
-
-
-def draft_simple(choice: Choice) -> tuple[list[str], list[str]]:
-    k = str(choice.gamma)
-    model, notes = choice.model_for(GGUF, TITLE)
-    return ["--spec-type", "draft-simple", "--model-draft", model, "--spec-draft-n-max", k, "--spec-draft-n-min",
-            k, "--spec-draft-p-min", "0"], notes
-
-
-def ngram_simple(choice: Choice) -> tuple[list[str], list[str]]:
-    ngram_max = REGISTRY[PROMPT_LOOKUP].typed_options(choice.options).ngram_max
-    return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(ngram_max), "--spec-ngram-simple-size-m",
-            str(choice.gamma)], []
-
-
-PROMPT_LOOKUP = "prompt_lookup"
-FLAGS = {"speculative": draft_simple, PROMPT_LOOKUP: ngram_simple}  # our method -> its llama-server flags
+TITLE, ENGINE = "llama.cpp", "llama_cpp"
 
 
 def flags(choice: Choice) -> tuple[list[str] | None, list[str]]:
-    emit = FLAGS.get(choice.method)
-    return emit(choice) if emit else (None, [])
+    """The llama_cpp_* method whose counterpart is the recommended method deploys it (its MethodSpec.deploy)."""
+    spec = next((s for s in REGISTRY.values() if s.engine == ENGINE and s.counterpart == choice.method and s.deploy),
+                None)
+    return spec.deploy(choice) if spec else (None, [])
 
 
 def export(rates: list[float]) -> str:

@@ -17,8 +17,6 @@ from types import SimpleNamespace
 from decode.methods import REGISTRY
 from eval.targets.base import HF, AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
 
-# our method -> the vLLM method of this benchmark that runs the same speculation, where its spec names no counterpart
-VLLM_OF = {"eagle3": "vllm_eagle", "suffix": "vllm_suffix"}
 NO_EQUIVALENT = {"hybrid": "hybrid switches per row and round between lookup, suffix, the draft model and trees; vLLM "
                            "has no such switch",
                  "early_exit": "vLLM drafts with no layers of the target itself"}
@@ -28,7 +26,7 @@ TITLE = "vLLM"
 
 def speculative_config(choice: Choice) -> tuple[dict, list[str]]:
     counterpart = next((spec for spec in REGISTRY.values() if spec.engine == "vllm" and spec.counterpart == choice.method
-                        and spec.engine_config), None) or REGISTRY.get(VLLM_OF.get(choice.method, ""))
+                        and spec.engine_config), None)
     model, notes = choice.model_for(HF, TITLE)
     drafts = {label: SimpleNamespace(kind=d.kind, vllm_model=model if label == choice.draft else d.model)
               for label, d in choice.drafts.items()}
