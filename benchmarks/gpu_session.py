@@ -919,7 +919,9 @@ def step_table(session) -> dict:
     capture_s = sum(sum(c.capture_s) for c in session.compiled)
     captures = sum(len(c.capture_s) for c in session.compiled)
     if session.device.type == "cuda":
-        session.put("capture_s", capture_s, note=f"{captures} graphs over {len(session.compiled)} models")
+        longest = max((seconds for c in session.compiled for seconds in c.capture_s), default=0.0)
+        session.put("capture_s", capture_s, note=f"{captures} graphs over {len(session.compiled)} models, the "
+                                                 f"longest {longest:.2f} s")
     else:
         session.put("capture_s", None, note=f"a {session.device.type} runs the captured steps uncaptured "
                                             f"({captures} captures, {len(session.compiled)} models)")

@@ -203,6 +203,28 @@ def test_gpu_session_figures_worked_by_hand():
     assert gpu_session.replayed_s([record([], 5), record([], 3)], 1.0, v) == 40.0
 
 
+def test_gpu_session_table_adds_captures_and_finds_the_crossover(tmp_path):
+    """On CUDA the capture row adds every compiled model's capture seconds (1.0 + 2.5 + 0.5 = 4.0 s, 3 graphs, the
+    longest 2.5 s); the crossover is the first batch, then concurrency, whose speedup is below 1."""
+    from types import SimpleNamespace
+
+    gpu_session = _gpu_session()
+    session = gpu_session.Session(gpu_session.arguments([str(tmp_path), "--dry-run"])[1])
+    session.device = torch.device("cuda", 0)
+    session.compiled = [SimpleNamespace(capture_s=[1.0, 2.5]), SimpleNamespace(capture_s=[0.5])]
+    session.cache.update(crossover_static={1: 1.5, 8: 1.1, 32: 0.9}, crossover_served={1: 1.2, 8: 0.8, 32: 0.7})
+    gpu_session.step_table(session)
+    capture, crossover = session.figures["capture_s"], session.figures["crossover"]
+    assert capture["value"] == 4.0 and "3 graphs over 2 models, the longest 2.50 s" in capture["note"]
+    assert crossover["where"] == "batch 32" and "concurrency 8, concurrency 32" in crossover["note"]
+    rows = {row["key"]: row for row in gpu_session.goal_rows(session, [{"step": "table", "status": "ok"}])}
+    assert rows["capture_s"]["status"] == "dry: pass" and rows["crossover"]["status"] == "measured"
+    session.cache.update(crossover_static={1: 1.5}, crossover_served={})
+    gpu_session.step_table(session)
+    crossover = session.figures["crossover"]
+    assert crossover["where"] is None and "paid at every point" in crossover["note"]
+
+
 @pytest.mark.e2e
 def test_gpu_session_dry_run_checks_the_round_counters(tmp_path):
     """The CPU dry run runs every step (nf4 skipped without CUDA, saying why) without any package a GPU machine may
