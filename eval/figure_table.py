@@ -112,6 +112,7 @@ class Figure:
     served_csv: tuple[tuple[str, float], ...] = ()  # serving.csv fields, each (metric path, its place)
     per_group: tuple[tuple[str, str], ...] = ()  # under load, its fields of each group's row (by_group), each (field,
     #   the metric path it shows): a group's requests get every figure a load point does, its row these
+    group_columns: tuple[Column, ...] = ()  # its columns of the per-group table under load (paths: per_group fields)
     static: Callable | None = None  # (Inputs) -> {metric: value} at a fixed-batch point; None: another entry's
     #   computation gives it, or it has no fixed-batch form
     served: Callable | None = None  # (Inputs) -> {metric: value} at a load point; None: likewise
@@ -155,6 +156,11 @@ def columns(served: bool = False) -> list[Column]:
 def column_of(path: str, served: bool = False) -> Column:
     """The column that shows a metric path (served: of the serving table)."""
     return next(c for c in columns(served) if c.paths[0] == path)
+
+
+def group_columns() -> list[Column]:
+    """The columns of the per-group table under load, in their places."""
+    return sorted((c for f in FIGURES for c in f.group_columns), key=lambda c: c.at)
 
 
 def csv_fields() -> list[str]:
@@ -566,6 +572,7 @@ FIGURES: list[Figure] = [
     Figure("ttft_s (load)", legend="time to first token = first token - slot: the prefill and any wait inside the engine for the "
                                    "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
            served_only=True, per_group=(("ttft_s_p50", "ttft_s.p50"),),
+           group_columns=(Column("TTFT P50 s", ("ttft_s_p50",), "{:.3f}", 10),),
            served_columns=(Column("TTFT P50 / P99 s", ("ttft_s.p50", "ttft_s.p99"), "{:.3f}", 30, terminal=True),),
            served_csv=(("ttft_s.mean", 30), ("ttft_s.p50", 40), ("ttft_s.p90", 50), ("ttft_s.p99", 60)),
            served=requests_figure(ttft_figures)),
@@ -589,6 +596,7 @@ FIGURES: list[Figure] = [
     Figure("tpot_s (load)", legend="time per output token after the first = (finish - first token) / (N - 1), for N > 1 (a "
                                    "one-token request has none)",
            served_only=True, per_group=(("tpot_s_p50", "tpot_s.p50"),),
+           group_columns=(Column("TPOT P50 ms", ("tpot_s_p50",), "{:.1f}", 20, kind=MS),),
            served_columns=(Column("TPOT P50 / P99 ms", ("tpot_s.p50", "tpot_s.p99"), "{:.1f}", 40, terminal=True, kind=MS),),
            served_csv=(("tpot_s.mean", 70), ("tpot_s.p50", 80), ("tpot_s.p90", 90), ("tpot_s.p99", 100)),
            served=requests_figure(tpot_figures)),
@@ -602,6 +610,7 @@ FIGURES: list[Figure] = [
     Figure("e2e_s", legend="end to end = finish - slot. ttft_s, tpot_s, itl_s, e2e_s, queue_s: mean, p50, p90, p99 over the "
                            "requests (percentiles by linear interpolation between the closest ranks, numpy's default and vLLM's)",
            served_only=True, per_group=(("e2e_s_p50", "e2e_s.p50"),),
+           group_columns=(Column("E2E P50 s", ("e2e_s_p50",), "{:.3f}", 30),),
            served_columns=(Column("E2E P50 / P99 s", ("e2e_s.p50", "e2e_s.p99"), "{:.3f}", 60),),
            served_csv=(("e2e_s.mean", 150), ("e2e_s.p50", 160), ("e2e_s.p90", 170), ("e2e_s.p99", 180)),
            served=requests_figure(e2e_figures)),
@@ -632,7 +641,10 @@ FIGURES: list[Figure] = [
                                        "too, is described by acceptance_by_depth_rank); acceptance_by_source for a drafter of several "
                                        "sources, a source offered and never chosen with 0 rounds",
            served_only=True,
-           per_group=(("acceptance_pooled", "acceptance_pooled"), ("mean_accepted_tokens_pooled", "mean_accepted_tokens_pooled")),
+           per_group=(("acceptance_pooled", "acceptance_pooled"),
+                      ("mean_accepted_tokens_pooled", "mean_accepted_tokens_pooled")),
+           group_columns=(Column("accept pooled", ("acceptance_pooled",), "{:.3f}", 40),
+                          Column("MAT pooled", ("mean_accepted_tokens_pooled",), "{:.2f}", 50)),
            served_columns=(Column("accept pooled / per-req", ("acceptance_pooled", "acceptance_per_request"), "{:.3f}", 120),
                            Column("MAT pooled / per-req", ("mean_accepted_tokens_pooled", "mean_accepted_tokens_per_request"), "{:.2f}", 130),),
            served_csv=(("acceptance_pooled", 240), ("acceptance_per_request", 250), ("mean_accepted_tokens_pooled", 260), ("mean_accepted_tokens_per_request", 270), ("alpha", 280), ("alpha_rounds", 350)),
@@ -651,6 +663,7 @@ FIGURES: list[Figure] = [
            served=served_pairs, gives=("requests_paired", "output_tok_s_ratio"), also=("output_tok_s_ratio",)),
     Figure("speedup_tpot", legend="mean TPOT of the baseline / the method's, over the requests both served with N > 1",
            served_only=True, per_group=(("speedup_tpot", "speedup_tpot"), ("speedup_tpot_ci95", "speedup_tpot_ci95")),
+           group_columns=(Column("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}", 60, kind=RATIO),),
            served_columns=(Column("speedup TPOT [95% CI]", ("speedup_tpot",), "{:.2f}", 150, terminal=True, kind=MEASURED),),
            served_csv=(("speedup_tpot", 390), ("speedup_tpot_ci95", 400))),
     Figure("speedup_tput_ci95", legend=f"95% paired bootstrap over requests (request i of both, with all its repeats; a "

@@ -9,7 +9,7 @@ from pathlib import Path
 from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY, reference_method
 from eval.axes import AXES, label_of, names as axis_names
 from eval.groups import group_text
-from eval.figure_table import Column, Format, columns, csv_fields, column_of, served_csv_fields
+from eval.figure_table import Column, Format, columns, csv_fields, column_of, group_columns, served_csv_fields
 from eval.records import Comparison, Point
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
@@ -583,24 +583,15 @@ def serving_synthetic_lines(runs: list[dict]) -> list[str]:
 
 
 def serving_group_lines(runs: list[dict]) -> list[str]:
-    """A load point's figures per group of its requests (legend: by_group), where it has groups."""
-    rows = [(r, g) for r in runs for g in (r.get("metrics") or {}).get("by_group") or []]
+    """A load point's figures per group of its requests (legend: by_group; the table's group_columns), where it has
+    groups: a speculative point's TPOT speedup without an interval says how many requests it rests on."""
+    rows = [{"label": run["label"], "group": g["group"], "status": "ok", "metrics": g,
+             "flags": [{"code": "few_samples"}] if "acceptance_pooled" in g else []}
+            for run in runs for g in (run.get("metrics") or {}).get("by_group") or []]
     if not rows:
         return []
-
-    def few(g):  # a speculative point's ratio with no interval: how many requests it rests on
-        return f" (n={g['requests_paired']})" if g["speedup_tpot"] is not None and not g["speedup_tpot_ci95"] and \
-            "acceptance_pooled" in g else ""
-    lines = ["", "Per group of its requests (legend: by_group):", "",
-             "| point | group | requests | TTFT P50 s | TPOT P50 ms | E2E P50 s | accept pooled | MAT pooled | "
-             "speedup TPOT [95% CI] |", "|---|---|---|---|---|---|---|---|---|"]
-    for run, g in rows:
-        tpot_ms = None if g["tpot_s_p50"] is None else 1000 * g["tpot_s_p50"]
-        lines.append(f"| {md_cell(run['label'])} | {md_cell(g['group'])} | {g['requests']} | "
-                     f"{_fmt(g['ttft_s_p50'], '{:.3f}')} | {_fmt(tpot_ms, '{:.1f}')} | {_fmt(g['e2e_s_p50'], '{:.3f}')} | "
-                     f"{_fmt(g.get('acceptance_pooled'), '{:.3f}')} | {_fmt(g.get('mean_accepted_tokens_pooled'))} | "
-                     f"{_with_ci(g['speedup_tpot'], g['speedup_tpot_ci95'])}{few(g)} |")
-    return lines
+    own = [Column("point", ("label",), "{}"), Column("group", ("group",), "{}"), Column("requests", ("requests",), "{}")]
+    return ["", "Per group of its requests (legend: by_group):", ""] + _table(rows, own + group_columns())
 
 
 def serving_lines(summary: dict) -> list[str]:
