@@ -699,15 +699,31 @@ def step_eagle3(session) -> dict:
     return {"layers": layers, "speedup": speedup, "interval": interval}
 
 
+def served_pair(session):
+    """The captured pair where the engine serves on captured steps; the eager pair where it refuses a load on a
+    compiled model (decode/kv.py COMPILED_JOIN): (target, draft, which)."""
+    from decode.generate import generate_baseline
+    from decode.serving import Load
+
+    target = session.captured("target")
+    ids, mask = session.prompts(2, seed=301)
+    try:
+        with torch.inference_mode():
+            generate_baseline(target, ids, mask, generation(session), load=Load([0.0, 0.0], 1))
+    except ValueError:  # kept in the records' steps field; the rows say eager
+        return session.eager("target"), session.eager("draft"), "eager: the engine serves no captured steps"
+    return target, session.captured("draft"), "captured"
+
+
 def step_served(session) -> dict:
-    """Served eagerly (the served path runs uncompiled): each concurrency C with max(C, 4) requests all arriving at 0,
-    at most C in flight."""
+    """Each concurrency C with max(C, 4) requests all arriving at 0, at most C in flight, on captured steps where the
+    engine serves on them, else eager."""
     import inspect
 
     from decode.generate import generate_speculative
     from decode.serving import Load
 
-    target, draft = session.eager("target"), session.eager("draft")
+    target, draft, which = served_pair(session)
     has_overlap = "overlap" in inspect.signature(generate_speculative).parameters
     out, names = {}, dict(zip(session.shapes.concurrency, ("served_c1", "served_c8", "served_c32")))
     for concurrency in session.shapes.concurrency:
@@ -719,8 +735,8 @@ def step_served(session) -> dict:
         spec = run_point(session, target, draft_drafter(session, draft), ids, mask, ACCEPTANCE, load=load,
                          energy=highest)
         speedup = (spec[2] / spec[1]) / (base[2] / base[1])
-        session.put(names[concurrency], speedup, note=f"{requests} requests, one run (no interval)")
-        out[concurrency] = {"speedup": speedup, "requests": requests, "base_tok_s": base[2] / base[1],
+        session.put(names[concurrency], speedup, note=f"{requests} requests, one run (no interval), {which}")
+        out[concurrency] = {"speedup": speedup, "requests": requests, "steps": which, "base_tok_s": base[2] / base[1],
                             "spec_tok_s": spec[2] / spec[1]}
         if highest:
             if base[3] is not None and spec[3] is not None:
@@ -1014,11 +1030,12 @@ def goal_rows(session, records: list[dict]) -> list[dict]:
 
 
 def fmt(value) -> str:
+    """Three significant digits, trailing zeros kept (2.00 is not 2); integers as they are."""
     if value is None:
         return "-"
-    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1000:
-        return str(int(value))
-    return f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:#.3g}"
 
 
 def table_text(rows: list[dict]) -> str:
