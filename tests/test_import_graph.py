@@ -84,6 +84,28 @@ def test_layers():
             assert not {t for t in above if t.startswith(("runner", "eval"))}, f"{module} imports {sorted(above)}"
 
 
+def test_an_engine_declaration_is_data():
+    """runner/engines/<name>/declaration.py is loaded by its path from decode/methods (the registry, which eval and
+    utils read): it imports decode/methods and the standard library only (never torch, pydantic or runner/), and its
+    settings file, loaded the same way, nothing of the repository."""
+    import sys
+
+    edges = graph()
+    declarations = [m for m in edges if m.startswith("runner.engines.") and m.endswith(".declaration")]
+    assert {"runner.engines.vllm.declaration", "runner.engines.llama_cpp.declaration"} <= set(declarations)
+    for module in declarations:
+        path = ROOT / (module.replace(".", "/") + ".py")
+        assert all(t == "decode" or t.startswith("decode.methods") for t in edges[module]), \
+            f"{module} imports {sorted(edges[module])}"
+        tops = {n.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
+                for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                          [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])}
+        assert tops <= set(sys.stdlib_module_names) | {"decode"}, f"{module} imports {sorted(tops)}"
+        settings = path.with_name("settings.py")
+        if settings.exists():
+            assert not edges[module.removesuffix("declaration") + "settings"], f"{settings} imports the repository"
+
+
 def test_test_files_have_unique_names():
     """pytest imports test files by their basename (rootdir-relative packages are not used): two test_x.py in two
     folders make a collection error."""
@@ -91,7 +113,7 @@ def test_test_files_have_unique_names():
     assert sorted(names) == sorted(set(names)), sorted({n for n in names if names.count(n) > 1})
 
 
-# Where "vllm" may appear outside runner/engines/vllm/ and decode/methods/vllm_*.py: a file -> (how many lines, why).
+# Where "vllm" may appear outside runner/engines/vllm/ and eval/targets/vllm.py: a file -> (how many lines, why).
 # Each is a citation of vLLM as prior art, not a dependency on the engine.
 VLLM_CITED = {
     "decode/drafters/prompt_lookup.py": (2, "the lookup matches vLLM's ngram proposer's choice of occurrence"),
@@ -113,9 +135,10 @@ def _python_files() -> list[str]:
 
 
 def test_only_the_engine_package_names_its_engine():
-    """runner/engines/vllm/, the vllm_* method files and its serving target (eval/targets/vllm.py) alone name vLLM (tests, benchmarks and docs aside); the
-    experiment, eval, utils and the rest go through the engine registry and the method specs."""
-    mine = re.compile(r"^(runner/engines/vllm/|decode/methods/vllm_[^/]*\.py$|eval/targets/vllm\.py$|tests/|benchmarks/|"
+    """runner/engines/vllm/ (its declaration, methods included) and its serving target (eval/targets/vllm.py) alone name
+    vLLM (tests, benchmarks and docs aside); the experiment, eval, utils and the rest go through the engine registry
+    and the method specs."""
+    mine = re.compile(r"^(runner/engines/vllm/|eval/targets/vllm\.py$|tests/|benchmarks/|"
                       r"docs/)")
     found: dict[str, list[str]] = {}
     for path in _python_files():

@@ -1,27 +1,45 @@
-"""The method registry: one entry per method, one file per method. Adding a method of our engine is one new file
-plus two lines here (its module in the import, its SPEC in REGISTRY); a method of another engine (MethodSpec.engine,
-runner/engines) is one file that declares its SPEC and its RANK (its place among that engine's methods), found by
-listing this folder."""
+"""The method registry: one entry per method. A method of our engine is one file here plus two lines below (its module
+in the import, its SPEC in REGISTRY); another engine's methods are its declaration (runner/engines/<name>/
+declaration.py: METHODS, and its capabilities, report text and config section), found by listing the engine folders.
+
+A declaration is data: torch-free, importing only decode/methods (tests/test_import_graph.py checks it), loaded here
+by its path, so that decode/, eval/ and utils/ know every engine without importing runner/. The engine folders:
+runner/engines and each folder of $SPECULATE_ENGINES (os.pathsep between them), whose packages runner/engines/__init__.py
+registers too (a test's engine, outside the tree)."""
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
 
 from decode.methods.base import EngineCaps, MethodSpec, RunContext
 from decode.methods import baseline, eagle3, early_exit, hf, hybrid, medusa, prompt_lookup, speculative, suffix
 
 
-# a *_settings module declares an engine's config section (pydantic): imported only when the config asks for it, so the
-# registry loads without pydantic (the GPU machine's check runs without it)
-_MODULES = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
-            if not m.name.endswith("_settings")]
+def engine_folders() -> list[Path]:
+    """The folders whose packages are engines: runner/engines, then those $SPECULATE_ENGINES names."""
+    extra = [Path(p).resolve() for p in os.environ.get("SPECULATE_ENGINES", "").split(os.pathsep) if p]
+    return [Path(__file__).resolve().parents[2] / "runner" / "engines", *extra]
 
 
-def _other_engines() -> list[MethodSpec]:
-    """The SPEC of every module here that is not our engine's (the baseline's), in the order of their RANK."""
-    specs = [m for m in _MODULES if isinstance(getattr(m, "SPEC", None), MethodSpec)
-             and m.SPEC.engine != baseline.SPEC.engine]
-    return [m.SPEC for m in sorted(specs, key=lambda m: (m.SPEC.engine, m.RANK))]
+def _load(name: str, path: Path) -> ModuleType:
+    """A module by its path, under its package's name (runner.engines.<engine>.<file>): importing it by that name
+    later finds this one."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+DECLARATIONS: dict[str, ModuleType] = {  # engine -> its declaration, engines by name
+    path.parent.name: _load(f"runner.engines.{path.parent.name}.declaration", path)
+    for path in sorted((p for folder in engine_folders() for p in folder.glob("*/declaration.py")),
+                       key=lambda p: p.parent.name)}
+assert all(spec.engine == engine for engine, d in DECLARATIONS.items() for spec in d.METHODS), \
+    "a declaration's METHODS are of its engine (MethodSpec.engine: the package's name)"
 
 
 REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
@@ -37,7 +55,7 @@ REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
     hf.ASSISTED,
     hf.ASSISTED_DEFAULT,
     hf.PROMPT_LOOKUP,
-    *_other_engines(),
+    *(spec for declaration in DECLARATIONS.values() for spec in declaration.METHODS),
 )}
 ENGINES = tuple(dict.fromkeys(spec.engine for spec in REGISTRY.values()))  # the engines of the methods: names of
 #   runner/engines packages, as progress.json's engine_info keys them
@@ -54,12 +72,14 @@ def caps_of(method: str) -> EngineCaps:
 
 
 def __getattr__(name: str):
-    """ENGINE_SECTIONS, on first use: engine -> the module that declares its config section (SECTION, a pydantic model;
-    CHECK(config); EXAMPLE; DOC), the config key being the engine's name: utils/config.py adds each to the config."""
+    """ENGINE_SECTIONS, on first use: engine -> the module that declares its config section (its declaration's
+    SETTINGS, a file beside it: SECTION, a pydantic model; CHECK(config); EXAMPLE; DOC), the config key being the
+    engine's name: utils/config.py adds each to the config. Loaded only when the config asks for it, so the registry
+    loads without pydantic (the GPU machine's check runs without it)."""
     if name == "ENGINE_SECTIONS":
-        modules = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
-                   if m.name.endswith("_settings")]
-        globals()[name] = {m.ENGINE: m for m in modules}
+        globals()[name] = {
+            engine: _load(f"runner.engines.{engine}.{Path(d.SETTINGS).stem}", Path(d.__file__).with_name(d.SETTINGS))
+            for engine, d in DECLARATIONS.items() if getattr(d, "SETTINGS", None)}
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -73,5 +93,5 @@ def reference_method(engine: str = "ours") -> str:
     return next(name for name, s in REGISTRY.items() if s.is_reference and s.engine == engine)
 
 
-__all__ = ["ENGINE_CAPS", "ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "HOME_ENGINE", "REGISTRY", "EngineCaps", "MethodSpec",
+__all__ = ["DECLARATIONS", "ENGINE_CAPS", "ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "HOME_ENGINE", "REGISTRY", "EngineCaps", "MethodSpec",
            "RunContext", "caps_of", "reference_method", "spec"]

@@ -1,8 +1,8 @@
 """vLLM: the recommendation as its `--speculative-config` dict, and acceptance in its synthetic acceptance mode.
 
 The dict comes from the registry: the vLLM method of this benchmark whose counterpart is our method
-(decode/methods/vllm_*.py engine_config), so the settings the benchmark runs vLLM with and those recommended are one
-function. A method with no vLLM counterpart keeps its own name with num_speculative_tokens, and says so.
+(runner/engines/vllm/declaration.py engine_config), so the settings the benchmark runs vLLM with and those
+recommended are one function. A method with no vLLM counterpart keeps its own name with num_speculative_tokens, and says so.
 
 The synthetic acceptance mode (vLLM 0.28.0's config/speculative.py): a speculative_config fragment
 {"rejection_sample_method": "synthetic", "num_speculative_tokens": K, "synthetic_acceptance_rates": [r_1..r_K]},

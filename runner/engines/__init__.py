@@ -1,13 +1,17 @@
-"""The engine registry: every package here is an engine whose ENGINE implements runner/engines/base.py's contract,
-found by listing this folder: adding an engine is one package (and its methods in decode/methods, MethodSpec.engine
-its name). The home engine (Engine.home: ours) runs its units first in each repeat and loads the prompts and
+"""The engine registry: every package here (and in the folders of $SPECULATE_ENGINES: decode/methods engine_folders)
+is an engine whose ENGINE implements runner/engines/base.py's contract, found by listing the folders: adding an engine
+is one package, its methods and what the rest reads of it in its declaration.py (decode/methods/__init__.py). The home
+engine (Engine.home: ours) runs its units first in each repeat and loads the prompts and
 tokenizer; the others follow by name."""
 from __future__ import annotations
 
 import importlib
 import pkgutil
 
+from decode.methods import engine_folders
 from runner.engines.base import Engine
+
+__path__ = [str(folder) for folder in engine_folders()]  # this folder first
 
 
 def _engines() -> dict[str, type[Engine]]:

@@ -1,5 +1,6 @@
-"""The config section of the llama_cpp_* methods (config llama_cpp:, the llama.cpp engine's settings:
-runner/engines/llama_cpp), and the check of a config that uses them (decode/methods/__init__.py ENGINE_SECTIONS)."""
+"""The config section of the llama_cpp_* methods (config llama_cpp:, the llama.cpp engine's settings), and the check of
+a config that uses them; declaration.py names this file (SETTINGS), decode/methods/__init__.py ENGINE_SECTIONS loads
+it by its path (it imports pydantic and nothing of the repository)."""
 from __future__ import annotations
 
 from typing import Literal

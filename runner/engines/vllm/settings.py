@@ -1,6 +1,7 @@
-"""The config section of the vllm_* methods (config vllm:, the vLLM engine's settings: runner/engines/vllm), and
-the check of a config that uses them. utils/config.py adds the section to the config from decode/methods/__init__.py
-ENGINE_SECTIONS (the engine's name, this SECTION, its CHECK, and EXAMPLE and DOC for docs/config.md)."""
+"""The config section of the vllm_* methods (config vllm:, the vLLM engine's settings), and the check of a config that
+uses them; declaration.py names this file (SETTINGS). utils/config.py adds the section to the config from
+decode/methods/__init__.py ENGINE_SECTIONS (the engine's name, this SECTION, its CHECK, and EXAMPLE and DOC for
+docs/config.md). Loaded by its path: it imports pydantic and nothing of the repository."""
 from __future__ import annotations
 
 from typing import Any, Literal
