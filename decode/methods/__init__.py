@@ -71,15 +71,20 @@ def caps_of(method: str) -> EngineCaps:
     return ENGINE_CAPS[REGISTRY[method].engine]
 
 
+def engine_file(engine: str, file: str) -> ModuleType:
+    """A file its engine's declaration names (SETTINGS, TARGET), beside it, loaded by its path on first use."""
+    declaration = DECLARATIONS[engine]
+    return _load(f"runner.engines.{engine}.{Path(file).stem}", Path(declaration.__file__).with_name(file))
+
+
 def __getattr__(name: str):
     """ENGINE_SECTIONS, on first use: engine -> the module that declares its config section (its declaration's
     SETTINGS, a file beside it: SECTION, a pydantic model; CHECK(config); EXAMPLE; DOC), the config key being the
     engine's name: utils/config.py adds each to the config. Loaded only when the config asks for it, so the registry
     loads without pydantic (the GPU machine's check runs without it)."""
     if name == "ENGINE_SECTIONS":
-        globals()[name] = {
-            engine: _load(f"runner.engines.{engine}.{Path(d.SETTINGS).stem}", Path(d.__file__).with_name(d.SETTINGS))
-            for engine, d in DECLARATIONS.items() if getattr(d, "SETTINGS", None)}
+        globals()[name] = {engine: engine_file(engine, d.SETTINGS) for engine, d in DECLARATIONS.items()
+                           if getattr(d, "SETTINGS", None)}
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -93,5 +98,5 @@ def reference_method(engine: str = "ours") -> str:
     return next(name for name, s in REGISTRY.items() if s.is_reference and s.engine == engine)
 
 
-__all__ = ["DECLARATIONS", "ENGINE_CAPS", "ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "HOME_ENGINE", "REGISTRY", "EngineCaps", "MethodSpec",
+__all__ = ["DECLARATIONS", "engine_file", "ENGINE_CAPS", "ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "HOME_ENGINE", "REGISTRY", "EngineCaps", "MethodSpec",
            "RunContext", "caps_of", "reference_method", "spec"]
