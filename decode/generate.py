@@ -17,6 +17,7 @@ import torch
 from decode.drafters.base import Drafter, Proposal
 from decode.hidden import CompiledTap, HiddenTap
 from decode.kv import COMPILED_JOIN, KVState, host_to_device, joined
+from decode.round_graph import fused_round, fusable
 from decode.serving import Load, Queue, RequestTimes
 from decode.static_kv import compiled_of, new_state
 from decode.sampling import (accept_greedy, accept_sampled, accept_synthetic, accept_tree_greedy, accept_tree_sampled,
@@ -247,6 +248,17 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
     budget_host = [min(gamma, generation.max_new_tokens - records[row].new_tokens - 1) for row in active]
     drafts = max(budget_host) > 0
     recorder = _RoundRecorder(spans, drafter)
+    if drafts and fusable(state, drafter, gamma, budget_host, synthetic_acceptance):
+        # the compiled and captured modes: the whole round (drafts, verification, acceptance, both rollbacks) as one
+        # function over the static caches (decode/round_graph.py), then the same read and bookkeeping
+        fused = fused_round(state, drafter, token, budget_host, gamma, generation.sampling, generator,
+                            on_drafted=recorder.drafted)
+        layout = ChainRound(Proposal(fused.drafts, None, fused.draft_limit))
+        host = layout.read(fused.readout().tolist())  # the round's one host read
+        spans.settle()
+        fused.settle([row.accepted for row in host], [row.drafts for row in host])
+        drafter.observe([row.token for row in host], [row.drafts for row in host])
+        return _recorded(records, active, host, layout, generation, start, recorder, drafter, fused.token)
 
     # 1. propose: the drafter decides each row's length (its schedule), within the budget; it may be 0
     if drafts:
@@ -275,12 +287,20 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
     if drafts:
         drafter.commit(accepted_len, [row.accepted for row in host], [row.drafted for row in host],
                        **layout.commit_facts(host))
+    return _recorded(records, active, host, layout, generation, start, recorder, drafter if drafts else None, token)
+
+
+def _recorded(records: list[RowRecord], active: list[int], host: list[RoundRow], layout, generation: Generation,
+              start: float, recorder: _RoundRecorder, drafter: Drafter | None, token: torch.Tensor
+              ) -> tuple[torch.Tensor, list[int], list]:
+    """A round's end after its read and rollback: each row's tokens into its record, the round's facts and seconds,
+    and the drafter (None where it proposed nothing) told what the round cost."""
     verified_at = recorder.verified()
     emitted = [[row.drafts[node] for node in row.path] + [row.token] for row in host]
     running, taken = _append(records, active, emitted, generation, verified_at - start)
-    recorder.record(records, active, host, taken, layout, drafts)
-    if drafts:  # what the round it proposed cost, its wall on the host (a schedule may learn this machine's prices)
-        drafter.timed(verified_at - recorder.started)
+    recorder.record(records, active, host, taken, layout, drafter is not None)
+    if drafter is not None:  # what the round it proposed cost, its wall on the host (a schedule may learn this machine's
+        drafter.timed(verified_at - recorder.started)  # prices)
     return token, running, host
 
 

@@ -254,13 +254,13 @@ def _round_inputs(state: StaticKVState, draft_state: StaticKVState, gamma: int, 
 
 
 def _kind(drafter) -> str | None:
-    """"model" (a draft model), "eagle3" (an EAGLE-3 head), or None: no fused round for this drafter."""
+    """"model" (a draft model), "head" (an EAGLE-3 head), or None: no fused round for this drafter."""
     from decode.drafters.draft_model import DraftModelDrafter
     from decode.drafters.heads import Eagle3Drafter
 
     if isinstance(drafter, DraftModelDrafter):
         return "model"
-    return "eagle3" if isinstance(drafter, Eagle3Drafter) else None
+    return "head" if isinstance(drafter, Eagle3Drafter) else None
 
 
 def fusable(state, drafter, gamma: int, budget_host: list[int], synthetic_acceptance=None) -> bool:
@@ -344,7 +344,7 @@ def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host:
     draft step's Exp(1) [B, V], the acceptance's uniforms [B, gamma], the next token's Exp(1) [B, V]), so the tokens
     are the eager engine's. on_drafted: called between the drafts and the verification (a clock's mark), which then
     run as two functions (a graph each: draft_chain or head_chain, then chain_rest or head_rest); None: one."""
-    draft_state, head = drafter.state, _kind(drafter) == "eagle3"
+    draft_state, head = drafter.state, _kind(drafter) == "head"
     compiled, draft = state.compiled, draft_state.compiled
     state._room(gamma + 1)  # compaction (rare) reads the host: before the round, not inside it
     draft_state._room(2 * gamma + 1 if head else gamma + 1)

@@ -265,3 +265,29 @@ def test_a_round_split_at_its_drafts_gives_the_same_tokens():
         if split:
             assert len(marks) == len(runs[1][1]) and counters["stats"]["unique_graphs"] - graphs == 2
     assert runs[0] == runs[1] and runs[0][1]
+
+
+def test_the_engines_loop_runs_fused_rounds_and_gives_the_eager_tokens(monkeypatch):
+    """generate_speculative with a compiled target and draft (eager backend): the rounds where every row can take gamma
+    run as one function (counted), the rest as the eager round does, and the tokens and rounds are the eager engine's;
+    a row ends at its EOS mid-batch."""
+    import decode.generate as engine
+
+    target = tiny_model("llama", seed=1, layers=2)
+    draft = noisy_copy(target, 0.1)
+    ids, mask = ragged_batch([5, 9, 3], seed=4)
+    gamma = 3
+    with torch.inference_mode():
+        eos = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask,
+                                   Generation(14), gamma)[1].output_ids[6]
+        generation = Generation(14, eos_token_ids=(eos,))
+        eager = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask, generation, gamma)
+        fused, real = [], engine.fused_round
+        monkeypatch.setattr(engine, "fused_round", lambda *a, **k: fused.append(1) or real(*a, **k))
+        widths, batches = (1, 2, gamma + 1), (3,)
+        compiled = generate_speculative(compiled_copy(target, widths, 64, batches),
+                                        DraftModelDrafter(compiled_copy(draft, widths, 64, batches), VOCAB, Sampling()),
+                                        ids, mask, generation, gamma)
+    assert [r.output_ids for r in compiled] == [r.output_ids for r in eager]
+    assert [r.rounds for r in compiled] == [r.rounds for r in eager]
+    assert any(r.stop_reason == "eos" for r in eager) and len(fused) >= 2
