@@ -16,7 +16,7 @@ import torch
 
 from decode.drafters.base import Drafter, Proposal
 from decode.hidden import CompiledTap, HiddenTap
-from decode.kv import COMPILED_JOIN, KVState, host_to_device, joined
+from decode.kv import KVState, host_to_device, joined
 from decode.round_graph import fused_round, fusable
 from decode.serving import Load, Queue, RequestTimes
 from decode.static_kv import compiled_of, new_state
@@ -521,8 +521,8 @@ class _Loop:
 
     Records come back in request order; served, with the serving fields (RowRecord.arrival_s ...) set: times in
     seconds from the loop's start. Host reads per round are those of the round alone: the clock is read to admit only
-    while requests are still to come. The compiled mode's static caches take no joins: served with a load,
-    ValueError (decode/kv.py COMPILED_JOIN); a static batch never joins and runs compiled.
+    while requests are still to come. A compiled model's static caches take joining rows in row buckets
+    (decode/static_kv.py StaticKVState.join: a join moves the rows to the next bucket's compiled steps).
     """
 
     def __init__(self, target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -533,8 +533,6 @@ class _Loop:
         self.served = load is not None
         if self.served:
             load.check(requests)
-            if compiled_of(target) is not None:
-                raise ValueError(COMPILED_JOIN)
         self.load = load or Load([0.0] * requests, max(requests, 1))
         self.target, self.drafter, self.generation, self.gamma = target, drafter, generation, gamma
         self.generator, self.synthetic_acceptance = generator, synthetic_acceptance

@@ -70,15 +70,18 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 # the one line for a Load that meets the compiled mode's static caches
-COMPILED_JOIN = ("the compiled mode (engine.compile) keeps static caches that cannot admit requests into a running "
-                 "batch; serve under load with engine.compile off")
+COMPILED_JOIN = "join: a static (compiled) state and a dynamic one cannot join; both models' states must be of one kind"
 
 
 def joined(state, other):
-    """state with other's rows appended (KVState.join); state None or empty (no rows yet): other itself."""
+    """state with other's rows appended (KVState.join, or a compiled model's StaticKVState.join: its row buckets);
+    state None or empty (no rows yet): other itself."""
     if state is None:
         return other
-    if not isinstance(state, KVState) or not isinstance(other, KVState):
+    if not isinstance(state, KVState):  # a static state (decode/static_kv.py): its own join
+        state.join(other)
+        return state
+    if not isinstance(other, KVState):
         raise ValueError(COMPILED_JOIN)
     if state.mask is None:
         return other

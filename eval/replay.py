@@ -342,11 +342,11 @@ def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_
 def replay_load(samples: list[dict], pricer: Pricer, speculative: bool, concurrency: int | None = None) -> list[dict]:
     """Each repeat of a load point replayed: its requests at their arrivals, at most `concurrency` (default: the
     point's) in flight; the records with admitted_s, first_token_s, finish_s, target_s, draft_s and draft_prefill_s
-    as the replay times them. A compiled profile prices no load: the compiled engine's static caches take no joins
-    (MissingCost)."""
+    as the replay times them. A compiled profile prices no load yet: a served compiled run's rows sit in row buckets
+    (decode/static_kv.py StaticKVState.join) whose steps the replay does not price (MissingCost)."""
     if pricer.compiled:
-        raise MissingCost("a load's steps: it is compiled, and the compiled engine takes no joins (profile the "
-                          "device with engine.compile: false)")
+        raise MissingCost("a load's steps: it is compiled, and the replay does not price a compiled load's row buckets "
+                          "yet (profile the device with engine.compile: false for a load's prediction)")
     out = []
     by_repeat = defaultdict(list)
     for s in samples:

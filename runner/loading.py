@@ -182,7 +182,7 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
             loaded.attn_implementation = "sdpa"
         steps, trees = plan["target"] if label is None else plan["drafts"].get(label, ((1,), ()))
         try:
-            compiled = CompiledModel(loaded.model, steps, max_length, tuple(config.batch_size), mode,
+            compiled = CompiledModel(loaded.model, steps, max_length, compiled_batch_sizes(config), mode,
                                      config.engine.compile_backend, trees, head_layers=head_layers if label is None else ())
         except CompileRefused as error:
             raise UserError(f"{role} {loaded.source}: {error}") from None
@@ -195,6 +195,19 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
     return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width ({widths}) and "
             f"batch size ({how}), compiled "
             "in each comparison's probes and warmup; a step of fewer tokens runs padded to the next width")
+
+
+def compiled_batch_sizes(config) -> tuple[int, ...]:
+    """The batch sizes the compiled steps are built for: a fixed batch's sizes; under a load, row buckets 1, 2, 4, ..
+    up to the most rows in flight (the largest concurrency, else the requests), as vLLM captures batch sizes: requests
+    join and leave between rounds in a bucket padded with idle rows (decode/static_kv.py StaticKVState.join)."""
+    if config.load is None:
+        return tuple(config.batch_size)
+    most = max(config.load.concurrency or [config.load.requests or config.dataset.num_samples or 1024])
+    buckets = [1]
+    while buckets[-1] < min(most, 1024):
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
 
 
 def compiled_models(config, target, drafts) -> dict:

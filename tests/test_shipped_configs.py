@@ -37,7 +37,7 @@ def test_config_runs_with_tiny_models(path, tmp_path_factory, tmp_path):
     run_shipped(path, tmp_path_factory, tmp_path, {})
 
 
-# engine.compile keeps static caches of a fixed batch: a serving config (load:) is refused with it
+# the compiled configs cover the fixed-batch ones (a serving config compiles in row buckets: tests/decode/test_captured_steps.py)
 CPU_CONFIGS = [p for p in CONFIGS if load_config(p)[0].device == "cpu" and load_config(p)[0].load is None]
 
 

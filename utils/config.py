@@ -619,9 +619,6 @@ class Config(Strict):
         if self.load.think_s and self.dataset.turns == 1:
             raise ValueError(f"load.think_s: {self.load.think_s} paces a conversation's turns, and dataset.turns is 1 (no "
                              "conversations); set dataset.turns: 2 (or all), or leave think_s out")
-        if self.engine.compile:
-            raise ValueError("load: engine.compile keeps static caches of a fixed batch, and a serving run adds rows as "
-                             "requests arrive; set engine.compile: false")
         if self.repeats == "auto":
             raise ValueError("load: repeats: auto settles fixed batches' intervals; under load give repeats a number")
         if self.batch_size != [1]:

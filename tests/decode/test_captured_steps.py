@@ -133,3 +133,37 @@ def test_rows_join_a_static_batch_in_row_buckets_and_compile_nothing_new(mode):
     assert static == eager
     assert state.buffers.valid.shape[0] == 4 and len(state.rows) == 3
     assert compiled.recompiles_after_warmup == 0 and compiled.compiles == graphs
+
+
+@pytest.mark.parametrize("mode", ["compiled", "captured"])
+def test_served_on_compiled_steps_is_greedy_exact_and_compiles_nothing_after_warmup(mode):
+    """Continuous batching over compiled (eager backend) or captured steps in row buckets (1, 2, 4, 8): 6 requests at
+    concurrency 3 (the next joins as a row ends), a draft model at gamma 3; the tokens are the eager engine's under the same load,
+    and a second run of the same load (the first its warmup) compiles nothing."""
+    from decode.serving import Load
+
+    torch._dynamo.reset()
+    target = tiny_model("llama", seed=1, layers=2)
+    draft = noisy_copy(target, 0.1)
+    ids, mask = ragged_batch([5, 9, 3, 7, 2, 6], seed=4)
+    gamma, generation = 3, Generation(10)
+    load = Load([0.0] * 6, 3)  # all waiting: each join follows a row's end, so both runs join alike
+
+    def fast(model):
+        twin = copy.copy(model)
+        twin.__dict__.pop("_speculate_compiled", None)
+        attach(twin, CompiledModel(twin, (1, 2, gamma + 1), 64, (1, 2, 4, 8), mode=CAPTURED if mode == "captured"
+                                   else None, backend="eager"))
+        return twin
+    with torch.inference_mode():
+        eager = generate_speculative(target, DraftModelDrafter(draft, VOCAB, Sampling()), ids, mask, generation, gamma,
+                                     load=load)
+        ctarget, cdraft = fast(target), fast(draft)
+        first = generate_speculative(ctarget, DraftModelDrafter(cdraft, VOCAB, Sampling()), ids, mask, generation,
+                                     gamma, load=load)
+        for model in (ctarget, cdraft):
+            model._speculate_compiled.warm = True
+        second = generate_speculative(ctarget, DraftModelDrafter(cdraft, VOCAB, Sampling()), ids, mask, generation,
+                                      gamma, load=load)
+    assert [r.output_ids for r in first] == [r.output_ids for r in second] == [r.output_ids for r in eager]
+    assert ctarget._speculate_compiled.recompiles_after_warmup == cdraft._speculate_compiled.recompiles_after_warmup == 0

@@ -278,16 +278,13 @@ def test_a_load_refuses_a_request_that_follows_a_later_one():
     Load([0.0, 5.0, 1.0], 1, follows=[None, None, 0]).check(3)  # a follower's own arrival is not used
 
 
-def test_fixed_batch_records_have_no_serving_fields_and_compiled_mode_refuses_a_load():
+def test_fixed_batch_records_have_no_serving_fields_and_a_load_needs_its_arrivals():
     target = tiny_model("llama", seed=1, layers=2)
     ids, mask = _repetitive([5, 9], seed=0)
     generation = Generation(max_new_tokens=4)
     with torch.inference_mode():
         records = generate_baseline(target, ids, mask, generation)
         assert all(r.arrival_s is None and r.emits is None and r.finish_s is None for r in records)
-        compiled = compiled_copy(target, (1,), 32, (2,))
-        with pytest.raises(ValueError, match="engine.compile"):
-            generate_baseline(compiled, ids, mask, generation, load=Load([0.0, 0.0], 2))
         with pytest.raises(ValueError, match="arrival times"):
             generate_baseline(target, ids, mask, generation, load=Load([0.0], 2))
 

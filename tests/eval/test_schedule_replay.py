@@ -84,8 +84,8 @@ def test_a_compiled_batch_keeps_its_capacity_and_its_compiled_width():
     only_two = profile([(TARGET, 2, 1, 1.0), (TARGET, 2, 3, 1.5), (draft_model("d"), 2, 1, 0.3)])
     only_two.meta["compile"] = True
     assert simulate([a], 1, Pricer(only_two, "d"))[0]["finish_s"] == pytest.approx(0.3 + 2.1 + 1.8)
-    # the compiled engine serves no load: a compiled profile prices none
-    with pytest.raises(MissingCost, match="takes no joins"):
+    # a compiled profile prices no load (its row buckets are not priced yet)
+    with pytest.raises(MissingCost, match="row buckets"):
         replay_load([dict(a, request=0, arrival_s=0.0)], Pricer(compiled, "d"), True)
 
 
