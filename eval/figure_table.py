@@ -264,7 +264,9 @@ FIGURES: list[Figure] = [
                              "baseline (every ratio uses only these), planned: what the sweep planned (every repeat), prompts: the "
                              "distinct prompt batches paired (what an interval rests on; a conversation's turns, with their batches, count "
                              "once), cross_process: paired batches whose "
-                             "baseline another process measured (a resumed run, a restarted worker)",
+                             "baseline another process measured (a resumed run, a restarted worker), blocks_apart (where "
+                             "any): paired batches measured in server blocks that were not back to back, and the median "
+                             "minutes between them",
            outside="a run's own key"),
     Figure("samples", legend="sequences measured (rows of samples.jsonl)",
            static=sample_count),
@@ -508,6 +510,8 @@ FIGURES: list[Figure] = [
                            f"why: few_samples: fewer than {MIN_PROMPTS} prompt batches back the ratio, so it has no interval; "
                            f"cross_process: some of its batches were paired with a baseline another process measured (a resumed "
                            f"run, a restarted worker), not back to back; "
+                           f"not_back_to_back: its batches were paired with its reference's measured in another server "
+                           f"block (an engine in its own process), minutes apart; "
                            f"ci_wide: the speedup's CI reaches beyond +-ci_target (config, default 10%) of it (repeats: auto stops "
                            f"on this same rule); drift: the same 1-token target forward (timed by the same probe, within each "
                            f"process) or the baseline's tok/s on the same batches in different repeats moved by more than "

@@ -242,6 +242,12 @@ def flags_of(point: Point, metrics: dict, batches: dict, machine: dict) -> list[
                       "paired with a baseline measured by another process (a resumed run or a restarted worker; "
                       "env.json lists the machines of the processes that started or resumed the run): not back to "
                       "back, so a change of the machine in between enters the ratio"})
+    apart = batches.get("blocks_apart")
+    if apart and not spec.is_reference:
+        flags.append({"code": "not_back_to_back", "message": f"{apart['batches']} of its paired batches were paired "
+                      f"with its reference's measured in another server block, a median of "
+                      f"{apart['median_minutes']:.1f} min apart: a change of the machine between blocks enters the "
+                      "ratio (the drift flag's probe spans the blocks)"})
     moved = machine.get("probe_drift")
     if moved is not None and moved > DRIFT_LIMIT:
         engine = REGISTRY[point.method].engine

@@ -20,7 +20,7 @@ from eval.replay import beyond_note
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
 from eval.serving import serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
-from eval.totals import clusters_of, cross_process_pairs, paired_clusters, processes_of, units
+from eval.totals import blocks_apart, clusters_of, cross_process_pairs, paired_clusters, processes_of, units
 from eval.trees import tree_of
 
 
@@ -109,6 +109,9 @@ def point_runs(point: Point, samples: list[dict], failures: list[dict], expected
         batches = {"done": len(units(mine)), "paired": len(paired), "planned": expected if group is None else None,
                    "prompts": len({cluster[index] for _, index in paired}),
                    "cross_process": cross_process_pairs(mine, theirs or [])}
+        apart = blocks_apart(mine, theirs or [])
+        if apart is not None:  # an engine whose points run in server blocks of their own (eval/totals.py)
+            batches["blocks_apart"] = apart
         flags = flags_of(point, metrics, batches, {**machine, "costs": own})
         if metrics.get("prediction_off"):
             flags.append({"code": "prediction_off", "message": metrics["prediction_off"]})

@@ -3,6 +3,8 @@ baseline's that every ratio rests on: one function for fixed batches and load po
 served point is a batch whose rows arrive: eval/serving.py REQUESTS)."""
 from __future__ import annotations
 
+import statistics
+
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
@@ -160,6 +162,22 @@ def processes_of(batch: list[dict]) -> set:
     """The processes that measured a batch (records written before processes were recorded: their Ray worker, else
     EARLIER_PROCESS)."""
     return {s.get("process") or s.get("worker") or EARLIER_PROCESS for s in batch}  # an older Ray folder: its worker
+
+
+def blocks_apart(samples: list[dict], baseline: list[dict]) -> dict | None:
+    """Paired batches measured in server blocks that were not back to back (an engine in its own process runs each
+    point's block of batches in a server of its own: records' extra back_to_back False, block_started_unix_s): how
+    many, and the median minutes between the point's block start and its reference's; None where every pair was back
+    to back (or the records predate the fields)."""
+    mine, theirs = units(samples), units(baseline)
+    gaps = []
+    for key in set(mine) & set(theirs):
+        extra = [s.get("extra") or {} for s in mine[key]]
+        started = [e.get("block_started_unix_s") for e in extra if e.get("back_to_back") is False]
+        reference = [(s.get("extra") or {}).get("block_started_unix_s") for s in theirs[key]]
+        if started and started[0] is not None and reference and reference[0] is not None:
+            gaps.append(abs(started[0] - reference[0]) / 60.0)
+    return {"batches": len(gaps), "median_minutes": statistics.median(gaps)} if gaps else None
 
 
 def cross_process_pairs(samples: list[dict], baseline: list[dict]) -> int:

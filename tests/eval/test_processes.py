@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 
 from eval.summary import summarize
-from sample_records import SPEC_LABEL, codes, costs, paired_run, run
+from sample_records import SPEC_LABEL, codes, costs, paired_run, record, run
 
 
 def on(samples, process, worker=None):
@@ -147,3 +147,21 @@ def test_the_missing_costs_note_is_for_points_with_a_prediction():
     summary = summarize(samples, {"costs": probes(second=(0.3, 1.2))})
     said = [n for n in summary["notes"] if "measured no costs" in n]
     assert len(said) == 1 and said[0].startswith(SPEC_LABEL)
+
+
+def test_pairs_from_server_blocks_minutes_apart_are_flagged_by_hand():
+    """An engine in its own process runs each point in a server block of its own: 8 paired batches, the reference's
+    block started at 1000 s and the point's at 1300 s (the first 4 batches) and 1420 s (the last 4): 8 batches, a
+    median of (300 + 420) / 2 / 60 = 6.0 min apart; back-to-back records (or older ones without the fields) add none."""
+    samples = []
+    for i in range(8):
+        samples.append(record("baseline", i, i, tokens=4, latency=2.0,
+                              extra={"pairing": "engine", "back_to_back": True, "block_started_unix_s": 1000.0}))
+        samples.append(record("speculative", i, i, tokens=4, latency=1.0, rounds=[{"drafted": 2, "accepted": 2,
+                                                                                    "emitted": 3}],
+                              extra={"pairing": "engine", "back_to_back": False,
+                                     "block_started_unix_s": 1300.0 if i < 4 else 1420.0}))
+    summary = summarize(samples, {})
+    assert run(summary, "speculative")["batches"]["blocks_apart"] == {"batches": 8, "median_minutes": 6.0}
+    assert "not_back_to_back" in codes(summary)
+    assert "blocks_apart" not in run(summarize(paired_run(), {}), "speculative")["batches"]
