@@ -204,7 +204,7 @@ def _keep_gaps(records: list[RowRecord], gaps: list[tuple[list[int], torch.Tenso
 def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                          generation: Generation, gamma: int, generator: torch.Generator | None = None,
                          clock: Clock | None = None, synthetic_acceptance: float | None = None,
-                         load: Load | None = None, on_finish=None) -> list[RowRecord]:
+                         load: Load | None = None, on_finish=None, overlap: bool = False) -> list[RowRecord]:
     """Speculative decoding: per round the drafter proposes up to gamma tokens per row, the target
     scores them all in one forward, and each row keeps its own accepted prefix plus one target token.
 
@@ -230,7 +230,7 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     is called (inside the timed loop, as a server would) as each request has its last token.
     """
     return _Loop(target, drafter, prompt_ids, prompt_mask, generation, gamma, generator, clock, load,
-                 synthetic_acceptance, on_finish).run()
+                 synthetic_acceptance, on_finish, overlap).run()
 
 
 def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, active: list[int],
@@ -304,6 +304,23 @@ def _recorded(records: list[RowRecord], active: list[int], host: list[RoundRow],
     return token, running, host
 
 
+@dataclass
+class _Flight:
+    """An overlapped round launched and not yet read: its device results, the rows it ran (record indices, in the
+    state's order at its launch), its recorder, and its readout on the way to the host (event: a CUDA copy's)."""
+    fused: object  # decode/round_graph.py FusedRound
+    rows: list[int]
+    recorder: "_RoundRecorder"
+    copy: torch.Tensor
+    event: object | None
+
+    def read(self) -> list[list[int]]:
+        """The round's one host read: [B, 3 + gamma] rows of accepted_len, next token, draft_limit, drafts."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.copy.tolist()
+
+
 class _RoundRecorder:
     """A round's records and timing, beside the algorithm: the drafter's forwards, per row its round facts
     ({"drafted", "accepted", "emitted"} plus the layout's and a drafter of several sources' own), one target forward,
@@ -315,6 +332,7 @@ class _RoundRecorder:
         self.spans, self.clock, self.drafter = spans, spans.clock, drafter
         self.started = self.clock.host()
         self.start_mark = self.clock.mark()
+        self.verified_mark = None  # an overlapped round marks its end as it is launched
         self.draft_forwards_before = drafter.forwards
 
     def drafted(self) -> None:
@@ -322,7 +340,8 @@ class _RoundRecorder:
 
     def verified(self) -> float:
         """The round's end: a mark for its seconds, and the host's time (for the records' emits and Drafter.timed)."""
-        self.verified_mark = self.clock.mark()
+        if self.verified_mark is None:
+            self.verified_mark = self.clock.mark()
         self.verified_at = self.clock.host()
         return self.verified_at
 
@@ -527,8 +546,11 @@ class _Loop:
 
     def __init__(self, target, drafter: Drafter | None, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  generation: Generation, gamma: int, generator: torch.Generator | None, clock: Clock | None,
-                 load: Load | None, synthetic_acceptance: float | None = None, on_finish=None):
+                 load: Load | None, synthetic_acceptance: float | None = None, on_finish=None, overlap: bool = False):
         requests = prompt_ids.shape[0]
+        # overlap: asked here or by the compiled model (engine.overlap); flight: the round launched and not yet read
+        self.overlap = overlap or getattr(compiled_of(target), "overlap", False) and drafter is not None
+        self.flight = None
         self.on_finish = on_finish
         self.served = load is not None
         if self.served:
@@ -582,6 +604,7 @@ class _Loop:
                     time.sleep(max(0.0, queue.next_arrival() - now))
                     continue
                 if group:
+                    self._drain()  # an overlapped round in flight is read before rows join
                     self._admit(group, now)
             elif hears:  # every request admitted: the rate as last read
                 self.drafter.queued(0, rate)
@@ -589,6 +612,8 @@ class _Loop:
                 continue
             running = self._round()
             self._evict(running)
+            if self.flight is not None and not self.active:
+                self.flight = None  # every row ended: the round launched after them has nobody to record
         clock.now()  # the last spans' marks have run
         self.spans.settle()
         _keep_gaps(self.records, self.gaps)
@@ -683,11 +708,83 @@ class _Loop:
             self.last_read = stepped
             running, _ = _append(records, active, [[t] for t in self.last_host], self.generation, stepped)
             return running
+        if self.overlap:
+            return self._overlapped()
         self.token, running, host = _speculative_round(self.target, self.drafter, self.state, self.token, active,
                                                        records, self.generation, self.gamma, self.generator,
                                                        self.spans, self.start, self.synthetic_acceptance, self.tap)
         self.last_host = [row.token for row in host]
         return running
+
+    # -- overlap: round k + 1 launched from round k's device results before the host reads round k --------------------
+    def _launch(self, rows: list[int], budget: list[int], token: torch.Tensor, carry: bool) -> "_Flight":
+        """A fused round over `rows` (record indices, the state's live rows in order), its readout copied to the host
+        without waiting (pinned memory, an event): read by `_Flight.read`."""
+        recorder = _RoundRecorder(self.spans, self.drafter)
+        fused = fused_round(self.state, self.drafter, token, budget, self.gamma, self.generation.sampling,
+                            self.generator, on_drafted=recorder.drafted, carry=carry)
+        recorder.verified_mark = self.clock.mark()  # the round's end in the stream, before the next is launched
+        readout = fused.readout()
+        if readout.device.type != "cuda":
+            return _Flight(fused, rows, recorder, readout, None)
+        copy = torch.empty(readout.shape, dtype=readout.dtype, pin_memory=True)
+        copy.copy_(readout, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _Flight(fused, rows, recorder, copy, event)
+
+    def _overlapped(self) -> list[int]:
+        """engine.overlap: a fused round (decode/round_graph.py) is launched, then the next from its device results
+        (lengths, pending tokens and next tokens carried on the device; budgets one round late: each row's tokens left
+        less a whole round's gamma + 1), then the first is read and recorded. A row that ends in round k ran in round
+        k + 1 too: its tokens there are dropped and it leaves before round k + 2. Where the next round cannot be
+        launched so (a row short of gamma, no room for two rounds in the static caches), the loop reads and goes on
+        one round at a time."""
+        records, gamma, generation = self.records, self.gamma, self.generation
+        left = [generation.max_new_tokens - records[row].new_tokens - 1 for row in self.active]
+        flight = self.flight
+        if flight is None:
+            budget = [min(gamma, b) for b in left]
+            if not (max(budget) > 0 and fusable(self.state, self.drafter, gamma, budget, self.synthetic_acceptance)):
+                self.token, running, host = _speculative_round(
+                    self.target, self.drafter, self.state, self.token, self.active, records, generation, gamma,
+                    self.generator, self.spans, self.start, self.synthetic_acceptance, self.tap)
+                self.last_host = [row.token for row in host]
+                return running
+            flight = self._launch(list(self.active), budget, self.token, carry=False)
+        # the next round, before this one is read: the rows now in flight (those ended a round ago have left)
+        index = {row: i for i, row in enumerate(flight.rows)}
+        lagged = [min(gamma, b - (gamma + 1)) for b in left]
+        room = all(s.length + 2 * (gamma + 1) <= s.compiled.max_length for s in (self.state, self.drafter.state))
+        self.flight = None
+        if room and max(lagged) >= gamma and fusable(self.state, self.drafter, gamma, lagged, None):
+            token = flight.fused.token[host_to_device([index[row] for row in self.active], self.token.device)]
+            self.flight = self._launch(list(self.active), [max(0, b) for b in lagged], token, carry=True)
+        return self._read(flight)
+
+    def _read(self, flight: "_Flight") -> list[int]:
+        """An overlapped round's one read and its records, for the rows still in flight (those that ended a round
+        before ran in it too: their tokens there are dropped); the local indices of the rows still running."""
+        index = {row: i for i, row in enumerate(flight.rows)}
+        values = flight.read()
+        self.spans.settle()
+        keep = [index[row] for row in self.active]
+        flight.fused.settle([v[0] for v in values], [v[3:] for v in values], None if len(keep) == len(values) else keep)
+        layout = ChainRound(Proposal(flight.fused.drafts, None, flight.fused.draft_limit))
+        host = layout.read([values[i] for i in keep])
+        self.drafter.observe([row.token for row in host], [row.drafts for row in host])
+        token, running, host = _recorded(self.records, self.active, host, layout, self.generation, self.start,
+                                         flight.recorder, self.drafter, flight.fused.token)
+        self.token = token[host_to_device(keep, token.device)] if len(keep) < len(values) else token
+        self.last_host = [row.token for row in host]
+        return running
+
+    def _drain(self) -> None:
+        """Read the overlapped round in flight, if any (before rows join): its records, then the rows that ended
+        leave."""
+        flight, self.flight = self.flight, None
+        if flight is not None and self.active:
+            self._evict(self._read(flight))
 
     def _evict(self, running: list[int]) -> None:
         """Finished rows leave the target's cache and the drafter."""

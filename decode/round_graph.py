@@ -310,12 +310,18 @@ class FusedRound:
         return torch.cat([self.accepted_len[:, None], self.token[:, None], self.draft_limit[:, None], self.drafts],
                          dim=1)
 
-    def settle(self, accepted_host: list[int], drafts_host: list[list[int]]) -> None:
+    def settle(self, accepted_host: list[int], drafts_host: list[list[int]], keep: list[int] | None = None) -> None:
         """After the host read: each state's columns in use (the device already rolled back), the drafter's pending
         tokens (a draft model: d_gamma after a full accept; a head: its pending states and tokens), its last
-        proposal, forwards and schedule, as its commit would leave them: an eager round may follow."""
+        proposal, forwards and schedule, as its commit would leave them: an eager round may follow. The round's first
+        columns are the states' lengths as the host has them now (an overlapped round launched before its
+        predecessor's read starts where that one's settle leaves them). keep: the local rows still in the drafter
+        (an overlapped round ran rows that had ended a round before; they left the drafter since), all where None."""
         gamma, drafter = self.drafts.shape[1], self.drafter
+        self.target_first, self.draft_first = self.state.length, drafter.state.length
         most = max(accepted_host, default=0)
+        if keep is not None:
+            accepted_host, drafts_host = [accepted_host[i] for i in keep], [drafts_host[i] for i in keep]
         self.state.length = self.target_first + most + 1
         self.state.forwards += 1
         draft_state = drafter.state
@@ -336,7 +342,8 @@ class FusedRound:
 
 
 def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host: list[int], gamma: int,
-                sampling: Sampling, generator: torch.Generator | None = None, on_drafted=None) -> FusedRound:
+                sampling: Sampling, generator: torch.Generator | None = None, on_drafted=None,
+                carry: bool = False) -> FusedRound:
     """One chain round of a draft model (DraftModelDrafter) or an EAGLE-3 head (Eagle3Drafter), each over a compiled
     or captured step, against the target's static state, as one function (`chain_round`, `head_round`): token [B] each
     live row's last committed token, budget_host its budget before max_new_tokens (draft_limit = min(gamma, budget)).
@@ -354,17 +361,19 @@ def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host:
         sample_state = drafter.features[0]
         features = (sample_state.shape[-1], sample_state.dtype)
     inputs = _round_inputs(state, draft_state, gamma, vocab, sampling.do_sample, features)
-    inputs.target_length.fill_(state.length)
-    inputs.draft_length.fill_(draft_state.length)
+    if not carry:  # carry (an overlapped round): the lengths and the pending tokens the last round left on the device
+        inputs.target_length.fill_(state.length)
+        inputs.draft_length.fill_(draft_state.length)
     inputs.live.zero_()
     inputs.live[rows] = True
     inputs.token.zero_()
     inputs.token[rows] = token
     inputs.draft_limit.zero_()
     inputs.draft_limit[rows] = host_to_device([min(gamma, b) for b in budget_host], device)
-    inputs.pending.zero_()
-    inputs.has_pending.zero_()
-    if head:  # the pending pairs, right aligned in gamma + 1 columns
+    if not carry:
+        inputs.pending.zero_()
+        inputs.has_pending.zero_()
+    if head and not carry:  # the pending pairs, right aligned in gamma + 1 columns
         inputs.pending_features.zero_()
         for local, (row_states, row_tokens) in enumerate(zip(drafter.features, drafter.tokens)):
             row, held = rows[local], len(row_states)
@@ -372,7 +381,7 @@ def fused_round(state: StaticKVState, drafter, token: torch.Tensor, budget_host:
             inputs.has_pending[row, gamma + 1 - held:] = True
             if row_tokens:
                 inputs.pending[row, gamma + 1 - held: gamma] = host_to_device(row_tokens, device)
-    elif any(drafter.pending):
+    elif not carry and any(drafter.pending):
         inputs.pending[rows] = host_to_device([p[0] if p else 0 for p in drafter.pending], device)
         inputs.has_pending[rows] = host_to_device([bool(p) for p in drafter.pending], device, dtype=torch.bool)
     if sampling.do_sample:

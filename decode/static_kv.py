@@ -224,6 +224,7 @@ class CompiledModel:
         # mode "cudagraphs": no torch.compile; each step shape is captured with torch.cuda.graph over the static
         # cache and its StepInputs at its first call (a CPU runs the same step uncaptured, through the same buffers)
         self.captured = self.mode == CAPTURED
+        self.overlap = False  # engine.overlap: the loop launches a fused round before reading the one before it
         # CUDA graphs: cudagraph trees run a graph's first call eagerly, record at its second, replay from its third
         self.cudagraphs = (self.device.type == "cuda" and backend == "inductor"
                            and self.mode in ("reduce-overhead", "max-autotune"))

@@ -186,6 +186,7 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
                                      config.engine.compile_backend, trees, head_layers=head_layers if label is None else ())
         except CompileRefused as error:
             raise UserError(f"{role} {loaded.source}: {error}") from None
+        compiled.overlap = config.engine.overlap  # the loop reads it (decode/generate.py _Loop)
         attach(loaded.model, compiled)
     widths = "; ".join(f"{role} {list(model.step_widths)}"
                        + (f", trees {list(model.tree_widths)}" if model.tree_widths else "")
@@ -194,13 +195,14 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
            else f"torch.compile, backend {config.engine.compile_backend}, mode {compiled.mode}")
     return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width ({widths}) and "
             f"batch size ({how}), compiled "
-            "in each comparison's probes and warmup; a step of fewer tokens runs padded to the next width")
+            "in each comparison's probes and warmup; a step of fewer tokens runs padded to the next width; overlap "
+            + ("on: a fused round is launched before its predecessor is read" if config.engine.overlap else "off"))
 
 
 def compiled_batch_sizes(config) -> tuple[int, ...]:
     """The batch sizes the compiled steps are built for: a fixed batch's sizes; under a load, row buckets 1, 2, 4, ..
-    up to the most rows in flight (the largest concurrency, else the requests), as vLLM captures batch sizes: requests
-    join and leave between rounds in a bucket padded with idle rows (decode/static_kv.py StaticKVState.join)."""
+    up to the most rows in flight (the largest concurrency, else the requests), as the serving engines capture batch
+    sizes: requests join and leave between rounds in a bucket padded with idle rows (StaticKVState.join)."""
     if config.load is None:
         return tuple(config.batch_size)
     most = max(config.load.concurrency or [config.load.requests or config.dataset.num_samples or 1024])

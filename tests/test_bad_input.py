@@ -103,6 +103,7 @@ CASES = [
     ("load-rate-uncapped", "load", {"request_rate": 5.0, "requests": 5000}, "give load.concurrency <= 1024"),
     ("load-concurrency-huge", "load", {"concurrency": 5000, "requests": 5000}, "at most 1024"),
     ("load-think-huge", "load", {"concurrency": 1, "think_s": 1.0e300}, "load.think_s"),
+    ("overlap-uncompiled", "engine", {"overlap": True}, "engine.overlap"),
     ("turns-bool", "dataset.turns", True, "turns must be a whole number >= 1 or 'all'"),
     ("turns-float", "dataset.turns", 2.0, "turns must be a whole number >= 1 or 'all'"),
 ]

@@ -325,6 +325,9 @@ class EngineConfig(Strict):
     compile_backend: Literal["inductor", "eager"] = Field(
         "inductor", description="torch.compile's backend; eager: dynamo's graph capture without code generation "
                                 "(checks that the step compiles as one graph, quickly; no speed-up)")
+    overlap: bool = Field(False, description="the compiled mode's fused chain rounds (a draft model at a constant "
+                                             "schedule): round k + 1 launched from round k's device results before "
+                                             "the host reads round k (docs/compiled-engine.md); needs engine.compile")
 
 
 class SloConfig(Strict):
@@ -538,6 +541,9 @@ class Config(Strict):
             self._check_load()
         if self.engine.compile:
             self._check_compilable()
+        elif self.engine.overlap:
+            raise ValueError("engine.overlap overlaps the compiled mode's fused rounds; set engine.compile: true (or "
+                             "cudagraphs), or drop engine.overlap")
         return self
 
     def _check_options(self) -> None:

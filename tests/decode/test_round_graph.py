@@ -291,3 +291,37 @@ def test_the_engines_loop_runs_fused_rounds_and_gives_the_eager_tokens(monkeypat
     assert [r.output_ids for r in compiled] == [r.output_ids for r in eager]
     assert [r.rounds for r in compiled] == [r.rounds for r in eager]
     assert any(r.stop_reason == "eos" for r in eager) and len(fused) >= 2
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["static", "served"])
+def test_overlapped_rounds_give_the_baselines_tokens_and_read_after_the_next_launch(monkeypatch, served):
+    """engine.overlap: round k + 1 is launched from round k's device results before round k is read (the op order,
+    logged: every read but the last follows the next round's launch, whose drafts run first); greedy output equals the
+    baseline's with a row ending at its EOS and the others at their budget mid-overlap, static and served."""
+    import decode.generate as engine
+    from decode import generate_baseline
+    from decode.serving import Load
+
+    target = tiny_model("llama", seed=1, layers=2)
+    draft = noisy_copy(target, 0.05)
+    ids, mask = ragged_batch([5, 9, 3], seed=4)
+    gamma = 2
+    with torch.inference_mode():
+        eos = generate_baseline(target, ids, mask, Generation(24))[1].output_ids[9]
+        generation = Generation(24, eos_token_ids=(eos,))
+        base = generate_baseline(target, ids, mask, generation)
+        log, launch, read = [], engine._Loop._launch, engine._Flight.read
+        monkeypatch.setattr(engine._Loop, "_launch", lambda self, rows, budget, token, carry: log.append(
+            ("launch", carry)) or launch(self, rows, budget, token, carry))
+        monkeypatch.setattr(engine._Flight, "read", lambda self: log.append(("read",)) or read(self))
+        widths, batches = (1, 2, gamma + 1), (1, 2, 4)
+        out = generate_speculative(compiled_copy(target, widths, 96, batches),
+                                   DraftModelDrafter(compiled_copy(draft, widths, 96, batches), VOCAB, Sampling()),
+                                   ids, mask, generation, gamma, overlap=True,
+                                   load=Load([0.0, 0.0, 0.0], 2) if served else None)
+    assert [r.output_ids for r in out] == [r.output_ids for r in base]
+    assert any(r.stop_reason == "eos" for r in base) and any(r.stop_reason == "length" for r in base)
+    carried = [i for i, e in enumerate(log) if e == ("launch", True)]
+    assert len(carried) >= 3, log
+    # each carried launch comes before the read of the round launched just before it
+    assert all(log[i + 1] == ("read",) for i in carried), log
