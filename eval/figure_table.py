@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from decode.methods import ENGINE_TEXTS, REGISTRY, caps_of
+from eval.energy import FIGURES as ENERGY_FIGURES, energy_per_token, served_energy_per_token
 from eval.figures import (accuracy, batch_costs, draft_time_share, latency, new_tokens, outputs_match, prefill_share,
                           reference_accepted_tokens, round_figures, sample_count, speedups, synthetic, throughputs,
                           time_per_output_token, time_to_first_token, tokens_per_target_call)
@@ -121,6 +122,8 @@ class Figure:
     #   () with a computation: its own metric
     also: tuple[str, ...] = ()  # the further metrics its legend text describes, each named in it
     outside: str | None = None  # an entry that is no metric of a point: where it is (a run's own key, a summary's)
+    measured_only: bool = False  # a figure some machines cannot measure (a device counter): its legend entry and CSV
+    #   fields only in a summary some run of which has it, so that a folder that never measured it reports as before
 
     @property
     def metric(self) -> str:
@@ -142,9 +145,20 @@ def register(figure: Figure) -> Figure:
     return figure
 
 
-def legend(served: bool = False) -> dict[str, str]:
-    """The legend of a summary: every figure's text, those of load points too where it has a serving section."""
-    return {f.name: f.legend for f in FIGURES if f.legend is not None and (served or not f.served_only)}
+def legend(served: bool = False, measured: set | None = None) -> dict[str, str]:
+    """The legend of a summary: every figure's text, those of load points too where it has a serving section;
+    measured: the metrics some run of it has (None: all), without which a measured_only figure has no entry."""
+    return {f.name: f.legend for f in FIGURES if f.legend is not None and (served or not f.served_only)
+            and _shown(f, measured)}
+
+
+def _shown(figure: Figure, measured: set | None) -> bool:
+    return not figure.measured_only or measured is None or figure.metric in measured
+
+
+def measured_in(runs: list[dict]) -> set:
+    """The metrics some of these summary runs have (not null)."""
+    return {k for run in runs for k, v in (run.get("metrics") or {}).items() if v is not None}
 
 
 def columns(served: bool = False) -> list[Column]:
@@ -163,14 +177,17 @@ def group_columns() -> list[Column]:
     return sorted((c for f in FIGURES for c in f.group_columns), key=lambda c: c.at)
 
 
-def csv_fields() -> list[str]:
-    """summary.csv's metric paths: every column's, then the figures' own fields."""
-    return [c.paths[0] for c in columns()] + [field for f in FIGURES for field in f.csv]
+def csv_fields(measured: set | None = None) -> list[str]:
+    """summary.csv's metric paths: every column's, then the figures' own fields (measured: as legend())."""
+    hidden = {path for f in FIGURES if not _shown(f, measured) for path in
+              [c.paths[0] for c in f.columns] + list(f.csv)}
+    return [p for p in [c.paths[0] for c in columns()] + [field for f in FIGURES for field in f.csv] if p not in hidden]
 
 
-def served_csv_fields() -> list[str]:
-    """serving.csv's metric paths, in their places."""
-    return [path for path, _ in sorted((pair for f in FIGURES for pair in f.served_csv), key=lambda pair: pair[1])]
+def served_csv_fields(measured: set | None = None) -> list[str]:
+    """serving.csv's metric paths, in their places (measured: as legend())."""
+    return [path for path, _ in sorted((pair for f in FIGURES if _shown(f, measured) for pair in f.served_csv),
+                                       key=lambda pair: pair[1])]
 
 
 def computed(form: str, inputs: Inputs) -> dict:
@@ -309,6 +326,28 @@ FIGURES: list[Figure] = [
            static=latency),
     Figure("tpot_s", legend="time per output token: latency / N per sequence", columns=(Column('TPOT ms', ('tpot_s.mean',), '{:.1f}', 220, kind=MS),),
            static=time_per_output_token),
+    Figure("energy_j_per_token", legend="our engine, where the device has an energy counter (NVML's on a CUDA GPU, RAPL on a CPU "
+                                        "where the kernel lets it be read; runner/energy.py): the device's joules read around "
+                                        "each timed batch (a load point: over its span, per repeat) / its new tokens, summed "
+                                        "over batches: sum(J) / sum(N); energy_j_per_token_ci95: its 95% bootstrap interval over "
+                                        "prompt batches, each with all its repeats (a batch is the least the counter reads; "
+                                        f"fewer than {MIN_PROMPTS}: null), none at a load point (its requests share one "
+                                        "reading); energy_ratio: J/token of the point / the baseline's over the batches (a load "
+                                        "point: the repeats) both finished, energy_ratio_ci95 its paired interval as "
+                                        "speedup_ci95 (none at a load point). The counter is the whole device's (its idle "
+                                        "power and any other process's work count) and NVML's updates only every few "
+                                        "milliseconds: read it over batches, not steps. Null where not measured (no counter, "
+                                        "another engine, records written before it was read); the notes say why",
+           columns=(Column("J/tok [95% CI]", ("energy_j_per_token",), "{:.4f}", 250, only_with="energy_j_per_token",
+                           kind=Format(interval="{:.4f}")),
+                    Column("energy ratio [95% CI]", ("energy_ratio",), "{:.2f}", 251, only_with="energy_j_per_token",
+                           kind=RATIO),),
+           served_columns=(Column("J/tok", ("energy_j_per_token",), "{:.4f}", 220, only_with="energy_j_per_token"),
+                           Column("energy ratio", ("energy_ratio",), "{:.2f}", 221, only_with="energy_j_per_token"),),
+           csv=("energy_j_per_token_ci95", "energy_ratio_ci95"),
+           served_csv=(("energy_j_per_token", 520), ("energy_ratio", 530)),
+           static=energy_per_token, served=served_energy_per_token, gives=ENERGY_FIGURES, measured_only=True,
+           also=("energy_j_per_token_ci95", "energy_ratio", "energy_ratio_ci95")),
     Figure("ttft_s", legend="time to first token: the prefill", columns=(Column('TTFT s', ('ttft_s.mean',), '{:.3f}', 200),),
            static=time_to_first_token),
     Figure("prefill_share", legend="(target prefill + draft prefill) / latency, summed over samples: the part speculation cannot "

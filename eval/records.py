@@ -151,6 +151,9 @@ class SampleRecord(RequestTimes):
     peak_memory_bytes: int | None  # CUDA: the batch's peak allocated memory
     worker: str | None = None  # the worker that measured it (a Ray run), else None
     process: str | None = None  # the OS process that measured it (runner/probes.py PROCESS)
+    # the device's joules over this row's batch (a load point's: its span in this repeat), the same on every row of
+    # it (runner/energy.py); None: not measured (no counter, another engine, a record written before it was read)
+    energy_j: float | None = None
     # the greedy baseline: per new token its top-1 minus top-2 logit (4 significant digits), else None
     top2_gaps: list[float] | None = None
     # a serving point's request, its times those of RequestTimes (decode/serving.py). latency_s is then finish - arrival

@@ -9,7 +9,8 @@ from pathlib import Path
 from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY, reference_method
 from eval.axes import AXES, label_of, names as axis_names
 from eval.groups import group_text
-from eval.figure_table import Column, Format, columns, csv_fields, column_of, group_columns, served_csv_fields
+from eval.figure_table import (Column, Format, columns, csv_fields, column_of, group_columns, measured_in,
+                               served_csv_fields)
 from eval.records import Comparison, Point
 from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
@@ -76,7 +77,7 @@ def columns_for(runs: list[dict], served: bool = False, terminal: bool = False) 
     declared only_with a key where a run has it; in the fixed batches' summary.md, after the label and status, each
     axis that declares a column (eval/axes.py) where a run has a value on it (a load point's row is its line)."""
     table = [c for c in columns(served) if (c.terminal or not terminal)
-             and (c.only_with is None or any(run.get(c.only_with) is not None for run in runs))]
+             and (c.only_with is None or any(_value(run, c.only_with) is not None for run in runs))]
     if served or terminal:
         return table
     shown = [Column(axis.column, (axis.name,), "{}") for axis in AXES
@@ -326,7 +327,8 @@ def csv_text(summary: dict, served: bool = False) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     keys = [k for k in run_keys() if not (served and k == "group")]
-    paths = keys + [path for path in (served_csv_fields() if served else csv_fields()) if path not in keys]
+    measured = measured_in(summary["runs"] + ((summary.get("serving") or {}).get("runs") or []))
+    paths = keys + [path for path in (served_csv_fields(measured) if served else csv_fields(measured)) if path not in keys]
     writer.writerow(paths + ["flags", "error"])
     for run in summary["serving"]["runs"] if served else summary["runs"]:
         writer.writerow([_value(run, p) for p in paths] + [";".join(f["code"] for f in run.get("flags") or []),
@@ -416,9 +418,38 @@ def plots(summary: dict, out_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     measured = [r for r in summary["runs"] if r["status"] in ("ok", "partial") and r.get("group") is None]
+    energy = energy_plot(summary, out_dir, plt)
     if summary.get("serving"):
-        return serving_plots(summary, out_dir, plt) + (fixed_plots(summary, measured, out_dir, plt) if measured else [])
-    return fixed_plots(summary, measured, out_dir, plt)
+        return serving_plots(summary, out_dir, plt) + (fixed_plots(summary, measured, out_dir, plt) if measured else []) \
+            + energy
+    return fixed_plots(summary, measured, out_dir, plt) + energy
+
+
+def energy_plot(summary: dict, out_dir: Path, plt) -> list[str]:
+    """energy.png, where a point's energy was measured (legend: energy_j_per_token): joules per output token per point,
+    fixed batches and load points, and beside it J/token over the baseline's, each with its 95% interval where it
+    has one; partial points hollow. None written where nothing was measured."""
+    runs = [r for r in summary["runs"] + ((summary.get("serving") or {}).get("runs") or [])
+            if r["status"] in ("ok", "partial") and r.get("group") is None
+            and r["metrics"].get("energy_j_per_token") is not None]
+    if not runs:
+        return []
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 1.4 + 0.32 * len(runs)), sharey=True)
+    ys = list(range(len(runs)))
+    hollow = ["white" if r["status"] == "partial" else "tab:green" for r in runs]
+    left.barh(ys, [r["metrics"]["energy_j_per_token"] for r in runs], xerr=_errors(runs, "energy_j_per_token"),
+              color=hollow, edgecolor="tab:green", capsize=3)
+    left.set_yticks(ys, [r["label"] + (" (partial)" if r["status"] == "partial" else "") for r in runs], fontsize=7)
+    left.set_xlabel("joules per output token (95% CI over prompt batches)")
+    ratios = [r["metrics"].get("energy_ratio") for r in runs]
+    right.barh(ys, [math.nan if x is None else x for x in ratios], color=hollow, edgecolor="tab:green", capsize=3,
+               xerr=_yerr(ratios, [r["metrics"].get("energy_ratio_ci95") for r in runs]))
+    right.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    right.set_xlabel(f"J/token / {reference_name(summary)}'s (95% CI)")
+    for axes in (left, right):
+        axes.grid(axis="x", alpha=0.3)
+    figure.suptitle("energy per output token (the device's counter; a load point: over its span)", fontsize=9)
+    return [_save(figure, out_dir, "energy.png", plt)]
 
 
 def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list[str]:

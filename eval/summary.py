@@ -13,7 +13,7 @@ from eval.groups import TURN, group_text, groups_of, in_group, natural
 from eval.figures import exact_match, prediction_gap
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
 from eval.leviathan import predicted_speedup
-from eval.figure_table import group_metrics, legend, run_metrics, serving_metrics
+from eval.figure_table import group_metrics, legend, measured_in, run_metrics, serving_metrics
 from eval.axes import comparison_axes, point_axes, sort_key
 from eval.costs import run_costs
 from eval.replay import beyond_note
@@ -269,7 +269,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     engines = engine_comparison(by_point, baselines, runs)
     fields = {r["group"]: r["group_field"] for r in runs if r["group"] is not None}
     summary = {"runs": runs, "best": best_points(runs, costs_by_label),
-               "best_method": best_methods(runs, by_point), "legend": legend(), "notes": notes,
+               "best_method": best_methods(runs, by_point), "legend": legend(measured=measured_in(runs)), "notes": notes,
                "groups": sorted({r["group"] for r in runs if r["group"] is not None},
                                 key=lambda g: (fields[g] == TURN, natural(g))),
                "group_fields": fields}
@@ -277,7 +277,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
         summary["engines"] = engines
     if serving:
         summary["serving"] = serving
-        summary["legend"] = legend(served=True)
+        summary["legend"] = legend(served=True, measured=measured_in(runs + serving["runs"]))
     for key in ("numerics", "memory", "workers", "processes", "prompts", "order", "status", "group_by", "ci_target"):
         if progress.get(key) is not None and progress.get(key) != {}:
             summary[key] = progress[key]

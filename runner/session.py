@@ -18,6 +18,7 @@ from decode.serving import Load
 from eval.records import Comparison, CostProbe, Point
 from runner import loading
 from runner.attention import settle_attention
+from runner.energy import EnergyMeter
 from runner.load import load_of, request_count, request_fields, requests_of
 from runner.plan import Unit, batches_of, comparisons, left_pad, order_of, points_of, skipped_reason
 from runner.records import UnitResult, failure, record_of
@@ -371,6 +372,8 @@ class Session:
                                         f"(batch size {unit.batch_size}); that batch was run again")
                     quiet_heap()  # the new graph's objects too
                     outcome = self._run_point(point, unit, batch, ids, mask)
+                if not self.energy_meter().available:
+                    result.notes.append(f"energy: not measured, so energy_j_per_token is null: {self.energy_meter().why}")
                 if isinstance(outcome, str):
                     state.failed.add(point)
                     result.failures.append(failure(point, "failed", outcome))
@@ -383,6 +386,12 @@ class Session:
                 if on_point:
                     on_point(point, outcome)
 
+    def energy_meter(self) -> EnergyMeter:
+        """The device's energy counter (runner/energy.py), opened at the first timed batch."""
+        if getattr(self, "_energy", None) is None:
+            self._energy = EnergyMeter(self.device)
+        return self._energy
+
     def _run_point(self, point: Point, unit: Unit, batch, ids, mask) -> tuple[list[dict], float] | str:
         """Run one point on one batch; returns its records and tok/s, or the error text."""
         import os
@@ -394,8 +403,10 @@ class Session:
         try:
             if os.environ.get("SPECULATE_INJECT_FAILURE") == point.label:  # fault injection for the tests
                 raise RuntimeError("injected failure")
+            before = self.energy_meter().read()  # the batch's (a load point's span's) joules: energy_j
             records = REGISTRY[point.method].run(self.context, point, ids, mask, self.generation(point.temperature),
                                                  generator)
+            energy = self.energy_meter().spent(before)
         except torch.cuda.OutOfMemoryError as error:
             torch.cuda.empty_cache()
             return "CUDA out of memory: " + one_line(error)
@@ -404,7 +415,7 @@ class Session:
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         per_round = REGISTRY[point.method].has_rounds
         rows = [record_of(point, unit, prompt, record, self.tokenizer, self.config.dataset.preset, per_round, len(batch),
-                          peak, self.worker, **request_fields(self.context.load, index))
+                          peak, self.worker, energy_j=energy, **request_fields(self.context.load, index))
                 for index, (prompt, record) in enumerate(zip(batch, records))]
         # a served load point's span: from its start to its last token (eval's span); a batch's: its longest row
         wall = max(r.finish_s for r in records) if unit.serving else max(r.latency_s for r in records)
