@@ -49,6 +49,7 @@ from decode.kv import (KVState, TreeRounds, TreeUnsupported, grow_tree, host_to_
 
 
 CAPTURED = "cudagraphs"  # engine.compile: cudagraphs, CompiledModel's mode without torch.compile
+SCOPES = ("whole", "regional")  # engine.compile_scope: what torch.compile traces, the whole step or one decoder layer
 
 
 class CompileRefused(ValueError):
@@ -70,6 +71,23 @@ class ColumnLayer(StaticLayer):
         self.keys.index_copy_(2, columns, key_states)
         self.values.index_copy_(2, columns, value_states)
         return self.keys, self.values
+
+
+def _layer_forward(layer, *args, **kwargs):
+    """One decoder layer's own forward: regional compilation's compiled function. Every layer of a model has the same
+    code and, with the layer's parameters graph inputs and its `layer_idx` 0 (`CompiledModel._regional`), the same
+    guards, so dynamo compiles it once per step shape and every layer reuses it."""
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+def decoder_layers(model, num_layers: int):
+    """The model's decoder layers, the first module list of at least num_layers modules of one class (Llama's
+    `model.layers`, GPT-2's `transformer.h`), or None."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) >= num_layers > 0 \
+                and len({type(layer) for layer in module}) == 1:
+            return list(module)[:num_layers]
+    return None
 
 
 def _text_config(config):
@@ -187,7 +205,7 @@ class CompiledModel:
     def __init__(self, model, step_widths: tuple[int, ...], max_length: int, batch_sizes: tuple[int, ...],
                  mode: str | None = None, backend="inductor", tree_widths: tuple[int, ...] = (),
                  view_widths: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 2), ()),
-                 head_layers: tuple[int, ...] = ()):
+                 head_layers: tuple[int, ...] = (), scope: str = "whole"):
         self.model = model
         self.head_layers = tuple(head_layers)  # the hidden states the run's heads read (their union)
         self.hidden_layers: tuple[int, ...] = ()  # those the steps return now: head_layers while a head's loop runs
@@ -245,15 +263,31 @@ class CompiledModel:
             if hasattr(torch._dynamo.config, limit):
                 setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 1024))
         options = {"mode": self.mode} if backend == "inductor" else {}
-        self._step = self._captured_step if self.captured else torch.compile(
-            self._forward, backend=backend, dynamic=False, fullgraph=True, **options)
+        # scope "regional": torch.compile traces one decoder layer, not the step; the layers run one compiled code and
+        # the rest of the step (embedding, mask, final norm, LM head) runs eagerly around them. The captured mode
+        # compiles nothing: its scope is not read
+        self.scope = "whole" if self.captured else scope
+        self.layers = None
+        if self.scope == "regional":
+            self.layers = decoder_layers(model, self.num_layers)
+            if self.layers is None:
+                raise CompileRefused(f"engine.compile_scope: regional found no list of {self.num_layers} decoder "
+                                     "layers in this model; set engine.compile_scope: whole")
+            self._layer_step = torch.compile(_layer_forward, backend=backend, dynamic=False, fullgraph=True,
+                                             **options)
+        if self.captured:
+            self._step = self._captured_step
+        elif self.scope == "regional":
+            self._step = self._forward
+        else:
+            self._step = torch.compile(self._forward, backend=backend, dynamic=False, fullgraph=True, **options)
 
     def for_view(self, view) -> "CompiledModel":
         """The same settings for another module over the same weights (early exit's truncated target, which drafts:
         view_widths); kept in `views`, so the runner warms and counts it with this one."""
         steps, trees = self.view_widths
         compiled = CompiledModel(view, steps, self.max_length, self.batch_sizes, self.mode, self.backend, trees,
-                                 self.view_widths)
+                                 self.view_widths, scope=self.scope)
         self.views.append(compiled)
         return compiled
 
@@ -394,6 +428,37 @@ class CompiledModel:
             for config in self.gqa_configs:
                 config._attn_implementation_internal = "sdpa"
 
+    @contextlib.contextmanager
+    def _regional(self, buffers: _Buffers):
+        """Regional compilation around one step: each decoder layer's forward becomes the shared compiled
+        `_layer_forward`, given a cache of its own layer alone (Cache(layers=[its ColumnLayer])) in place of the
+        model's, and its attention's `layer_idx` 0 meanwhile, so that no layer-specific constant enters the guards
+        (dynamo guards an int attribute by value: one graph per layer otherwise). Undone after the step: the eager
+        paths (the prefill, the eager engine) and a fused round's trace see the model as it is."""
+        if self.scope != "regional":
+            yield
+            return
+        whole = buffers.cache
+        indexed = [(module, module.layer_idx) for layer in self.layers for module in layer.modules()
+                   if isinstance(getattr(module, "layer_idx", None), int)]
+        try:
+            for module, _ in indexed:
+                module.layer_idx = 0
+            for layer, column_layer in zip(self.layers, whole.layers):
+                own = Cache(layers=[column_layer])
+
+                def forward(*args, _layer=layer, _own=own, **kwargs):
+                    args = tuple(_own if a is whole else a for a in args)
+                    kwargs = {k: _own if v is whole else v for k, v in kwargs.items()}
+                    return self._layer_step(_layer, *args, **kwargs)
+                layer.forward = forward  # an instance attribute: nn.Module's hooks still run around it, eagerly
+            yield
+        finally:
+            for layer in self.layers:
+                layer.__dict__.pop("forward", None)
+            for module, index in indexed:
+                module.layer_idx = index
+
     def _captured_step(self, buffers: _Buffers, input_ids, query_positions, query_valid, ancestors=None, **inputs):
         """The captured mode's step: on CUDA the replay of this shape's graph, captured at its first call (over the
         static cache and the step's StepInputs, whose addresses never change); on a CPU the same step, uncaptured."""
@@ -443,7 +508,8 @@ class CompiledModel:
             if self.captured:  # no dynamo: its captures are counted as they happen (_capture)
                 return self._step(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
             before, events = counters["stats"]["unique_graphs"], cudagraph_events()
-            out = self._step(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
+            with self._regional(buffers):
+                out = self._step(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
             self.count_events(counters["stats"]["unique_graphs"] - before, events, cudagraph_events())
         return out
 
@@ -460,6 +526,7 @@ class CompiledModel:
 
     def summary(self) -> dict:
         return {"mode": self.mode if self.backend == "inductor" or self.captured else str(self.backend),
+                "scope": self.scope,
                 "step_widths": list(self.step_widths), "tree_widths": list(self.tree_widths),
                 "max_length": self.max_length, "gqa_attention": bool(self.gqa_configs),
                 "buffer_sets": {b: len(pool) for b, pool in sorted(self.buffers.items())}, "graphs": self.compiles,

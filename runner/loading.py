@@ -183,7 +183,8 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
         steps, trees = plan["target"] if label is None else plan["drafts"].get(label, ((1,), ()))
         try:
             compiled = CompiledModel(loaded.model, steps, max_length, compiled_batch_sizes(config), mode,
-                                     config.engine.compile_backend, trees, head_layers=head_layers if label is None else ())
+                                     config.engine.compile_backend, trees, head_layers=head_layers if label is None else (),
+                                     scope=config.engine.compile_scope)
         except CompileRefused as error:
             raise UserError(f"{role} {loaded.source}: {error}") from None
         compiled.overlap = config.engine.overlap  # the loop reads it (decode/generate.py _Loop)
@@ -192,7 +193,8 @@ def compile_models(config, target, drafts, points, longest_prompt: int) -> str:
                        + (f", trees {list(model.tree_widths)}" if model.tree_widths else "")
                        for role, model in compiled_models(config, target, drafts).items())
     how = ("captured with torch.cuda.graph, no torch.compile" if compiled.captured
-           else f"torch.compile, backend {config.engine.compile_backend}, mode {compiled.mode}")
+           else f"torch.compile, backend {config.engine.compile_backend}, mode {compiled.mode}"
+           + (", one decoder layer compiled for every layer" if compiled.scope == "regional" else ""))
     return (f"engine.compile: static KV caches of {max_length} columns, a graph per step width ({widths}) and "
             f"batch size ({how}), compiled "
             "in each comparison's probes and warmup; a step of fewer tokens runs padded to the next width; overlap "

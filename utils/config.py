@@ -325,6 +325,11 @@ class EngineConfig(Strict):
     compile_backend: Literal["inductor", "eager"] = Field(
         "inductor", description="torch.compile's backend; eager: dynamo's graph capture without code generation "
                                 "(checks that the step compiles as one graph, quickly; no speed-up)")
+    compile_scope: Literal["whole", "regional"] = Field(
+        "whole", description="what torch.compile traces: whole, each decode step as one graph; regional, one "
+                             "decoder layer, compiled once and run for every layer (compile seconds nearly flat in "
+                             "depth; the rest of the step eager, and on CUDA a CUDA graph per layer); "
+                             "docs/compiled-engine.md. Not read with engine.compile: cudagraphs")
     overlap: bool = Field(False, description="the compiled mode's fused chain rounds (a draft model at a constant "
                                              "schedule): round k + 1 launched from round k's device results before "
                                              "the host reads round k (docs/compiled-engine.md); needs engine.compile")
