@@ -318,8 +318,8 @@ class EngineConfig(Strict):
         False, description="static KV caches and one torch.compile'd graph per decode step shape (on CUDA a CUDA "
                            "graph: one launch per step); cudagraphs: the same static caches and step inputs, each step "
                            "captured with torch.cuda.graph, no inductor (a CPU runs them uncaptured); "
-                           "docs/compiled-engine.md. Refused for bitsandbytes, device_map, flash_attention_2 and "
-                           "cpu_linear: onednn_packed")
+                           "docs/compiled-engine.md. Refused for device_map, flash_attention_2 and cpu_linear: "
+                           "onednn_packed")
     compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "auto", description="torch.compile's mode; auto: reduce-overhead (CUDA graphs) on CUDA, default on a CPU")
     compile_backend: Literal["inductor", "eager"] = Field(
@@ -646,10 +646,6 @@ class Config(Strict):
         for role, model in [("target", self.target)] + [(f"draft[{i}]", d) for i, d in enumerate(self.draft)]:
             if role != "target" and model.kind != "model":
                 continue
-            if model.quantization != "none":
-                raise ValueError(f"engine.compile: {role} is quantized ({model.quantization}, bitsandbytes), whose "
-                                 "kernels the compiled mode does not compile; set engine.compile: false, or "
-                                 f"{role}.quantization: none with dtype bfloat16")
             if model.device_map is not None:
                 raise ValueError(f"engine.compile: {role} is split by device_map, and a compiled step runs on one "
                                  f"device; drop {role}.device_map, or set engine.compile: false")
