@@ -39,9 +39,14 @@ class AddressBook:
 
 
 @pytest.mark.parametrize("kind", ["chain", "tree"])
-def test_captured_steps_read_fixed_buffers_and_give_eager_tokens(kind):
+def test_captured_steps_read_fixed_buffers_and_give_eager_tokens(monkeypatch, kind):
     """Greedy, a ragged batch of 5 with a short row: the captured mode (uncaptured on a CPU) gives the eager engine's
-    tokens and rounds, compiles nothing, and each step shape reads the same tensors step after step."""
+    tokens and rounds, compiles nothing, and each step shape reads the same tensors step after step. The chain's
+    rounds run step by step here (not fused: a fused round's steps read tensors made inside its one graph, whose
+    addresses a capture fixes and an uncaptured CPU run does not)."""
+    import decode.generate as engine
+
+    monkeypatch.setattr(engine, "fusable", lambda *args: False)
     target = tiny_model("llama", seed=1, layers=2)
     draft = noisy_copy(target, 0.1)
     gamma, lengths, new = 3, [5, 11, 1, 8, 3], 20
