@@ -103,7 +103,7 @@ def test_records_of_before_the_tree_axis_are_chain_points(tmp_path):
     assert SampleRecord.from_json(old).to_json() == {**old, "tree": None, "draft_context": None,
                                                    "synthetic_acceptance": None, "top2_gaps": None,
                                                    "extra": {}, "conversation": None, "turn": None, "follows": None,
-                                                   "think_s": None,
+                                                   "think_s": None, "energy_j": None,
                                                    **dict.fromkeys(SERVING_FIELDS)}
 
     raw = config.model_dump(mode="json")
