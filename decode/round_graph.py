@@ -58,6 +58,16 @@ def _keep_prefix(buffers, length: torch.Tensor, count: torch.Tensor, first: torc
     length.copy_(first + kept.max())
 
 
+def _draw(logits, sampling: Sampling, noise, step: int, probs: list) -> torch.Tensor:
+    """A draft token [B_cap] from logits [B_cap, V]: under sampling the warped q (appended to probs) and this step's
+    Exp(1) draw noise[step], otherwise the argmax."""
+    if not sampling.do_sample:
+        return logits.argmax(dim=-1)
+    q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    probs.append(q)
+    return sample(q, exponential=noise[step])
+
+
 def draft_chain(draft: CompiledModel, buffers, length, count, pending, has_pending, token, live, gamma: int,
                 vocab_size: int, input_vocab_size: int, sampling: Sampling, noise):
     """The draft's catch-up [pending or a hole, last token] and its gamma draft steps (the last one's token not fed).
@@ -68,13 +78,8 @@ def draft_chain(draft: CompiledModel, buffers, length, count, pending, has_pendi
     logits = _step(draft, buffers, length, count, ids, valid)[0][:, -1]
     tokens, probs = [], []
     for step in range(gamma):
-        logits = pad_to_vocab(logits, vocab_size)  # [B_cap, V]: ids past the draft's vocabulary get q = 0
-        if sampling.do_sample:
-            q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-            drafted = sample(q, exponential=noise[step])
-            probs.append(q)
-        else:
-            drafted = logits.argmax(dim=-1)
+        # [B_cap, V]: ids past the draft's vocabulary get q = 0
+        drafted = _draw(pad_to_vocab(logits, vocab_size), sampling, noise, step, probs)
         tokens.append(drafted)
         if step + 1 < gamma:
             logits = _step(draft, buffers, length, count, drafted.clamp(max=input_vocab_size - 1)[:, None],
@@ -149,12 +154,7 @@ def head_chain(head: CompiledModel, buffers, length, count, pending_ids, pending
     tokens, probs = [], []
     for step in range(gamma):
         over_target = logits.new_full((logits.shape[0], vocab_size), float("-inf")).index_copy(-1, index, logits)
-        if sampling.do_sample:
-            q = logits_to_probs(over_target, sampling.temperature, sampling.top_k, sampling.top_p)
-            drafted = sample(q, exponential=noise[step])
-            probs.append(q)
-        else:
-            drafted = over_target.argmax(dim=-1)
+        drafted = _draw(over_target, sampling, noise, step, probs)
         tokens.append(drafted)
         if step + 1 < gamma:
             logits, _ = _step(head, buffers, length, count, drafted.clamp(max=embedding_size - 1)[:, None],
