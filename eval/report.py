@@ -6,7 +6,7 @@ import io
 import math
 from pathlib import Path
 
-from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY, reference_method
+from decode.methods import ENGINE_TEXTS, REGISTRY, is_home, reference_method
 from eval.axes import AXES, label_of, names as axis_names
 from eval.groups import group_text
 from eval.figure_table import (Column, Format, columns, csv_fields, column_of, group_columns, measured_in,
@@ -178,7 +178,7 @@ def best_method_lines(entries: list[dict], per_method: dict, runs: list[dict]) -
     (summary best_method); then each method's best point where the method ran more than one (summary best)."""
     lines = []
     for entry in entries:
-        where = entry["comparison"] + ("" if entry["engine"] == HOME_ENGINE else
+        where = entry["comparison"] + ("" if is_home(entry["engine"]) else
                                        f" ({ENGINE_TEXTS[entry['engine']].title if entry['engine'] in ENGINE_TEXTS else entry['engine']})")
         scope = "overall" if entry["group"] is None else group_text(entry["group"], entry.get("group_field"))
         interval = entry.get("speedup_ci95")
@@ -262,7 +262,7 @@ def synthetic_lines(runs: list[dict]) -> list[str]:
 
 def reference_name(summary: dict) -> str:
     """What the speedups of a plot are against: the baseline, or each engine's own reference where another ran."""
-    if any(REGISTRY[r["method"]].engine != HOME_ENGINE for r in summary["runs"] if r["method"] in REGISTRY):
+    if any(not is_home(REGISTRY[r["method"]].engine) for r in summary["runs"] if r["method"] in REGISTRY):
         return "each engine's reference (baseline; " + "; ".join(
             f"{reference_method(e)} for {t.methods}" for e, t in ENGINE_TEXTS.items()) + ")"
     return "baseline"
@@ -637,7 +637,8 @@ def serving_lines(summary: dict) -> list[str]:
              f"schedule; speedups are against the {reference} of the same load point (legend: speedup_tput, "
              f"speedup_tpot), 'tok/s ratio' is the measured system output tok/s over the reference's (a reading). "
              f"SLO: {limits}."]
-    others = sorted({REGISTRY[r["method"]].engine for r in serving["runs"] if r["method"] in REGISTRY} - {HOME_ENGINE})
+    others = sorted({REGISTRY[r["method"]].engine for r in serving["runs"] if r["method"] in REGISTRY
+                     and not is_home(REGISTRY[r["method"]].engine)})
     if others:  # said, since the fixed batches' Engines table would be looked for here
         titles = ", ".join(ENGINE_TEXTS[e].title if e in ENGINE_TEXTS else e for e in others)
         lines += ["", f"Engines: no table under load: the engine comparison (another engine's reference against our "

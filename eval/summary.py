@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import ENGINE_CAPS, ENGINES, HOME_ENGINE, REGISTRY, caps_of, reference_method
+from decode.methods import ENGINE_CAPS, ENGINES, REGISTRY, caps_of, is_home, reference_method
 from eval.groups import TURN, group_text, groups_of, in_group, natural
 from eval.figures import exact_match, prediction_gap
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
@@ -307,8 +307,8 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
     rows = []
     for (engine, comparison), theirs in sorted(baselines.items(), key=lambda item: (  # engine, then as the runs
             item[0][0], sort_key(item[0][1].values(), comparison_axes()[::-1]))):
-        ours = baselines.get((HOME_ENGINE, comparison))
-        if engine == HOME_ENGINE or not ours:
+        ours = next((b for (e, c), b in baselines.items() if c == comparison and is_home(e)), None)
+        if is_home(engine) or not ours:
             continue
         clusters = paired_clusters(theirs, ours)
         their_ref = next(p for p in by_point if by_point[p] is theirs)
@@ -397,7 +397,7 @@ def best_methods(runs: list[dict], by_point: dict[Point, list[dict]]) -> list[di
                          else "tied")
         out.append(entry)
     order = list(dict.fromkeys(comparison_name(r) for r in eligible))  # the tables' order
-    return sorted(out, key=lambda e: (order.index(e["comparison"]), e["engine"] != HOME_ENGINE, e["group"] is not None,
+    return sorted(out, key=lambda e: (order.index(e["comparison"]), not is_home(e["engine"]), e["group"] is not None,
                                       e["group_field"] == TURN, natural(e["group"] or "")))
 
 

@@ -71,6 +71,12 @@ def caps_of(method: str) -> EngineCaps:
     return ENGINE_CAPS[REGISTRY[method].engine]
 
 
+def is_home(engine: str) -> bool:
+    """Whether `engine` is the home engine (EngineCaps.home); an engine no longer declared (an older report's) is
+    not."""
+    return ENGINE_CAPS.get(engine, EngineCaps()).home
+
+
 def engine_file(engine: str, file: str) -> ModuleType:
     """A file its engine's declaration names (SETTINGS, TARGET), beside it, loaded by its path on first use."""
     declaration = DECLARATIONS[engine]
@@ -99,4 +105,4 @@ def reference_method(engine: str = "ours") -> str:
 
 
 __all__ = ["DECLARATIONS", "engine_file", "ENGINE_CAPS", "ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "HOME_ENGINE", "REGISTRY", "EngineCaps", "MethodSpec",
-           "RunContext", "caps_of", "reference_method", "spec"]
+           "RunContext", "caps_of", "is_home", "reference_method", "spec"]

@@ -146,3 +146,18 @@ def test_under_load_a_line_says_why_there_is_no_engines_table():
     text = "\n".join(serving_lines(summary))
     assert "Engines: no table under load" in text and "llama.cpp's points and ours each read against their own" in text
     assert "no Engines" not in "\n".join(serving_lines(summarize([s for s in samples if s["method"] == "baseline"], {})))
+
+
+def test_the_other_engines_are_those_not_home_by_their_capability(monkeypatch):
+    """The report tells the engines apart by EngineCaps.home, not by a name: with the capability moved (llama.cpp
+    declared home), the line under load names ours as the other engine."""
+    from decode.methods import ENGINE_CAPS, EngineCaps
+
+    samples = [request(method, i, concurrency=2, first=0.1, finish=finish, tokens=4, requests=8,
+                       **({"extra": {"engine": "llama_cpp", "llama_cpp_ttft_s": 0.1}} if method != "baseline" else {}))
+               for i in range(8) for method, finish in (("baseline", 1.0), ("llama_cpp_generate", 0.5))]
+    summary = summarize(samples, {})
+    monkeypatch.setitem(ENGINE_CAPS, "ours", EngineCaps())
+    monkeypatch.setitem(ENGINE_CAPS, "llama_cpp", EngineCaps(home=True))
+    text = "\n".join(serving_lines(summary))
+    assert "here ours's points" in text and "llama.cpp's points" not in text
