@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import ENGINE_TEXTS, HOME_ENGINE, REGISTRY
+from decode.methods import ENGINE_TEXTS, REGISTRY, is_home
 from decode.tree_layout import tree_nodes
-from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process
+from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process, probe_engine
 from eval.stats import MIN_PROMPTS, spread
 from eval.totals import throughput
 from eval.trees import tree_of
@@ -64,16 +64,16 @@ def ci_verdict(speedup: float | None, interval: list | None, prompts: int, ci_ta
     return None
 
 
-def probe_drift(progress: dict, batch_size: int, engine: str = HOME_ENGINE) -> float | None:
+def probe_drift(progress: dict, batch_size: int, engine: str | None = None) -> float | None:
     """How far the drift probe (a 1-token target forward, the same work every time) moved during this batch size's
     points, within each process that ran them (a resumed run's processes, a Ray run's workers: each its own
-    machine and its own readings): the largest max / min - 1. Another engine's probe processes are keyed
-    "<process>/<engine> <name>" (each its own probe, e.g. the first prompt and one new token at each of its engines'
-    start and end), read for that engine's points only."""
+    machine and its own readings): the largest max / min - 1. Another engine's probe processes (each its own probe,
+    e.g. the first prompt and one new token at each of its engines' start and end) are read for that engine's points
+    only (eval/records.py probe_engine); engine None: the home engine's."""
     entry = per_process((progress.get("drift") or {}).get(str(batch_size)), OLD_DRIFT_KEYS)
     moved = []
     for process, readings in entry.items():
-        if (process.split("/", 1)[1].split(" ", 1)[0] if "/" in process else HOME_ENGINE) != engine:
+        if probe_engine(progress, process) != (None if engine is None or is_home(engine) else engine):
             continue
         readings = [r for r in old_readings(readings) if r > 0]
         if len(readings) >= 2:

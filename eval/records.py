@@ -27,6 +27,21 @@ def per_process(entry: dict | None, old_keys: tuple) -> dict:
     return entry
 
 
+def probe_process(process: str, engine: str, group) -> str:
+    """progress.json's key of another engine's drift probe process: "<process>/<engine> <group>" (group: its worker
+    group, runner/engines/process.py probe_group). Its processes entry carries the engine as data (probe_engine)."""
+    return f"{process}/{engine} {group}"
+
+
+def probe_engine(progress: dict, process: str) -> str | None:
+    """The engine whose drift probe `process` keys (None: a process of the home engine): its processes entry's
+    engine; a folder written before the entry carried it, the engine in its key (probe_process)."""
+    entry = (progress.get("processes") or {}).get(process) or {}
+    if entry.get("engine"):
+        return entry["engine"]
+    return process.split("/", 1)[1].split(" ", 1)[0] if "/" in process else None
+
+
 class AxisValues:
     """The values of some axes (eval/axes.py), by name: immutable, hashable, compared by value; an axis not given is
     None (it does not apply). Its axes are read from the table when asked, so an axis declared later has a field."""

@@ -351,7 +351,7 @@ class Experiment:
             self.progress.processes[process] = {"name": result.probe_name or result.worker or f"process {drivers + 1}",
                                                 "worker": result.worker}
             if result.probe_process:  # another engine's probe process, not a driver
-                self.progress.processes[process]["probe"] = True
+                self.progress.processes[process].update(probe=True, engine=result.probe_engine)
         if result.costs is not None:
             self.progress.costs.setdefault(key, {}).setdefault(process, result.costs.to_json())
         for rows, probe in result.fewer_rows.items():  # a load point's probe at fewer rows, kept as that size's

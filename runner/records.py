@@ -24,6 +24,7 @@ class UnitResult:
     process: str = PROCESS
     probe_process: str | None = None  # drift_probe_s measured elsewhere than `process` (another engine's): keyed by this
     probe_name: str | None = None  # ... and named so in the report
+    probe_engine: str | None = None  # ... the engine it probes (progress.json processes[probe_process].engine)
 
     @property
     def drift_readings(self) -> list[float]:

@@ -9,8 +9,8 @@ never calls back into the experiment: the experiment alone keeps what they bring
 
 What an engine can do is its caps (its reference method's EngineCaps), which the rest of the tool asks instead of its
 name. The name is still a key outside these files: records and progress.json's engine_info are keyed by it, and
-eval/flags.py probe_drift parses it out of the drift probe's process key ("<process>/<engine> <worker engine>",
-written by runner/engines/process.py drift_probe) to read each engine's readings for its own points."""
+progress.json's processes entry of another engine's drift probe carries it (eval/records.py probe_engine), so that
+eval/flags.py probe_drift reads each engine's readings for its own points."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

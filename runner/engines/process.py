@@ -41,7 +41,7 @@ from typing import ClassVar
 
 from decode.methods import REGISTRY
 from eval.axes import AXES, POINT, label_of
-from eval.records import Comparison, Point
+from eval.records import Comparison, Point, probe_process
 from runner.engines.base import Engine
 from runner.load import request_fields
 from runner.plan import Unit, comparisons, order_of, points_of, skipped_reason, williams_order
@@ -484,8 +484,8 @@ class ProcessExecutor:
                 return
             walls.append(answer["wall_s"])
         group = self.probe_group(engine)
-        yield unit, self._result(drift_probe_s=sorted(walls[1:])[1], probe_process=f"{PROCESS}/{self.name} {group}",
-                                 probe_name=f"{self.title} {group}")
+        yield unit, self._result(drift_probe_s=sorted(walls[1:])[1], probe_name=f"{self.title} {group}",
+                                 probe_process=probe_process(PROCESS, self.name, group), probe_engine=self.name)
 
     def warm_up(self, engine: WorkerEngine, point: Point, unit: Unit) -> None:
         """Each point's first batch with a short budget, untimed."""

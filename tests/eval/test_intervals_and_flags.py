@@ -163,6 +163,19 @@ def test_a_probe_that_moved_flags_drift(drift):
     assert summarize(paired_run(units=8), {"drift": {"3": drift}, "costs": STABLE_COSTS})["runs"][1]["flags"] == []
 
 
+def test_each_engine_reads_the_drift_of_the_probe_processes_its_entry_names():
+    """Another engine's probe process carries its engine in its processes entry (read as data, whatever the key); a
+    folder written before it did names the engine in the key ("<process>/<engine> <group>"), read still."""
+    from eval.flags import probe_drift
+
+    progress = {"drift": {"1": {"p1": [0.100, 0.110], "p1/x 0": [0.100, 0.140], "p1/vllm 0": [0.100, 0.120]}},
+                "processes": {"p1": {"name": "process 1"}, "p1/x 0": {"probe": True, "engine": "llama_cpp"},
+                              "p1/vllm 0": {"probe": True}}}
+    assert probe_drift(progress, 1) == pytest.approx(0.10)  # ours: p1 alone
+    assert probe_drift(progress, 1, "llama_cpp") == pytest.approx(0.40)
+    assert probe_drift(progress, 1, "vllm") == pytest.approx(0.20)
+
+
 def test_a_baseline_that_moved_between_repeats_flags_drift():
     samples = paired_run(units=8, repeats=2)
     for s in samples:

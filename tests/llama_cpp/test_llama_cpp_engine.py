@@ -258,7 +258,9 @@ def test_server_blocks_say_they_are_not_back_to_back_and_probe_drift_across_bloc
     assert all(r["extra"]["back_to_back"] is False and r["extra"]["pairing"] == "engine" for r in records)
     started = {(r["method"], r["repeat"]): r["extra"]["block_started_unix_s"] for r in records}
     assert started[("llama_cpp_generate", 0)] < started[("llama_cpp_draft", 0)] < started[("llama_cpp_ngram", 0)]
-    drift = json.loads((out / "progress.json").read_text())["drift"]["1"]
+    progress = json.loads((out / "progress.json").read_text())
+    drift = progress["drift"]["1"]
+    assert {progress["processes"][k]["engine"] for k in drift} == {"llama_cpp"}  # the engine, as data
     pooled = [v for k, v in drift.items() if k.endswith("llama_cpp servers without a draft model")]
     assert len(pooled) == 1 and len(pooled[0]) == 8, drift
     assert [len(v) for k, v in drift.items() if "llama_cpp servers with draft" in k] == [4], drift
