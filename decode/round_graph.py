@@ -22,7 +22,6 @@ counts, the drafter's pending tokens, forwards) up to date.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -446,7 +445,7 @@ def _run(round_fn, args: tuple, compiled: CompiledModel, inputs: _RoundInputs, p
 
 
 def _capture_round(round_fn, compiled: CompiledModel, args: tuple):
-    """Capture a whole round on CUDA, as CompiledModel._capture does a step. Unlike a step, a round's warm run is not
+    """Capture a whole round on CUDA, as CompiledModel.capture_graph does a step. Unlike a step, a round's warm run is not
     harmless to repeat (it rolls back and moves the pending token): the warm run goes on a copy of the round's
     device state, restored before the capture."""
     state_tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -455,28 +454,15 @@ def _capture_round(round_fn, compiled: CompiledModel, args: tuple):
     saved_caches = [[(layer.keys.clone(), layer.values.clone()) for layer in b.cache.layers if layer.is_initialized]
                     for b in caches]
     saved_columns = [(b.valid.clone(), b.positions.clone()) for b in caches]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        round_fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    for tensor, copy in zip(state_tensors, saved):
-        tensor.copy_(copy)
-    for b, layers, (valid, positions) in zip(caches, saved_caches, saved_columns):
-        for layer, (keys, values) in zip([x for x in b.cache.layers if x.is_initialized], layers):
-            layer.keys.copy_(keys)
-            layer.values.copy_(values)
-        b.valid.copy_(valid)
-        b.positions.copy_(positions)
-    if compiled._pool is None:
-        compiled._pool = torch.cuda.graph_pool_handle()
-    graph = torch.cuda.CUDAGraph()
-    began = time.perf_counter()
-    with torch.cuda.graph(graph, pool=compiled._pool):
-        outputs = round_fn(*args)
-    compiled.capture_s.append(time.perf_counter() - began)
-    if compiled.recordings is not None:
-        compiled.recordings += 1
-    if compiled.warm:
-        compiled.recordings_after_warmup += 1
-    return graph, outputs
+
+    def restore():
+        for tensor, copy in zip(state_tensors, saved):
+            tensor.copy_(copy)
+        for b, layers, (valid, positions) in zip(caches, saved_caches, saved_columns):
+            for layer, (keys, values) in zip([x for x in b.cache.layers if x.is_initialized], layers):
+                layer.keys.copy_(keys)
+                layer.values.copy_(values)
+            b.valid.copy_(valid)
+            b.positions.copy_(positions)
+
+    return compiled.capture_graph(round_fn, *args, restore=restore)

@@ -467,26 +467,32 @@ class CompiledModel:
         key = (id(buffers), input_ids.shape[1], ancestors is not None, self.hidden_layers, tuple(sorted(inputs)))
         found = self.graphs.get(key)
         if found is None:
-            found = self._capture(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
+            # the warm run and the capture both write the step's columns with what its replay writes again, so
+            # running it twice is harmless: nothing to restore
+            found = self.capture_graph(self._forward, buffers, input_ids, query_positions, query_valid, ancestors,
+                                       **inputs)
             self.graphs[key] = found
         graph, outputs = found
         graph.replay()
         return outputs
 
-    def _capture(self, buffers: _Buffers, *args, **inputs):
-        """Capture one step shape: a warm run on a side stream (lazy initialisations, the allocator), then the
-        capture. Both write the step's columns with what its replay writes again, so running it twice is harmless."""
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+    def capture_graph(self, fn, *args, restore=None, **inputs):
+        """Capture fn(*args, **inputs) as one CUDA graph in this model's pool -> (graph, its outputs): a warm run on a
+        side stream (lazy initialisations, the allocator), restore() (where given) to undo what it wrote, then the
+        capture, counted as a recording (after the warmup too when warm) with its seconds in capture_s."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._forward(buffers, *args, **inputs)
+            fn(*args, **inputs)
         torch.cuda.current_stream().wait_stream(side)
+        if restore is not None:
+            restore()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         began = time.perf_counter()
         with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self._forward(buffers, *args, **inputs)
+            outputs = fn(*args, **inputs)
         self.capture_s.append(time.perf_counter() - began)
         if self.recordings is not None:
             self.recordings += 1
@@ -505,7 +511,7 @@ class CompiledModel:
             if not compiled:  # last_only (the eager prefill): the LM head on the last column alone, [B_cap, 1, V]
                 return self._forward(buffers, input_ids, query_positions, query_valid, ancestors, last_only, **inputs)
             assert not last_only, "a compiled step returns every column's logits (its last may be padding)"
-            if self.captured:  # no dynamo: its captures are counted as they happen (_capture)
+            if self.captured:  # no dynamo: its captures are counted as they happen (capture_graph)
                 return self._step(buffers, input_ids, query_positions, query_valid, ancestors, **inputs)
             before, events = counters["stats"]["unique_graphs"], cudagraph_events()
             with self._regional(buffers):

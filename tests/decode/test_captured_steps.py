@@ -172,3 +172,38 @@ def test_served_on_compiled_steps_is_greedy_exact_and_compiles_nothing_after_war
                                       gamma, load=load)
     assert [r.output_ids for r in first] == [r.output_ids for r in second] == [r.output_ids for r in eager]
     assert ctarget._speculate_compiled.recompiles_after_warmup == cdraft._speculate_compiled.recompiles_after_warmup == 0
+
+
+def test_a_capture_runs_warm_restores_and_counts_one_recording(monkeypatch):
+    """Fake CUDA (graphs that run their body once): a capture, a step's or a fused round's, runs fn warm on a side
+    stream, restores, captures it in the model's pool and counts one recording with its seconds (after the warmup
+    too once warm); a round's warm run is undone, so its state moves once, as its replay moves it."""
+    import contextlib
+
+    from decode.round_graph import _capture_round
+
+    log = []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def graph(_, pool):
+        log.append(("capture", pool))
+        yield
+
+    for name, fake in [("Stream", Stream), ("current_stream", Stream), ("stream", lambda s: contextlib.nullcontext()),
+                       ("CUDAGraph", object), ("graph", graph), ("graph_pool_handle", lambda: "pool")]:
+        monkeypatch.setattr(torch.cuda, name, fake)
+    compiled = object.__new__(CompiledModel)
+    compiled._pool, compiled.capture_s, compiled.recordings, compiled.recordings_after_warmup = None, [], 0, 0
+    compiled.warm = False
+    _, out = compiled.capture_graph(lambda x: log.append(("run", x)) or x + 1, 1, restore=lambda: log.append("restore"))
+    assert out == 2 and log == [("run", 1), "restore", ("capture", "pool"), ("run", 1)]
+    assert (compiled.recordings, compiled.recordings_after_warmup, len(compiled.capture_s)) == (1, 0, 1)
+    compiled.warm = True
+    state = torch.zeros(2, dtype=torch.long)
+    _capture_round(lambda t: t.add_(1), compiled, (state,))
+    assert state.tolist() == [1, 1]  # warm run undone, the capture's run kept
+    assert (compiled.recordings, compiled.recordings_after_warmup, len(compiled.capture_s)) == (2, 1, 2)
