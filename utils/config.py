@@ -30,8 +30,10 @@ class ModelConfig(Strict):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="auto: float32 on a CPU; bfloat16 on GPUs with native bf16 (compute capability >= 8.0), "
                             "float16 on older ones, where bf16 is only emulated")
-    quantization: Literal["none", "8bit", "4bit"] = Field(
-        "none", description="bitsandbytes; 4bit is nf4 with double quantization, computing in dtype")
+    quantization: Literal["none", "8bit", "4bit", "torchao-int4", "torchao-int8"] = Field(
+        "none", description="4bit / 8bit: bitsandbytes (4bit is nf4 with double quantization, computing in dtype); "
+                            "torchao-int4 / torchao-int8: torchao's weight-only linears (int4 in groups of 128, "
+                            "computing in bfloat16: set dtype bfloat16; int8 per channel), which run on a CPU too")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto: sdpa, except where flash_attention_2 can run (CUDA, fp16/bf16, flash-attn 2): "
                             "both are then timed at load on the largest batch size and the fastest that gives "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,14 @@ def _check_device_map(cfg: ModelConfig, role: str) -> None:
 
 def check_model_config(cfg: ModelConfig, role: str) -> None:
     """What can be refused before anything loads."""
-    if cfg.quantization != "none" and importlib.util.find_spec("bitsandbytes") is None:
+    if cfg.quantization.startswith("torchao"):
+        if importlib.util.find_spec("torchao") is None:
+            raise UserError(f"{role}.quantization: {cfg.quantization} needs torchao, which is not installed; "
+                            "pip install torchao (requirements.txt pins the tested version), or set quantization: none")
+        if cfg.quantization == "torchao-int4" and cfg.dtype != "bfloat16":
+            raise UserError(f"{role}.quantization: torchao-int4 computes in bfloat16 (its int4 matmul takes no other "
+                            f"activations), but {role}.dtype is {cfg.dtype}; set {role}.dtype: bfloat16")
+    elif cfg.quantization != "none" and importlib.util.find_spec("bitsandbytes") is None:
         raise UserError(f"{role}.quantization: {cfg.quantization} needs bitsandbytes, which is not installed; "
                         "pip install bitsandbytes, or set quantization: none")
     if cfg.attn_implementation == "flash_attention_2" and not flash_attn_available():
@@ -251,7 +259,7 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
     kwargs = dict(dtype=dtype, attn_implementation=attention, revision=cfg.revision)
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
-    if cfg.quantization != "none":
+    if cfg.quantization in ("4bit", "8bit"):
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=cfg.quantization == "4bit", load_in_8bit=cfg.quantization == "8bit",
             bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
@@ -260,7 +268,7 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
         kwargs["device_map"] = device_map
         if getattr(cfg, "max_memory", None):
             kwargs["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in cfg.max_memory.items()}
-    elif device.type != "cpu" or cfg.quantization != "none":
+    elif device.type != "cpu" or cfg.quantization in ("4bit", "8bit"):
         # straight onto the device: no full copy on the host first. On a CPU, unquantized, the weights stay
         # memory-mapped from their file (release_file_mappings copies what packing leaves)
         kwargs["device_map"] = {"": device}
@@ -280,8 +288,38 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
+    kernels = torchao_quantize(model, cfg.quantization, device) if cfg.quantization.startswith("torchao") else "nn.Linear"
     return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size,
-                       **auto_attention(cfg.attn_implementation, attention, device, dtype))
+                       kernels, **auto_attention(cfg.attn_implementation, attention, device, dtype))
+
+
+def torchao_quantize(model: torch.nn.Module, quantization: str, device: torch.device) -> str:
+    """torchao's weight-only int4 or int8 in place of the model's linears; -> the kernels, for the report.
+
+    int4 is grouped by 128 along the input and packed for the device's int4 matmul (ATen's CPU kernel; tinygemm's
+    tiles on CUDA), so a linear whose input is not a multiple of 128 stays as it is. The LM head stays as it is too:
+    it may share its weight with the input embedding, which a packed tensor cannot serve, and llama.cpp's Q4_K_M keeps
+    it at 6 bits. The compiled and captured steps run the same tensors (torchao's subclasses trace)."""
+    import logging
+
+    # its C++ extensions are built for one torch each; the int4 and int8 paths here are ATen's and torch's own ops
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    head = model.get_output_embeddings()
+    int4 = quantization == "torchao-int4"
+
+    def chosen(module, _name):
+        return isinstance(module, torch.nn.Linear) and module is not head and (not int4 or module.in_features % 128 == 0)
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    picked = sum(chosen(m, "") for m in linears)
+    config = (Int4WeightOnlyConfig(group_size=128, int4_packing_format="opaque" if device.type == "cpu" else "tile_packed_to_4d")
+              if int4 else Int8WeightOnlyConfig())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_(model, config, filter_fn=chosen)
+    return f"torchao {quantization.removeprefix('torchao-')} weight-only ({picked} of {len(linears)} linears; the LM head as loaded)"
 
 
 # where the text model's weights sit in a multimodal checkpoint (LLaVA-style: gemma-3, PaliGemma, Mistral-3, ...),
@@ -331,8 +369,9 @@ def _load_text_model(where: str, text_config, kwargs: dict):
 def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) -> LoadedModel:
     from utils.synthetic import build_model
 
-    if cfg.quantization != "none":
-        raise ModelLoadError(f"{role}.quantization: synthetic models are not quantized; set quantization: none")
+    if cfg.quantization in ("4bit", "8bit"):
+        raise ModelLoadError(f"{role}.quantization: synthetic models are not quantized by bitsandbytes; set "
+                             "quantization: none, torchao-int4 or torchao-int8")
     try:
         model, tokenizer = build_model(cfg.model, dtype, attention, device)
     except ValueError as error:
@@ -340,8 +379,9 @@ def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) 
     model = model.to(device).eval().requires_grad_(False)
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, "none", vocab_size,
-                       **auto_attention(cfg.attn_implementation, attention, device, dtype))
+    kernels = torchao_quantize(model, cfg.quantization, device) if cfg.quantization.startswith("torchao") else "nn.Linear"
+    return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, cfg.quantization,
+                       vocab_size, kernels, **auto_attention(cfg.attn_implementation, attention, device, dtype))
 
 
 def _explain(role: str, cfg: ModelConfig, source: str, error: Exception) -> str:

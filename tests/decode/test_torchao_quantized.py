@@ -1,0 +1,73 @@
+"""torchao's weight-only int4 and int8 (quantization: torchao-int4 / torchao-int8) on a CPU: the linears are
+replaced (the LM head is kept), speculative decoding gives the quantized target's own greedy tokens, and the compiled
+step (engine.compile, dynamo's eager backend) runs the same tensors to the same tokens as one graph."""
+import copy
+
+import pytest
+import torch
+
+from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
+from decode.static_kv import CompiledModel, attach
+from tiny_models import ragged_batch
+from utils.config import ModelConfig
+from utils.models import load_model
+
+pytest.importorskip("torchao")
+CPU = torch.device("cpu")
+# hidden 768, intermediate 2048: every projection's input is a multiple of int4's group of 128
+TARGET = "synthetic:llama-160m?layers=2"
+DRAFT = "synthetic:llama-160m?layers=1&noise=0.3"
+
+
+def compiled_copy(model, widths, max_length):
+    twin = copy.copy(model)
+    twin.__dict__.pop("_speculate_compiled", None)
+    attach(twin, CompiledModel(twin, widths, max_length, (2,), backend="eager"))
+    return twin
+
+
+# int4 computes in bfloat16; int8 in float32 here, where a random model's near-ties do not turn on bf16's rounding
+# between a 4-token verification and a 1-token step (docs/metrics.md: the numerics probe)
+@pytest.mark.parametrize("quantization, dtype", [("torchao-int4", "bfloat16"), ("torchao-int8", "float32")])
+def test_torchao_quantized_pair_is_exact_against_its_own_baseline_eager_and_compiled(quantization, dtype):
+    torch._dynamo.reset()
+    loaded = load_model(ModelConfig(model=TARGET, dtype=dtype, quantization=quantization), CPU, "target")
+    draft = load_model(ModelConfig(model=DRAFT, dtype=dtype, quantization=quantization), CPU, "draft").model
+    target = loaded.model
+    # 2 layers x 7 linears (q, k, v, o, gate, up, down) are quantized; the LM head is not
+    assert loaded.kernels.startswith(f"torchao {quantization.removeprefix('torchao-')} weight-only (14 of 14 linears")
+    weight = target.model.layers[0].mlp.down_proj.weight
+    assert type(weight).__module__.startswith("torchao"), type(weight)
+    assert type(target.lm_head.weight) is torch.nn.Parameter
+    gamma, vocab = 3, target.config.vocab_size
+    ids, mask = ragged_batch([6, 3], vocab_size=vocab)
+    generation = Generation(max_new_tokens=12)
+
+    def speculative(t, d):
+        generator = torch.Generator().manual_seed(0)
+        with torch.inference_mode():
+            return generate_speculative(t, DraftModelDrafter(d, vocab, Sampling(), generator), ids, mask,
+                                        generation, gamma, generator)
+
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+    eager = speculative(target, draft)
+    ctarget, cdraft = compiled_copy(target, (1, gamma + 1), 64), compiled_copy(draft, (1, 2), 64)
+    with torch.inference_mode():
+        cbase = generate_baseline(ctarget, ids, mask, generation)
+    assert ctarget._speculate_compiled.compiles == 1  # the width-1 step is one graph, torchao's matmul inside
+    compiled = speculative(ctarget, cdraft)
+    for row in range(2):
+        assert len(base[row].output_ids) == 12
+        assert eager[row].output_ids == base[row].output_ids, f"speculative, row {row}"
+        assert cbase[row].output_ids == base[row].output_ids, f"compiled baseline, row {row}"
+        assert compiled[row].output_ids == eager[row].output_ids, f"compiled speculative, row {row}"
+
+
+def test_torchao_int4_outside_bfloat16_is_refused_in_one_line():
+    from utils import UserError
+    from utils.models import check_model_config
+
+    with pytest.raises(UserError, match=r"^target.quantization: torchao-int4 computes in bfloat16 .* set target.dtype: "
+                                        r"bfloat16$"):
+        check_model_config(ModelConfig(model=TARGET, quantization="torchao-int4"), "target")
