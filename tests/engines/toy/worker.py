@@ -1,16 +1,14 @@
 """The toy's worker: counts on from each prompt's last token, the prefill's one, then per_step tokens a step (the start
 job's)."""
-import importlib.util
 import sys
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location(
-    "speculate_process_worker", Path(__file__).resolve().parents[3] / "runner" / "engines" / "process_worker.py")
-process_worker = sys.modules.setdefault("speculate_process_worker", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(process_worker)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "runner" / "engines"))  # for process_worker.py alone
+from process_worker import ProcessWorker  # noqa: E402
+sys.path.pop(0)
 
 
-class Worker(process_worker.ProcessWorker):
+class Worker(ProcessWorker):
     flying: dict | None = None
 
     def start(self, job: dict) -> dict:
