@@ -229,6 +229,20 @@ def test_no_method_is_asked_by_its_name_outside_its_own_file():
     assert not wrong, "a method asked by its name outside its own file:\n" + "\n".join(wrong)
 
 
+def test_no_method_name_is_a_dictionary_key_in_eval():
+    """eval/ keys nothing by a method's name: what it needs of a method is its spec's, and a serving target declares
+    the method it deploys as its counterpart (eval/targets/sglang.py ALGORITHMS), as an engine's methods do."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from decode.methods import REGISTRY
+
+    wrong = [f"{path}:{node.lineno}: {key.value}" for path in _python_files() if path.startswith("eval/")
+             for node in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(node, ast.Dict)
+             for key in node.keys if isinstance(key, ast.Constant) and key.value in REGISTRY]
+    assert not wrong, "a method's name as a dictionary key in eval/:\n" + "\n".join(wrong)
+
+
 def test_the_name_check_sees_each_form_of_comparison(tmp_path):
     """The check is no stub: each form of comparison with a method's name is found, other strings are not."""
     path = tmp_path / "forms.py"

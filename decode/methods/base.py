@@ -3,7 +3,8 @@
 Config validation, the sweep plan, the runner, eval, the table and the plots ask the spec. A serving target
 (eval/targets/) emits our method's recommendation as its engine's method whose counterpart it is (that method's
 engine_config or deploy); it names our methods only in the reasons it gives where it has no equivalent (and SGLang,
-an engine this benchmark does not run, in its table of algorithms). Configs and tests name them all.
+an engine this benchmark does not run, as the counterparts of its declared algorithms). Configs and tests name them
+all.
 """
 from __future__ import annotations
 

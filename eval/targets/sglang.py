@@ -11,22 +11,40 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 
 from eval.targets.base import HF, Choice, Settings, Target
 
 TITLE = "SGLang"
 
-# our method -> --speculative-algorithm, or a head's kind -> it
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An SGLang --speculative-algorithm, declared as an engine declares its methods: the method of ours it deploys
+    (counterpart, as MethodSpec.counterpart) and the draft kinds it loads (none: any). name None: SGLang has no form
+    of its counterpart, for the reason `why`."""
+    name: str | None
+    counterpart: str
+    draft_kinds: tuple[str, ...] = ()
+    why: str = ""
+
+
 NGRAM = "NGRAM"
-ALGORITHM = {"speculative": "STANDALONE", "prompt_lookup": NGRAM, "eagle3": {"eagle": "EAGLE", "eagle3": "EAGLE3"}}
-NO_EQUIVALENT = {"hybrid": "SGLang has no per-round switch between drafters",
-                 "early_exit": "SGLang drafts with no layers of the target itself",
-                 "suffix": "SGLang has no suffix decoding", "medusa": "SGLang has no Medusa heads"}
+ALGORITHMS = (
+    Algorithm("STANDALONE", counterpart="speculative"),
+    Algorithm(NGRAM, counterpart="prompt_lookup"),
+    Algorithm("EAGLE", counterpart="eagle3", draft_kinds=("eagle",)),
+    Algorithm("EAGLE3", counterpart="eagle3", draft_kinds=("eagle3",)),
+    Algorithm(None, counterpart="hybrid", why="SGLang has no per-round switch between drafters"),
+    Algorithm(None, counterpart="early_exit", why="SGLang drafts with no layers of the target itself"),
+    Algorithm(None, counterpart="suffix", why="SGLang has no suffix decoding"),
+    Algorithm(None, counterpart="medusa", why="SGLang has no Medusa heads"),
+)
 
 
 def flags(choice: Choice) -> tuple[list[str] | None, list[str]]:
-    algorithm = ALGORITHM.get(choice.method)
-    algorithm = algorithm.get(choice.kind) if isinstance(algorithm, dict) else algorithm
+    algorithm = next((a.name for a in ALGORITHMS if a.name and a.counterpart == choice.method
+                      and (not a.draft_kinds or choice.kind in a.draft_kinds)), None)
     if algorithm is None:
         return None, []
     out = ["--speculative-algorithm", algorithm]
@@ -63,4 +81,5 @@ def per_batch_size(settings: list[str], ranges: list[list[int]]) -> tuple[list[s
 
 TARGET = Target(name="sglang", title=TITLE, rank=1,
                 settings=Settings(emit=flags, show=shlex.join, off=[], off_text="no speculation flags (off)",
-                                  no_equivalent=NO_EQUIVALENT, per_batch_size=per_batch_size))
+                                  no_equivalent={a.counterpart: a.why for a in ALGORITHMS if a.name is None},
+                                  per_batch_size=per_batch_size))
