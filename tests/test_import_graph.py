@@ -106,6 +106,20 @@ def test_an_engine_declaration_is_data():
             assert not edges[module.removesuffix("declaration") + "settings"], f"{settings} imports the repository"
 
 
+def test_every_engine_our_own_too_declares_its_methods():
+    """One registry style: the registry is the engines' declarations' METHODS, found by listing the engine folders,
+    our engine's (runner/engines/ours/declaration.py) first as the home engine's, in the order each lists them."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from decode.methods import DECLARATIONS, HOME_ENGINE, REGISTRY
+
+    assert next(iter(DECLARATIONS)) == HOME_ENGINE
+    assert list(REGISTRY) == [spec.name for d in DECLARATIONS.values() for spec in d.METHODS]
+    assert list(REGISTRY)[:2] == ["baseline", "speculative"]  # the report's order: the reference first
+    assert {s.name for s in DECLARATIONS[HOME_ENGINE].METHODS} == {n for n, s in REGISTRY.items() if s.engine == HOME_ENGINE}
+
+
 def test_test_files_have_unique_names():
     """pytest imports test files by their basename (rootdir-relative packages are not used): two test_x.py in two
     folders make a collection error."""

@@ -1,6 +1,7 @@
-"""The method registry: one entry per method. A method of our engine is one file here plus two lines below (its module
-in the import, its SPEC in REGISTRY); another engine's methods are its declaration (runner/engines/<name>/
+"""The method registry: one entry per method, each engine's from its declaration (runner/engines/<name>/
 declaration.py: METHODS, and its capabilities, report text and config section), found by listing the engine folders.
+A method of our engine is one file here (its run function and its MethodSpec) plus its line in our engine's
+declaration's METHODS (runner/engines/ours/declaration.py).
 
 A declaration is data: torch-free, importing only decode/methods (tests/test_import_graph.py checks it), loaded here
 by its path, so that decode/, eval/ and utils/ know every engine without importing runner/. The engine folders:
@@ -15,7 +16,6 @@ from pathlib import Path
 from types import ModuleType
 
 from decode.methods.base import EngineCaps, MethodSpec, RunContext
-from decode.methods import baseline, eagle3, early_exit, hf, hybrid, medusa, prompt_lookup, speculative, suffix
 
 
 def engine_folders() -> list[Path]:
@@ -34,29 +34,18 @@ def _load(name: str, path: Path) -> ModuleType:
     return sys.modules[name]
 
 
-DECLARATIONS: dict[str, ModuleType] = {  # engine -> its declaration, engines by name
-    path.parent.name: _load(f"runner.engines.{path.parent.name}.declaration", path)
-    for path in sorted((p for folder in engine_folders() for p in folder.glob("*/declaration.py")),
-                       key=lambda p: p.parent.name)}
+def _declarations() -> dict[str, ModuleType]:
+    """engine -> its declaration: the home engine's first (its reference's EngineCaps.home), then by name."""
+    found = {path.parent.name: _load(f"runner.engines.{path.parent.name}.declaration", path)
+             for path in sorted(p for folder in engine_folders() for p in folder.glob("*/declaration.py"))}
+    home = {engine for engine, d in found.items() if any(s.engine_caps and s.engine_caps.home for s in d.METHODS)}
+    return {engine: found[engine] for engine in sorted(found, key=lambda e: (e not in home, e))}
+
+
+DECLARATIONS: dict[str, ModuleType] = _declarations()
 assert all(spec.engine == engine for engine, d in DECLARATIONS.items() for spec in d.METHODS), \
     "a declaration's METHODS are of its engine (MethodSpec.engine: the package's name)"
-
-
-REGISTRY: dict[str, MethodSpec] = {spec.name: spec for spec in (
-    baseline.SPEC,
-    speculative.SPEC,
-    prompt_lookup.SPEC,
-    early_exit.SPEC,
-    suffix.SPEC,
-    hybrid.SPEC,
-    eagle3.SPEC,
-    medusa.SPEC,
-    hf.GENERATE,
-    hf.ASSISTED,
-    hf.ASSISTED_DEFAULT,
-    hf.PROMPT_LOOKUP,
-    *(spec for declaration in DECLARATIONS.values() for spec in declaration.METHODS),
-)}
+REGISTRY: dict[str, MethodSpec] = {spec.name: spec for d in DECLARATIONS.values() for spec in d.METHODS}
 ENGINES = tuple(dict.fromkeys(spec.engine for spec in REGISTRY.values()))  # the engines of the methods: names of
 #   runner/engines packages, as progress.json's engine_info keys them
 ENGINE_TEXTS = {spec.engine: spec.engine_text for spec in REGISTRY.values() if spec.engine_text}  # what the report
