@@ -93,9 +93,9 @@ def conditional(unconditional: list[float]) -> list[float]:
     return out
 
 
-def _line(points: dict[float, float], x: float) -> float:
+def line(points: dict[float, float], x: float) -> float:
     """Linear between the nearest two points; beyond them, the line through the last two with its slope at least 0,
-    never below the cheapest (eval/costs.py prices a cache so); one point: its value."""
+    never below the cheapest (a step's seconds along its cache, a prefill's along its length); one point: its value."""
     xs = sorted(points)
     if len(xs) == 1:
         return points[xs[0]]
@@ -144,7 +144,7 @@ class KModel:
         if not widths[0] <= width <= widths[-1]:
             return None
         lo, hi = max(w for w in widths if w <= width), min(w for w in widths if w >= width)
-        at_lo, at_hi = _line(by_width[lo], context), _line(by_width[hi], context)
+        at_lo, at_hi = line(by_width[lo], context), line(by_width[hi], context)
         return at_lo if lo == hi else at_lo + (at_hi - at_lo) * (width - lo) / (hi - lo)
 
     def draft_forward(self, draft: str, rows: int, width: int, context: float) -> float | None:

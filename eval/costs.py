@@ -27,6 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from decode.k_model import line
 from decode.methods import HOME_ENGINE
 from decode.names import TARGET, draft_model, label_of
 from eval.stats import between
@@ -264,16 +265,7 @@ def _along(kvs: list[tuple[float, float]], kv: float | None) -> float:
     distinct = sorted({k for k, _ in kvs})
     if kv is None or len(distinct) == 1:
         return statistics.median(s for _, s in kvs)
-    at = {k: statistics.median(s for kk, s in kvs if kk == k) for k in distinct}
-    below = [k for k in distinct if k <= kv]
-    above = [k for k in distinct if k >= kv]
-    if below and above:
-        lo, hi = below[-1], above[0]
-        return at[lo] if lo == hi else at[lo] + (at[hi] - at[lo]) * (kv - lo) / (hi - lo)
-    lo, hi = (distinct[-2], distinct[-1]) if below else (distinct[0], distinct[1])
-    near = hi if below else lo
-    slope = max((at[hi] - at[lo]) / (hi - lo), 0.0)
-    return max(at[near] + slope * (kv - near), min(at.values()))
+    return line({k: statistics.median(s for kk, s in kvs if kk == k) for k in distinct}, kv)
 
 
 def _outside(kvs: list[tuple[float, float]], kv: float) -> bool:

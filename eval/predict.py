@@ -142,16 +142,23 @@ def draft_label(point: Point, profile: Profile) -> str | None:
     return drafts[0] if len(drafts) == 1 else point.draft
 
 
-def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | None = None,
-                batch_sizes: list[int] | None = None) -> list[dict]:
-    """A row per speculative point of our engine (and per what-if concurrency or batch size): measured and
-    predicted figures, their ratio, or why no prediction."""
+def points_and_references(samples: list[dict]) -> tuple[dict[Point, list[dict]], dict[str, list[dict]]]:
+    """(point -> its rows, for every point of a method of ours; comparison -> its reference's rows, where the
+    reference times its forwards)."""
     by_point: dict[Point, list[dict]] = defaultdict(list)
     for s in samples:
         if s.get("method") in REGISTRY:
             by_point[Point.of(s)].append(s)
     references = {p.comparison: rows for p, rows in by_point.items()
                   if REGISTRY[p.method].is_reference and caps_of(p.method).times_forwards}
+    return by_point, references
+
+
+def predict_run(samples: list[dict], profile: Profile, concurrency: list[int] | None = None,
+                batch_sizes: list[int] | None = None) -> list[dict]:
+    """A row per speculative point of our engine (and per what-if concurrency or batch size): measured and
+    predicted figures, their ratio, or why no prediction."""
+    by_point, references = points_and_references(samples)
     out = []
     for point, rows in by_point.items():
         spec = REGISTRY[point.method]

@@ -1,7 +1,7 @@
 """What to deploy (#55): for each load and context length asked, every method and K the run measured, and "off" (the
 target alone), predicted by the replay of the run's own schedule (eval/predict.py, eval/replay.py) on a cost profile;
 the best named with its margin over the runner-up, a tie said as a tie, and its settings for each serving target
-(eval/deploy.py, eval/targets/).
+(eval/deploy/).
 
     python -m eval.recommend RUN_DIR [--costs PROFILE.json] [--batch 1,4] [--concurrency 1,2,4] [--rate 2.0]
                              [--context 512,4096] [--out FILE]
@@ -30,7 +30,7 @@ from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
 from eval.costs import TARGET, Profile, read_config, read_env, read_progress, run_costs
 from eval.groups import natural
-from eval.predict import against_own_probes, differences, draft_label, run_profile, written
+from eval.predict import against_own_probes, differences, draft_label, points_and_references, run_profile, written
 from eval.records import Point
 from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, priced_k,
                          profile_resamples, replay_load, replay_static, static_prediction)
@@ -133,12 +133,7 @@ def candidates(samples: list[dict]) -> tuple[dict, dict, list[str], set]:
     """(candidate key -> its points -> their rows, comparison -> the baseline's rows, notes, the derived keys): every
     speculative point of our engine with rounds, and below each draft model chain's measured gamma every K it did not
     measure (derived)."""
-    by_point: dict[Point, list[dict]] = defaultdict(list)
-    for s in samples:
-        if s.get("method") in REGISTRY:
-            by_point[Point.of(s)].append(s)
-    references = {p.comparison: rows for p, rows in by_point.items()
-                  if REGISTRY[p.method].is_reference and caps_of(p.method).times_forwards}
+    by_point, references = points_and_references(samples)
     out: dict[tuple, dict] = defaultdict(dict)
     for point, rows in by_point.items():
         spec = REGISTRY[point.method]
