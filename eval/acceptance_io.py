@@ -3,7 +3,7 @@ tools replay, and read back from them, so that a cost profile and someone else's
 (python -m eval.recommend --acceptance FILE).
 
 One number per draft position i (1..K): the unconditional rate r_i, the share of rounds whose first i drafts were
-all accepted (r_1 >= r_2 >= ... >= r_K). Each target of eval/targets/ with an acceptance form writes and reads its
+all accepted (r_1 >= r_2 >= ... >= r_K). Each target of eval/deploy/ with an acceptance form writes and reads its
 own; this module picks the form a file is in.
 
 Read back, the rates become rounds (synthetic_rounds): a fixed pool whose accepted lengths have those shares, laid
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eval.targets import AcceptanceError, with_acceptance
+from eval.deploy import AcceptanceError, with_acceptance
 
 POOL = 10_000  # rounds a read-back acceptance is laid out as: its rates to 4 decimals
 

@@ -245,7 +245,7 @@ def test_no_method_is_asked_by_its_name_outside_its_own_file():
 
 def test_no_method_name_is_a_dictionary_key_in_eval():
     """eval/ keys nothing by a method's name: what it needs of a method is its spec's, and a serving target declares
-    the method it deploys as its counterpart (eval/targets/sglang.py ALGORITHMS), as an engine's methods do."""
+    the method it deploys as its counterpart (eval/deploy/sglang.py ALGORITHMS), as an engine's methods do."""
     import sys
 
     sys.path.insert(0, str(ROOT))

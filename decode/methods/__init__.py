@@ -67,7 +67,7 @@ def is_home(engine: str) -> bool:
 
 
 def engine_file(engine: str, file: str) -> ModuleType:
-    """A file its engine's declaration names (SETTINGS, TARGET), beside it, loaded by its path on first use."""
+    """A file its engine's declaration names (SETTINGS, DEPLOY), beside it, loaded by its path on first use."""
     declaration = DECLARATIONS[engine]
     return _load(f"runner.engines.{engine}.{Path(file).stem}", Path(declaration.__file__).with_name(file))
 

@@ -1,7 +1,7 @@
 """What a method is to the rest of the tool: one MethodSpec in the registry (decode/methods/__init__.py).
 
 Config validation, the sweep plan, the runner, eval, the table and the plots ask the spec. A serving target
-(eval/targets/) emits our method's recommendation as its engine's method whose counterpart it is (that method's
+(eval/deploy/) emits our method's recommendation as its engine's method whose counterpart it is (that method's
 engine_config or deploy); it names our methods only in the reasons it gives where it has no equivalent (and SGLang,
 an engine this benchmark does not run, as the counterparts of its declared algorithms). Configs and tests name them
 all.
@@ -76,8 +76,8 @@ class MethodSpec:
     #   point's settings for another engine (its speculative configuration; None: the target alone)
     counterpart: str | None = None  # our engine's method that does the same (another engine's draft-model method:
     #   speculative at constant gamma): the report's engine comparison puts the two side by side, and a serving
-    #   target emits the recommendation of our method as this one's settings (eval/targets/)
-    deploy: Callable | None = None  # (choice: eval/targets/base.py Choice) -> (the flags that deploy it on its engine's
+    #   target emits the recommendation of our method as this one's settings (eval/deploy/)
+    deploy: Callable | None = None  # (choice: eval/deploy/base.py Choice) -> (the flags that deploy it on its engine's
     #   server, notes): what the serving target emits for a recommendation of its counterpart (None: its engine's
     #   target derives them otherwise, from engine_config)
     engine_package: str | None = None  # a package another engine needs for it (checked in its environment before

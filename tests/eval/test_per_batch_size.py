@@ -1,4 +1,4 @@
-"""recommend.json's per_batch_size (eval/deploy.py): where the choice differs by batch size, vLLM's
+"""recommend.json's per_batch_size (eval/deploy/): where the choice differs by batch size, vLLM's
 num_speculative_tokens_per_batch_size and TensorRT-LLM's draft_len_schedule, by hand; vLLM's table read by vLLM's own
 config code where SPECULATE_VLLM_PYTHON names its CPU build (skipped otherwise)."""
 import json

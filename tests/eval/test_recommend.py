@@ -12,7 +12,7 @@ import pytest
 from eval import acceptance_io, deploy
 from eval import recommend as rec
 from eval.costs import Profile, TARGET, draft_model
-from eval.targets import TARGETS, AcceptanceForm, Settings, Target
+from eval.deploy import TARGETS, AcceptanceForm, Settings, Target
 
 # Target steps (seconds) at 1 and 2 rows by width (tokens a row feeds); the draft's step; prefills 0.01 s a target
 # token-row and 0.005 s a draft token-row. The kv axis is flat (one cache).

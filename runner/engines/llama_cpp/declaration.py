@@ -1,6 +1,6 @@
 """llama.cpp as a third engine, declared: its methods (llama_cpp_*), what it can do, what the report says of it, its
 config section (settings.py), the flags that deploy each method (MethodSpec.deploy, which its deploy target,
-target.py, emits). Torch-free and importing only decode/methods: decode/methods/__init__.py loads it by its path, so that the
+deploy.py, emits). Torch-free and importing only decode/methods: decode/methods/__init__.py loads it by its path, so that the
 registry, eval and utils know the engine without importing runner/ (tests/test_import_graph.py). The engine itself
 (a worker process per llama-server) is this package's engine.py.
 
@@ -12,7 +12,7 @@ from decode.methods import prompt_lookup
 from decode.methods.base import EngineCaps, EngineText, MethodSpec, option
 
 SETTINGS = "settings.py"  # the config section llama_cpp: (pydantic, loaded when the config asks for it)
-TARGET = "target.py"  # the recommendation as llama-server's flags, acceptance as its synthetic rates (eval/targets)
+DEPLOY = "deploy.py"  # the recommendation as llama-server's flags, acceptance as its synthetic rates (eval/deploy)
 
 # llama.cpp serving the target alone: the reference of every llama_cpp_* point (their ratios are against this, never
 # against our engine's baseline). Runs in llama.cpp's server, driven by a worker process (runner/engines/llama_cpp).

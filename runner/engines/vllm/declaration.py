@@ -1,5 +1,5 @@
 """vLLM as a second engine, declared: its methods (vllm_*), what it can do, what the report says of it, its config
-section (settings.py) and its deploy target (target.py). Torch-free and importing only decode/methods:
+section (settings.py) and its deploy target (deploy.py). Torch-free and importing only decode/methods:
 decode/methods/__init__.py loads it by its path, so that the registry, eval and utils know the engine without
 importing runner/ (tests/test_import_graph.py). The engine itself (its worker processes) is this package's engine.py.
 
@@ -10,7 +10,7 @@ from decode.methods.base import EngineCaps, EngineText, MethodSpec
 from decode.methods.prompt_lookup import Ngrams
 
 SETTINGS = "settings.py"  # the config section vllm: (pydantic, loaded when the config asks for it)
-TARGET = "target.py"  # the recommendation as its --speculative-config (eval/targets loads it)
+DEPLOY = "deploy.py"  # the recommendation as its --speculative-config (eval/deploy loads it)
 
 # vLLM serving the target alone: the reference of every vLLM point (its ratios are against this, never against our
 # engine's baseline)

@@ -15,7 +15,7 @@ import shlex
 from types import SimpleNamespace
 
 from decode.methods import REGISTRY
-from eval.targets.base import HF, AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
+from eval.deploy.base import HF, AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
 
 NO_EQUIVALENT = {"hybrid": "hybrid switches per row and round between lookup, suffix, the draft model and trees; vLLM "
                            "has no such switch",

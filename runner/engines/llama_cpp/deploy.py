@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 
 from decode.methods import REGISTRY
-from eval.targets.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
+from eval.deploy.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target, rates_in, rises
 
 NO_EQUIVALENT = {"hybrid": "llama.cpp has no per-round switch between drafters",
                  "early_exit": "llama.cpp drafts with no layers of the target itself",

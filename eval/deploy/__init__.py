@@ -1,13 +1,20 @@
-"""The recommended choice as the serving engines' own settings (#55), ready to paste: one entry per target of
-eval/targets/ that declares settings, each its own file. "off" is the target alone: no speculation in any of them."""
+"""Deploying the recommendation (#55): the serving targets it is emitted for and what it becomes in each, ready to
+paste. Each target is a TARGET (base.py's Target) that declares its settings and its acceptance form, in a module here
+(an engine this benchmark does not run: SGLang, SpecDec Bench) or in the file an engine's declaration names (its
+DEPLOY, deploy.py beside it in runner/engines/<name>/, loaded by its path as the declaration is): adding a target is
+one file. This module, eval/acceptance_io.py and eval/recommend.py iterate TARGETS and name none: settings() gives the
+recommended choice as one entry per target that declares settings; "off" is the target alone, no speculation in any of
+them."""
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import shlex
 from types import SimpleNamespace
 
-from decode.methods import REGISTRY
-from eval.targets import Choice, with_settings
+from decode.methods import DECLARATIONS, REGISTRY, engine_file
+from eval.deploy.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target
 
 
 def drafts_of(config: dict) -> dict:
@@ -164,3 +171,35 @@ def per_batch_lines(table: dict) -> list[str]:
         out.append(f"  TensorRT-LLM: speculative_config {json.dumps(forms['tensorrt_llm'])}")
         out += [f"  note: {n}" for n in forms["notes"]]
     return out
+
+
+def _targets() -> dict[str, Target]:
+    found = [importlib.import_module(f"{__name__}.{module.name}").TARGET
+             for module in pkgutil.iter_modules(__path__) if not module.ispkg and module.name != "base"]
+    found += [engine_file(engine, d.DEPLOY).TARGET for engine, d in DECLARATIONS.items() if getattr(d, "DEPLOY", None)]
+    return {target.name: target for target in sorted(found, key=lambda t: (t.rank, t.name))}
+
+
+def __getattr__(name: str):
+    """TARGETS, on first use: an engine's deploy.py imports eval/deploy/base.py, which runs this package first."""
+    if name == "TARGETS":
+        globals()[name] = _targets()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _all() -> dict[str, Target]:
+    return globals().get("TARGETS") or __getattr__("TARGETS")
+
+
+def with_settings() -> list[Target]:
+    return [t for t in _all().values() if t.settings is not None]
+
+
+def with_acceptance() -> list[Target]:
+    return [t for t in _all().values() if t.acceptance is not None]
+
+
+__all__ = ["TARGETS", "AcceptanceError", "AcceptanceForm", "Choice", "Settings", "Target", "drafts_of", "emitted",
+           "head_kind", "lines", "load_label", "per_batch_lines", "per_batch_size", "settings", "with_acceptance",
+           "with_settings"]

@@ -13,7 +13,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from eval.targets.base import HF, Choice, Settings, Target
+from eval.deploy.base import HF, Choice, Settings, Target
 
 TITLE = "SGLang"
 

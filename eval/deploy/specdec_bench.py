@@ -4,7 +4,7 @@ any reference at hand; assumed here: {"num_speculative_tokens": K, "acceptance_r
 Read back as written."""
 from __future__ import annotations
 
-from eval.targets.base import AcceptanceError, AcceptanceForm, Target, rates_in
+from eval.deploy.base import AcceptanceError, AcceptanceForm, Target, rates_in
 
 KEY = "acceptance_rates"
 
