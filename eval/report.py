@@ -394,16 +394,16 @@ def _legend_outside(axes, fontsize: int) -> None:
     axes.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
-def _save(figure, out_dir: Path, name: str, plt) -> str:
+def _save(plot, out_dir: Path, name: str, plt) -> str:
     import warnings
 
     with warnings.catch_warnings():  # labels too long to fit: bbox_inches below grows the image instead
         warnings.simplefilter("ignore", UserWarning)
-        figure.tight_layout()
+        plot.tight_layout()
     buffer = io.BytesIO()
     # the image grows to hold every label and the legend beside the axes, which tight_layout alone does not fit
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(figure)
+    plot.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(plot)
     write_atomic(out_dir / name, buffer.getvalue())
     return name
 
@@ -434,7 +434,7 @@ def energy_plot(summary: dict, out_dir: Path, plt) -> list[str]:
             and r["metrics"].get("energy_j_per_token") is not None]
     if not runs:
         return []
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 1.4 + 0.32 * len(runs)), sharey=True)
+    plot, (left, right) = plt.subplots(1, 2, figsize=(11, 1.4 + 0.32 * len(runs)), sharey=True)
     ys = list(range(len(runs)))
     hollow = ["white" if r["status"] == "partial" else "tab:green" for r in runs]
     left.barh(ys, [r["metrics"]["energy_j_per_token"] for r in runs], xerr=_errors(runs, "energy_j_per_token"),
@@ -448,8 +448,8 @@ def energy_plot(summary: dict, out_dir: Path, plt) -> list[str]:
     right.set_xlabel(f"J/token / {reference_name(summary)}'s (95% CI)")
     for axes in (left, right):
         axes.grid(axis="x", alpha=0.3)
-    figure.suptitle("energy per output token (the device's counter; a load point: over its span)", fontsize=9)
-    return [_save(figure, out_dir, "energy.png", plt)]
+    plot.suptitle("energy per output token (the device's counter; a load point: over its span)", fontsize=9)
+    return [_save(plot, out_dir, "energy.png", plt)]
 
 
 def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list[str]:
@@ -461,7 +461,7 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
     speedup_label = f"speedup vs {reference_name(summary)} (95% CI; dashed: the replay's prediction, band: its 95% CI)"
     for metric, label in [("speedup", speedup_label), ("acceptance_rate", "acceptance rate"),
                           ("block_efficiency", "block efficiency (tokens / target forward)")]:
-        figure, axes = plt.subplots(figsize=(6, 4))
+        plot, axes = plt.subplots(figsize=(6, 4))
         lines: dict[str, list[dict]] = {}
         for run in swept:
             lines.setdefault(_line_key(run), []).append(run)
@@ -492,7 +492,7 @@ def fixed_plots(summary: dict, measured: list[dict], out_dir: Path, plt) -> list
         axes.grid(alpha=0.3)
         if drawn:
             _legend_outside(axes, 7)
-        written.append(_save(figure, out_dir, f"{metric}.png", plt))
+        written.append(_save(plot, out_dir, f"{metric}.png", plt))
     written.append(_bars(measured, out_dir, plt, "methods.png",
                          "speedup per point (95% CI; hollow = partial, ! = flagged)"))
     groups = summary.get("groups") or []
@@ -505,7 +505,7 @@ def _bars(runs: list[dict], out_dir: Path, plt, name: str, title: str) -> str:
     """One horizontal bar per point (labels are long), best at the top, with the CI as error bars."""
     runs = [r for r in runs if r["metrics"].get("speedup") is not None and not REGISTRY[r["method"]].is_reference]
     runs = sorted(runs, key=lambda r: r["metrics"]["speedup"])
-    figure, axes = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(runs))))
+    plot, axes = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(runs))))
     if runs:
         ys = list(range(len(runs)))
         errors = _errors(runs, "speedup")
@@ -518,14 +518,14 @@ def _bars(runs: list[dict], out_dir: Path, plt, name: str, title: str) -> str:
     axes.set_xlabel(f"speedup vs {reference_name({'runs': runs})}")
     axes.set_title(title, fontsize=9)
     axes.grid(axis="x", alpha=0.3)
-    return _save(figure, out_dir, name, plt)
+    return _save(plot, out_dir, name, plt)
 
 
 def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
     runs = [r for r in summary["runs"] if r["status"] in ("ok", "partial") and r.get("group") is not None
             and not REGISTRY[r["method"]].is_reference and r["metrics"].get("speedup") is not None]
     labels = list(dict.fromkeys(r["label"] for r in runs))
-    figure, axes = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) * max(1, len(labels)) / 3 + 2), 4))
+    plot, axes = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) * max(1, len(labels)) / 3 + 2), 4))
     width = 0.8 / max(1, len(labels))
     for index, label in enumerate(labels):
         chosen = {r["group"]: r for r in runs if r["label"] == label}
@@ -550,7 +550,7 @@ def _group_bars(summary: dict, groups: list[str], out_dir: Path, plt) -> str:
     axes.set_title(f"speedup per {' and per '.join(fields)}", fontsize=9)
     if labels:
         _legend_outside(axes, 6)
-    return _save(figure, out_dir, "speedup_by_group.png", plt)
+    return _save(plot, out_dir, "speedup_by_group.png", plt)
 
 
 def write_report(out_dir: Path, summary: dict, title: str, summary_copy: str | None = None,
@@ -703,7 +703,7 @@ def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
         chosen = [c for c in serving.get("crossovers") or [] if c["axis"] == axis]
         if not chosen:
             continue
-        figure, axes = plt.subplots(figsize=(6.5, 4.2))
+        plot, axes = plt.subplots(figsize=(6.5, 4.2))
         ticks: dict = {}
         for index, c in enumerate(chosen):
             xs, named = _rate_positions(c["loads"]) if axis == "request_rate" else (c["loads"], {})
@@ -734,10 +734,10 @@ def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
         axes.set_title("speedup under load: x = measured crossing of 1, dashed = predicted", fontsize=9)
         axes.grid(alpha=0.3)
         _legend_outside(axes, 7)
-        written.append(_save(figure, out_dir, f"speedup_vs_{'rate' if axis == 'request_rate' else axis}.png", plt))
+        written.append(_save(plot, out_dir, f"speedup_vs_{'rate' if axis == 'request_rate' else axis}.png", plt))
     runs = [r for r in serving["runs"] if r["status"] in ("ok", "partial") and r["metrics"].get("output_tok_s")]
     if runs:
-        figure, axes = plt.subplots(figsize=(6.5, 4.2))
+        plot, axes = plt.subplots(figsize=(6.5, 4.2))
         lines: dict[tuple, list[dict]] = {}
         for run in runs:
             lines.setdefault(line_of(run), []).append(run)
@@ -758,7 +758,7 @@ def serving_plots(summary: dict, out_dir: Path, plt) -> list[str]:
         axes.set_title("latency against throughput, a point per load point", fontsize=9)
         axes.grid(alpha=0.3)
         _legend_outside(axes, 6)
-        written.append(_save(figure, out_dir, "tpot_vs_throughput.png", plt))
+        written.append(_save(plot, out_dir, "tpot_vs_throughput.png", plt))
     return written
 
 

@@ -117,16 +117,16 @@ def test_plots_keep_their_legend_off_the_bars_and_every_label_in_the_image(tmp_p
     summary = summarize(samples, {"group_by": "category"})
     original, checked = report._save, []
 
-    def check(figure, out_dir, name, plt):
-        figure.tight_layout()
-        figure.canvas.draw()
-        renderer = figure.canvas.get_renderer()
-        for axes in figure.axes:
+    def check(plot, out_dir, name, plt):
+        plot.tight_layout()
+        plot.canvas.draw()
+        renderer = plot.canvas.get_renderer()
+        for axes in plot.axes:
             legend = axes.get_legend()
             if legend is not None:
                 assert legend.get_window_extent(renderer).x0 >= axes.get_window_extent(renderer).x1, name
-        tight = figure.get_tightbbox(renderer)  # inches: every label, tick and legend
-        written = original(figure, out_dir, name, plt)
+        tight = plot.get_tightbbox(renderer)  # inches: every label, tick and legend
+        written = original(plot, out_dir, name, plt)
         height, width = matplotlib.image.imread(out_dir / name).shape[:2]
         assert width >= tight.width * 110 - 2 and height >= tight.height * 110 - 2, name
         checked.append(name)
