@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -59,6 +58,7 @@ from decode.kv import KVState  # noqa: E402
 from decode.numerics import numerics_probe  # noqa: E402
 from decode.static_kv import CompiledModel, attach, compiled_of  # noqa: E402
 from eval.flags import numerics_drift, rounding_explains  # noqa: E402
+from utils.versions import installed_versions  # noqa: E402
 
 VOCAB = 512
 GAMMA, NEW_TOKENS = 4, 24
@@ -68,18 +68,6 @@ RELEASE_SLACK = 2**30  # free device memory after release_models within this of 
 PYDANTIC_MISSING = "needs pydantic, absent here (the run's config): install the GPU wheels (README, GPU section)"
 LIBRARIES = ("torch", "transformers", "accelerate", "bitsandbytes", "flash-attn", "pydantic", "gguf")
 RECORDINGS = {"count": 0}  # CUDA graphs recorded by inductor's cudagraph trees, this process
-
-
-def versions() -> dict:
-    """Each library's installed version, without importing it; "absent" where it is not installed."""
-    found = {}
-    for name in LIBRARIES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = "absent"
-    found["CUDA"] = torch.version.cuda or "absent"
-    return found
 
 
 # -- models and runs -------------------------------------------------------------------------------------------------
@@ -651,7 +639,7 @@ def main(argv=None) -> int:
         print(f"--device {args.device}: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    found = versions()
+    found = installed_versions(LIBRARIES)
     print(f"device: {device} ({name}); " + ", ".join(f"{k} {v}" for k, v in found.items()), flush=True)
     ctx = Context(device, args.compile_backend, args.budget_s)
     strict_fp32()  # every fp32 check: no TF32

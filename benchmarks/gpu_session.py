@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib.metadata
 import json
 import math
 import os
@@ -40,7 +39,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.fake_cuda import fake_cuda  # noqa: E402
+from utils.versions import installed_versions  # noqa: E402
+
 TOTAL_S = 480
+LIBRARIES = ("torch", "transformers", "accelerate", "bitsandbytes", "nvidia-ml-py", "numpy")
 GAMMA, ACCEPTANCE = 4, 0.8
 
 
@@ -168,17 +171,6 @@ def plan_text(total_s: int = TOTAL_S) -> str:
              f"{'total':<12} {sum(s.budget_s for s in STEPS):>6}s  of at most {total_s} s", "", "goal rows (step):"]
     lines += [f"  {g.key:<15} {g.step:<12} {g.figure} [{g.goal}]" for g in GOALS]
     return "\n".join(lines)
-
-
-def library_versions() -> dict:
-    found = {}
-    for name in ("torch", "transformers", "accelerate", "bitsandbytes", "nvidia-ml-py", "numpy"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = "absent"
-    found["CUDA"] = torch.version.cuda or "absent"
-    return found
 
 
 # -- the device's counters ------------------------------------------------------------------------------------------
@@ -340,32 +332,17 @@ def round_walls(walls: list):
         engine._RoundRecorder.verified = real
 
 
-class _FakeEvent:
-    """torch.cuda.Event on a CPU (the dry run): its time is the host's at record()."""
-
-    def __init__(self, enable_timing=False):
-        self.at = None
-
-    def record(self, stream=None):
-        self.at = time.perf_counter()
-
-    def elapsed_time(self, end) -> float:
-        return (end.at - self.at) * 1000.0
-
-
 @contextlib.contextmanager
 def fake_cuda_marks(clock):
     """The dry run's clock marks its rounds with (fake) CUDA events, as on one CUDA device, and counts its
     synchronizes; yields the count list."""
     synchronizes: list = []
-    saved = torch.cuda.synchronize, torch.cuda.Event, torch.cuda.current_stream
-    torch.cuda.synchronize = lambda device=None: synchronizes.append(1)
-    torch.cuda.Event, torch.cuda.current_stream = _FakeEvent, (lambda device=None: None)
-    clock.cuda_devices = [torch.device("cuda", 0)]
+    replaced = fake_cuda(clock, lambda device=None: synchronizes.append(1))
     try:
         yield synchronizes
     finally:
-        torch.cuda.synchronize, torch.cuda.Event, torch.cuda.current_stream = saved
+        for module, name, value in replaced:
+            setattr(module, name, value)
 
 
 def kernel_busy_share(events, annotation: str = "speculate.round") -> tuple[float | None, int]:
@@ -528,7 +505,7 @@ def paired(clusters: list[tuple]) -> tuple[float | None, list | None]:
 def step_env(session) -> dict:
     device = session.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"device": str(device), "device_name": name, "versions": library_versions(),
+    return {"device": str(device), "device_name": name, "versions": installed_versions(LIBRARIES),
             "energy_counter": session.energy.why or "NVML", "shapes": {
                 k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in session.shapes.__dict__.items()}}
 
