@@ -253,12 +253,8 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
         # function over the static caches (decode/round_graph.py), then the same read and bookkeeping
         fused = fused_round(state, drafter, token, budget_host, gamma, generation.sampling, generator,
                             on_drafted=recorder.drafted)
-        layout = ChainRound(Proposal(fused.drafts, None, fused.draft_limit))
-        host = layout.read(fused.readout().tolist())  # the round's one host read
-        spans.settle()
-        fused.settle([row.accepted for row in host], [row.drafts for row in host])
-        drafter.observe([row.token for row in host], [row.drafts for row in host])
-        return _recorded(records, active, host, layout, generation, start, recorder, drafter, fused.token)
+        return _fused_recorded(fused, fused.readout().tolist(), None, records, active, generation, start, spans,
+                               recorder, drafter)  # the round's one host read
 
     # 1. propose: the drafter decides each row's length (its schedule), within the budget; it may be 0
     if drafts:
@@ -288,6 +284,20 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
         drafter.commit(accepted_len, [row.accepted for row in host], [row.drafted for row in host],
                        **layout.commit_facts(host))
     return _recorded(records, active, host, layout, generation, start, recorder, drafter if drafts else None, token)
+
+
+def _fused_recorded(fused, values: list[list[int]], keep: list[int] | None, records: list[RowRecord],
+                    active: list[int], generation: Generation, start: float, spans: _Spans,
+                    recorder: _RoundRecorder, drafter: Drafter) -> tuple[torch.Tensor, list[int], list]:
+    """A fused round's end (decode/round_graph.py FusedRound) after its host read, values [B, 3 + gamma] (ChainRound's
+    readout): the settled seconds, the states and the drafter brought up to date, and _recorded for the rows keep
+    (local indices; all where None). Returns _recorded's, its next token [B] over every row the round ran."""
+    spans.settle()
+    fused.settle([v[0] for v in values], [v[3:] for v in values], keep)
+    layout = ChainRound(Proposal(fused.drafts, None, fused.draft_limit))
+    host = layout.read(values if keep is None else [values[i] for i in keep])
+    drafter.observe([row.token for row in host], [row.drafts for row in host])
+    return _recorded(records, active, host, layout, generation, start, recorder, drafter, fused.token)
 
 
 def _recorded(records: list[RowRecord], active: list[int], host: list[RoundRow], layout, generation: Generation,
@@ -767,14 +777,10 @@ class _Loop:
         before ran in it too: their tokens there are dropped); the local indices of the rows still running."""
         index = {row: i for i, row in enumerate(flight.rows)}
         values = flight.read()
-        self.spans.settle()
         keep = [index[row] for row in self.active]
-        flight.fused.settle([v[0] for v in values], [v[3:] for v in values], None if len(keep) == len(values) else keep)
-        layout = ChainRound(Proposal(flight.fused.drafts, None, flight.fused.draft_limit))
-        host = layout.read([values[i] for i in keep])
-        self.drafter.observe([row.token for row in host], [row.drafts for row in host])
-        token, running, host = _recorded(self.records, self.active, host, layout, self.generation, self.start,
-                                         flight.recorder, self.drafter, flight.fused.token)
+        token, running, host = _fused_recorded(flight.fused, values, None if len(keep) == len(values) else keep,
+                                               self.records, self.active, self.generation, self.start, self.spans,
+                                               flight.recorder, self.drafter)
         self.token = token[host_to_device(keep, token.device)] if len(keep) < len(values) else token
         self.last_host = [row.token for row in host]
         return running
