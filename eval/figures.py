@@ -10,7 +10,7 @@ from eval.records import CostProbe, Point
 from eval.replay import PART_OFF, part_times, prediction_off_reason, prefill_deferred, static_prediction
 from eval.stats import bootstrap_ci, distribution, ratio, ratio_of_totals
 from eval.sources import acceptance_by_source
-from eval.synthetic import not_the_targets, synthetic_prediction
+from eval.synthetic_acceptance import not_the_targets, synthetic_prediction
 from eval.totals import (BATCHES, Pairing, block_efficiency, paired_clusters, paired_units, throughput, unit_totals,
                           units)
 from eval.trees import acceptance_by_depth_rank, round_depth, tree_of, tree_prediction
@@ -439,8 +439,8 @@ def batch_costs(inputs) -> dict:
 
 
 def synthetic(inputs) -> dict:
-    """A synthetic point's figures (eval/synthetic.py) in place of the exact match (accepted at a set alpha, its
-    output is not the target's), and its test of the cost model against the throughput ratio."""
+    """A synthetic point's figures (eval/synthetic_acceptance.py) in place of the exact match (accepted at a set alpha,
+    its output is not the target's), and its test of the cost model against the throughput ratio."""
     point = inputs.point
     if point.synthetic_acceptance is None:
         return {}
