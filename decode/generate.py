@@ -458,12 +458,13 @@ class ChainRound:
 
 
 class TreeRound:
-    """A token tree per row (proposal.tokens [B, N], its host structure proposal.layout, decode/tree_layout.py
-    TreeLayout; probs [B, N, V]: the q each node was drawn from)."""
+    """A token tree per row (proposal.tokens [B, N], its structure on the device proposal.layout: DeviceTree,
+    decode/drafters/base.py; probs [B, N, V]: the q each node was drawn from). The host learns the structure with the
+    round's read."""
 
     def __init__(self, proposal: Proposal):
         self.proposal, self.layout = proposal, proposal.layout
-        self.depth = max(self.layout.max_depth, 1)  # the accepted path's width
+        self.depth = max(self.layout.max_depth, 1)  # the accepted path's width (a bound: deeper than no valid node)
 
     def verify(self, state, target, token: torch.Tensor) -> torch.Tensor:
         """fp32 target logits [B, N+1, V] by verification column (0: the root, i + 1: node i), with the tree mask:
@@ -478,26 +479,27 @@ class TreeRound:
         multi-step speculative sampling (decode/sampling.py accept_tree_greedy / accept_tree_sampled)."""
         proposal = self.proposal
         target_probs = _target_probs(target_logits, sampling)
-        children = host_to_device(self.layout.children, proposal.tokens.device)
+        children = self.layout.children()
         if sampling.do_sample:
             return accept_tree_sampled(proposal.tokens, proposal.probs, target_probs, children, self.depth, generator)
         return accept_tree_greedy(proposal.tokens, target_logits, children, self.depth)
 
     def readout(self, accepted_len: torch.Tensor, token: torch.Tensor, draft_limit: torch.Tensor,
                 path: torch.Tensor) -> torch.Tensor:
-        """What the round's host read copies, [B, 3 + depth + N]: path length, next token, draft_limit, the path, the
-        nodes' tokens."""
-        return torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], path, self.proposal.tokens],
-                         dim=1)
+        """What the round's host read copies, [B, 3 + depth + 4N]: path length, next token, draft_limit, the path, the
+        nodes' tokens, the tree (DeviceTree.readout)."""
+        return torch.cat([accepted_len[:, None], token[:, None], draft_limit[:, None], path, self.proposal.tokens,
+                          self.layout.readout()], dim=1)
 
     def read(self, values: list[list[int]]) -> list[RoundRow]:
-        """The host rows of the readout's values; each row's record facts come from the host layout."""
-        layout, depth = self.layout, self.depth
+        """The host rows of the readout's values; each row's record facts come from the tree as read (TreeLayout)."""
+        depth, nodes_end = self.depth, 3 + self.depth + self.proposal.tokens.shape[1]
+        layout = self.layout.read([v[nodes_end:] for v in values])
         rows = []
         for row, v in enumerate(values):
             nodes = [node for node in v[3: 3 + depth] if node >= 0]
             ranks, tried = layout.round_facts(row, nodes)
-            rows.append(RoundRow(v[0], v[1], int(layout.valid[row].sum()), v[3 + depth:], nodes,
+            rows.append(RoundRow(v[0], v[1], int(layout.valid[row].sum()), v[3 + depth: nodes_end], nodes,
                                  {"ranks": ranks, "tried": tried, "parents": layout.row_parents(row),
                                   "batch_nodes": layout.nodes}))
         return rows

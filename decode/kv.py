@@ -69,6 +69,13 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=tensor.device.type == "cuda" and device.type == "cuda")
 
 
+def on_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """values as a tensor on `device`: a tensor moved there (no host read), host data copied (host_to_device)."""
+    if isinstance(values, torch.Tensor):
+        return to_device(values, device).to(dtype)
+    return host_to_device(np.asarray(values), device, dtype)
+
+
 # the one line for a Load that meets the compiled mode's static caches
 COMPILED_JOIN = "join: a static (compiled) state and a dynamic one cannot join; both models' states must be of one kind"
 
@@ -108,28 +115,25 @@ def tree_support_problem(model) -> str | None:
     return None
 
 
-def grow_tree(depths: np.ndarray, ancestors: np.ndarray, parents: np.ndarray, valid: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """A round's tree region grown by S nodes: depths [B, R] (levels below the root's children: 0 for them and for
-    padding nodes) and ancestors [B, R, R] of the region so far, the new nodes' parents [B, S] (region columns, -1:
-    the root) and valid [B, S] -> depths [B, R + S] and ancestors [B, R + S, R + S]: a node is one level below its
-    parent and has its parent's ancestors and itself. A parent that is not an earlier node raises ValueError. Shared by
-    the eager (KVState) and compiled (StaticKVState) tree forwards."""
-    batch, old = depths.shape
-    width = parents.shape[1]
-    depths = np.concatenate([depths, np.zeros((batch, width), np.int64)], axis=1)
-    grown = np.zeros((batch, old + width, old + width), dtype=bool)
-    grown[:, :old, :old] = ancestors
-    for row in range(batch):
-        for node in range(width):
-            column, parent = old + node, parents[row, node]
-            if valid[row, node] and parent >= 0:
-                if parent >= column:
-                    raise ValueError(f"tree node {node} of row {row}: its parent {parent} is not an earlier node")
-                depths[row, column] = depths[row, parent] + 1
-                grown[row, column] = grown[row, parent]
-            grown[row, column, column] = True
-    return depths, grown
+def tree_ancestry(parents: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A round's tree region on the device: parents [B, R] long (region columns, each before its node; -1: after the
+    committed prefix) and valid [B, R] bool -> depths [B, R] (levels below the root's children: 0 for them and for
+    padding nodes) and ancestors [B, R, R] bool (a node's ancestors in the region and itself; a padding node only
+    itself). By pointer doubling (ceil(log2 R) gathers, no host read). Shared by the eager (KVState) and compiled
+    (StaticKVState) tree forwards."""
+    batch, width = parents.shape
+    # column `width` stands for the committed prefix: its own parent, no ancestors
+    up = torch.where(valid & (parents >= 0), parents, width)
+    up = torch.cat([up, up.new_full((batch, 1), width)], dim=1)  # [B, R + 1]
+    columns = torch.arange(width + 1, device=parents.device)
+    seen = (columns[:, None] == columns[None, :]) | (up[:, :, None] == columns)  # [B, R + 1, R + 1]: itself, its parent
+    seen[:, width] = False
+    # after t steps, seen holds a node's ancestors up to 2^t levels up and `up` its ancestor 2^t levels up
+    for _ in range(max(width - 1, 1).bit_length()):
+        seen = seen | seen.gather(1, up[:, :, None].expand(-1, -1, width + 1))
+        up = up.gather(1, up)
+    ancestors = seen[:, :width, :width]
+    return ancestors.sum(dim=2) - 1, ancestors
 
 
 def layer_masks(allowed: dict, layer_types, window: int | None, additive: bool, dtype: torch.dtype):
@@ -261,15 +265,17 @@ class KVState(TreeRounds):
         return to_device(out.logits, engine).float()
 
     # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
-    def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
-                     new_round: bool, **inputs) -> torch.Tensor:
+    def forward_tree(self, model, input_ids: torch.Tensor, parents, valid, new_round: bool, **inputs) -> torch.Tensor:
         """Append tree nodes input_ids [B, S] and return fp32 logits [B, S, V].
 
         A round's tree nodes form a region of columns (`new_round` starts one at the current end). parents [B, S]
-        (host) index the region's columns (earlier forwards of the round included), -1: the node follows the
-        committed prefix; valid [B, S] (host) False for padding nodes, which become holes at once. A node sees the
-        committed prefix (within the window, on sliding-window layers) and its ancestors in the region, and itself;
-        its position is the prefix's length + its depth. The round ends with `keep_region`.
+        index the region's columns (earlier forwards of the round included), -1: the node follows the committed
+        prefix; valid [B, S] False for padding nodes. Both are tensors on the engine's device (a dynamic tree's come
+        out of the draft) or host arrays (copied without a sync). A node sees the committed prefix (within the window,
+        on sliding-window layers) and its ancestors in the region, and itself; its position is the prefix's length +
+        its depth. A padding node sees the prefix and itself, and no other node sees it. The masks are built on the
+        device: no host read. The region's columns count as real until the round ends with `keep_region`, which keeps
+        the accepted path's (valid nodes all).
         """
         config = model.config
         implementation = getattr(config, "_attn_implementation", None)
@@ -278,45 +284,38 @@ class KVState(TreeRounds):
             raise TreeUnsupported(problem)
         if self.mask is None:
             raise ValueError("forward_tree needs a prefilled cache")
-        if self.mask is not None and sliding_window_of(config) is not None:
+        if sliding_window_of(config) is not None:
             self.hole_free = True
         engine = input_ids.device
-        batch, width = input_ids.shape
-        parents = np.asarray(parents, dtype=np.int64)
-        valid = np.asarray(valid, dtype=bool)
+        parents, valid = on_device(parents, engine), on_device(valid, engine, torch.bool)
         if new_round or self._tree is None:
-            committed = self.mask_host.sum(axis=1)  # [B] tokens so far: the root's children sit at this position
-            self._tree = {"start": self.length, "base": committed, "depths": np.zeros((batch, 0), np.int64),
-                          "ancestors": np.zeros((batch, 0, 0), bool)}
+            # the root's children sit at each row's count of tokens so far
+            self._tree = {"start": self.length, "base": self.mask.sum(dim=1), "parents": parents[:, :0],
+                          "valid": valid[:, :0]}
         tree = self._tree
-        old = tree["depths"].shape[1]
-        tree["depths"], tree["ancestors"] = grow_tree(tree["depths"], tree["ancestors"], parents, valid)
-        positions, ancestors = tree["base"][:, None] + tree["depths"], tree["ancestors"]
-        input_host = valid.astype(np.int64)
-        prefix_host = self.mask_host[:, :tree["start"]]
-        # each committed column's position: holes are masked, so a count of the row's real slots is exact
-        prefix_positions = np.cumsum(prefix_host, axis=1) - 1
-        self._set_mask(torch.cat([self.mask, host_to_device(input_host, engine)], dim=1),
-                       np.concatenate([self.mask_host, input_host], axis=1))
-        region_valid = self.mask_host[:, tree["start"]:].astype(bool)  # [B, R]
-        query = positions[:, old:, None]  # [B, S, 1]
-        seen_prefix = np.broadcast_to(prefix_host.astype(bool)[:, None, :], (batch, width, prefix_host.shape[1]))
-        seen_region = ancestors[:, old:, :] & region_valid[:, None, :]
-        seen_region[:, np.arange(width), old + np.arange(width)] = True  # a padding node sees itself (no empty row)
-        full = np.concatenate([seen_prefix, seen_region], axis=2)  # [B, S, L]
+        old = tree["parents"].shape[1]
+        tree["parents"], tree["valid"] = torch.cat([tree["parents"], parents], 1), torch.cat([tree["valid"], valid], 1)
+        depths, ancestors = tree_ancestry(tree["parents"], tree["valid"])  # [B, R], [B, R, R]
+        positions = tree["base"][:, None] + depths  # [B, R]
+        prefix = self.mask[:, :tree["start"]]  # [B, P]
+        self._set_mask(torch.cat([self.mask, torch.ones_like(input_ids)], dim=1),
+                       np.concatenate([self.mask_host, np.ones(tuple(input_ids.shape), dtype=np.int64)], axis=1))
+        batch, width = input_ids.shape
+        full = torch.cat([prefix.bool()[:, None, :].expand(-1, width, -1), ancestors[:, old:]], dim=2)  # [B, S, L]
         window = sliding_window_of(config)
         masks = {"full_attention": full}
         if window is not None:
-            key_positions = np.concatenate([prefix_positions, positions], axis=1)[:, None, :]  # [B, 1, L]
-            masks["sliding_attention"] = full & (query - key_positions < window)
+            # each committed column's position: holes are masked, so a count of the row's real slots is exact
+            key_positions = torch.cat([prefix.cumsum(dim=1) - 1, positions], dim=1)[:, None, :]  # [B, 1, L]
+            masks["sliding_attention"] = full & (positions[:, old:, None] - key_positions < window)
         feed = input_device(model)
         text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        attention_mask = layer_masks({kind: host_to_device(mask, feed, dtype=torch.bool) for kind, mask in masks.items()},
+        attention_mask = layer_masks({kind: to_device(mask, feed) for kind, mask in masks.items()},
                                      getattr(text_config, "layer_types", None), window, implementation == "eager",
                                      model.get_input_embeddings().weight.dtype)
-        position_ids = host_to_device(positions[:, old:], feed)
-        out = model(input_ids=to_device(input_ids, feed), attention_mask=attention_mask, position_ids=position_ids,
-                    past_key_values=self.cache, use_cache=True, **inputs)
+        out = model(input_ids=to_device(input_ids, feed), attention_mask=attention_mask,
+                    position_ids=to_device(positions[:, old:], feed), past_key_values=self.cache, use_cache=True,
+                    **inputs)
         self.forwards += 1
         self._check_layout()
         return to_device(out.logits, engine).float()

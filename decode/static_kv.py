@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from decode.kv import (KVState, TreeRounds, TreeUnsupported, grow_tree, host_to_device, kept_width, layer_masks,
-                       sliding_window_of, tree_support_problem)
+from decode.kv import (KVState, TreeRounds, TreeUnsupported, host_to_device, kept_width, layer_masks, on_device,
+                       sliding_window_of, tree_ancestry, tree_support_problem)
 
 
 CAPTURED = "cudagraphs"  # engine.compile: cudagraphs, CompiledModel's mode without torch.compile
@@ -670,13 +670,12 @@ class StaticKVState(TreeRounds):
         return logits[self.rows, :num_tokens], (hidden[self.rows, :num_tokens] if hidden is not None else None)
 
     # -- token trees (decode/tree_layout.py) ----------------------------------------------------------------------
-    def forward_tree(self, model, input_ids: torch.Tensor, parents: np.ndarray, valid: np.ndarray,
-                     new_round: bool) -> torch.Tensor:
-        """KVState.forward_tree over the static buffers: append tree nodes input_ids [B, S] (parents [B, S] host:
-        columns of the round's region, -1 after the committed prefix; valid [B, S] host, False for padding nodes)
-        and return fp32 logits [B, S, V]. A node sees the committed prefix (within the window on sliding-window
-        layers) and its ancestors in the region, and itself, at position prefix length + its depth; the step runs
-        at the smallest tree width >= S. The round ends with `keep_region`."""
+    def forward_tree(self, model, input_ids: torch.Tensor, parents, valid, new_round: bool) -> torch.Tensor:
+        """KVState.forward_tree over the static buffers: append tree nodes input_ids [B, S] (parents [B, S]: columns of
+        the round's region, -1 after the committed prefix; valid [B, S] False for padding nodes; tensors on the device
+        or host arrays) and return fp32 logits [B, S, V]. A node sees the committed prefix (within the window on
+        sliding-window layers) and its ancestors in the region, and itself, at position prefix length + its depth; the
+        step runs at the smallest tree width >= S. The round ends with `keep_region`."""
         assert model is self.compiled.model, "a StaticKVState serves the model it was built for"
         problem = tree_support_problem(model)
         if problem:
@@ -684,36 +683,30 @@ class StaticKVState(TreeRounds):
         if self.buffers is None:
             raise ValueError("forward_tree needs a prefilled cache")
         batch, num_nodes = input_ids.shape
-        parents = np.asarray(parents, dtype=np.int64)
-        valid = np.asarray(valid, dtype=bool)
+        device = input_ids.device
+        parents, valid = on_device(parents, device), on_device(valid, device, torch.bool)
         if new_round or self._tree is None:
             # the root's children sit at each row's next position: the count when the round starts
-            self._tree = {"start": self.length, "base": self.count.clone(), "depths": np.zeros((batch, 0), np.int64),
-                          "ancestors": np.zeros((batch, 0, 0), bool)}
+            self._tree = {"start": self.length, "base": self.count.clone(), "parents": parents[:, :0],
+                          "valid": valid[:, :0]}
         tree = self._tree
-        old = tree["depths"].shape[1]
+        old = tree["parents"].shape[1]
         region = old + num_nodes
-        tree["depths"], tree["ancestors"] = grow_tree(tree["depths"], tree["ancestors"], parents, valid)
-        depths, ancestors = tree["depths"], tree["ancestors"]
+        tree["parents"], tree["valid"] = torch.cat([tree["parents"], parents], 1), torch.cat([tree["valid"], valid], 1)
+        depths, ancestors = tree_ancestry(tree["parents"], tree["valid"])  # [B, R], [B, R, R]
         buffers, capacity = self.buffers, self.buffers.valid.shape[0]
         width = self.compiled.width_for(num_nodes, tree=True)
         self._room(width)  # a compaction keeps the region's columns together, moving tree["start"]
-        start, device = tree["start"], input_ids.device
+        start = tree["start"]
         step = self.compiled.step_inputs(buffers, width, tree=True)  # written in place (StepInputs)
         step.ids.zero_()
         step.ids[self.rows, :num_nodes] = input_ids
-        step_valid = np.zeros((batch, width), dtype=bool)
-        step_valid[:, :num_nodes] = valid
-        step_depths = np.zeros((batch, width), dtype=np.int64)
-        step_depths[:, :num_nodes] = depths[:, old:]
-        seen = np.zeros((batch, width, region), dtype=bool)  # each query's ancestors among the region's columns
-        seen[:, :num_nodes] = ancestors[:, old:]
         step.valid.zero_()
-        step.valid[self.rows] = host_to_device(step_valid, device, dtype=torch.bool)
+        step.valid[self.rows, :num_nodes] = valid
         step.positions.copy_(tree["base"][:, None].expand(capacity, width))
-        step.positions[self.rows] += host_to_device(step_depths, device)
-        step.ancestors.zero_()
-        step.ancestors[self.rows, :, start: start + region] = host_to_device(seen, device, dtype=torch.bool)
+        step.positions[self.rows, :num_nodes] += depths[:, old:]
+        step.ancestors.zero_()  # each query's ancestors among the region's columns
+        step.ancestors[self.rows, :num_nodes, start: start + region] = ancestors[:, old:]
         buffers.start.fill_(self.length)
         buffers.region.fill_(start)
         logits, hidden = self.compiled.run(buffers, step.ids, step.positions, step.valid, ancestors=step.ancestors)

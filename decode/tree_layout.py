@@ -142,14 +142,17 @@ def tree_nodes(label: str | None, gamma: int | None) -> int | None:
 
 
 class TreeLayout:
-    """The host structure of one round's tree proposal for a batch: parents [B, N] (-1: the root), valid [B, N]
-    (False: padding, never accepted; a row's tree may be smaller than the batch's), and what is derived from them:
+    """The host structure of one round's tree proposal for a batch (decode/drafters/base.py DeviceTree's, read with the
+    round): parents [B, N] (-1: the root), valid [B, N] (False: padding, never accepted; a row's tree may be smaller
+    than the batch's), and what is derived from them:
     depths, ranks, and the children table [B, N + 1, K] in verification columns (column 0 is the root, node i is
-    column i + 1; -1 pads), with K the most children any column has."""
+    column i + 1; -1 pads), with K the most children any column has. columns [B, N]: the draft cache column each
+    node was fed at (-1: never fed; all -1 where not given)."""
 
-    def __init__(self, parents: np.ndarray, valid: np.ndarray):
+    def __init__(self, parents: np.ndarray, valid: np.ndarray, columns: np.ndarray | None = None):
         self.parents = np.asarray(parents, dtype=np.int64)  # [B, N]
         self.valid = np.asarray(valid, dtype=bool)  # [B, N]
+        self.columns = np.full(self.parents.shape, -1, dtype=np.int64) if columns is None else np.asarray(columns)
         batch, nodes = self.parents.shape
         self.depths = np.zeros((batch, nodes), dtype=np.int64)
         self.ranks = np.zeros((batch, nodes), dtype=np.int64)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from decode.kv import host_to_device
+from decode.tree_layout import TreeLayout
+
 
 def unpadded(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, host: tuple | None = None) -> list[list[int]]:
     """Left-padded prompts [B, P] (mask [B, P]) -> each row's tokens without its padding: from `host` (ids, mask as
@@ -42,9 +45,63 @@ class Proposal:
     tokens: torch.Tensor  # [B, G] drafted token ids; row b's entries past lengths[b] are padding (never accepted)
     probs: torch.Tensor | None  # [B, G, V_target] q of each drafted position; None = deterministic drafter (point mass)
     lengths: torch.Tensor | None = None  # [B] long, each <= G: row b's drafts are tokens[b, :lengths[b]]; None = all G
-    # a token tree (decode/tree_layout.py): the host structure of tokens [B, N]; probs [B, N, V] then holds the q each node
-    # was drawn from (its parent's), None: point masses. None: a chain (lengths apply)
-    layout: object = None
+    # a token tree (DeviceTree, decode/tree_layout.py): the structure of tokens [B, N]; probs [B, N, V] then holds the q
+    # each node was drawn from (its parent's), None: point masses. None: a chain (lengths apply)
+    layout: "DeviceTree | None" = None
+
+
+class DeviceTree:
+    """A round's token tree on the device, as a drafter proposes it and the engine verifies it without a host read:
+    parents [B, N] long (-1: the root; each before its node), valid [B, N] bool (False: padding), columns [B, N] long
+    (the draft cache column each node was fed at this round, -1: never fed), and two bounds the host knows: max_depth
+    (no valid node deeper) and max_children (no node, the root included, with more valid children). The host learns
+    the tree with the round's one read: `read` sets `host`, its TreeLayout (decode/generate.py TreeRound)."""
+
+    def __init__(self, parents: torch.Tensor, valid: torch.Tensor, columns: torch.Tensor, max_depth: int,
+                 max_children: int):
+        self.parents, self.valid, self.columns = parents, valid, columns
+        self.max_depth, self.max_children = max_depth, max_children
+        self.host: TreeLayout | None = None
+
+    @classmethod
+    def of(cls, parents: np.ndarray, valid: np.ndarray, device, columns: np.ndarray | None = None) -> "DeviceTree":
+        """A tree the host built ([B, N] arrays): copied to the device without a sync, its bounds counted here."""
+        layout = TreeLayout(parents, valid)
+        columns = np.full(layout.parents.shape, -1, dtype=np.int64) if columns is None else columns
+        return cls(host_to_device(layout.parents, device), host_to_device(layout.valid, device, torch.bool),
+                   host_to_device(np.asarray(columns, dtype=np.int64), device), layout.max_depth,
+                   layout.children.shape[2])
+
+    def verify_parents(self) -> torch.Tensor:
+        """[B, N + 1] parents in verification columns (the root first, its parent -1: the committed prefix)."""
+        shifted = torch.where(self.parents >= 0, self.parents + 1, 0)
+        return torch.cat([torch.full_like(shifted[:, :1], -1), shifted], dim=1)
+
+    def verify_valid(self) -> torch.Tensor:
+        return torch.cat([torch.ones_like(self.valid[:, :1]), self.valid], dim=1)
+
+    def children(self) -> torch.Tensor:
+        """[B, N + 1, max_children]: each verification column's valid children (columns) in node order, -1 pads."""
+        batch, nodes = self.parents.shape
+        width = max(self.max_children, 1)
+        earlier = torch.ones(nodes, nodes, dtype=torch.bool, device=self.parents.device).tril(-1)  # [N, N] j < i
+        siblings = (self.parents[:, :, None] == self.parents[:, None, :]) & self.valid[:, None, :] & earlier
+        ranks = siblings.sum(dim=2)  # [B, N] each node's rank among its parent's children
+        slot = (self.parents + 1) * width + ranks
+        slot = torch.where(self.valid & (ranks < width), slot, (nodes + 1) * width)  # padding: a slot cut off below
+        table = torch.full((batch, (nodes + 1) * width + 1), -1, dtype=torch.long, device=self.parents.device)
+        columns = torch.arange(1, nodes + 1, device=self.parents.device).expand(batch, -1)
+        return table.scatter(1, slot, columns)[:, :-1].reshape(batch, nodes + 1, width)
+
+    def readout(self) -> torch.Tensor:
+        """What the round's host read copies of the tree, [B, 3N]: parents, valid, columns."""
+        return torch.cat([self.parents, self.valid.long(), self.columns], dim=1)
+
+    def read(self, values: list[list[int]]) -> TreeLayout:
+        """The readout's host values -> `host`, the tree's TreeLayout (columns included)."""
+        values = np.asarray(values, dtype=np.int64).reshape(len(values), 3, -1)
+        self.host = TreeLayout(values[:, 0], values[:, 1].astype(bool), values[:, 2])
+        return self.host
 
 
 class Drafter(ABC):

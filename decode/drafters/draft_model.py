@@ -238,10 +238,9 @@ class DraftModelDrafter(Drafter):
         if shape is not None:
             root_logits = self._to_target_vocab(self.state.forward(self.model, input_ids, input_mask,
                                                                    last_only=True)[:, -1])
-            proposal, self.fed_nodes = self.tree.draft(self, root_logits, lengths, shape)
+            proposal = self.tree.draft(self, root_logits, lengths, shape)
             self.last_proposal, self.last_layout = proposal.tokens, proposal.layout
             return proposal
-        self.fed_nodes = None
         remaining = host_to_device(lengths, last_tokens.device)  # [B] each row's draft length so far allowed
         tokens, probs = [], []
         for step in range(num_tokens):
@@ -300,7 +299,7 @@ class DraftModelDrafter(Drafter):
         """One draft forward over tree nodes ids [B, F] (parents: region columns, -1: after the root; decode/kv.py
         forward_tree) -> their logits over the target's vocabulary [B, F, V_t]."""
         ids = ids.clamp(max=self.input_vocab_size - 1)
-        valid = np.ones(tuple(ids.shape), dtype=bool)
+        valid = torch.ones_like(ids, dtype=torch.bool)
         return self._to_target_vocab(self.state.forward_tree(self.model, ids, parents, valid, new_round))
 
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
@@ -332,18 +331,18 @@ class DraftModelDrafter(Drafter):
     def _commit_tree(self, path_host: list[list[int]]) -> None:
         """Keep the fed nodes of each row's accepted path in the draft cache; a path's last node, if the draft never
         fed it (a leaf), waits in `pending` like a chain's last draft after a full accept."""
+        layout = self.last_layout.host  # read with the round
         if hasattr(self.tree, "observe"):
-            self.tree.observe(path_host, self.last_layout)
-        fed = self.fed_nodes or [{} for _ in path_host]  # per row: node -> draft cache column of this round
+            self.tree.observe(path_host, layout)
         width = self.state.region_width
         if width:
             keep = np.zeros((len(path_host), width), dtype=bool)
             for row, path in enumerate(path_host):
-                keep[row, [fed[row][node] for node in path if node in fed[row]]] = True
+                keep[row, [layout.columns[row, node] for node in path if layout.columns[row, node] >= 0]] = True
             self.state.keep_region(keep)
         drafts = self._drafts_host(self.last_proposal) if any(path_host) else None
         for row, path in enumerate(path_host):
-            if path and path[-1] not in fed[row]:
+            if path and layout.columns[row, path[-1]] < 0:
                 self.pending[row].append(min(drafts[row][path[-1]], self.input_vocab_size - 1))
 
     def select_rows(self, rows):

@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import Proposal
+from decode.drafters.base import DeviceTree, Proposal
+from decode.kv import host_to_device
 from decode.sampling import logits_to_probs, sample
-from decode.tree_layout import TreeLayout, depths_and_ranks
+from decode.tree_layout import depths_and_ranks
 
 
 def breadth_first(parents: list[int]) -> list[int]:
@@ -48,8 +49,8 @@ class StaticTree:
 
     @torch.no_grad()
     def draft(self, drafter, root_logits: torch.Tensor, lengths: list[int], parents: list[int]):
-        """root_logits [B, V_t] -> (Proposal with its TreeLayout, fed nodes: one dict node -> draft cache column,
-        shared by every row)."""
+        """root_logits [B, V_t] -> a Proposal with its DeviceTree (its columns: each node's draft cache column, the same
+        in every row)."""
         batch = root_logits.shape[0]
         count = len(parents)
         depths, ranks = depths_and_ranks(parents)
@@ -90,18 +91,21 @@ class StaticTree:
         for node, parent in enumerate(parents):  # a padding node's subtree is padding
             if parent >= 0:
                 valid[:, node] &= valid[:, parent]
-        layout = TreeLayout(np.array([parents] * batch), valid)
+        columns = np.array([[fed.get(node, -1) for node in range(count)]] * batch)
+        layout = DeviceTree.of(np.array([parents] * batch), valid, root_logits.device, columns)
         stacked = torch.stack(tokens, dim=1)
         q = torch.stack(probs, dim=1) if sampling.do_sample else None
-        return Proposal(stacked, q, layout=layout), [fed] * batch
+        return Proposal(stacked, q, layout=layout)
 
 
 class DynamicTree:
     """EAGLE-2's dynamic tree (Li et al. 2024): each depth expands the top_k frontier nodes with the highest
     cumulative draft probability by their top_k children each (one draft forward of top_k nodes per depth); at the
     end the `budget` nodes of highest cumulative probability (a tree: a node's probability is at most its
-    parent's) are verified. Children are deterministic (point masses under sampling). One host read per depth: the
-    frontier's parents decide the next forward's tree mask."""
+    parent's) are verified. Children are deterministic (point masses under sampling). Ranked on the device (a stable
+    sort: ties go to the earlier candidate, so a parent before its children), so a round reads nothing before its
+    verification; every row verifies min(budget, candidates) nodes, those a row cannot take (past its length, q = 0)
+    padding."""
 
     def __init__(self, budget: int, top_k: int, sampling):
         self.budget, self.top_k, self.sampling = budget, top_k, sampling
@@ -116,63 +120,43 @@ class DynamicTree:
         return torch.log_softmax(logits.float(), dim=-1)
 
     @torch.no_grad()
-    def draft(self, drafter, root_logits: torch.Tensor, lengths: list[int], max_depth: int):
-        batch = root_logits.shape[0]
+    def draft(self, drafter, root_logits: torch.Tensor, lengths: list[int], max_depth: int) -> Proposal:
+        """root_logits [B, V_t] -> a Proposal with its DeviceTree. Candidates are numbered depth by depth: the root's k
+        children, then at each depth the frontier's k x k children (frontier node f's j-th best: f k + j)."""
+        batch, device = root_logits.shape[0], root_logits.device
         k = min(self.top_k, root_logits.shape[-1])
         top = self._log_q(root_logits).topk(k, dim=-1)
-        scores, toks = top.values.cpu().numpy(), top.indices.cpu().numpy()  # host read
-        # candidates per row: token, cumulative log q, parent candidate (-1: root), depth, fed column
-        cand_tok = [list(toks[b]) for b in range(batch)]
-        cand_score = [list(scores[b]) for b in range(batch)]
-        cand_parent = [[-1] * k for _ in range(batch)]
-        cand_depth = [[1] * k for _ in range(batch)]
-        fed: list[dict[int, int]] = [{} for _ in range(batch)]
-        frontier = [list(range(k)) for _ in range(batch)]  # candidate ids
+        # per depth, [B, k] then [B, k k]: token, cumulative log q, parent candidate (-1: the root)
+        tokens, scores, parents = [top.indices], [top.values], [torch.full_like(top.indices, -1)]
+        frontier = torch.arange(k, device=device).expand(batch, -1)  # [B, k] candidate ids, fed in this order
+        region = torch.full_like(top.indices, -1)  # [B, k] the frontier's parents' draft cache columns (-1: the root)
+        fed = []  # the frontier of each forward: depth d's is fed at columns (d - 1) k .. d k - 1
         for depth in range(1, max_depth):
-            ids = torch.as_tensor([[cand_tok[b][c] for c in frontier[b]] for b in range(batch)],
-                                  device=root_logits.device)
-            region = np.array([[fed[b][cand_parent[b][c]] if cand_parent[b][c] >= 0 else -1 for c in frontier[b]]
-                               for b in range(batch)])
-            logits = drafter.tree_forward(ids, region, new_round=depth == 1)  # [B, F, V]
-            for b in range(batch):
-                for c in frontier[b]:
-                    fed[b][c] = len(fed[b])
-            base = torch.as_tensor([[cand_score[b][c] for c in frontier[b]] for b in range(batch)],
-                                   device=logits.device, dtype=torch.float32)
-            top = (base[:, :, None] + self._log_q(logits)).topk(k, dim=-1)  # [B, F, k]
-            scores, toks = top.values.cpu().numpy(), top.indices.cpu().numpy()  # host read
-            new_frontier = []
-            for b in range(batch):
-                first = len(cand_tok[b])
-                for f, parent in enumerate(frontier[b]):
-                    for j in range(k):
-                        cand_tok[b].append(int(toks[b, f, j]))
-                        cand_score[b].append(float(scores[b, f, j]))
-                        cand_parent[b].append(parent)
-                        cand_depth[b].append(depth + 1)
-                added = np.arange(first, len(cand_tok[b]))
-                order = sorted(added, key=lambda c: (-cand_score[b][c], c))
-                new_frontier.append([int(c) for c in order[:k]])
-            frontier = new_frontier
-        rows_parents, rows_tokens, rows_fed = [], [], []
-        for b in range(batch):
-            allowed = [c for c in range(len(cand_tok[b]))
-                       if cand_depth[b][c] <= lengths[b] and cand_score[b][c] > -np.inf]
-            chosen = sorted(sorted(allowed, key=lambda c: (-cand_score[b][c], c))[: self.budget])
-            index = {c: i for i, c in enumerate(chosen)}
-            rows_parents.append([index[cand_parent[b][c]] if cand_parent[b][c] >= 0 else -1 for c in chosen])
-            rows_tokens.append([cand_tok[b][c] for c in chosen])
-            rows_fed.append({index[c]: column for c, column in fed[b].items() if c in index})
-        width = max(1, max(len(p) for p in rows_parents))
-        parents = np.full((batch, width), -1, dtype=np.int64)
-        valid = np.zeros((batch, width), dtype=bool)
-        tokens = np.zeros((batch, width), dtype=np.int64)
-        for b in range(batch):
-            n = len(rows_parents[b])
-            parents[b, :n], valid[b, :n], tokens[b, :n] = rows_parents[b], True, rows_tokens[b]
-        proposal = Proposal(torch.as_tensor(tokens, device=root_logits.device), None,
-                            layout=TreeLayout(parents, valid))
-        return proposal, rows_fed
+            logits = drafter.tree_forward(torch.cat(tokens, 1).gather(1, frontier), region, new_round=depth == 1)
+            fed.append(frontier)
+            base = torch.cat(scores, 1).gather(1, frontier)  # [B, k]
+            top = (base[:, :, None] + self._log_q(logits)).topk(k, dim=-1)  # [B, k, k]
+            first = sum(t.shape[1] for t in tokens)  # this depth's first candidate id
+            tokens.append(top.indices.flatten(1))
+            scores.append(top.values.flatten(1))
+            parents.append(frontier.repeat_interleave(k, dim=1))
+            order = scores[-1].sort(dim=1, descending=True, stable=True).indices[:, :k]  # this depth's best k
+            frontier, region = order + first, (depth - 1) * k + order // k
+        tokens, scores, parents = torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1)  # [B, C]
+        ids = torch.arange(tokens.shape[1], device=device)
+        depths = torch.where(ids < k, 1, 2 + (ids - k).div(k * k, rounding_mode="floor"))  # [C]
+        allowed = (depths[None, :] <= host_to_device(lengths, device)[:, None]) & (scores > float("-inf"))
+        width = min(self.budget, tokens.shape[1])
+        best = torch.where(allowed, scores, float("-inf")).sort(dim=1, descending=True, stable=True).indices
+        chosen = best[:, :width].sort(dim=1).values  # [B, W] candidate ids in order: a parent before its children
+        valid = allowed.gather(1, chosen)
+        node_of = torch.full_like(tokens, -1).scatter(1, chosen, ids[:width].expand(batch, -1))
+        parent = parents.gather(1, chosen)
+        node_parents = torch.where(valid & (parent >= 0), node_of.gather(1, parent.clamp(min=0)), -1)
+        fed = torch.cat(fed, 1) if fed else frontier[:, :0]  # [B, (D - 1) k] the fed candidates, by column
+        columns = torch.full_like(tokens, -1).scatter(1, fed, ids[:fed.shape[1]].expand(batch, -1))
+        tree = DeviceTree(node_parents, valid, columns.gather(1, chosen), max_depth, k)
+        return Proposal(tokens.gather(1, chosen), None, layout=tree)
 
 
 class AutoTree(StaticTree):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned
-from decode.kv import KVState, host_to_device, joined
+from decode.kv import KVState, host_to_device, joined, on_device
 from decode.sampling import logits_to_probs, sample
 from decode.static_kv import new_state
 from decode.settings import Sampling
@@ -137,7 +137,7 @@ class Eagle3Drafter(_HeadDrafter):
         logits = self.state.forward(self.head, ids, mask, last_only=True, features=features)[:, -1]
         if shape is not None:
             self.fed, self.region = True, self.head.last_hidden[:, -1:]  # [B, 1 + R, H]: the root's, then the nodes'
-            proposal, _ = self.tree.draft(self, self._to_target_vocab(logits), lengths, shape)
+            proposal = self.tree.draft(self, self._to_target_vocab(logits), lengths, shape)
             self.last_proposal, self.last_layout = proposal.tokens, proposal.layout
             return proposal
         tokens, probs = [], []
@@ -158,9 +158,9 @@ class Eagle3Drafter(_HeadDrafter):
         """One head forward over tree nodes ids [B, F] (parents: region columns, -1: the root) -> their logits over the
         target's vocabulary [B, F, V_t]; each node reads its parent's head state (the root's: the round's first
         forward's last)."""
-        index = host_to_device(np.asarray(parents, dtype=np.int64) + 1, self.region.device)  # [B, F]
+        index = on_device(parents, self.region.device) + 1  # [B, F]
         hidden = self.region.gather(1, index[:, :, None].expand(-1, -1, self.region.shape[-1]))
-        valid = np.ones(tuple(ids.shape), dtype=bool)
+        valid = torch.ones_like(ids, dtype=torch.bool)
         logits = self.state.forward_tree(self.head, ids.clamp(max=self.embedding_size - 1), parents, valid,
                                          new_round, hidden=hidden)
         self.region = torch.cat([self.region, self.head.last_hidden], dim=1)
@@ -170,7 +170,7 @@ class Eagle3Drafter(_HeadDrafter):
         """A tree round: its nodes' cache columns go (they read the head's states), and each row's pending states are
         the verification's columns of its root and accepted path (node i: column i + 1)."""
         if hasattr(self.tree, "observe"):
-            self.tree.observe(path_host, self.last_layout)
+            self.tree.observe(path_host, self.last_layout.host)
         if self.state.region_width:
             self.state.keep_region(np.zeros((len(path_host), self.state.region_width), dtype=bool))
         drafts = self._drafts_host(self.last_proposal) if any(path_host) else [[]] * len(path_host)
@@ -250,7 +250,7 @@ class MedusaDrafter(_HeadDrafter):
         if shape is not None:
             depth = shape if isinstance(shape, int) else max(depths_and_ranks(shape)[0])
             self.round_logits = self._heads(depth)
-            proposal, _ = self.tree.draft(self, self.round_logits[:, 0], lengths, shape)
+            proposal = self.tree.draft(self, self.round_logits[:, 0], lengths, shape)
             self.last_proposal, self.last_layout = proposal.tokens, proposal.layout
             return proposal
         logits = self._heads(num_tokens)  # [B, G, V_t]
@@ -271,7 +271,7 @@ class MedusaDrafter(_HeadDrafter):
             self.last = features[torch.arange(features.shape[0], device=features.device), accepted_len]
             return
         if hasattr(self.tree, "observe"):
-            self.tree.observe(path_host, self.last_layout)
+            self.tree.observe(path_host, self.last_layout.host)
         columns = host_to_device([path[-1] + 1 if path else 0 for path in path_host], features.device)
         self.last = features[torch.arange(features.shape[0], device=features.device), columns]
 

@@ -50,14 +50,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import Drafter, Proposal
+from decode.drafters.base import DeviceTree, Drafter, Proposal
 from decode.drafters.draft_model import DraftModelDrafter
 from decode.drafters.prompt_lookup import NgramIndex
 from decode.drafters.schedules import CostModelSchedule, PointEvidence, Schedule, confident, prefill_steps
 from decode.drafters.suffix import SuffixCache, SuffixSource, prompt_key, unpadded
 from decode.k_model import feed_seconds, pick, round_seconds
 from decode.kv import host_to_device
-from decode.tree_layout import TreeLayout
 
 FREE = ("lookup", "suffix")
 SOURCES = (*FREE, "draft")
@@ -478,11 +477,10 @@ class HybridDrafter(Drafter):
         self.catch_up = [len(p) + 1 if drafting and row not in held else 0 for row, p in enumerate(self.draft.pending)]
         if drafting:
             self.wanted.wanted = k_draft
+            # with a confidence threshold the draft may end rows early: its lengths stay on the device (the proposal's
+            # valid nodes or lengths), and the host learns them with the round's read (commit's drafted_host)
             drafted = self.draft.propose(last_tokens, max(k_draft), row_limits=k_draft)
             self.draft_ran = True
-            if self.wanted.stops_mid_round:  # the rows the draft's confidence ended early (its schedule read them)
-                k_draft = [min(k, n) for k, n in zip(k_draft, drafted.lengths.tolist())]
-                plans = [(source, k_free, k, value) for (source, k_free, _, value), k in zip(plans, k_draft)]
         else:
             self.draft._no_drafts(last_tokens)
             drafted, self.draft_ran = None, False
@@ -509,13 +507,11 @@ class HybridDrafter(Drafter):
             self.layout = None
             self.branches = [{source_of[row]: list(range(len(free[row])))} if free[row] else
                              ({"draft": list(range(k_draft[row]))} if k_draft[row] else {}) for row in range(rows)]
-            lengths = [len(free[row]) or k_draft[row] for row in range(rows)]
+            free_lengths = host_to_device(np.array([len(f) for f in free], dtype=np.int64), self.device)  # [B]
             if drafted is None:
-                width = free_width
-                return Proposal(free_tokens[:, :width], None, host_to_device(np.array(lengths, dtype=np.int64),
-                                                                              self.device))
+                return Proposal(free_tokens[:, :free_width], None, free_lengths)
             width = max(free_width, drafted.tokens.shape[1])
-            use_free = host_to_device(np.array([bool(f) for f in free]), self.device).bool()  # [B]
+            use_free = free_lengths > 0  # [B]
             pad = lambda t, w: torch.nn.functional.pad(t, (0, w - t.shape[1]))  # noqa: E731
             tokens = torch.where(use_free[:, None], pad(free_tokens, width), pad(drafted.tokens, width))
             probs = None
@@ -523,12 +519,13 @@ class HybridDrafter(Drafter):
                 onehot = torch.nn.functional.one_hot(pad(free_tokens, width), self.vocab).to(drafted.probs.dtype)
                 q = torch.nn.functional.pad(drafted.probs, (0, 0, 0, width - drafted.probs.shape[1]))
                 probs = torch.where(use_free[:, None, None], onehot, q)
-            return Proposal(tokens, probs, host_to_device(np.array(lengths, dtype=np.int64), self.device))
+            return Proposal(tokens, probs, torch.where(use_free, free_lengths, drafted.lengths))
         # a tree: per row the free branch (nodes 0 .. Lf-1), then the draft's (Lf .. Lf+kd-1), both under the root
         nodes = max(len(f) + k for f, k in zip(free, k_draft))
         index = np.zeros((rows, nodes), dtype=np.int64)  # into [free tokens (Wf) | draft tokens (Gd)]
         parents = np.full((rows, nodes), -1, dtype=np.int64)
         valid = np.zeros((rows, nodes), dtype=bool)
+        position = np.full((rows, nodes), -1, dtype=np.int64)  # a draft node's index in the draft's chain
         self.branches = []
         for row in range(rows):
             lf, kd = len(free[row]), k_draft[row]
@@ -537,6 +534,7 @@ class HybridDrafter(Drafter):
             parents[row, :lf] = np.arange(-1, lf - 1)
             parents[row, lf:lf + kd] = [-1] + list(range(lf, lf + kd - 1))
             valid[row, :lf + kd] = True
+            position[row, lf:lf + kd] = np.arange(kd)
             branches = {}
             if lf:
                 branches[source_of[row]] = list(range(lf))
@@ -550,13 +548,21 @@ class HybridDrafter(Drafter):
             onehot = torch.nn.functional.one_hot(free_tokens, self.vocab).to(drafted.probs.dtype)  # [B, Wf, V]
             q = torch.cat([onehot, drafted.probs], dim=1)  # [B, Wf + Gd, V]
             probs = q.gather(1, gather[:, :, None].expand(-1, -1, q.shape[-1]))
-        self.layout = TreeLayout(parents, valid)
+        self.layout = DeviceTree.of(parents, valid, self.device)
+        # the draft's nodes past the length it drafted (a confidence threshold ended its row) are padding
+        self.layout.valid &= host_to_device(position, self.device) < drafted.lengths[:, None]
         return Proposal(tokens, probs, layout=self.layout)
 
     def commit(self, accepted_len, accepted_len_host, drafted_host, path_host=None):
         drafts = self._observed_drafts or []
         next_tokens = self._observed or []
         rows = len(self.lookups)
+        # the draft's lengths as drafted (a confidence threshold may have ended rows early), read with the round: a
+        # row's drafts are its free branch's and then the draft's
+        self.k_draft = [max(count - len(free), 0) for count, free in zip(drafted_host, self.free)]
+        for branches, k in zip(self.branches, self.k_draft):
+            if "draft" in branches:
+                branches["draft"] = branches["draft"][:k]
         facts, draft_accepted = [], []
         evidence = {key: ([0] * rows, [0] * rows) for key in EVIDENCE}  # per key, per row: (tested, matched)
         for row in range(rows):

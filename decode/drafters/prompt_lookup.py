@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.drafters.base import HostTextDrafter, Proposal, unpadded
+from decode.drafters.base import DeviceTree, HostTextDrafter, Proposal, unpadded
 from decode.kv import host_to_device
-from decode.tree_layout import TreeLayout
 
 
 class NgramIndex:
@@ -185,4 +184,4 @@ def tree_proposal(trees: list[tuple[list[int], list[int]]], device) -> Proposal:
     for row, (row_tokens, row_parents) in enumerate(trees):
         tokens[row, :len(row_tokens)], parents[row, :len(row_tokens)] = row_tokens, row_parents
         valid[row, :len(row_tokens)] = True
-    return Proposal(host_to_device(tokens, device), None, layout=TreeLayout(parents, valid))
+    return Proposal(host_to_device(tokens, device), None, layout=DeviceTree.of(parents, valid, device))

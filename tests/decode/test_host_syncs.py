@@ -11,7 +11,8 @@ Budget (sdpa or eager attention): a round, one read (the verification result: ea
 and drafts, from which the engine, the caches and the drafters take every host fact they need), no pageable copy and
 no synchronize (its draft and verification seconds come from marks in the stream, read after a later read); an
 admission, one read (its first tokens with the prefill's finite check); static and served; every drafter and
-schedule but the two that build their tree on the host step by step (a dynamic tree, hybrid with confidence).
+schedule, a dynamic tree (ranked on the device) and hybrid with a confidence threshold (its draft's lengths kept on the
+device) included.
 """
 import time
 import traceback
@@ -117,7 +118,7 @@ def fake_cuda_clock(monkeypatch, log) -> Clock:
 
 def drafter_of(kind: str, target, sampling, generator):
     """Every drafter and schedule the engine runs, by name."""
-    from decode.drafters.draft_tree import StaticTree
+    from decode.drafters.draft_tree import DynamicTree, StaticTree
     from decode.drafters.heads import Eagle3Drafter, MedusaDrafter
     from decode.drafters.hybrid import HybridDrafter
     from decode.drafters.schedules import make_schedule
@@ -136,22 +137,30 @@ def drafter_of(kind: str, target, sampling, generator):
         "confidence": lambda: draft(make_schedule("confidence", 3)),
         "cost_model": lambda: draft(make_schedule("cost_model", 3, c=costs[0], v=costs[1])),
         "static_tree": lambda: draft(tree=StaticTree(static_parents([2, 2]), sampling)),
+        "dynamic_tree": lambda: draft(tree=DynamicTree(budget=6, top_k=2, sampling=sampling)),
         "eagle3": lambda: Eagle3Drafter(eagle3_head(target, layers=(0, 1, 2)), VOCAB, sampling, generator),
         "medusa": lambda: MedusaDrafter(MedusaHeads(64, VOCAB, 2, 1, 2).eval(), VOCAB, sampling, generator),
         "prompt_lookup": lambda: PromptLookupDrafter(),
         "suffix": lambda: SuffixDrafter(None, min_prob=0.0, depth=8),
         "hybrid": lambda: HybridDrafter(draft(), VOCAB, 3, *costs),
+        # a cheap draft plans long branches, merged with a free source's into trees where one matches, and a threshold
+        # of 1 ends each after its first token: shorter than planned, known on the device only
+        "hybrid_confidence": lambda: HybridDrafter(draft(), VOCAB, 3, 0.02, {k: 1.0 for k in range(1, 4)},
+                                                   confidence=1.0),
     }[kind]()
 
 
 def count_syncs(monkeypatch, drafter_kind, lengths, sampling, gamma=3, max_new_tokens=12, synthetic_acceptance=None,
-                load=None, target=None):
+                load=None, target=None, repeat=False):
     """Runs the engine with every sync logged; returns (records, the log before the first round, each round's log,
     each admission's log, each round's wall by the host's clock)."""
     import decode.generate as engine
 
     target = target if target is not None else tiny_model("llama", seed=1, layers=3)
     ids, mask = ragged_batch(lengths, seed=0)
+    for row, half in enumerate(length // 2 if repeat else 0 for length in lengths):
+        if half:  # the prompt's second half repeats its first: prompt lookup and suffix match, hybrid merges trees
+            ids[row, -half:] = ids[row, -2 * half:-half].clone()
     generator = torch.Generator().manual_seed(0)
     drafter = drafter_of(drafter_kind, target, sampling, generator)
     generation = Generation(max_new_tokens=max_new_tokens, sampling=sampling)
@@ -191,8 +200,8 @@ def count_syncs(monkeypatch, drafter_kind, lengths, sampling, gamma=3, max_new_t
     return records, setup, rounds, admissions, walls
 
 
-DRAFTERS = ["draft_model", "heuristic", "confidence", "cost_model", "static_tree", "eagle3", "medusa", "prompt_lookup",
-            "suffix", "hybrid"]
+DRAFTERS = ["draft_model", "heuristic", "confidence", "cost_model", "static_tree", "dynamic_tree", "eagle3", "medusa",
+            "prompt_lookup", "suffix", "hybrid", "hybrid_confidence"]
 
 
 def _assert_budget(records, rounds, admissions):
@@ -212,9 +221,12 @@ def test_one_read_and_no_synchronize_a_round_for_every_drafter(monkeypatch, draf
     from decode.serving import Load
 
     load = Load([0.0, 0.0, 0.01], 2) if served else None
-    records, _, rounds, admissions, _ = count_syncs(monkeypatch, drafter_kind, [5, 11, 2], Sampling(), load=load)
+    records, _, rounds, admissions, _ = count_syncs(monkeypatch, drafter_kind, [6, 13, 4], Sampling(), load=load,
+                                                    max_new_tokens=16, repeat=True)
     _assert_budget(records, rounds, admissions)
     assert len(admissions) == (2 if served else 1)
+    if drafter_kind in ("dynamic_tree", "hybrid_confidence"):  # the test bites: trees were verified
+        assert any("parents" in r for record in records for r in record.rounds)
 
 
 @pytest.mark.parametrize("drafter_kind", ["draft_model", "prompt_lookup"])

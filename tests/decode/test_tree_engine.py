@@ -97,6 +97,53 @@ def test_round_records_by_hand():
     assert accepted.tolist() == [2] and token.tolist() == [3] and path.tolist() == [[1, 3]]
 
 
+def test_tree_structure_on_the_device_by_hand():
+    """tree_ancestry (the tree masks' depths and ancestors, by pointer doubling) and DeviceTree.children, both on the
+    device, against a 5-node tree worked out by hand: 0 and 1 under the root, 2 under 0, 3 under 2, 4 padding (its
+    parent 1 ignored). A chain of 9 needs more than one doubling step."""
+    from decode.drafters.base import DeviceTree
+    from decode.kv import tree_ancestry
+
+    parents = torch.tensor([[-1, -1, 0, 2, 1]])
+    valid = torch.tensor([[True, True, True, True, False]])
+    depths, ancestors = tree_ancestry(parents, valid)
+    assert depths.tolist() == [[0, 0, 1, 2, 0]]
+    assert [torch.nonzero(row).flatten().tolist() for row in ancestors[0]] == [[0], [1], [0, 2], [0, 2, 3], [4]]
+    tree = DeviceTree(parents, valid, torch.full_like(parents, -1), max_depth=3, max_children=2)
+    # verification columns: the root (0) has nodes 0 and 1 (columns 1, 2), node 0 has node 2 (3), node 2 node 3 (4)
+    assert tree.children().tolist() == [[[1, 2], [3, -1], [-1, -1], [4, -1], [-1, -1], [-1, -1]]]
+    assert tree.verify_parents().tolist() == [[-1, 0, 0, 1, 3, 2]]
+    chain_depths, chain = tree_ancestry(torch.arange(-1, 8)[None], torch.ones(1, 9, dtype=torch.bool))
+    assert chain_depths.tolist() == [list(range(9))] and chain[0].equal(torch.ones(9, 9, dtype=torch.bool).tril())
+
+
+def test_dynamic_tree_ranks_on_the_device_by_hand():
+    """EAGLE-2's selection, worked out by hand (top_k 2, budget 4, depth 2): the root's q = (.5, .3, .15, .05) gives
+    tokens 0 and 1; under token 0 the draft's q = (.1, .2, .65, .05), under token 1 (.9, .05, .03, .02). Cumulative:
+    0: .5, 1: .3, then 0's children 2: .325, 1: .1, and 1's 0: .27, 1: .015. The best 4 are 0, 1 (depth 1), 2 under
+    0 and 0 under 1; a row whose length is 1 takes the depth-1 nodes and pads the rest. Both depth-1 nodes were fed,
+    at draft cache columns 0 and 1."""
+    q = {0: [0.1, 0.2, 0.65, 0.05], 1: [0.9, 0.05, 0.03, 0.02]}
+
+    class Draft:
+        regions = []
+
+        def tree_forward(self, ids, region, new_round):
+            self.regions.append(region.tolist())
+            return torch.tensor([[q[token] for token in row] for row in ids.tolist()]).log()
+
+    draft = Draft()
+    root = torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 2).log()
+    proposal = DynamicTree(budget=4, top_k=2, sampling=GREEDY).draft(draft, root, [2, 1], 2)
+    tree = proposal.layout
+    assert draft.regions == [[[-1, -1], [-1, -1]]]
+    assert proposal.tokens.tolist() == [[0, 1, 2, 0], [0, 1, 2, 1]]
+    assert tree.parents.tolist() == [[-1, -1, 0, 1], [-1, -1, -1, -1]]
+    assert tree.valid.tolist() == [[True] * 4, [True, True, False, False]]
+    assert tree.columns.tolist() == [[0, 1, -1, -1], [0, 1, -1, -1]]
+    assert (tree.max_depth, tree.max_children) == (2, 2)
+
+
 def test_a_tree_containing_the_chain_never_accepts_less():
     """Hand-made logits: rows where the chain's drafts are right, wrong at depth 1 or 2, and where only a sibling
     is right. The tree [chain + a sibling at each depth] accepts at least what the chain does, row by row."""
