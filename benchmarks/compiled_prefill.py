@@ -9,7 +9,7 @@ separates the candidate causes, each printed per repetition: the prefill alone w
 recordings under CUDA graphs, counted in the summaries) ("kept"); and the engine's order, target prefill, draft
 prefill, a chain of 4 draft steps, 3 target steps of 5 tokens ("engine"); with the Python collector's collections
 and their time inside each repetition; then where one prefill's time goes (torch.profiler, CPU and CUDA tables).
-Synthetic shapes (utils/synthetic.py): no weights needed. bf16 on CUDA, fp32 on a CPU.
+Synthetic shapes (utils/synthetic_models.py): no weights needed. bf16 on CUDA, fp32 on a CPU.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from decode.static_kv import CompiledModel, attach, new_state  # noqa: E402
-from utils.synthetic import build_model  # noqa: E402
+from utils.synthetic_models import build_model  # noqa: E402
 
 
 def main() -> None:

@@ -83,8 +83,8 @@ def random_llama(layers: int, hidden: int, seed: int, dtype=torch.float32, attn:
 
 
 def synthetic(spec: str, dtype, device):
-    """A synthetic: model (utils/synthetic.py) on the device, built there where the builder can."""
-    from utils.synthetic import build_model
+    """A synthetic: model (utils/synthetic_models.py) on the device, built there where the builder can."""
+    from utils.synthetic_models import build_model
 
     try:
         model, _ = build_model(spec, dtype, "sdpa", device=device)
@@ -330,7 +330,7 @@ def check_4bit(ctx):
         return "skipped", PYDANTIC_MISSING
     from utils.config import ModelConfig
     from utils.models import load_model
-    from utils.synthetic import build_tokenizer
+    from utils.synthetic_models import build_tokenizer
 
     with tempfile.TemporaryDirectory() as folder:
         random_llama(4, 256, 1).save_pretrained(folder)

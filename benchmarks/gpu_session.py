@@ -421,7 +421,7 @@ class Session:
         """The synthetic target or draft, built on the device in the session's dtype (no compiled step)."""
         key = ("eager", which)
         if key not in self.cache:
-            from utils.synthetic import build_model
+            from utils.synthetic_models import build_model
 
             spec = self.shapes.target if which == "target" else self.shapes.draft
             model, _ = build_model(spec, self.shapes.dtype, "sdpa", device=self.device)
@@ -1056,7 +1056,7 @@ def main(argv=None) -> int:
     if not args.total_s > 0:
         print("gpu_session: --total-s must be a number of seconds above 0", file=sys.stderr)
         return 2
-    from utils.synthetic import parse
+    from utils.synthetic_models import parse
 
     for spec in (args.target, args.draft):
         if spec is None:

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from utils.synthetic import build_model  # noqa: E402
+from utils.synthetic_models import build_model  # noqa: E402
 
 
 def main(config_path: str, out: str) -> None:

@@ -682,7 +682,7 @@ def target_positions(config: dict) -> int | None:
     model = str(target.get("model") or "")
     try:
         if model.startswith("synthetic:"):
-            from utils.synthetic import build_config
+            from utils.synthetic_models import build_config
 
             text = build_config(model)[1]
         else:

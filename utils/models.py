@@ -169,7 +169,7 @@ def check_model_config(cfg: ModelConfig, role: str) -> None:
     _check_device_map(cfg, role)
     if cfg.model.startswith("synthetic:"):
         if getattr(cfg, "kind", "model") == "model":  # a synthetic head's spec is decode/heads.py's (preflight)
-            from utils.synthetic import parse
+            from utils.synthetic_models import parse
 
             try:
                 parse(cfg.model)
@@ -221,7 +221,7 @@ def target_depth(cfg: ModelConfig) -> int | None:
     weights: a synthetic spec, a local folder or GGUF header, the hub cache, an offline model converted before.
     None otherwise."""
     if cfg.model.startswith("synthetic:"):
-        from utils.synthetic import SHAPES, parse
+        from utils.synthetic_models import SHAPES, parse
 
         try:
             name, layers, _, _ = parse(cfg.model)
@@ -367,7 +367,7 @@ def _load_text_model(where: str, text_config, kwargs: dict):
 
 
 def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) -> LoadedModel:
-    from utils.synthetic import build_model
+    from utils.synthetic_models import build_model
 
     if cfg.quantization in ("4bit", "8bit"):
         raise ModelLoadError(f"{role}.quantization: synthetic models are not quantized by bitsandbytes; set "

@@ -12,7 +12,7 @@ from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, g
 from decode.kv import sliding_window_of, tree_support_problem
 from decode.numerics import ragged_batch_problem
 from helpers import write_prompts
-from utils.synthetic import SHAPES, build_config, build_decoder, build_model, build_tokenizer, parse
+from utils.synthetic_models import SHAPES, build_config, build_decoder, build_model, build_tokenizer, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
