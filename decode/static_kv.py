@@ -682,7 +682,7 @@ class StaticKVState(TreeRounds):
             raise TreeUnsupported(problem)
         if self.buffers is None:
             raise ValueError("forward_tree needs a prefilled cache")
-        batch, num_nodes = input_ids.shape
+        num_nodes = input_ids.shape[1]
         device = input_ids.device
         parents, valid = on_device(parents, device), on_device(valid, device, torch.bool)
         if new_round or self._tree is None:
