@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from decode.methods.speculative import recommendation_problem  # noqa: E402
 from eval.recommend import OFF, _fmt as _f, _interval as _ci, nearest  # noqa: E402
 from eval.records import Point  # noqa: E402
-from eval.serving import by_repeat, load_figures, timed, with_slots  # noqa: E402
+from eval.served_figures import by_repeat, load_figures, timed, with_slots  # noqa: E402
 from eval.totals import throughput  # noqa: E402
 from utils.io import read_jsonl, write_json  # noqa: E402
 
@@ -47,7 +47,7 @@ WITHIN = 0.03
 def repeat_readings(folder: Path) -> dict[str, dict[int, float]]:
     """A point's label -> repeat -> its tok/s in that repeat: a static point's sum(N) / sum(batch wall times)
     (throughput_tok_s per repeat, eval/totals.py throughput), a load point's new tokens over the repeat's span (its
-    start, t = 0, to its last finish: output_tok_s per repeat, eval/serving.py load_figures). Keyed by repeat, so
+    start, t = 0, to its last finish: output_tok_s per repeat, eval/served_figures.py load_figures). Keyed by repeat, so
     two points pair on the passes both ran."""
     points: dict[str, list[dict]] = {}
     for s in read_jsonl(folder / "samples.jsonl"):

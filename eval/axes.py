@@ -8,8 +8,8 @@ None.
 
 Everything that enumerates axes derives from AXES: Point, Comparison and the records' axis fields (eval/records.py), the
 plan's comparisons, points and units (runner/plan.py), labels, the summary's runs, order and best points
-(eval/summary.py), the serving lines (eval/serving.py) and the report's columns and CSVs (eval/report.py). A new axis
-is an entry here, its config field (utils/config.py) and, where an engine must honour its value, that engine; a test
+(eval/summary.py), the serving lines (eval/served_figures.py) and the report's columns and CSVs (eval/report.py). A new
+axis is an entry here, its config field (utils/config.py) and, where an engine must honour its value, that engine; a test
 (tests/eval/test_axes.py) declares a toy axis and follows it from the plan to the table.
 """
 from __future__ import annotations

@@ -32,9 +32,9 @@ from eval.energy import FIGURES as ENERGY_FIGURES, energy_per_token, served_ener
 from eval.figures import (accuracy, batch_costs, draft_time_share, latency, new_tokens, outputs_match, prefill_share,
                           reference_accepted_tokens, round_figures, sample_count, speedups, synthetic, throughputs,
                           time_per_output_token, time_to_first_token, tokens_per_target_call)
-from eval.serving import (REQUESTS, e2e_figures, itl_figures, max_in_flight_figures, occupancy_costs, occupancy_figures,
-                          queue_figures, rate_figures, served_acceptance, served_pairs, served_replay, tpot_figures,
-                          ttft_figures)
+from eval.served_figures import (REQUESTS, e2e_figures, itl_figures, max_in_flight_figures, occupancy_costs,
+                                 occupancy_figures, queue_figures, rate_figures, served_acceptance, served_pairs,
+                                 served_replay, tpot_figures, ttft_figures)
 from eval.totals import BATCHES, Pairing
 from eval.flags import (COST_SPREAD_LIMIT, DRIFT_LIMIT, FLIP_REACH, HOST_BOUND_BUSY, HOST_BOUND_EXCESS,
                         HOST_BOUND_MIN_C, NUMERICS_DRIFT)
@@ -80,8 +80,8 @@ class Column:
 @dataclass(frozen=True)
 class Inputs:
     """What a figure's computation may read: the point, its records and its baseline's (None: none ran), how they
-    pair (eval/totals.py BATCHES at a fixed batch, eval/serving.py REQUESTS at a load point), the figures computed
-    before it, and what the run measured besides: at a fixed batch its cost probe and cost profile, at a load point
+    pair (eval/totals.py BATCHES at a fixed batch, eval/served_figures.py REQUESTS at a load point), the figures
+    computed before it, and what the run measured besides: at a fixed batch its cost probe and cost profile, at a load point
     its probes by batch size, its profile and the config's SLO."""
     point: object  # eval.records Point
     samples: list
@@ -209,8 +209,8 @@ def computed(form: str, inputs: Inputs) -> dict:
 
 
 def requests_figure(figures: Callable) -> Callable:
-    """A figure of a load point's requests alone (eval/serving.py REQUEST_FIGURES: (requests, SLO) -> figures) as the
-    table computes it."""
+    """A figure of a load point's requests alone (eval/served_figures.py REQUEST_FIGURES: (requests, SLO) -> figures)
+    as the table computes it."""
     def compute(inputs):
         return figures(inputs.samples, inputs.slo)
 
@@ -248,7 +248,7 @@ def run_metrics(point, samples: list[dict], baseline: list[dict] | None, costs, 
 def serving_metrics(point, samples: list[dict], baseline: list[dict] | None, probes: dict, slo: dict | None,
                     profile=None) -> dict:
     """Every figure of one serving point against the baseline of its load point (None: none ran). Both with their
-    slots (eval/serving.py with_slots)."""
+    slots (eval/served_figures.py with_slots)."""
     return computed(SERVED, Inputs(point, samples, baseline, {}, REQUESTS, profile=profile, probes=probes, slo=slo))
 
 
@@ -611,7 +611,7 @@ FIGURES: list[Figure] = [
                              "concurrency slots (vLLM bench serve's --max-concurrency semaphore), max(arrival, the earliest release "
                              "of a slot by a finishing request, in arrival order, then request order: a conversation's later turn arrives after its previous answer); with no cap binding, its arrival",
            served_only=True,
-           outside="summary.json serving (eval/serving.py serving_section)"),
+           outside="summary.json serving (eval/served_figures.py serving_section)"),
     Figure("ttft_s (load)", legend="time to first token = first token - slot: the prefill and any wait inside the engine for the "
                                    "next step (a joiner waits for the round in flight), not the client's wait for a slot (queue_s)",
            served_only=True, per_group=(("ttft_s_p50", "ttft_s.p50"),),
@@ -624,7 +624,7 @@ FIGURES: list[Figure] = [
                               "against the same requests of the baseline, with its 95% paired bootstrap interval over those requests "
                               "(null below 8); no throughput, since every group's requests share the load point's span",
            served_only=True,
-           outside="a load point's metrics, its groups' fields the entries' per_group (eval/serving.py group_figures)"),
+           outside="a load point's metrics, its groups' fields the entries' per_group (eval/served_figures.py group_figures)"),
     Figure("queue_s", legend="the client's wait for a concurrency slot = slot - arrival (0 with no cap binding); not in TTFT, E2E or "
                              "the SLO, as in vLLM's bench serve",
            served_only=True,
@@ -737,7 +737,7 @@ FIGURES: list[Figure] = [
                                 "speedup. A concurrency above a load point's requests is placed at the requests (no more can be in "
                                 "flight), and of several such caps the lowest stands for them",
            served_only=True,
-           outside="summary.json serving.crossovers (eval/serving.py crossovers)"),
+           outside="summary.json serving.crossovers (eval/served_figures.py crossovers)"),
     Figure("versus_fixed", legend="per load point and method line but gamma and schedule: each point whose schedule is not "
                                   "constant against the best fixed K there (the constant schedule's highest throughput speedup, "
                                   "a choice that favours the fixed K): tput_ratio, (sum N / sum E2E) over the fixed K's over "
@@ -747,5 +747,5 @@ FIGURES: list[Figure] = [
                                   "turns count once); output_tok_s_ratio: the "
                                   "system tok/s over the fixed K's (a reading)",
            served_only=True,
-           outside="summary.json serving.versus_fixed (eval/serving.py versus_fixed)"),
+           outside="summary.json serving.versus_fixed (eval/served_figures.py versus_fixed)"),
 ]

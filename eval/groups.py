@@ -1,6 +1,6 @@
 """A run's groups: dataset.group_by's values (e.g. MT-Bench's categories) and, for conversations (dataset.turns), each
 turn; figures are given per group beside the overall ones, for fixed batches (eval/summary.py) and under load
-(eval/serving.py)."""
+(eval/served_figures.py)."""
 from __future__ import annotations
 
 import re

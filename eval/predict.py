@@ -1,7 +1,8 @@
 """The replay's predictions of a run (#33): every speculative point of our engine, static batches and load points,
 replayed with a cost profile's step costs (eval/replay.py simulate) from the point's own schedule: its requests'
 arrivals, prompt and output lengths and rounds as measured, beside the baseline replayed the same way. The figures
-of the predicted schedule are computed by the same functions as the measured ones (eval/totals.py, eval/serving.py).
+of the predicted schedule are computed by the same functions as the measured ones (eval/totals.py,
+eval/served_figures.py).
 
     python -m eval.predict RUN_DIR [--costs PROFILE.json] [--concurrency 1,2,8] [--batch-size 1,4] [--out FILE]
 
@@ -22,7 +23,7 @@ from decode.names import TARGET, label_of
 from eval.costs import Profile, read_config, read_env, read_progress, run_costs
 from eval.records import Point
 from eval.replay import MissingCost, beyond_note, lacking, part_times, prediction_off, static_prediction
-from eval.serving import load_prediction, replayed_figures
+from eval.served_figures import load_prediction, replayed_figures
 from eval.stats import ratio, ratio_of_totals
 from eval.totals import paired_clusters
 from utils import UserError, positive_ints

@@ -34,7 +34,7 @@ from eval.predict import against_own_probes, differences, draft_label, points_an
 from eval.records import Point
 from eval.replay import (CLUSTER_DRAWS, OFF_BY, MissingCost, Pricer, lacking, load_resamples, priced_k,
                          profile_resamples, replay_load, replay_static, static_prediction)
-from eval.serving import by_repeat, load_prediction, replayed_figures
+from eval.served_figures import by_repeat, load_prediction, replayed_figures
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, misses
 from eval.totals import clusters_of, units
 from utils import UserError, positive_ints
@@ -265,7 +265,7 @@ LATENCY_NAMES = {"latency_s": "latency", "ttft_p50_s": "TTFT P50", "tpot_mean_ms
 
 def without_stray_intervals(figures: dict) -> list[str]:
     """Drops each latency interval that misses its own point (figures[k] outside figures[k + '_ci95']), as a load's
-    speedup interval is withheld (eval/serving.py withheld): the resamples re-draw requests into the load, which
+    speedup interval is withheld (eval/served_figures.py withheld): the resamples re-draw requests into the load, which
     changes who runs beside whom, so their spread can sit beside the replay of what ran; an interval that misses its
     point is no interval of it. Returns why, one line a figure dropped."""
     said = []
@@ -313,7 +313,7 @@ def static_latency_ci95(rows: list[dict], profile: Profile, draft: str | None, s
 
 def load_latency_ci95(rows: list[dict], baseline: list[dict], profile: Profile, draft: str | None,
                       speculative: bool, what_if: int | None) -> dict:
-    """TTFT P50, TPOT and E2E P50's 95% intervals, by the bootstrap the speedup's takes (eval/serving.py
+    """TTFT P50, TPOT and E2E P50's 95% intervals, by the bootstrap the speedup's takes (eval/served_figures.py
     load_prediction): the same paired resamples of the requests (load_resamples), each priced by a resample of the
     profile; the side asked replayed. None each with fewer than MIN_PROMPTS paired requests."""
     draws, values = load_resamples(rows, baseline), {k: [] for k in LOAD_LATENCY}

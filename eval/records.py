@@ -173,7 +173,8 @@ class SampleRecord(RequestTimes):
     top2_gaps: list[float] | None = None
     # a serving point's request, its times those of RequestTimes (decode/serving.py). latency_s is then finish - arrival
     # and prefill_s first token - arrival (raw facts, the client's wait for a slot included); the report's TTFT and E2E
-    # start at the request's slot instead, derived from these times (eval/serving.py with_slots). None: a fixed batch
+    # start at the request's slot instead, derived from these times (eval/served_figures.py with_slots). None: a fixed
+    # batch
     request: int | None = None  # a serving point's request index (request i is prompt i, cycling): with sample_id, the row
     # a conversation (dataset.turns): its first turn's sample_id, and this prompt's turn in it (1, 2, ...)
     conversation: int | None = None

@@ -12,7 +12,7 @@ from eval.groups import group_text
 from eval.figure_table import (Column, Format, columns, csv_fields, column_of, group_columns, measured_in,
                                served_csv_fields)
 from eval.records import Comparison, Point
-from eval.serving import crossing_text, line_label, line_of, load_label, load_text, load_value
+from eval.served_figures import crossing_text, line_label, line_of, load_label, load_text, load_value
 from eval.sources import source_lines
 from utils.io import write_atomic, write_json
 

@@ -18,7 +18,7 @@ from eval.axes import comparison_axes, point_axes, sort_key
 from eval.costs import run_costs
 from eval.replay import beyond_note
 from eval.records import EARLIER_PROCESS, OLD_COST_KEYS, Comparison, CostProbe, Point, per_process
-from eval.serving import serving_section, slo_of
+from eval.served_figures import serving_section, slo_of
 from eval.stats import MIN_PROMPTS, bootstrap_ci, ratio, ratio_of_totals, strict
 from eval.totals import blocks_apart, clusters_of, cross_process_pairs, paired_clusters, processes_of, units
 from eval.trees import tree_of

@@ -1,6 +1,6 @@
 """Batches and their totals: throughput, block efficiency, and the pairing of a point's records with the
 baseline's that every ratio rests on: one function for fixed batches and load points, its pairing a parameter (a
-served point is a batch whose rows arrive: eval/serving.py REQUESTS)."""
+served point is a batch whose rows arrive: eval/served_figures.py REQUESTS)."""
 from __future__ import annotations
 
 import statistics

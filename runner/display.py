@@ -7,7 +7,7 @@ import time
 
 def seconds_of(rows: list[dict]) -> float:
     """The seconds a finished batch of a point took: a static batch's longest row; a load point's span, from its
-    start (t = 0) to its last finish, as its tok/s is reported (eval/serving.py load_figures), not its slowest
+    start (t = 0) to its last finish, as its tok/s is reported (eval/served_figures.py load_figures), not its slowest
     request, which overlapped the others."""
     if all(r.get("finish_s") is not None for r in rows):
         return max(r["finish_s"] for r in rows)

@@ -134,7 +134,7 @@ VLLM_CITED = {
     "eval/figure_table.py": (6, "MAT is what vLLM and SGLang call acceptance length; ITL, percentiles, pooled "
                                 "acceptance and the request's clock (its concurrency slot) follow vLLM's benchmark "
                                 "definitions"),
-    "eval/serving.py": (4, "the same definitions, where the serving figures compute them"),
+    "eval/served_figures.py": (4, "the same definitions, where the serving figures compute them"),
     "runner/load.py": (3, "arrivals are drawn and rescaled as vLLM's bench serve does"),
     "utils/config_doc.py": (2, "the load section says whose arrivals and timing it follows"),
     "utils/config.py": (1, "load.burstiness is vLLM's bench serve's"),

@@ -361,7 +361,7 @@ def test_a_profile_without_the_runs_batch_size_is_missing_not_priced_at_another(
 
 
 def test_a_replayed_interval_that_misses_its_own_point_is_withheld():
-    from eval.serving import load_prediction, withheld
+    from eval.served_figures import load_prediction, withheld
 
     # Sixteen requests at concurrency 2, arriving in pairs 100 s apart (each pair alone): pairs that both draft 3
     # rounds of 2 (10 tokens) and pairs that both draft none (9 one-token rounds), as a schedule that chose K for the

@@ -1,5 +1,5 @@
-"""Figures under load (eval/serving.py) against values worked out by hand on hand-made request records: per request
-TTFT, TPOT and inter-token gaps, percentiles, goodput, occupancy, acceptance pooled and per request, both speedups
+"""Figures under load (eval/served_figures.py) against values worked out by hand on hand-made request records: per
+request TTFT, TPOT and inter-token gaps, percentiles, goodput, occupancy, acceptance pooled and per request, both speedups
 and their pairing, the prediction at the mean occupancy, the crossover finder on hand-made curves, and the report
 (`python -m eval DIR`) of a serving folder."""
 import json
@@ -14,7 +14,7 @@ import yaml
 from eval.records import CostProbe, Point
 from eval.figure_table import columns
 from eval.report import cell, markdown
-from eval.serving import costs_at, crossing, crossing_text, inter_token_gaps, tpot
+from eval.served_figures import costs_at, crossing, crossing_text, inter_token_gaps, tpot
 from eval.summary import summarize
 from sample_records import paired_run, record
 
@@ -145,7 +145,7 @@ def test_eight_requests_get_an_interval():
 def test_a_conversations_turns_are_one_cluster_of_the_interval():
     """Under load the throughput interval resamples conversations: requests 0 and 2 are turns of conversation 0, 1 and
     3 of conversation 1; each cluster sums its turns (tokens 10 + 10, E2E 1 + 1 against 2 + 2)."""
-    from eval.serving import REQUESTS, requests_paired, with_slots
+    from eval.served_figures import REQUESTS, requests_paired, with_slots
     from eval.totals import paired_clusters
 
     def side(method, finish):
@@ -534,7 +534,7 @@ def test_the_span_runs_from_the_load_points_start_and_alpha_rounds_count_draftin
 def test_slots_go_in_arrival_order_when_a_conversations_turn_arrives_after_later_requests():
     """One slot. Request 1 is request 0's next turn: it arrives at 1.5 (0.5 s after request 0's last token), after
     request 2 (0.2), which the engine admitted first at 1.0; request 1 gets the slot when request 2 leaves at 2.0."""
-    from eval.serving import with_slots
+    from eval.served_figures import with_slots
 
     rows = [dict(request=0, repeat=0, concurrency=1, arrival_s=0.0, finish_s=1.0),
             dict(request=1, repeat=0, concurrency=1, arrival_s=1.5, finish_s=3.0, follows=0, think_s=0.5),
