@@ -680,7 +680,7 @@ def served_pair(session):
     """The captured pair where the engine serves on captured steps; the eager pair where it refuses a load on a
     compiled model (decode/kv.py COMPILED_JOIN): (target, draft, which)."""
     from decode.generate import generate_baseline
-    from decode.serving import Load
+    from decode.arrivals import Load
 
     target = session.captured("target")
     ids, mask = session.prompts(2, seed=301)
@@ -698,7 +698,7 @@ def step_served(session) -> dict:
     import inspect
 
     from decode.generate import generate_speculative
-    from decode.serving import Load
+    from decode.arrivals import Load
 
     target, draft, which = served_pair(session)
     has_overlap = "overlap" in inspect.signature(generate_speculative).parameters

@@ -18,7 +18,7 @@ from decode.drafters.base import Drafter, Proposal
 from decode.hidden import CompiledTap, HiddenTap
 from decode.kv import KVState, host_to_device, joined
 from decode.round_graph import fused_round, fusable
-from decode.serving import Load, Queue, RequestTimes
+from decode.arrivals import Load, Queue, RequestTimes
 from decode.static_kv import compiled_of, new_state
 from decode.sampling import (accept_greedy, accept_sampled, accept_synthetic, accept_tree_greedy, accept_tree_sampled,
                              logits_to_probs, sample)
@@ -537,7 +537,7 @@ class _Loop:
     start (a conversation's later turn: load.think_s after the request it follows ended); without a load, a static batch: every row arrives at 0 and all N are in flight (nobody joins later). Each
     pass runs three steps:
 
-    - admit: the requests that have arrived join, in arrival order (decode/serving.py Queue: a conversation's next turn
+    - admit: the requests that have arrived join, in arrival order (decode/arrivals.py Queue: a conversation's next turn
       arrives load.think_s after its previous turn's last token), while fewer than load.concurrency rows are in flight.
       Those admitted at one moment are prefilled together in one target forward (over their own width under a load:
       the leading columns that are padding for all of them dropped) and take their first token; their cache joins the

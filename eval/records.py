@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
-from decode.serving import RequestTimes
+from decode.arrivals import RequestTimes
 from eval.axes import AXES, Axis, comparison_axes, label_of
 from eval.stats import between
 
@@ -171,16 +171,16 @@ class SampleRecord(RequestTimes):
     energy_j: float | None = None
     # the greedy baseline: per new token its top-1 minus top-2 logit (4 significant digits), else None
     top2_gaps: list[float] | None = None
-    # a serving point's request, its times those of RequestTimes (decode/serving.py). latency_s is then finish - arrival
-    # and prefill_s first token - arrival (raw facts, the client's wait for a slot included); the report's TTFT and E2E
-    # start at the request's slot instead, derived from these times (eval/served_figures.py with_slots). None: a fixed
-    # batch
+    # a serving point's request, its times those of RequestTimes (decode/arrivals.py). latency_s is then finish -
+    # arrival and prefill_s first token - arrival (raw facts, the client's wait for a slot included); the report's TTFT
+    # and E2E start at the request's slot instead, derived from these times (eval/served_figures.py with_slots). None: a
+    # fixed batch
     request: int | None = None  # a serving point's request index (request i is prompt i, cycling): with sample_id, the row
     # a conversation (dataset.turns): its first turn's sample_id, and this prompt's turn in it (1, 2, ...)
     conversation: int | None = None
     turn: int | None = None
     # served, a conversation's later turn: the request whose next turn it is; it arrived think_s after that one's
-    # last token (closed loop per conversation, decode/serving.py Load), so its arrival_s is when that happened
+    # last token (closed loop per conversation, decode/arrivals.py Load), so its arrival_s is when that happened
     follows: int | None = None
     think_s: float | None = None
     extra: dict = field(default_factory=dict)

@@ -22,7 +22,7 @@ import random
 from collections import defaultdict
 
 from decode.k_model import best_k, round_parts
-from decode.serving import Load, Queue
+from decode.arrivals import Load, Queue
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
 from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
 
@@ -30,7 +30,7 @@ from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
 # ---- the schedule replayed in seconds, with a cost profile (eval/costs.py) ----------------------------------------
 #
 # The engine's one loop (decode/generate.py _Loop) replayed: admit / round / evict with simulated time instead of the
-# clock. Each pass admits the requests that have arrived, in arrival order (decode/serving.py Queue), while fewer than C rows are in flight (a static
+# clock. Each pass admits the requests that have arrived, in arrival order (decode/arrivals.py Queue), while fewer than C rows are in flight (a static
 # batch: all at 0, C = its rows), prefilling those admitted together in one target forward over their widest prompt
 # (then the draft model's prefill of those that go on, over its window where speculative.draft_context sets one); with nobody in flight and nobody arrived, time jumps to the
 # next arrival. Then one round over the rows in flight: the baseline's 1-token step, or a speculative round priced
@@ -170,7 +170,7 @@ def prefill_deferred(record: dict) -> bool:
 def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0) -> list[dict]:
     """The loop over requests (each: arrival_s, prompt_tokens, new_tokens, and rounds for a speculative point, None
     for the baseline; "follows": the index of the request whose next turn it is, if any) at most `concurrency` in
-    flight, admitted in the engine's order (decode/serving.py Queue; a follower arrives think_s after the request it
+    flight, admitted in the engine's order (decode/arrivals.py Queue; a follower arrives think_s after the request it
     follows finished): each request's admitted_s, first_token_s, finish_s (seconds from the start), a follower's
     arrival_s, and target_s, draft_s and draft_prefill_s as the engine's records time them (decode/generate.py
     RowRecord: the target's prefill and the rounds' verifications or steps it was in; the draft's prefill and the

@@ -39,7 +39,7 @@ SLO_KEYS = ("ttft_s", "tpot_ms")
 def with_slots(samples: list[dict]) -> list[dict]:
     """The records, each with "slot_s": when its request got a concurrency slot, the moment its clock starts (vLLM's
     bench serve starts a request's clock when it passes its --max-concurrency semaphore). Per repeat, requests take
-    slots in arrival order, then request order (FIFO, as the engines admit them: decode/serving.py Queue; a
+    slots in arrival order, then request order (FIFO, as the engines admit them: decode/arrivals.py Queue; a
     conversation's later turn arrives after its previous turn): request i's slot is free at the earliest time one of the
     C slots is released (a request's finish; all free at 0), and it starts at max(its arrival, that time). Without a
     cap binding (no concurrency given: C = the requests), slot_s = arrival_s. Derived from the raw times, so older

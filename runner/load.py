@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from decode.serving import Load
+from decode.arrivals import Load
 
 
 def requests_of(prompts: list, count: int | None) -> list:

@@ -56,7 +56,7 @@ def record_of(point: Point, unit: Unit, prompt, record, tokenizer, preset: str, 
 
 
 def serving_fields(record) -> dict:
-    """A served request's times (decode/serving.py): arrival, admission, first and last token, its emissions."""
+    """A served request's times (decode/arrivals.py): arrival, admission, first and last token, its emissions."""
     if getattr(record, "arrival_s", None) is None:
         return {}
     return {"arrival_s": record.arrival_s, "admitted_s": record.admitted_s, "first_token_s": record.first_token_s,

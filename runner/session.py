@@ -14,7 +14,7 @@ import torch
 
 from decode import Clock, Generation, Sampling
 from decode.methods import HOME_ENGINE, REGISTRY, RunContext, caps_of
-from decode.serving import Load
+from decode.arrivals import Load
 from eval.records import Comparison, CostProbe, Point
 from runner import loading
 from runner.attention import settle_attention
@@ -216,7 +216,7 @@ class Session:
         return self.prompts_of(Unit(comparison, 0, 0))[:comparison.batch_size]
 
     def load_of(self, unit: Unit) -> Load | None:
-        """A serving unit's requests' arrival times and concurrency (decode/serving.py Load); None: a fixed batch."""
+        """A serving unit's requests' arrival times and concurrency (decode/arrivals.py Load); None: a fixed batch."""
         if not unit.serving:
             return None
         return load_of(self.config, unit, self.prompts_of(unit))

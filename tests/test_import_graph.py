@@ -74,7 +74,8 @@ def test_layers():
         if top == "eval":
             assert not {t for t in above if t.startswith("runner")}, f"{module} imports {sorted(above)}"
             assert {t for t in above if t.startswith("decode")} <= {"decode", "decode.methods", "decode.tree_layout",
-                                                                   "decode.serving", "decode.names", "decode.k_model"}, \
+                                                                   "decode.arrivals", "decode.names",
+                                                                   "decode.k_model"}, \
                 f"{module} imports {sorted(above)}: eval/ reads the method registry, tree labels, the serving queue " \
                 "(the replay admits as the engine does), the models' names in cost files and the one model of a round " \
                 "(the runtime's K is the recommendation's), nothing else of decode/"

@@ -113,7 +113,7 @@ class Drafter(ABC):
     The drafter owns the length of each row's draft (its schedule); a row may draft nothing. A new
     drafting method is one subclass (draft model, prompt lookup, early exit).
 
-    Serving (decode/serving.py Load): requests join the running batch between rounds. `reset` empties the
+    Serving (decode/arrivals.py Load): requests join the running batch between rounds. `reset` empties the
     drafter (no rows; what it learns across batches is kept), `add_rows` appends the joining requests' rows at
     the end, after which the engine `observe`s every row's last token; `start` is reset, then add_rows.
     """

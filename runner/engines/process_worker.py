@@ -50,7 +50,7 @@ def load(path: Path, name: str):
     return module
 
 
-serving = load(ROOT / "decode" / "serving.py", "speculate_decode_serving")
+serving = load(ROOT / "decode" / "arrivals.py", "speculate_decode_arrivals")
 
 
 class Terminated(BaseException):

@@ -145,7 +145,7 @@ def test_served_on_compiled_steps_is_greedy_exact_and_compiles_nothing_after_war
     """Continuous batching over compiled (eager backend) or captured steps in row buckets (1, 2, 4, 8): 6 requests at
     concurrency 3 (the next joins as a row ends), a draft model at gamma 3; the tokens are the eager engine's under the same load,
     and a second run of the same load (the first its warmup) compiles nothing."""
-    from decode.serving import Load
+    from decode.arrivals import Load
 
     torch._dynamo.reset()
     target = tiny_model("llama", seed=1, layers=2)

@@ -12,7 +12,7 @@ from decode import Generation, Sampling, generate_baseline, generate_speculative
 from decode.drafters.heads import Eagle3Drafter, MedusaDrafter
 from decode.heads import Eagle3Head, HeadFormatError, MedusaHeads, load_head, save_eagle3
 from decode.hidden import HiddenTap
-from decode.serving import Load
+from decode.arrivals import Load
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts
 from tiny_models import VOCAB, ragged_batch, save_medusa, tiny_model
 

@@ -218,7 +218,7 @@ def _assert_budget(records, rounds, admissions):
 @pytest.mark.parametrize("drafter_kind", DRAFTERS)
 @pytest.mark.parametrize("served", [False, True], ids=["static", "served"])
 def test_one_read_and_no_synchronize_a_round_for_every_drafter(monkeypatch, drafter_kind, served):
-    from decode.serving import Load
+    from decode.arrivals import Load
 
     load = Load([0.0, 0.0, 0.01], 2) if served else None
     records, _, rounds, admissions, _ = count_syncs(monkeypatch, drafter_kind, [6, 13, 4], Sampling(), load=load,
@@ -242,7 +242,7 @@ def test_one_host_sync_per_round(monkeypatch, drafter_kind, sampling, lengths):
 
 def test_a_windowed_model_reads_once_a_round(monkeypatch):
     """Sliding-window layers keep the cache hole-free; their masks are built on the device (decode/kv.py)."""
-    from decode.serving import Load
+    from decode.arrivals import Load
     from test_sliding_window import tiny_windowed
 
     for load in (None, Load([0.0, 0.0, 0.01], 2)):

@@ -193,7 +193,7 @@ def test_served_suffix_drafts_from_a_request_that_finished_before_it_was_admitte
     from types import SimpleNamespace
 
     from decode.methods.suffix import Options, run
-    from decode.serving import Load
+    from decode.arrivals import Load
     from runner.plan import left_pad
 
     target = tiny_model("llama", seed=2, layers=2)

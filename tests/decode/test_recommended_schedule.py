@@ -12,7 +12,7 @@ from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, g
 from decode.drafters.schedules import EXPLORE_EVERY, RecommendedSchedule, make_schedule
 from decode.k_model import KModel
 from decode.kv import KVState
-from decode.serving import Load
+from decode.arrivals import Load
 from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
 from utils.config import ConfigError, validate
 

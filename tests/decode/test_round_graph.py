@@ -300,7 +300,7 @@ def test_overlapped_rounds_give_the_baselines_tokens_and_read_after_the_next_lau
     baseline's with a row ending at its EOS and the others at their budget mid-overlap, static and served."""
     import decode.generate as engine
     from decode import generate_baseline
-    from decode.serving import Load
+    from decode.arrivals import Load
 
     target = tiny_model("llama", seed=1, layers=2)
     draft = noisy_copy(target, 0.05)

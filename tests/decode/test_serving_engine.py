@@ -1,4 +1,4 @@
-"""Serving under a load (decode/serving.py): requests arrive, wait for a free row, join the running batch between
+"""Serving under a load (decode/arrivals.py): requests arrive, wait for a free row, join the running batch between
 rounds and leave. Greedy output per request is the target's own for every drafter, sampling stays the target's
 distribution, and the queue's times (arrival, admission, first token, emissions, finish) follow the schedule."""
 import pytest
@@ -12,7 +12,7 @@ from decode.drafters.schedules import ConstantSchedule, make_schedule
 from decode.drafters.suffix import SuffixCache, SuffixDrafter
 from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.kv import KVState
-from decode.serving import Load, Queue
+from decode.arrivals import Load, Queue
 from decode.tree_layout import static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from test_compiled_engine import compiled_copy

@@ -329,7 +329,7 @@ def test_a_round_that_drafted_nothing_adds_no_draft_seconds(served):
     import torch
 
     from decode import DraftModelDrafter, Generation, Sampling, generate_speculative
-    from decode.serving import Load
+    from decode.arrivals import Load
     from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
     target = tiny_model("llama", seed=1)
     ids, mask = ragged_batch([5, 7])

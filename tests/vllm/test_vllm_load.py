@@ -43,7 +43,7 @@ class Session:
         return requests_of(self.prompt_set.prompts, self.config.load.requests)
 
     def load_of(self, unit):
-        from decode.serving import Load
+        from decode.arrivals import Load
         from runner.load import schedule_of
 
         return Load(schedule_of(self.config, unit, len(self.prompt_set.prompts)), unit.concurrency)

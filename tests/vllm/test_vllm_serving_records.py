@@ -17,7 +17,7 @@ PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 
 def _executor(config):
     """A VllmExecutor over a config and a session of three prompts whose load points have a hand-made schedule."""
-    from decode.serving import Load
+    from decode.arrivals import Load
     from runner.load import requests_of
     from runner.engines.vllm.engine import VllmExecutor
 
