@@ -14,7 +14,6 @@ admission, one read (its first tokens with the prefill's finite check); static a
 schedule, a dynamic tree (ranked on the device) and hybrid with a confidence threshold (its draft's lengths kept on the
 device) included.
 """
-import time
 import traceback
 import weakref
 
@@ -23,6 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.fake_cuda import fake_cuda
 from decode import Clock, DraftModelDrafter, Generation, Sampling, generate_speculative
 from decode.drafters.prompt_lookup import PromptLookupDrafter
 from tiny_models import VOCAB, ragged_batch, tiny_model
@@ -93,26 +93,10 @@ class CountingClock(Clock):
         return super().now()
 
 
-class FakeEvent:
-    """torch.cuda.Event on a CPU: its time is the host's at record()."""
-
-    def __init__(self, enable_timing=False):
-        self.at = None
-
-    def record(self, stream=None):
-        self.at = time.perf_counter()
-
-    def elapsed_time(self, end) -> float:
-        return (end.at - self.at) * 1000.0
-
-
 def fake_cuda_clock(monkeypatch, log) -> Clock:
     """A clock that believes it times one CUDA device: its synchronizes are logged, its marks are fake events."""
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", "", _caller())))
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     clock = Clock("cpu")
-    clock.cuda_devices = [torch.device("cuda", 0)]
+    fake_cuda(clock, lambda device=None: log.append(("synchronize", "", _caller())), monkeypatch.setattr)
     return clock
 
 
