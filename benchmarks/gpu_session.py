@@ -647,7 +647,7 @@ def step_eagle3(session) -> dict:
 
     from decode import Sampling
     from decode.drafters.heads import Eagle3Drafter
-    from decode.heads import Eagle3Head
+    from decode.head_models import Eagle3Head
 
     model = session.eager("target")
     config = model.config

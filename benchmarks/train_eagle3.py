@@ -15,7 +15,7 @@ this Python's standard library source, each as an answer to a request for that m
 
 How: the target's hidden states at the head's three layers (decode/hidden.py; the reference default 2, L/2, L-3) and
 its greedy token at every position of every sequence, computed once; a draft vocabulary of the --draft-vocab most
-frequent of those tokens (d2t); then the head (one Llama decoder layer as wide as the target, decode/heads.py)
+frequent of those tokens (d2t); then the head (one Llama decoder layer as wide as the target, decode/head_models.py)
 trained with AdamW on windows of --window tokens for --minutes, with EAGLE-3's training-time test (`ttt_logits`):
 --ttt steps, step k of anchor i being the head's (k + 1)-th draft after it has read the target's states up to i. Its
 input is the head's own output of step k - 1 at i with token i + k + 1, at position i + k; it attends to step 0's
@@ -234,7 +234,7 @@ def build_head(target, draft_ids: torch.Tensor, seed: int):
     """A head as wide as the target, its embedding the target's (frozen), draft vocabulary draft_ids (sorted)."""
     from transformers import LlamaConfig
 
-    from decode.heads import Eagle3Head, default_aux_layers
+    from decode.head_models import Eagle3Head, default_aux_layers
 
     torch.manual_seed(seed)
     tc = target.config
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     if (args.gsm8k_answers or args.gsm8k_answered) and not args.gsm8k:
         parser.error("--gsm8k-answers and --gsm8k-answered read a local GSM8K file: give it with --gsm8k PATH")
 
-    from decode.heads import default_aux_layers, save_eagle3
+    from decode.head_models import default_aux_layers, save_eagle3
     from utils.config import ModelConfig
     from utils.models import load_model
 

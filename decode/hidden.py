@@ -1,4 +1,4 @@
-"""The target's hidden states for a drafter that reads them (decode/heads.py: EAGLE-3, Medusa).
+"""The target's hidden states for a drafter that reads them (decode/head_models.py: EAGLE-3, Medusa).
 
 A drafter declares `target_layers`: indices in transformers' hidden_states numbering, 0 .. L for a target of L decoder
 layers, i < L the input of decoder layer i (0: the embeddings; what EAGLE-3's implementations call aux hidden state i), L the

@@ -38,7 +38,7 @@ def preflight(config: Config) -> torch.device:
         role = "draft" if len(config.draft) == 1 else f"draft[{index}]"
         check_model_config(draft, role)
         if draft.kind != "model" and draft.model.startswith("synthetic:"):
-            from decode.heads import HeadFormatError, parse_synthetic_head
+            from decode.head_models import HeadFormatError, parse_synthetic_head
 
             try:
                 parse_synthetic_head(draft.model)

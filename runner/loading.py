@@ -12,7 +12,7 @@ import torch
 
 from decode import Clock, check_vocab_compatible
 from decode.drafters.heads import is_head
-from decode.heads import KINDS as HEAD_KINDS
+from decode.head_models import KINDS as HEAD_KINDS
 from decode.methods import REGISTRY, caps_of
 from decode.vocab import VocabMismatch
 from utils import ConfigError, UserError
@@ -23,7 +23,7 @@ from utils.models import LoadedModel, check_exit_layers, load_model, model_devic
 def roles(target: LoadedModel | None, drafts: dict[str, LoadedModel],
           models_only: bool = False) -> list[tuple[str, str | None, LoadedModel]]:
     """(role, draft label or None for the target, the model) of every loaded model, the target first. models_only:
-    the causal LMs alone, without the heads (decode/heads.py), which run only inside their drafter."""
+    the causal LMs alone, without the heads (decode/head_models.py), which run only inside their drafter."""
     if target is None:
         return []
     return [("target", None, target)] + [(f"draft {label}", label, d) for label, d in drafts.items()
@@ -90,12 +90,12 @@ def load_models(config, device: torch.device, loading) -> tuple[LoadedModel, dic
 
 
 def load_draft_head(draft_config, target: LoadedModel, role: str) -> LoadedModel:
-    """A head for the target (decode/heads.py: kind eagle3 or medusa) from a local folder, or synthetic:head (the
+    """A head for the target (decode/head_models.py: kind eagle3 or medusa) from a local folder, or synthetic:head (the
     target's shape, random weights: its cost with no folder), in the target's dtype (or the draft's own where set) on
     the target's device, checked against the target; UserError: one line."""
     from pathlib import Path
 
-    from decode.heads import HeadFormatError, load_head, synthetic_head
+    from decode.head_models import HeadFormatError, load_head, synthetic_head
 
     dtype = target.model.dtype if draft_config.dtype == "auto" else getattr(torch, draft_config.dtype)
     source = draft_config.model

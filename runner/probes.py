@@ -70,8 +70,8 @@ def device_name(device: torch.device) -> str:
 
 
 def _prefilled(model, ids, mask) -> KVState | None:
-    """The model's cache of the prompts ids, mask [B, P]; a head (decode/heads.py) reads them as its drafter does, with
-    zeros for the target's hidden states (the cost is the same): its cache, None for one without (Medusa)."""
+    """The model's cache of the prompts ids, mask [B, P]; a head (decode/head_models.py) reads them as its drafter does,
+    with zeros for the target's hidden states (the cost is the same): its cache, None for one without (Medusa)."""
     if is_head(model):
         return _head_drafter(model, model.config.vocab_size, Sampling(False), ids, mask).state
     state = new_state(model)  # engine.compile: the compiled step's static state, whose cost is the one to measure

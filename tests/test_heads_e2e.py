@@ -8,7 +8,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from decode.heads import Eagle3Head, MedusaHeads, save_eagle3
+from decode.head_models import Eagle3Head, MedusaHeads, save_eagle3
 from helpers import assert_one_clean_line, base_config, run_launch, save_tiny_pair, write_prompts
 from tiny_models import save_medusa
 
@@ -87,7 +87,7 @@ def test_synthetic_heads_of_the_targets_shape(head_config):
     """synthetic:head: a head of the target's shape with seeded random weights and no folder (the cost of heads on a
     device with no weights): run beside the baseline, exact, its c measured; a parameter it does not have is one
     line."""
-    from decode.heads import synthetic_head
+    from decode.head_models import synthetic_head
 
     root, config = head_config
     target = AutoModelForCausalLM.from_pretrained(config["target"]["model"])
@@ -115,7 +115,7 @@ def test_the_training_script_saves_a_head_that_loads(head_config, monkeypatch):
     import hashlib
     import sys
 
-    from decode.heads import load_head
+    from decode.head_models import load_head
     from helpers import ROOT
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
@@ -143,7 +143,7 @@ def test_the_training_time_test_reads_what_drafting_reads(monkeypatch):
     engine drafts (each step one forward at the next position, fed the head's previous output)."""
     from transformers import DynamicCache, LlamaConfig
 
-    from decode.heads import Eagle3Head
+    from decode.head_models import Eagle3Head
     from helpers import ROOT
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))

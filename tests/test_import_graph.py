@@ -194,8 +194,8 @@ def test_only_the_home_engine_names_itself():
 
 # files that compare a string that is also a method's name, and why that string is not the method there
 NAME_CITED = {
-    "decode/heads.py": (5, "eagle3 is a head kind of this module (KINDS) and the speculators format's model type, a "
-                           "draft's kind, not the method"),
+    "decode/head_models.py": (5, "eagle3 is a head kind of this module (KINDS) and the speculators format's model "
+                                 "type, a draft's kind, not the method"),
 }
 
 

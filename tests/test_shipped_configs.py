@@ -93,7 +93,7 @@ def random_head(target: Path, kind: str, root: Path) -> Path:
     import torch
     from transformers import AutoConfig, LlamaConfig
 
-    from decode.heads import Eagle3Head, MedusaHeads, default_aux_layers, save_eagle3
+    from decode.head_models import Eagle3Head, MedusaHeads, default_aux_layers, save_eagle3
     from tiny_models import save_medusa
 
     folder = root / f"{kind}-head"

@@ -56,8 +56,8 @@ def noisy_copy(model, scale: float, seed: int = 7):
 
 
 def save_medusa(heads, folder) -> Path:
-    """Medusa heads (decode.heads.MedusaHeads) as a folder in the FasterDecoding layout (medusa_lm_head.pt: the heads'
-    own state dict), the folder users download: load_head reads it, nothing in the project writes one."""
+    """Medusa heads (decode.head_models.MedusaHeads) as a folder in the FasterDecoding layout (medusa_lm_head.pt: the
+    heads' own state dict), the folder users download: load_head reads it, nothing in the project writes one."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({

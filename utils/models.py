@@ -168,7 +168,7 @@ def check_model_config(cfg: ModelConfig, role: str) -> None:
                         "pip install -r requirements-gpu.txt on a GPU machine (a wheel for this torch), or use auto/sdpa")
     _check_device_map(cfg, role)
     if cfg.model.startswith("synthetic:"):
-        if getattr(cfg, "kind", "model") == "model":  # a synthetic head's spec is decode/heads.py's (preflight)
+        if getattr(cfg, "kind", "model") == "model":  # a synthetic head's spec is decode/head_models.py's (preflight)
             from utils.synthetic_models import parse
 
             try:

@@ -1,5 +1,5 @@
-"""Drafters that read the target's hidden states (decode/heads.py): an EAGLE-3 head and Medusa heads, chains of up to
-gamma drafts per row, in static batches and under load, greedy or sampled (the drafted token's q is the head's
+"""Drafters that read the target's hidden states (decode/head_models.py): an EAGLE-3 head and Medusa heads, chains of up
+to gamma drafts per row, in static batches and under load, greedy or sampled (the drafted token's q is the head's
 softmax, warped as the target's is; a token outside an EAGLE-3 head's draft vocabulary has q = 0).
 
 The engine hands the drafter the target's hidden states of each forward (`take_features`): the prompt's at prefill,
@@ -283,13 +283,13 @@ class MedusaDrafter(_HeadDrafter):
 
 def head_drafter(head, target_vocab_size: int, sampling: Sampling, generator: torch.Generator | None = None,
                  tree=None):
-    """The drafter of a head (decode/heads.py) by its kind, drafting `tree` where given (None: a chain)."""
-    kind = {"eagle3": Eagle3Drafter, "medusa": MedusaDrafter}[head.kind]  # decode/heads.py KINDS
+    """The drafter of a head (decode/head_models.py) by its kind, drafting `tree` where given (None: a chain)."""
+    kind = {"eagle3": Eagle3Drafter, "medusa": MedusaDrafter}[head.kind]  # decode/head_models.py KINDS
     return kind(head, target_vocab_size, sampling, generator, tree=tree)
 
 
 def is_head(model) -> bool:
     """Whether a draft is a head (it reads the target's hidden states) rather than a causal LM."""
-    from decode.heads import KINDS  # imported when asked: decode/heads.py loads transformers
+    from decode.head_models import KINDS  # imported when asked: decode/head_models.py loads transformers
 
     return getattr(model, "kind", None) in KINDS

@@ -107,7 +107,7 @@ def drafter_of(kind: str, target, sampling, generator):
     from decode.drafters.hybrid import HybridDrafter
     from decode.drafters.schedules import make_schedule
     from decode.drafters.suffix import SuffixDrafter
-    from decode.heads import MedusaHeads
+    from decode.head_models import MedusaHeads
     from decode.tree_layout import static_parents
     from test_heads import eagle3_head
 

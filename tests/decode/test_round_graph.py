@@ -174,9 +174,9 @@ def fused_head_generate(target, drafter, ids, mask, max_new_tokens, gamma, sampl
 
 @pytest.fixture(scope="module")
 def eagle3():
-    """A 4-layer target and an EAGLE-3 head fit to its greedy continuations (decode/heads.py; tests/decode/test_heads.py
-    fit): its drafts are accepted often, not always."""
-    from decode.heads import MedusaHeads
+    """A 4-layer target and an EAGLE-3 head fit to its greedy continuations (decode/head_models.py;
+    tests/decode/test_heads.py fit): its drafts are accepted often, not always."""
+    from decode.head_models import MedusaHeads
     from test_heads import eagle3_head, fit
 
     target = tiny_model("llama", seed=1, layers=4)
