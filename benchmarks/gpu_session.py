@@ -646,7 +646,7 @@ def step_eagle3(session) -> dict:
     from transformers import LlamaConfig
 
     from decode import Sampling
-    from decode.drafters.heads import Eagle3Drafter
+    from decode.drafters.head_drafters import Eagle3Drafter
     from decode.head_models import Eagle3Head
 
     model = session.eager("target")

@@ -141,8 +141,8 @@ def chain_rest(drafts, probs, target: CompiledModel, target_buffers, target_leng
 
 def head_chain(head: CompiledModel, buffers, length, count, pending_ids, pending_valid, pending_features, token, live,
                gamma: int, vocab_size: int, index, embedding_size: int, sampling: Sampling, noise):
-    """An EAGLE-3 head's catch-up and gamma draft steps (decode/drafters/heads.py Eagle3Drafter, over a static cache).
-    The pending pairs, right aligned in gamma + 1 columns: pending_features [B_cap, gamma + 1, F] (the target's states
+    """An EAGLE-3 head's catch-up and gamma draft steps (decode/drafters/head_drafters.py Eagle3Drafter, over a static
+    cache). The pending pairs, right aligned in gamma + 1 columns: pending_features [B_cap, gamma + 1, F] (the target's states
     the head has not read) and pending_ids (the token after each; the last column's is this round's `token`), masked
     by pending_valid. Each later step feeds the head's own pre-norm state with the token drafted; those steps' columns
     go at the end (they read the head's states, not the target's). index [V_d]: each draft id's target id.
@@ -255,7 +255,7 @@ def _round_inputs(state: StaticKVState, draft_state: StaticKVState, gamma: int, 
 def _kind(drafter) -> str | None:
     """"model" (a draft model), "head" (an EAGLE-3 head), or None: no fused round for this drafter."""
     from decode.drafters.draft_model import DraftModelDrafter
-    from decode.drafters.heads import Eagle3Drafter
+    from decode.drafters.head_drafters import Eagle3Drafter
 
     if isinstance(drafter, DraftModelDrafter):
         return "model"

@@ -11,7 +11,7 @@ import contextlib
 import torch
 
 from decode import Clock, check_vocab_compatible
-from decode.drafters.heads import is_head
+from decode.drafters.head_drafters import is_head
 from decode.head_models import KINDS as HEAD_KINDS
 from decode.methods import REGISTRY, caps_of
 from decode.vocab import VocabMismatch

@@ -15,7 +15,7 @@ import torch
 
 from decode.drafters.base import Proposal
 from decode.drafters.draft_model import DraftModelDrafter
-from decode.drafters.heads import head_drafter, is_head
+from decode.drafters.head_drafters import head_drafter, is_head
 from decode.generate import Clock, baseline_step, prefill, round_layout
 from decode.kv import KVState
 from decode.names import TARGET, draft_model, label_of

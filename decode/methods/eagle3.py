@@ -6,7 +6,7 @@ from decode.methods.speculative import Trees
 
 
 def run(ctx, point, prompt_ids, prompt_mask, generation, generator):
-    from decode.drafters.heads import head_drafter  # torch loads when a method runs, not with the registry
+    from decode.drafters.head_drafters import head_drafter  # torch loads when a method runs, not with the registry
     from decode.generate import generate_speculative
     from decode.methods.speculative import tree_for
 

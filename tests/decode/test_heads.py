@@ -1,5 +1,5 @@
-"""Draft heads fed by the target's hidden states (decode/head_models.py, decode/drafters/heads.py): the hidden states
-the engine hands over are transformers' own, an EAGLE-3 head drafts in the engine what it drafts from scratch over the
+"""Draft heads fed by the target's hidden states (decode/head_models.py, decode/drafters/head_drafters.py): the hidden
+states the engine hands over are transformers' own, an EAGLE-3 head drafts in the engine what it drafts from scratch over the
 whole sequence, greedy output is the target's in static batches and under load, sampling keeps the target's
 distribution, and the folders users have load as the same head."""
 import json
@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig
 
 from decode import Generation, Sampling, generate_baseline, generate_speculative
-from decode.drafters.heads import Eagle3Drafter, MedusaDrafter
+from decode.drafters.head_drafters import Eagle3Drafter, MedusaDrafter
 from decode.head_models import Eagle3Head, HeadFormatError, MedusaHeads, load_head, save_eagle3
 from decode.hidden import HiddenTap
 from decode.arrivals import Load

@@ -103,7 +103,7 @@ def fake_cuda_clock(monkeypatch, log) -> Clock:
 def drafter_of(kind: str, target, sampling, generator):
     """Every drafter and schedule the engine runs, by name."""
     from decode.drafters.draft_tree import DynamicTree, StaticTree
-    from decode.drafters.heads import Eagle3Drafter, MedusaDrafter
+    from decode.drafters.head_drafters import Eagle3Drafter, MedusaDrafter
     from decode.drafters.hybrid import HybridDrafter
     from decode.drafters.schedules import make_schedule
     from decode.drafters.suffix import SuffixDrafter

@@ -192,7 +192,7 @@ def test_fused_eagle3_rounds_give_the_eager_engines_tokens(eagle3, sampling):
     engine's tokens on a ragged batch, and one graph for every round after the first."""
     from torch._dynamo.utils import counters
 
-    from decode.drafters.heads import Eagle3Drafter
+    from decode.drafters.head_drafters import Eagle3Drafter
 
     torch._dynamo.reset()
     target, head = eagle3
@@ -223,7 +223,7 @@ def test_engine_rounds_of_a_compiled_head_give_the_eager_tokens(eagle3):
     """An EAGLE-3 head with a compiled step keeps its cache in static buffers (its features and own states padded into
     the step's inputs, `last_hidden` of the live rows' real columns): the engine's own rounds, those a loop runs where
     a round is not fused, give the eager head's tokens."""
-    from decode.drafters.heads import Eagle3Drafter
+    from decode.drafters.head_drafters import Eagle3Drafter
     from decode.static_kv import StaticKVState
 
     target, head = eagle3
