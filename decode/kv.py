@@ -236,7 +236,7 @@ class KVState(TreeRounds):
         input_ids are on the engine's device, where the logits come back. input_mask is a numpy array (built
         on the host: no sync) or a tensor on the engine's device (read to the host once: a sync, as at prefill).
         Returns [B, S, V], or [B, 1, V] with last_only (the LM head runs on the last slot alone). `inputs` go to the
-        model as they are (a draft head's hidden states, decode/heads.py).
+        model as they are (a draft head's hidden states, decode/head_models.py).
         """
         if self.mask is None and sliding_window_of(getattr(model, "config", None)) is not None:
             self.hole_free = True

@@ -594,7 +594,7 @@ def _print(console, title: str, runs: list[dict], columns: list[Column]) -> None
     console.print(table)
 
 
-# ---- serving runs (config load:, eval/serving.py) ------------------------------------------------------------------
+# ---- serving runs (config load:, eval/served_figures.py) ------------------------------------------------------------------
 
 def serving_synthetic_lines(runs: list[dict]) -> list[str]:
     """Under load, per synthetic-acceptance point: the set alpha against the estimated one, and the throughput

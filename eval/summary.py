@@ -160,7 +160,7 @@ def context_notes(runs: list[dict]) -> list[str]:
 
 def summarize(samples: list[dict], progress: dict | None = None, config: dict | None = None) -> dict:
     """All figures per run (a point, overall and per group) from the raw records and progress.json (its keys:
-    runner/storage.py's Progress). Serving points (config load:) go to summary["serving"] (eval/serving.py), their SLO
+    runner/storage.py's Progress). Serving points (config load:) go to summary["serving"] (eval/served_figures.py), their SLO
     from config (config.yaml as saved). Pure: the same inputs give the same summary, NaN-free."""
     progress = progress or {}
     unknown = sorted({s["method"] for s in samples} - set(REGISTRY))  # a folder from another version of the tool
@@ -176,7 +176,7 @@ def summarize(samples: list[dict], progress: dict | None = None, config: dict | 
     for f in progress.get("failures") or []:
         if f.get("method") in REGISTRY:
             failures[Point.of(f)].append(f)
-    # a serving point's records are requests, not batches: their figures are eval/serving.py's
+    # a serving point's records are requests, not batches: their figures are eval/served_figures.py's
     serving_points = {p: by_point.pop(p) for p in [p for p in by_point if p.serving]}
     serving_failures = {p: failures.pop(p) for p in [p for p in failures if p.serving]}
     # each engine's points pair with its own reference (ours: baseline; another's: its own), never across engines

@@ -24,7 +24,7 @@ class RunContext:
     options: dict = field(default_factory=dict)  # method -> its typed options (MethodSpec.options), as the config set
     #   them: a method reads ctx.options[point.method]
     memory: dict = field(default_factory=dict)  # what a method learns across the batches of a point, by point
-    load: object = None  # decode/serving.py Load: a serving run's arrivals and concurrency; None: a fixed batch
+    load: object = None  # decode/arrivals.py Load: a serving run's arrivals and concurrency; None: a fixed batch
     warming_up: bool = False  # the untimed warmup runs (a shorter max_new_tokens): learn nothing about lengths
     groups: dict = field(default_factory=dict)  # a prompt's token ids (tuple) -> its group (dataset.group_by), if any
     repeat: int = 0  # the repeat running (runner/session.py): the suffix cache is kept per repeat (methods/suffix.py)

@@ -1,6 +1,6 @@
 """EAGLE-3 (Li et al. 2025) in our engine: a head trained for the target drafts up to gamma tokens a round from the
 target's own hidden states at three layers, as a chain or a token tree (a draft of kind eagle3: the head's folder, in the speculators, EAGLE or
-SpecForge layout; decode/heads.py)."""
+SpecForge layout; decode/head_models.py)."""
 from decode.methods.base import MethodSpec
 from decode.methods.speculative import Trees
 

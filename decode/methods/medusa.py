@@ -1,6 +1,6 @@
 """Medusa (Cai et al. 2024) in our engine: K heads on the target's last hidden state each draft one token further
 ahead, up to min(gamma, K) a round, as a chain or a token tree (a draft of kind medusa: the heads' folder;
-decode/heads.py)."""
+decode/head_models.py)."""
 from decode.methods.base import MethodSpec
 from decode.methods.eagle3 import run
 from decode.methods.speculative import Trees

@@ -435,7 +435,7 @@ class ProcessExecutor:
 
     # -- jobs -------------------------------------------------------------------------------------
     def _job(self, batch, temperature, max_new_tokens: int, seed: int, load=None) -> dict:
-        """A generate job of a fixed batch; with load (decode/serving.py Load), a serve job of its requests."""
+        """A generate job of a fixed batch; with load (decode/arrivals.py Load), a serve job of its requests."""
         g = self.config.generation
         job = {"op": "generate", "prompts": [p.token_ids for p in batch], "max_new_tokens": max_new_tokens,
                "temperature": temperature, "top_k": g.top_k, "top_p": g.top_p, "seed": seed,

@@ -3,7 +3,7 @@
 An engine's worker.py subclasses ProcessWorker with what is its engine's (start, check, its sampling parameters, adding
 a request, stepping the engine, a row's answer). It runs with the interpreter of the engine's own environment, whose
 packages may clash with this project's (an engine's build may pin another transformers): this file imports only the
-standard library and decode/serving.py (standard library only too), each loaded by its path, not as a package of the
+standard library and decode/arrivals.py (standard library only too), each loaded by its path, not as a package of the
 repository, so that no __init__ above them runs there. An engine's worker imports this file with runner/engines on
 sys.path for that import alone (an engine's package there would shadow the engine's own modules of its name).
 
@@ -18,7 +18,7 @@ SIGKILLed) gets SIGTERM: on Linux from PR_SET_PDEATHSIG, which its parent sets, 
    "top_k", "top_p", "seed", "stop_token_ids"}: a fixed batch, every prompt added at once
   {"op": "serve", ... a generate job's keys, and "arrivals": [seconds from the start, one per prompt, non-decreasing],
    "concurrency": C, optionally "follows": [null or an earlier request's index, one per prompt] and "think_s"}: the
-        prompts as requests that arrive and leave, admitted by decode/serving.py's Queue (in arrival order, then
+        prompts as requests that arrive and leave, admitted by decode/arrivals.py's Queue (in arrival order, then
         index order, at most C in flight; a request that follows request j arrives think_s after j's last token)
         -> {"ok": true, "wall_s": seconds from the start to the last request's end, "rows": [the engine's row, with,
             in seconds from the start: "arrival_s", "admitted_s", "first_token_s", "finish_s" (the end of the engine
@@ -166,7 +166,7 @@ class ProcessWorker:
 
     def run(self, prompts: list[list[int]], params, arrivals: list[float], concurrency: int,
             follows: list | None = None, think_s: float = 0.0) -> dict:
-        """The requests admitted by decode/serving.py's Queue (arrivals[i] seconds from the start; one that follows
+        """The requests admitted by decode/arrivals.py's Queue (arrivals[i] seconds from the start; one that follows
         request j: think_s after j's last token) while fewer than `concurrency` are in flight; the engine stepped while
         any is in flight, a sleep until the next arrival while none is. A token's time is the end of the step that
         gave it."""

