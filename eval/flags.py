@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import ENGINE_TEXTS, REGISTRY, is_home
+from decode.methods import ENGINE_TEXTS, FIXED, PRICED, REGISTRY, is_home
 from decode.tree_layout import tree_nodes
 from eval.records import OLD_DRIFT_KEYS, CostProbe, Point, per_process, probe_engine
 from eval.stats import MIN_PROMPTS, spread
@@ -286,9 +286,6 @@ def int8_batch(point: Point, metrics: dict, numerics: dict) -> dict | None:
             f"the baseline's ({measured}), and exact_match does not test the method here: batch 1, or 4-bit, does"}
 
 
-PRICED_SCHEDULES = ("cost_model", "recommended")  # the schedules that choose K by what a round costs and yields
-
-
 def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference: str) -> list[str]:
     """Why a figure of an overall run is null, partial or doubtful."""
     notes, label, spec = [], point.label, REGISTRY[point.method]
@@ -298,9 +295,9 @@ def run_notes(run: dict, point: Point, metrics: dict, numerics: dict, reference:
     elif spec.has_rounds and metrics.get("acceptance_rate") is None:
         schedule = getattr(point, "schedule", None)
         # a schedule that picks K per round drafting none is its choice, not the budget's
-        why = ("the max_new_tokens budget left none" if schedule in (None, "constant") else
+        why = ("the max_new_tokens budget left none" if schedule in (None, FIXED) else
                f"the {schedule} schedule chose K 0 in every round: by its prices the drafts do not pay at these loads"
-               if schedule in PRICED_SCHEDULES else f"the {schedule} schedule chose K 0 in every round")
+               if schedule in PRICED else f"the {schedule} schedule chose K 0 in every round")
         notes.append(f"{label}: no round drafted a token ({why}): acceptance figures, alpha and the prediction are "
                      "null")
     batches = run["batches"]

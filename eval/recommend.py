@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from decode.k_model import TIE, conditional, pick
-from decode.methods import REGISTRY, caps_of
+from decode.methods import FIXED, REGISTRY, caps_of
 from eval import acceptance_io, deploy
 from eval.axes import comparison_axes
 from eval.costs import TARGET, Profile, read_config, read_env, read_progress, run_costs
@@ -70,7 +70,7 @@ def chain(rows: list[dict]) -> bool:
                 return False
             left -= r["emitted"]
         return True
-    return all(s.get("schedule") in (None, "constant") and capped(s) for s in rows)
+    return all(s.get("schedule") in (None, FIXED) and capped(s) for s in rows)
 
 
 def agreements(rounds: list[dict]) -> list[bool | None]:
@@ -608,7 +608,7 @@ def imported_samples(rates: list[float], profile: Profile, prompt_tokens: int, n
             if served:
                 row.update(batch_size=None, concurrency=n, request=i, arrival_s=0.0)
             rows.append(row)
-        spec = dealt([dict(r, method="speculative", draft=drafts[0], gamma=k, schedule="constant") for r in rows], pool)
+        spec = dealt([dict(r, method="speculative", draft=drafts[0], gamma=k, schedule=FIXED) for r in rows], pool)
         out += rows + spec
     return out
 

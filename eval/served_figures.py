@@ -14,7 +14,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from decode.methods import ENGINE_CAPS, ENGINE_TEXTS, REGISTRY, caps_of, reference_method
+from decode.methods import ENGINE_CAPS, ENGINE_TEXTS, FIXED, REGISTRY, caps_of, reference_method
 from eval.costs import run_costs
 from eval.figures import constant_draft_length
 from eval.flags import CI_WIDE, flags_of
@@ -558,9 +558,6 @@ def crossovers(runs: list[dict]) -> list[dict]:
 
 # ---- a schedule against the best fixed K ----------------------------------------------------------------------
 
-FIXED_SCHEDULE = "constant"
-
-
 def versus_fixed(runs: list[dict], by_point: dict[Point, list[dict]]) -> list[dict]:
     """Per load point and method line but its gamma and schedule: each point whose schedule is not the constant one
     against the constant schedule's best K there (the highest throughput speedup's point estimate, so the choice
@@ -576,12 +573,12 @@ def versus_fixed(runs: list[dict], by_point: dict[Point, list[dict]]) -> list[di
         lines[tuple(Point.of(run).without("gamma", "schedule").items())].append(run)
     out = []
     for rows in lines.values():
-        fixed = [r for r in rows if r["schedule"] == FIXED_SCHEDULE]
+        fixed = [r for r in rows if r["schedule"] == FIXED]
         if not fixed:
             continue
         best = max(fixed, key=lambda r: (r["metrics"]["speedup_tput"], -(r.get("gamma") or 0)))
         for run in rows:
-            if run["schedule"] == FIXED_SCHEDULE:
+            if run["schedule"] == FIXED:
                 continue
             mine, theirs = by_point[Point.of(run)], by_point[Point.of(best)]
             tput, paired = paired_clusters(mine, theirs, REQUESTS), requests_paired(mine, theirs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from decode.methods import ENGINE_CAPS, ENGINES, REGISTRY, caps_of, is_home, reference_method
+from decode.methods import ENGINES, ENGINE_CAPS, FIXED, REGISTRY, caps_of, is_home, reference_method
 from eval.groups import TURN, group_text, groups_of, in_group, natural
 from eval.figures import exact_match, prediction_gap
 from eval.flags import CI_WIDE, baseline_repeat_drift, flags_of, probe_drift, run_notes, target_numerics
@@ -332,7 +332,7 @@ def engine_comparison(by_point: dict, baselines: dict, runs: list[dict]) -> list
             if spec.engine != engine or spec.is_reference or point.comparison != comparison or not spec.counterpart:
                 continue
             twin = Point(**{**point.values(), "method": spec.counterpart,
-                            "schedule": "constant" if "schedule" in REGISTRY[spec.counterpart].axes else None})
+                            "schedule": FIXED if "schedule" in REGISTRY[spec.counterpart].axes else None})
             mine, other = overall.get(point.label), overall.get(twin.label)
             if mine is None or other is None:
                 continue

@@ -32,6 +32,7 @@ class Schedule:
     # True: a row may go many rounds without drafting (its K is 0 at some loads): a draft model leaves such a row out of
     # its cache while it does not draft (DraftModelDrafter: its prefill waits for the first round that drafts)
     idles_rows = False
+    priced = False  # True: it chooses K by what a round costs and yields (K 0 in every round is then its choice)
 
     def __init__(self, gamma: int):
         if gamma < 1:
@@ -299,6 +300,7 @@ class CostModelSchedule(Schedule):
     """
     measured = True
     name = "cost_model"
+    priced = True
     PROBE_EVERY = 8
     DECAY = 0.8
     PRIOR_WEIGHT = 2.0
@@ -463,6 +465,7 @@ class RecommendedSchedule(Schedule):
     Lossless: a round's K is decided before it, from the rows, their contexts and backlogs, never from the target's
     verdict."""
     name = "recommended"
+    priced = True
     reads_context = True
     idles_rows = True  # at K 0 a joining row's prefill waits in its pending tokens: the catch-up, priced, pays it
 
@@ -545,6 +548,8 @@ class RecommendedSchedule(Schedule):
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "confidence": ConfidenceSchedule,
              "cost_model": CostModelSchedule, "recommended": RecommendedSchedule}
+FIXED = ConstantSchedule.name  # one K every round: what a deploy target takes and a recommendation's sweeps measure
+PRICED = tuple(name for name, schedule in SCHEDULES.items() if schedule.priced)
 
 
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from decode.methods.base import EngineCaps, MethodSpec, RunContext
+from decode.methods.speculative import FIXED, PRICED
 
 
 def engine_folders() -> list[Path]:
@@ -94,4 +95,4 @@ def reference_method(engine: str = "ours") -> str:
 
 
 __all__ = ["DECLARATIONS", "engine_file", "ENGINE_CAPS", "ENGINE_SECTIONS", "ENGINE_TEXTS", "ENGINES", "HOME_ENGINE", "REGISTRY", "EngineCaps", "MethodSpec",
-           "RunContext", "caps_of", "is_home", "reference_method", "spec"]
+           "RunContext", "FIXED", "PRICED", "caps_of", "is_home", "reference_method", "spec"]

@@ -10,10 +10,9 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-import shlex
 from types import SimpleNamespace
 
-from decode.methods import DECLARATIONS, REGISTRY, engine_file
+from decode.methods import DECLARATIONS, FIXED, REGISTRY, engine_file
 from eval.deploy.base import AcceptanceError, AcceptanceForm, Choice, Settings, Target
 
 
@@ -48,7 +47,7 @@ def settings(choice: dict | None, drafts: dict, options: dict | None = None) -> 
         reason = (f"a tree of drafts (tree={choice['tree']}): the settings here are one chain of K, and a tree's "
                   "settings were not checked against ours")
         return {**{t.name: None for t in targets}, "no_equivalent": {t.name: reason for t in targets}, "notes": []}
-    if choice.get("schedule") not in (None, "constant"):
+    if choice.get("schedule") not in (None, FIXED):
         notes.append(f"schedule {choice['schedule']} picks K per round up to {choice['gamma']}: the engines draft a "
                      "fixed K, here that most")
     if choice.get("draft_context") is not None:
@@ -115,7 +114,7 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
             best = next(c for c in r["candidates"] if c["candidate"] == r["best"])
             axes = best.get("axes") or {}
             if best["candidate"] != "off" and (axes.get("tree") is not None or axes.get("schedule") not in
-                                               (None, "constant") or not best.get("gamma")):
+                                               (None, FIXED) or not best.get("gamma")):
                 chains.add(None)  # a tree or a schedule of its own: no K table says it
                 continue
             ks[int(value)] = int(best.get("gamma") or 0)
