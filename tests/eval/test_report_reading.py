@@ -109,6 +109,15 @@ def test_a_margin_above_one_and_a_group_too_small_for_an_interval():
     assert "1.250x [1.250, 1.250] paired over 8 prompt batches (above 1)" in text
 
 
+def test_a_best_method_slower_than_the_target_alone_is_not_called_best():
+    # every method slower than the baseline's 2.0 s: speculative 32 tokens in 8 x 2.5 s = 0.80x, prompt_lookup 0.64x
+    samples = [s for s in three_methods(a=(2.5, 2.5), b=3.125) if s["gamma"] != 4]
+    text = markdown(summarize(samples, {}))
+    assert "- batch=1 greedy, overall: no method above the target alone; the fastest, speculative (speculative " \
+           "draft=d gamma=2 constant batch=1 greedy), reads 0.80x [0.80, 0.80]" in text
+    assert "best method" not in text
+
+
 def test_plots_keep_their_legend_off_the_bars_and_every_label_in_the_image(tmp_path, monkeypatch):
     samples = three_methods(group="a") + [dict(s, group="b", sample_id=s["sample_id"] + 8,
                                                batch_index=s["batch_index"] + 8) for s in three_methods()]
