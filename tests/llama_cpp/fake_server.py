@@ -5,7 +5,7 @@ prompt: token i of a row is (sum(prompt) + 7 i) % 50 + 10 (greedy, every method 
 sends each step's tokens one chunk each with the cumulative draft_n and draft_n_accepted, and withholds the chunk of
 every 9th token (as the server does for a token that ends inside a UTF-8 character), or of the tokens at the 1-based
 positions FAKE_LLAMA_WITHHOLD lists (e.g. "1,4,5": the prefill's, a round's last and the next round's first).
-With FAKE_LLAMA_SIGILL set it dies of SIGILL at its start unless -nr (no weight repacking) is given.
+With FAKE_LLAMA_CRASH=SIGILL (or SIGSEGV) it dies of that signal at its start unless -nr (no weight repacking) is given.
 
 Faults, for the worker's handling of them (each by an environment variable):
 - FAKE_LLAMA_START=exit: it passes --version, then exits 1 at its start with a line on stderr; =hang: it never answers.
@@ -29,8 +29,8 @@ def arg(name: str, default=None):
 if "--version" in sys.argv:
     print("version: 1 (fake)", file=sys.stderr)
     sys.exit(0)
-if os.environ.get("FAKE_LLAMA_SIGILL") and "-nr" not in sys.argv:  # a repacking kernel this machine cannot run
-    os.kill(os.getpid(), signal.SIGILL)
+if os.environ.get("FAKE_LLAMA_CRASH") and "-nr" not in sys.argv:  # a repacking kernel this machine cannot run
+    os.kill(os.getpid(), getattr(signal, os.environ["FAKE_LLAMA_CRASH"]))
 if os.environ.get("FAKE_LLAMA_START") == "exit":
     print("fake: error loading model: tensor 'output.weight' has wrong shape", file=sys.stderr, flush=True)
     sys.exit(1)

@@ -25,8 +25,8 @@ class LlamaCppConfig(BaseModel):
                                                            "cached beside the file)")
     threads: int | None = Field(None, ge=1, description="the server's threads (-t, -tb); default: every core, as ours")
     repack: bool = Field(True, description="llama.cpp's weight repacking for this CPU (its default); false: -nr (a "
-                                           "server that dies of SIGILL on quantized files, as AMX in some VMs, runs "
-                                           "without it)")
+                                           "server that dies at its start, of SIGILL or SIGSEGV, as with AMX in some "
+                                           "VMs, runs without it)")
     pairing: Literal["auto", "batch", "engine"] = Field(
         "auto", description="batch: every server of a comparison up, batches back to back as ours; engine: one "
                             "server at a time over all batches; auto: batch where the weights fit")

@@ -171,10 +171,11 @@ class Worker(ProcessWorker):
             if self.server.poll() is not None:
                 self.forwarder.join(timeout=2)  # its last words
                 code, self.server = self.server.returncode, None
-                if code == -signal.SIGILL:
-                    raise RuntimeError("llama-server died of an illegal instruction while starting: a kernel its build "
-                                       "chose for this CPU does not run here (seen: its weight repacking of quantized "
-                                       "files, AMX, in a VM); set llama_cpp.repack: false")
+                if code in (-signal.SIGILL, -signal.SIGSEGV) and engine.get("repack", True):
+                    # b11434 built for a CPU with AMX, in a VM: SIGILL, or SIGSEGV at its threadpool's start
+                    raise RuntimeError(f"llama-server died while starting ({exit_text(code)}): its weight repacking "
+                                       "for this CPU does not run here (seen with AMX in a VM); set "
+                                       "llama_cpp.repack: false")
                 raise RuntimeError(f"llama-server exited while starting ({exit_text(code)}); its last line: "
                                    f"{self.last_line[:300] or '(none)'}")
             if time.perf_counter() - began > timeout:
