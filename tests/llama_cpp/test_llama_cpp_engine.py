@@ -314,7 +314,7 @@ def test_the_real_server_on_smollm2(tmp_path):
 def test_the_exported_synthetic_rates_are_flags_that_start_a_server():
     """b11434 starts with --spec-synth-rates only with speculation on (--spec-type and a draft model: the user adds
     -md); every round drafts K, as the rates assume, and the file reads back."""
-    from runner.engines.llama_cpp.target import export, parse
+    from runner.engines.llama_cpp.deploy import export, parse
 
     flags = export([0.8, 0.5, 0.25]).split()
     pairs = dict(zip(flags, flags[1:]))
