@@ -11,10 +11,8 @@ the two.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,25 +92,16 @@ def sources(summary: dict) -> list[str]:
 
 
 def main() -> int:
-    from methods_bench import run_on, table
+    from methods_bench import bench_parser, measured, table
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(ROOT / "benchmarks" / "hybrid.yaml"))
+    parser = bench_parser(__doc__, "hybrid")
     parser.add_argument("--mt-bench", type=int, default=2, help="questions of each of the two MT-Bench categories")
     parser.add_argument("--categories", default=",".join(MT_BENCH), help="MT-Bench categories, comma-separated")
     parser.add_argument("--no-heldout", action="store_true", help="leave out configs/data/heldout_prompts.jsonl")
     parser.add_argument("--gsm8k", type=int, default=0, help="the first N GSM8K test questions (category gsm8k)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--out", default=str(ROOT / "results" / f"hybrid-{time.strftime('%Y%m%d-%H%M%S')}"))
-    parser.add_argument("--from", dest="existing", help="print the tables of an earlier run's folder")
     args = parser.parse_args()
-    if args.existing:
-        out = Path(args.existing)
-    else:
-        data = ROOT / "results" / "hybrid-data.jsonl"
-        count = build_prompts(data, args.mt_bench, tuple(args.categories.split(",")), not args.no_heldout, args.gsm8k)
-        print(f"{count} prompts in {data}", file=sys.stderr)
-        out = run_on(args.config, args.overrides, data, Path(args.out))
+    out = measured(args, "hybrid", lambda data: build_prompts(data, args.mt_bench, tuple(args.categories.split(",")),
+                                                               not args.no_heldout, args.gsm8k))
     summary = json.loads((out / "summary.json").read_text())
     text = ("Speedup vs the baseline, 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an interval); "
             "! = flagged (see summary.md)\n\n" + table(summary) +

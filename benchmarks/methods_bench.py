@@ -81,21 +81,32 @@ def run_on(config_path: str, overrides: list[str], data: Path, out: Path) -> Pat
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(ROOT / "benchmarks" / "methods.yaml"))
-    parser.add_argument("--per-category", type=int, default=2)
+def bench_parser(doc: str, name: str) -> argparse.ArgumentParser:
+    """The options every prompt-set benchmark takes: --config (benchmarks/NAME.yaml), --set, --out
+    (results/NAME-<time>) and --from (an earlier run's folder, whose tables are printed again)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "benchmarks" / f"{name}.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--out", default=str(ROOT / "results" / f"methods-{time.strftime('%Y%m%d-%H%M%S')}"))
-    parser.add_argument("--from", dest="existing", help="print the table of an earlier run's folder")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(ROOT / "results" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    parser.add_argument("--from", dest="existing", help="print the tables of an earlier run's folder")
+    return parser
+
+
+def measured(args, name: str, build) -> Path:
+    """The run's folder: --from's, or a new run of --config on the prompts build(path) writes (it returns their
+    count) to results/NAME-data.jsonl."""
     if args.existing:
-        out = Path(args.existing)
-    else:
-        data = ROOT / "results" / "methods-data.jsonl"
-        count = build_prompts(data, args.per_category)
-        print(f"{count} prompts in {data}", file=sys.stderr)
-        out = run_on(args.config, args.overrides, data, Path(args.out))
+        return Path(args.existing)
+    data = ROOT / "results" / f"{name}-data.jsonl"
+    print(f"{build(data)} prompts in {data}", file=sys.stderr)
+    return run_on(args.config, args.overrides, data, Path(args.out))
+
+
+def main() -> int:
+    parser = bench_parser(__doc__, "methods")
+    parser.add_argument("--per-category", type=int, default=2)
+    args = parser.parse_args()
+    out = measured(args, "methods", lambda data: build_prompts(data, args.per_category))
     summary = json.loads((out / "summary.json").read_text())
     text = ("Speedup vs each engine's reference (baseline; vllm_generate for the vllm_* points), 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an "
             "interval); ! = flagged (see summary.md)\n\n" + table(summary))

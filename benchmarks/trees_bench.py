@@ -10,17 +10,15 @@ tree point's acceptance by depth and rank and the measured v(n).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from methods_bench import build_prompts, run_on, table  # noqa: E402
+from methods_bench import bench_parser, build_prompts, measured, table  # noqa: E402
 
 
 def build(path: Path, per_category: int, humaneval: int, heldout: int) -> int:
@@ -58,22 +56,12 @@ def details(summary: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(ROOT / "benchmarks" / "trees.yaml"))
+    parser = bench_parser(__doc__, "trees")
     parser.add_argument("--per-category", type=int, default=1, help="MT-Bench questions per category")
     parser.add_argument("--humaneval", type=int, default=2)
     parser.add_argument("--heldout", type=int, default=2, help="held-out prompts per category")
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--out", default=str(ROOT / "results" / f"trees-{time.strftime('%Y%m%d-%H%M%S')}"))
-    parser.add_argument("--from", dest="existing", help="print the tables of an earlier run's folder")
     args = parser.parse_args()
-    if args.existing:
-        out = Path(args.existing)
-    else:
-        data = ROOT / "results" / "trees-data.jsonl"
-        count = build(data, args.per_category, args.humaneval, args.heldout)
-        print(f"{count} prompts in {data}", file=sys.stderr)
-        out = run_on(args.config, args.overrides, data, Path(args.out))
+    out = measured(args, "trees", lambda data: build(data, args.per_category, args.humaneval, args.heldout))
     summary = json.loads((out / "summary.json").read_text())
     text = ("Speedup vs the baseline, 95% paired bootstrap CI over prompts ((n=k): k prompts, too few for an interval); "
             "! = flagged (see summary.md); categories marked * are held out (nobody tuned on them)\n\n" + table(summary)
