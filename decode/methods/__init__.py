@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from decode.methods.base import EngineCaps, MethodSpec, RunContext
-from decode.methods.speculative import FIXED, PRICED
+from decode.drafters.schedules import FIXED, PRICED  # the fixed K's schedule, the priced ones (eval/ reads them here)
 
 
 def engine_folders() -> list[Path]:

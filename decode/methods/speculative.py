@@ -8,7 +8,6 @@ from pathlib import Path
 from decode.k_model import KModel
 from decode.methods.base import MethodSpec, option
 
-from decode.drafters.schedules import FIXED, PRICED  # noqa: F401  the fixed K's schedule, those priced (eval/ reads them here)
 from decode.drafters.schedules import SCHEDULES as _BUILT
 
 SCHEDULES = tuple(_BUILT)  # the draft-length schedules, as decode/drafters/schedules.py names them
