@@ -39,13 +39,14 @@ def eos_set(tokenizer, model_eos) -> tuple[int, ...]:
 
 
 def apply_engine(config, loaded) -> str:
-    """Swap in the CPU linear kernels the config asks for; returns what was done, for the notes."""
+    """Swap in the CPU linear kernels the config asks for; returns the kernels the model runs, for the notes (a
+    quantized model's as loading put them in)."""
     from utils.cpu_linear import pack_linears, usable
 
     if config.engine.compile:  # inductor compiles nn.Linear; it cannot lower oneDNN's packed weights
-        return "nn.Linear, compiled"
+        return f"{loaded.kernels}, compiled"
     if config.engine.cpu_linear == "default" or loaded.quantization != "none" or not usable(loaded.model):
-        return "nn.Linear"
+        return loaded.kernels
     count = pack_linears(loaded.model, config.engine.pack_batch_hint)
     return f"oneDNN prepacked linear x{count} (batch hint {config.engine.pack_batch_hint})"
 

@@ -33,7 +33,7 @@ class ModelConfig(Strict):
     quantization: Literal["none", "8bit", "4bit", "torchao-int4", "torchao-int8"] = Field(
         "none", description="4bit / 8bit: bitsandbytes (4bit is nf4 with double quantization, computing in dtype); "
                             "torchao-int4 / torchao-int8: torchao's weight-only linears (int4 in groups of 128, "
-                            "computing in bfloat16: set dtype bfloat16; int8 per channel), which run on a CPU too")
+                            "computing in bfloat16: dtype auto or bfloat16; int8 per channel), which run on a CPU too")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto: sdpa, except where flash_attention_2 can run (CUDA, fp16/bf16, flash-attn 2): "
                             "both are then timed at load on the largest batch size and the fastest that gives "

@@ -83,8 +83,10 @@ def native_bf16(device: torch.device) -> bool:
     return device.type == "cuda" and compute_capability(device) >= (8, 0)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
     if name == "auto":
+        if quantization == "torchao-int4":  # its int4 matmul takes bfloat16 activations alone
+            return torch.bfloat16
         if device.type == "cpu":
             return torch.float32
         return torch.bfloat16 if native_bf16(device) else torch.float16
@@ -157,9 +159,9 @@ def check_model_config(cfg: ModelConfig, role: str) -> None:
         if importlib.util.find_spec("torchao") is None:
             raise UserError(f"{role}.quantization: {cfg.quantization} needs torchao, which is not installed; "
                             "pip install torchao (requirements.txt pins the tested version), or set quantization: none")
-        if cfg.quantization == "torchao-int4" and cfg.dtype != "bfloat16":
+        if cfg.quantization == "torchao-int4" and cfg.dtype not in ("auto", "bfloat16"):
             raise UserError(f"{role}.quantization: torchao-int4 computes in bfloat16 (its int4 matmul takes no other "
-                            f"activations), but {role}.dtype is {cfg.dtype}; set {role}.dtype: bfloat16")
+                            f"activations), but {role}.dtype is {cfg.dtype}; set {role}.dtype: bfloat16 or auto")
     elif cfg.quantization != "none" and importlib.util.find_spec("bitsandbytes") is None:
         raise UserError(f"{role}.quantization: {cfg.quantization} needs bitsandbytes, which is not installed; "
                         "pip install bitsandbytes, or set quantization: none")
@@ -247,7 +249,7 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     check_model_config(cfg, role)
-    dtype = resolve_dtype(cfg.dtype, device)
+    dtype = resolve_dtype(cfg.dtype, device, cfg.quantization)
     attention = resolve_attention(cfg.attn_implementation, device, dtype)
     if attention == "flash_attention_2":
         problem = flash_attention_problem(device, dtype)
@@ -288,9 +290,16 @@ def load_model(cfg: ModelConfig, device: torch.device, role: str) -> LoadedModel
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    kernels = torchao_quantize(model, cfg.quantization, device) if cfg.quantization.startswith("torchao") else "nn.Linear"
+    kernels = linear_kernels(model, cfg.quantization, device)
     return LoadedModel(model, tokenizer, source, str(dtype).removeprefix("torch."), attention, cfg.quantization, vocab_size,
                        kernels, **auto_attention(cfg.attn_implementation, attention, device, dtype))
+
+
+def linear_kernels(model: torch.nn.Module, quantization: str, device: torch.device) -> str:
+    """The linears' kernels after loading, for the report: torchao's are put in here, bitsandbytes' were at loading."""
+    if quantization.startswith("torchao"):
+        return torchao_quantize(model, quantization, device)
+    return f"bitsandbytes {quantization}" if quantization in ("4bit", "8bit") else "nn.Linear"
 
 
 def torchao_quantize(model: torch.nn.Module, quantization: str, device: torch.device) -> str:
@@ -379,7 +388,7 @@ def _load_synthetic(cfg: ModelConfig, device, dtype, attention: str, role: str) 
     model = model.to(device).eval().requires_grad_(False)
     tokenizer.padding_side = "left"
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    kernels = torchao_quantize(model, cfg.quantization, device) if cfg.quantization.startswith("torchao") else "nn.Linear"
+    kernels = linear_kernels(model, cfg.quantization, device)
     return LoadedModel(model, tokenizer, cfg.model, str(dtype).removeprefix("torch."), attention, cfg.quantization,
                        vocab_size, kernels, **auto_attention(cfg.attn_implementation, attention, device, dtype))
 

@@ -67,10 +67,28 @@ def test_torchao_quantized_pair_is_exact_against_its_own_baseline_eager_and_comp
         assert compiled[row].output_ids == eager[row].output_ids, f"compiled speculative, row {row}"
 
 
-def test_torchao_int4_outside_bfloat16_is_refused_in_one_line():
+def test_torchao_int4_outside_bfloat16_is_refused_in_one_line_and_auto_is_bfloat16():
     from utils import UserError
-    from utils.models import check_model_config
+    from utils.models import check_model_config, resolve_dtype
 
     with pytest.raises(UserError, match=r"^target.quantization: torchao-int4 computes in bfloat16 .* set target.dtype: "
-                                        r"bfloat16$"):
-        check_model_config(ModelConfig(model=TARGET, quantization="torchao-int4"), "target")
+                                        r"bfloat16 or auto$"):
+        check_model_config(ModelConfig(model=TARGET, dtype="float32", quantization="torchao-int4"), "target")
+    check_model_config(ModelConfig(model=TARGET, quantization="torchao-int4"), "target")  # dtype auto
+    assert resolve_dtype("auto", CPU, "torchao-int4") == torch.bfloat16
+    assert resolve_dtype("auto", CPU, "torchao-int8") == resolve_dtype("auto", CPU) == torch.float32
+
+
+def test_the_notes_name_the_quantized_kernels_the_engine_kept():
+    """runner/loading.py's apply_engine neither packs nor renames a quantized model's linears: the notes said
+    nn.Linear for torchao's int4."""
+    from types import SimpleNamespace
+
+    from runner.loading import apply_engine
+
+    loaded = SimpleNamespace(kernels="torchao int4 weight-only (14 of 14 linears; the LM head as loaded)",
+                             quantization="torchao-int4", model=None)
+    engine = SimpleNamespace(compile=False, cpu_linear="auto", pack_batch_hint=4)
+    assert apply_engine(SimpleNamespace(engine=engine), loaded) == loaded.kernels
+    engine.compile = True
+    assert apply_engine(SimpleNamespace(engine=engine), loaded) == loaded.kernels + ", compiled"
