@@ -103,13 +103,17 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
     differs between them: the engines' per-batch-size forms, by context ("as measured" where none was asked): each
     target that takes a table (Settings.per_batch_size: inclusive ranges of rows from 1, the last K held above the last
     range) from its settings at the largest K; TensorRT-LLM's draft_len_schedule {the largest batch size of each K:
-    K} with max_draft_len the largest K (K 0 above the last key); the targets that take one K a server: a note."""
+    K} with max_draft_len the largest K (K 0 above the last key); the targets that take one K a server: a note.
+    Static batches and concurrencies are tables of their own (a key each, where the results hold both)."""
     out = {}
-    for context in dict.fromkeys(r["context"] for r in results):
+    groups = dict.fromkeys((r["context"], r["load"].partition("=")[0]) for r in results
+                           if r["load"].partition("=")[0] in ("batch", "conc"))
+    both_kinds = len({kind for _, kind in groups}) > 1
+    for context, kind in groups:
         ks, chains, widest = {}, set(), None
         for r in results:
-            kind, _, value = r["load"].partition("=")
-            if r["context"] != context or kind not in ("batch", "conc") or not r.get("candidates"):
+            value = r["load"].partition("=")[2]
+            if r["context"] != context or r["load"].partition("=")[0] != kind or not r.get("candidates"):
                 continue
             best = next(c for c in r["candidates"] if c["candidate"] == r["best"])
             axes = best.get("axes") or {}
@@ -132,8 +136,7 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
             else:
                 ranges.append([1 if i == 0 else b, hi, ks[b]])
         at_widest = emitted_settings.get("all") or emitted_settings[load_label(next(
-            r for r in results if r["context"] == context and r["load"].partition("=")[2] == str(widest)
-            and r["load"].partition("=")[0] in ("batch", "conc")))]
+            r for r in results if r["context"] == context and r["load"] == f"{kind}={widest}"))]
         top = max(ks.values())
         last_on = max(i for i, (_, _, k) in enumerate(ranges) if k)
         forms, notes = {"batch_sizes": [[b, ks[b]] for b in rows]}, []
@@ -145,16 +148,23 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
             notes += target_notes + ([f"context {context}: a table of its own ({target.title}'s table here has no "
                                       "context axis)"] if context is not None and forms[target.name] is not None
                                      else [])
-        forms["tensorrt_llm"] = {"max_draft_len": top,
-                                 "draft_len_schedule": {str(hi): k for _, hi, k in ranges[:last_on + 1]}}
+        # TensorRT-LLM refuses a schedule whose smallest key is not max_draft_len (llm_args.py)
+        forms["tensorrt_llm"] = {"max_draft_len": top, "draft_len_schedule": {
+            str(hi): k for _, hi, k in ranges[:last_on + 1]}} if ranges[0][2] == top else None
+        if forms["tensorrt_llm"] is None:
+            notes.append(f"TensorRT-LLM: no draft_len_schedule (K {ranges[0][2]} at the fewest rows is not the "
+                         f"largest, {top}, which its schedule must start with): one K a server")
         single = [t.title for t in with_settings() if t.settings.per_batch_size is None]
-        notes += [f"above {rows[-1]} rows TensorRT-LLM runs off",
-                  "TensorRT-LLM's draft_len_schedule read as the largest batch size of each K, off above its last "
-                  "key (its form in which {1: 4} means batch size 1 only); an earlier form reads each key as "
-                  "the least batch size of its K and needs {1: max_draft_len}: check your version",
+        notes += ([f"above {rows[-1]} rows TensorRT-LLM runs off",
+                   "TensorRT-LLM's draft_len_schedule read as the largest batch size of each K, off above its last "
+                   "key (its form in which {1: 4} means batch size 1 only); an earlier form reads each key as "
+                   "the least batch size of its K and needs {1: max_draft_len}: check your version"]
+                  if forms["tensorrt_llm"] is not None else []) + [
                   f"{' and '.join(single)} {'takes' if len(single) == 1 else 'take'} one K a server: each batch "
                   "size's server is in the settings by load"]
-        out["as measured" if context is None else str(context)] = dict(forms, notes=notes)
+        key = "as measured" if context is None else str(context)
+        out[f"{key} ({'static batch' if kind == 'batch' else 'concurrency'})" if both_kinds else key] = dict(
+            forms, notes=notes)
     return out
 
 
@@ -167,7 +177,8 @@ def per_batch_lines(table: dict) -> list[str]:
         for target in with_settings():
             if forms.get(target.name) is not None:
                 out.append(f"  {target.title}: {target.settings.show(forms[target.name])}")
-        out.append(f"  TensorRT-LLM: speculative_config {json.dumps(forms['tensorrt_llm'])}")
+        if forms["tensorrt_llm"] is not None:
+            out.append(f"  TensorRT-LLM: speculative_config {json.dumps(forms['tensorrt_llm'])}")
         out += [f"  note: {n}" for n in forms["notes"]]
     return out
 

@@ -91,6 +91,23 @@ def test_one_table_a_context():
     assert table["512"]["tensorrt_llm"]["draft_len_schedule"] == {"3": 4}
 
 
+
+def test_static_batches_and_concurrencies_are_tables_of_their_own():
+    """batch=4 off and conc=4 at K 4 (the largest): keyed by the bare number the two overwrote each other, and the
+    widest K's settings were looked up at batch=4 (off), which crashed SGLang's form. Each kind its own table."""
+    results = [load("batch=1", 2), load("batch=4", 0), load("conc=1", 2), load("conc=4", 4)]
+    table = per_batch_size(results, settings_of(results, CONFIG))
+    assert list(table) == ["as measured (static batch)", "as measured (concurrency)"]
+    static, served = table["as measured (static batch)"], table["as measured (concurrency)"]
+    assert static["batch_sizes"] == [[1, 2], [4, 0]] and served["batch_sizes"] == [[1, 2], [4, 4]]
+    assert static["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 4, 0]]
+    assert served["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 4, 4]]
+    assert served["vllm"]["num_speculative_tokens"] == 4 and static["vllm"]["num_speculative_tokens"] == 2
+    # TensorRT-LLM's schedule starts at max_draft_len (it refuses another): K rising with the rows has none
+    assert served["tensorrt_llm"] is None and any("no draft_len_schedule" in n for n in served["notes"])
+    assert static["tensorrt_llm"] == {"max_draft_len": 2, "draft_len_schedule": {"3": 2}}
+
+
 # vLLM's own reading: SpeculativeConfig (the pydantic config --speculative-config becomes) and the dense batch size -> K
 # lookup its scheduler runs on, whose validation (validate_and_normalize_dynamic_sd_schedule) refuses a table that does
 # not start at 1, overlaps or has a K below 0
