@@ -501,7 +501,8 @@ class TreeRound:
             ranks, tried = layout.round_facts(row, nodes)
             rows.append(RoundRow(v[0], v[1], int(layout.valid[row].sum()), v[3 + depth: nodes_end], nodes,
                                  {"ranks": ranks, "tried": tried, "parents": layout.row_parents(row),
-                                  "batch_nodes": layout.nodes}))
+                                  "batch_nodes": layout.nodes,
+                                  **({"verified": self.layout.widths[row]} if self.layout.widths else {})}))
         return rows
 
     def roll_back(self, state, accepted_len: torch.Tensor, host: list[RoundRow]) -> None:

@@ -145,13 +145,14 @@ def _finite(s: float | None) -> float | None:
 def round_shape(rounds: list[dict]) -> tuple[int, int]:
     """A round over rows (their round records): (the target's verification width, the draft model's forwards). A
     chain verifies its widest draft + 1 and drafts it one forward a token; a tree verifies the widest of the rows'
-    trees + 1 (each row's own nodes; older records: the measured batch's, batch_nodes) with the forwards its drafter
-    recorded (draft_forwards); a drafter of several sources
+    trees + 1 (each row's own: the nodes a round of it alone verifies, `verified`, where its drafter pads a tree,
+    else its nodes; older records: the measured batch's, batch_nodes) with the forwards its drafter recorded
+    (draft_forwards); a drafter of several sources
     (hybrid) runs the draft model for its own nodes only (sources["draft"]); a round nobody drafted is a 1-token
     step."""
     trees = [r for r in rounds if "batch_nodes" in r]
     if trees:  # the rows' own trees (parents: one per node) where recorded: the widest of those replayed together
-        nodes = max(len(r["parents"]) if "parents" in r else r["batch_nodes"] for r in trees)
+        nodes = max(r.get("verified", len(r["parents"]) if "parents" in r else r["batch_nodes"]) for r in trees)
         return nodes + 1, max(r.get("draft_forwards", 0) for r in trees)
     widest = max((r["drafted"] for r in rounds), default=0)
     if any("sources" in r for r in rounds):  # a drafter of several sources: the draft model's nodes only

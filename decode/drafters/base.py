@@ -55,22 +55,28 @@ class DeviceTree:
     parents [B, N] long (-1: the root; each before its node), valid [B, N] bool (False: padding), columns [B, N] long
     (the draft cache column each node was fed at this round, -1: never fed), and two bounds the host knows: max_depth
     (no valid node deeper) and max_children (no node, the root included, with more valid children). The host learns
-    the tree with the round's one read: `read` sets `host`, its TreeLayout (decode/generate.py TreeRound)."""
+    the tree with the round's one read: `read` sets `host`, its TreeLayout (decode/generate.py TreeRound).
+
+    widths: per row, the nodes a round of that row alone verifies, where the drafter pads a row's tree past its valid
+    nodes (a static tree cut by its row's length is verified whole; a dynamic tree takes its budget of candidates
+    whether or not each is allowed); None where a row alone verifies its valid nodes. The replay prices a round by
+    them (eval/replay.py round_shape)."""
 
     def __init__(self, parents: torch.Tensor, valid: torch.Tensor, columns: torch.Tensor, max_depth: int,
-                 max_children: int):
+                 max_children: int, widths: list[int] | None = None):
         self.parents, self.valid, self.columns = parents, valid, columns
-        self.max_depth, self.max_children = max_depth, max_children
+        self.max_depth, self.max_children, self.widths = max_depth, max_children, widths
         self.host: TreeLayout | None = None
 
     @classmethod
-    def of(cls, parents: np.ndarray, valid: np.ndarray, device, columns: np.ndarray | None = None) -> "DeviceTree":
+    def of(cls, parents: np.ndarray, valid: np.ndarray, device, columns: np.ndarray | None = None,
+           widths: list[int] | None = None) -> "DeviceTree":
         """A tree the host built ([B, N] arrays): copied to the device without a sync, its bounds counted here."""
         layout = TreeLayout(parents, valid)
         columns = np.full(layout.parents.shape, -1, dtype=np.int64) if columns is None else columns
         return cls(host_to_device(layout.parents, device), host_to_device(layout.valid, device, torch.bool),
                    host_to_device(np.asarray(columns, dtype=np.int64), device), layout.max_depth,
-                   layout.children.shape[2])
+                   layout.children.shape[2], widths)
 
     def verify_parents(self) -> torch.Tensor:
         """[B, N + 1] parents in verification columns (the root first, its parent -1: the committed prefix)."""

@@ -92,7 +92,7 @@ class StaticTree:
             if parent >= 0:
                 valid[:, node] &= valid[:, parent]
         columns = np.array([[fed.get(node, -1) for node in range(count)]] * batch)
-        layout = DeviceTree.of(np.array([parents] * batch), valid, root_logits.device, columns)
+        layout = DeviceTree.of(np.array([parents] * batch), valid, root_logits.device, columns, [count] * batch)
         stacked = torch.stack(tokens, dim=1)
         q = torch.stack(probs, dim=1) if sampling.do_sample else None
         return Proposal(stacked, q, layout=layout)
@@ -146,7 +146,10 @@ class DynamicTree:
         ids = torch.arange(tokens.shape[1], device=device)
         depths = torch.where(ids < k, 1, 2 + (ids - k).div(k * k, rounding_mode="floor"))  # [C]
         allowed = (depths[None, :] <= host_to_device(lengths, device)[:, None]) & (scores > float("-inf"))
-        width = min(self.budget, tokens.shape[1])
+        # the host knows each row's candidates within its length (k at depth 1, k k at each depth below), not which
+        # of them the sampling filter ruled out: a row verifies min(budget, those), padded where fewer are allowed
+        widths = [min(self.budget, k + (min(n, max_depth) - 1) * k * k) if n > 0 else 0 for n in lengths]
+        width = max(max(widths), 1)
         best = torch.where(allowed, scores, float("-inf")).sort(dim=1, descending=True, stable=True).indices
         chosen = best[:, :width].sort(dim=1).values  # [B, W] candidate ids in order: a parent before its children
         valid = allowed.gather(1, chosen)
@@ -155,7 +158,7 @@ class DynamicTree:
         node_parents = torch.where(valid & (parent >= 0), node_of.gather(1, parent.clamp(min=0)), -1)
         fed = torch.cat(fed, 1) if fed else frontier[:, :0]  # [B, (D - 1) k] the fed candidates, by column
         columns = torch.full_like(tokens, -1).scatter(1, fed, ids[:fed.shape[1]].expand(batch, -1))
-        tree = DeviceTree(node_parents, valid, columns.gather(1, chosen), max_depth, k)
+        tree = DeviceTree(node_parents, valid, columns.gather(1, chosen), max_depth, k, widths)
         return Proposal(tokens.gather(1, chosen), None, layout=tree)
 
 

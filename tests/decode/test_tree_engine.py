@@ -142,6 +142,11 @@ def test_dynamic_tree_ranks_on_the_device_by_hand():
     assert tree.valid.tolist() == [[True] * 4, [True, True, False, False]]
     assert tree.columns.tolist() == [[0, 1, -1, -1], [0, 1, -1, -1]]
     assert (tree.max_depth, tree.max_children) == (2, 2)
+    assert tree.widths == [4, 2]  # row 1 alone: its 2 depth-1 candidates
+    # both rows at length 1 (the last tokens of their budgets): 2 candidates a row, verified 2 wide, not the budget's 4
+    short = DynamicTree(budget=4, top_k=2, sampling=GREEDY).draft(draft, root, [1, 1], 2)
+    assert short.tokens.tolist() == [[0, 1]] * 2 and short.layout.widths == [2, 2]
+    assert short.layout.valid.tolist() == [[True, True]] * 2
 
 
 def test_a_tree_containing_the_chain_never_accepts_less():

@@ -162,3 +162,15 @@ def test_the_tree_prediction_prices_each_round_at_the_batchs_widest_tree():
     assert tree_prediction([a, b], 0.25, v.v_at_nodes) == (pytest.approx(0.4), pytest.approx(2 / 3))
     older = [{k: x for k, x in r.items() if k != "batch_nodes"} for r in (a, b)]  # records before batch_nodes
     assert tree_prediction(older, 0.25, v.v_at_nodes)[0] == pytest.approx(0.5)
+
+
+def test_the_replay_prices_a_padded_tree_at_what_a_round_of_it_alone_verifies():
+    """A dynamic tree of budget 4 whose sampling filter allowed 2 candidates verifies 4 nodes (padded): its round is
+    5 tokens wide, not 3; a row of a tree verified as its valid nodes (no `verified`) is priced by them."""
+    from eval.replay import round_shape
+
+    padded = {"drafted": 2, "accepted": 0, "emitted": 1, "parents": [-1, -1], "batch_nodes": 4, "verified": 4,
+              "draft_forwards": 1}
+    own = {k: x for k, x in padded.items() if k != "verified"}
+    assert round_shape([padded]) == (5, 1) and round_shape([own]) == (3, 1)
+    assert round_shape([own, {**own, "parents": [-1], "verified": 3}]) == (4, 1)
