@@ -182,12 +182,15 @@ def best_method_lines(entries: list[dict], per_method: dict, runs: list[dict]) -
                                        f" ({ENGINE_TEXTS[entry['engine']].title if entry['engine'] in ENGINE_TEXTS else entry['engine']})")
         scope = "overall" if entry["group"] is None else group_text(entry["group"], entry.get("group_field"))
         interval = entry.get("speedup_ci95")
-        # a best method slower than the target alone is not a method to deploy: the line says the reference wins
+        # a best method slower than the target alone is not a method to deploy: the line says the reference wins;
+        # one whose interval holds 1 is not known to be faster than it: the line says so
         below = interval[1] < 1 if interval else entry["speedup"] < 1
         head = (f"no method above the target alone; the fastest, {entry['method']} ({entry['label']}), reads"
                 if below else f"best method {entry['method']} ({entry['label']}) at")
+        tied = not below and interval and interval[0] <= 1
         lines.append(f"- {where}, {scope}: {head} {entry['speedup']:.2f}x"
                      + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+                     + (", tied with the target alone (the interval holds 1)" if tied else "")
                      + (f" (flagged: {', '.join(entry['flags'])})" if entry["flags"] else "") + _margin_text(entry))
     points = {}
     for r in runs:

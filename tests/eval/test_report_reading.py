@@ -118,6 +118,17 @@ def test_a_best_method_slower_than_the_target_alone_is_not_called_best():
     assert "best method" not in text
 
 
+def test_a_best_method_whose_interval_holds_1_is_said_tied_with_the_target_alone():
+    # speculative: 32 tokens in 4 x 1.6 + 4 x 2.6 = 16.8 s against 16 s, 0.95x; a prompt alone 1.25x or 0.77x, so its
+    # resampled interval holds 1; prompt_lookup 0.64x
+    samples = [s for s in three_methods(a=(1.6, 2.6), b=3.125) if s["gamma"] != 4]
+    summary = summarize(samples, {})
+    low, high = summary["best_method"][0]["speedup_ci95"]
+    assert low < 1 < high
+    assert (f"- batch=1 greedy, overall: best method speculative (speculative draft=d gamma=2 constant batch=1 greedy) "
+            f"at 0.95x [{low:.2f}, {high:.2f}], tied with the target alone (the interval holds 1)") in markdown(summary)
+
+
 def test_plots_keep_their_legend_off_the_bars_and_every_label_in_the_image(tmp_path, monkeypatch):
     samples = three_methods(group="a") + [dict(s, group="b", sample_id=s["sample_id"] + 8,
                                                batch_index=s["batch_index"] + 8) for s in three_methods()]
