@@ -134,6 +134,53 @@ def test_greedy_output_equals_the_baseline(served):
     assert 0 in drafted and {1, 2} & set(drafted) and max(drafted) <= 2
 
 
+# GPU-shaped prices (point 4 of the one model of K): a verification costs the same 2 ms however wide until the rows x
+# tokens it computes pass 8, then 0.25 ms a row-token (compute-bound); a draft step 0.2 ms at any rows, its prefill a
+# step. With b = 0.8 (E(K) 1, 1.8, 2.44, 2.952, 3.3616), E/S by hand:
+#   1 row : every width 2 ms: K 4 3.3616/2.8 = 1.201 over K 3 2.952/2.6 = 1.135           -> K 4
+#   2 rows: width 5 2.5 ms: K 4 3.3616/3.3 = 1.019 under K 3 2.952/2.6 = 1.135            -> K 3
+#   3 rows: widths 3, 4 2.25, 3 ms: K 2 2.44/2.65 = 0.921 over K 1 1.8/2.2 = 0.818, K 3 2.952/3.6 = 0.820 -> K 2
+#   4 rows: widths 2, 3 2, 3 ms: K 1 1.8/2.2 = 0.818 over K 2 2.44/3.4 = 0.718, off 1/2 = 0.5   -> K 1
+GPU_TABLE = {1: 4, 2: 3, 3: 2, 4: 1}
+
+
+def gpu_shaped() -> dict:
+    verify = [[rows, w, c, max(0.002, 0.00025 * rows * w)] for rows in GPU_TABLE for w in FAST for c in (10, 1000)]
+    step = [[rows, 1, c, 0.0002] for rows in GPU_TABLE for c in (10, 1000)]
+    return {"steps": {"target": verify, "draft:d": step},
+            "draft_prefill": {"draft:d": {"intercept_s": 0.0, "s_per_row_token": 0.0}},
+            "acceptance": {"d": {"rates": ALPHA, "by_category": {}}}}
+
+
+def test_a_gpu_shaped_model_runs_the_tables_k_per_batch_size(monkeypatch):
+    """Six requests served four at a time, each round timed at its price (a GPU running as profiled): every round
+    that does not explore runs the K the table gives its rows in flight, as the rows fall from 4 to 1; the greedy
+    output the baseline's."""
+    target = tiny_model("llama", seed=1, layers=3)
+    draft = noisy_copy(target, 0.05, seed=5)
+    ids, mask = ragged_batch([6, 13, 2, 9, 4, 7])
+    generation = Generation(max_new_tokens=16)
+    timed, plan, seen = RecommendedSchedule.timed, RecommendedSchedule.plan, []
+
+    def planned(self, backlogs):
+        lengths = plan(self, backlogs)
+        if lengths and self.rounds % EXPLORE_EVERY != EXPLORE_EVERY - 1:
+            seen.append((self.rows, lengths[0]))
+        return lengths
+
+    monkeypatch.setattr(RecommendedSchedule, "plan", planned)
+    monkeypatch.setattr(RecommendedSchedule, "timed", lambda self, seconds, rows, width, fed: timed(
+        self, self.proposed[2] if self.proposed else seconds, rows, width, fed))
+    with torch.inference_mode():
+        base = generate_baseline(target, ids, mask, generation)
+        schedule = RecommendedSchedule(4, KModel(gpu_shaped()), "d", 16)
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule)
+        spec = generate_speculative(target, drafter, ids, mask, generation, 4, load=Load([0.0] * 6, 4))
+    assert [s.output_ids for s in spec] == [b.output_ids for b in base]
+    assert {rows for rows, _ in seen} >= {4, 1} and len({rows for rows, _ in seen}) >= 3, seen
+    assert all(k == GPU_TABLE[rows] for rows, k in seen), seen
+
+
 # ---- rows the schedule idles leave the draft idle ----------------------------------------------------------------
 
 def test_a_row_joining_as_an_empty_row_reads_as_if_prefilled():
@@ -186,6 +233,22 @@ def test_a_row_the_schedule_idles_is_not_prefilled_until_it_drafts():
     assert idle.state.mask_host.shape[0] == 2 and not idle.state.mask_host[1].any()
     assert idle.pending == [[], ids[1, -6:].tolist()]
 
+
+def test_a_joining_rows_prefill_is_priced_where_the_schedule_decides_it():
+    """The row joining beside a running one (K 2 at 2 rows) brings a 13-token prompt: drafting now feeds it (the
+    catch-up's forward, 14 tokens a row at 2 rows). At 0.2 ms a row-token that is 5.6 - 2 = 3.6 ms more than a step,
+    its share over 16 tokens left 3.6 x 2.44 / 16 = 0.55 ms: K 2 (2.44 / 16.55 ms > 1 / 10 ms), prefilled at once. At
+    3 ms a row-token: 84 - 2 = 82 ms, a share of 12.5 ms: K 2 reads 2.44 / 28.5 ms < 1 / 10 ms, off: its prefill
+    waits in its pending tokens. Before, the admission's decision priced no prefill and drafted in both."""
+    draft = tiny_model("llama", seed=2)
+    ids, mask = ragged_batch([4, 13])
+    for slope, waits in ((0.0002, False), (0.003, True)):
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=recommended(4, budget=16, slope=slope))
+        with torch.inference_mode():
+            drafter.reset()
+            drafter.add_rows(ids[:1], mask[:1])  # alone, no company: K 2, prefilled now
+            drafter.add_rows(ids[1:], mask[1:])
+        assert (drafter.pending[1] == ids[1, -13:].tolist()) is waits and drafter.forwards == (1 if waits else 2)
 
 def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
     """Five requests at concurrency 2, the greedy output the target's whatever the table. Drafting only when alone:
