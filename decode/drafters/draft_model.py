@@ -132,7 +132,7 @@ class DraftModelDrafter(Drafter):
             if self.context is not None:  # the window: each (left-padded) row's last tokens
                 prompt_ids, prompt_mask = prompt_ids[:, -self.context:], prompt_mask[:, -self.context:]
                 host = None if host is None else (host[0][:, -self.context:], host[1][:, -self.context:])
-            if self._waits(prompt_mask, host):  # the prefill waits in the pending tokens (class doc)
+            if self._waits(prompt_mask):  # the prefill waits in the pending tokens (class doc)
                 if self.state is not None:
                     self.state.add_empty_rows(prompt_ids.shape[0])
                 self.pending[-prompt_ids.shape[0]:] = [[min(t, self.input_vocab_size - 1) for t in prompt]
@@ -147,18 +147,13 @@ class DraftModelDrafter(Drafter):
                           prompt_mask if host is None else host[1], last_only=True)
             self.state = joined(self.state, state)
 
-    def _waits(self, prompt_mask: torch.Tensor, host=None) -> bool:
-        """Whether the joining rows' prefill (the last rows; prompt_mask [J, P] as fed, host its host copy) waits for
-        a round that drafts (class doc: defer, idles_rows): none of them drafts at once by its K, which the schedule
-        decides with their prompts as what a drafting round would feed them (their prefill, priced as any catch-up)."""
+    def _waits(self, prompt_mask: torch.Tensor) -> bool:
+        """Whether the joining rows' prefill (the last rows; prompt_mask [J, P] as fed) waits for a round that drafts
+        (class doc: defer, idles_rows): none of them drafts at once by its K."""
         joining = prompt_mask.shape[0]
         if self.state is None and (self.defer or (self._idles and len(self.pending) > joining)):  # earlier rows wait
             return True
-        if not self._idles:
-            return False
-        prompts = host[1].sum(axis=1).tolist() if host is not None else prompt_mask.sum(dim=1).tolist()
-        return not any(self.schedule.plan([len(p) for p in self.pending[:-joining]] + [int(n) for n in prompts])
-                       [-joining:])
+        return self._idles and not any(self.schedule.lengths()[-joining:])
 
     @property
     def _idles(self) -> bool:

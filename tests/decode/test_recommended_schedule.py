@@ -234,22 +234,6 @@ def test_a_row_the_schedule_idles_is_not_prefilled_until_it_drafts():
     assert idle.pending == [[], ids[1, -6:].tolist()]
 
 
-def test_a_joining_rows_prefill_is_priced_where_the_schedule_decides_it():
-    """The row joining beside a running one (K 2 at 2 rows) brings a 13-token prompt: drafting now feeds it (the
-    catch-up's forward, 14 tokens a row at 2 rows). At 0.2 ms a row-token that is 5.6 - 2 = 3.6 ms more than a step,
-    its share over 16 tokens left 3.6 x 2.44 / 16 = 0.55 ms: K 2 (2.44 / 16.55 ms > 1 / 10 ms), prefilled at once. At
-    3 ms a row-token: 84 - 2 = 82 ms, a share of 12.5 ms: K 2 reads 2.44 / 28.5 ms < 1 / 10 ms, off: its prefill
-    waits in its pending tokens. Before, the admission's decision priced no prefill and drafted in both."""
-    draft = tiny_model("llama", seed=2)
-    ids, mask = ragged_batch([4, 13])
-    for slope, waits in ((0.0002, False), (0.003, True)):
-        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=recommended(4, budget=16, slope=slope))
-        with torch.inference_mode():
-            drafter.reset()
-            drafter.add_rows(ids[:1], mask[:1])  # alone, no company: K 2, prefilled now
-            drafter.add_rows(ids[1:], mask[1:])
-        assert (drafter.pending[1] == ids[1, -13:].tolist()) is waits and drafter.forwards == (1 if waits else 2)
-
 def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
     """Five requests at concurrency 2, the greedy output the target's whatever the table. Drafting only when alone:
     rows that only ever ran with company never cost the draft a forward (not even a prefill)."""
