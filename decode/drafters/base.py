@@ -58,8 +58,8 @@ class DeviceTree:
     the tree with the round's one read: `read` sets `host`, its TreeLayout (decode/generate.py TreeRound).
 
     widths: per row, the nodes a round of that row alone verifies, where the drafter pads a row's tree past its valid
-    nodes (a static tree cut by its row's length is verified whole; a dynamic tree takes its budget of candidates
-    whether or not each is allowed); None where a row alone verifies its valid nodes. The replay prices a round by
+    nodes (a static tree's nodes within the row's length, its rank padding included; a dynamic tree's budget of the
+    candidates within the row's length, whether or not the sampling filter allows each); None where a row alone verifies its valid nodes. The replay prices a round by
     them (eval/replay.py round_shape)."""
 
     def __init__(self, parents: torch.Tensor, valid: torch.Tensor, columns: torch.Tensor, max_depth: int,

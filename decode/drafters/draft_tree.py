@@ -92,7 +92,9 @@ class StaticTree:
             if parent >= 0:
                 valid[:, node] &= valid[:, parent]
         columns = np.array([[fed.get(node, -1) for node in range(count)]] * batch)
-        layout = DeviceTree.of(np.array([parents] * batch), valid, root_logits.device, columns, [count] * batch)
+        # a row alone verifies its tree trimmed to its length (shape_for_round), its rank padding included
+        alone = [int((np.asarray(depths) <= n).sum()) for n in lengths]
+        layout = DeviceTree.of(np.array([parents] * batch), valid, root_logits.device, columns, alone)
         stacked = torch.stack(tokens, dim=1)
         q = torch.stack(probs, dim=1) if sampling.do_sample else None
         return Proposal(stacked, q, layout=layout)

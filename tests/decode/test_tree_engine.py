@@ -149,6 +149,21 @@ def test_dynamic_tree_ranks_on_the_device_by_hand():
     assert short.layout.valid.tolist() == [[True, True]] * 2
 
 
+def test_a_static_tree_records_what_each_row_alone_verifies():
+    """The tree [2, 1]: nodes 0 and 1 at depth 1, 2 under 0 and 3 under 1. Rows of lengths 2, 1 and 0 share the
+    round's 4 nodes (the batch's longest); alone, a row verifies the nodes within its length: 4, 2 and 0 (a plain
+    step), what the replay prices (eval/replay.py round_shape)."""
+    class Draft:
+        input_vocab_size = target_vocab_size = 4
+
+        def tree_forward(self, ids, region, new_round):
+            return torch.zeros(*ids.shape, 4)
+
+    root = torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3).log()
+    proposal = StaticTree([-1, -1, 0, 1], GREEDY).draft(Draft(), root, [2, 1, 0], [-1, -1, 0, 1])
+    assert proposal.layout.widths == [4, 2, 0]
+    assert proposal.layout.valid.tolist() == [[True] * 4, [True, True, False, False], [False] * 4]
+
 def test_a_tree_containing_the_chain_never_accepts_less():
     """Hand-made logits: rows where the chain's drafts are right, wrong at depth 1 or 2, and where only a sibling
     is right. The tree [chain + a sibling at each depth] accepts at least what the chain does, row by row."""
