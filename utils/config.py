@@ -29,7 +29,8 @@ class ModelConfig(Strict):
     revision: str | None = Field(None, description="hub revision (a branch, tag or commit)")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="auto: float32 on a CPU; bfloat16 on GPUs with native bf16 (compute capability >= 8.0), "
-                            "float16 on older ones, where bf16 is only emulated")
+                            "float16 on older ones, where bf16 is only emulated; bfloat16 with quantization "
+                            "torchao-int4")
     quantization: Literal["none", "8bit", "4bit", "torchao-int4", "torchao-int8"] = Field(
         "none", description="4bit / 8bit: bitsandbytes (4bit is nf4 with double quantization, computing in dtype); "
                             "torchao-int4 / torchao-int8: torchao's weight-only linears (int4 in groups of 128, "

@@ -124,6 +124,18 @@ def test_a_vllm_draft_in_another_dtype_than_the_engine_is_refused():
     assert draft_dtype_problem(same) is None and draft_dtype_problem(ours) is None
 
 
+
+def test_vllm_resolves_auto_as_our_engine_does_for_a_torchao_int4_target():
+    """torchao-int4 computes in bfloat16, so auto is bfloat16 for our target; vLLM's dtype follows it (float32
+    before, on a CPU)."""
+    from runner.engines.vllm.engine import engine_dtype
+
+    int4 = validate({**VALID, "target": {"model": "t", "quantization": "torchao-int4"}, "device": "cpu",
+                     "methods": ["vllm_generate"]})
+    plain = validate({**VALID, "target": {"model": "t"}, "device": "cpu", "methods": ["vllm_generate"]})
+    assert engine_dtype(int4) == "bfloat16" and engine_dtype(plain) == "float32"
+
+
 def test_vllm_pairing_is_decided_when_vllm_runs_not_while_our_models_hold_memory(monkeypatch):
     """pairing auto weighs the free memory: read when run() starts (after the sweep released our models), not when
     the executor is built beside them."""

@@ -91,7 +91,8 @@ def engine_dtype(config) -> str:
 
     from utils.models import resolve_dtype
 
-    return str(resolve_dtype(config.target.dtype, torch.device(config.device))).removeprefix("torch.")
+    return str(resolve_dtype(config.target.dtype, torch.device(config.device), config.target.quantization)
+               ).removeprefix("torch.")
 
 
 def draft_dtype_problem(config) -> str | None:
