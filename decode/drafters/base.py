@@ -59,8 +59,8 @@ class DeviceTree:
 
     widths: per row, the nodes a round of that row alone verifies, where the drafter pads a row's tree past its valid
     nodes (a static tree's nodes within the row's length, its rank padding included; a dynamic tree's budget of the
-    candidates within the row's length, whether or not the sampling filter allows each); None where a row alone verifies its valid nodes. The replay prices a round by
-    them (eval/replay.py round_shape)."""
+    candidates within the row's length, whether or not the sampling filter allows each); None where a row alone
+    verifies its valid nodes. The replay prices a round by them (eval/replay.py round_shape)."""
 
     def __init__(self, parents: torch.Tensor, valid: torch.Tensor, columns: torch.Tensor, max_depth: int,
                  max_children: int, widths: list[int] | None = None):

@@ -83,9 +83,8 @@ class StaticTree:
                 for j, node in enumerate(feed):
                     fed[node] = len(fed)
                     logits_of[node] = logits[:, j]
-        valid = np.zeros((batch, count), dtype=bool)
-        limit = np.asarray(lengths)[:, None]
-        valid[:] = (np.asarray(depths)[None, :] <= limit)
+        within = np.asarray(depths)[None, :] <= np.asarray(lengths)[:, None]  # [B, N] each row's tree by its length
+        valid = within.copy()
         if not sampling.do_sample:
             valid &= np.asarray(ranks)[None, :] < useful
         for node, parent in enumerate(parents):  # a padding node's subtree is padding
@@ -93,8 +92,8 @@ class StaticTree:
                 valid[:, node] &= valid[:, parent]
         columns = np.array([[fed.get(node, -1) for node in range(count)]] * batch)
         # a row alone verifies its tree trimmed to its length (shape_for_round), its rank padding included
-        alone = [int((np.asarray(depths) <= n).sum()) for n in lengths]
-        layout = DeviceTree.of(np.array([parents] * batch), valid, root_logits.device, columns, alone)
+        layout = DeviceTree.of(np.array([parents] * batch), valid, root_logits.device, columns,
+                               within.sum(axis=1).tolist())
         stacked = torch.stack(tokens, dim=1)
         q = torch.stack(probs, dim=1) if sampling.do_sample else None
         return Proposal(stacked, q, layout=layout)

@@ -112,8 +112,8 @@ def per_batch_size(results: list[dict], emitted_settings: dict) -> dict:
     for context, kind in groups:
         ks, chains, widest = {}, set(), None
         for r in results:
-            value = r["load"].partition("=")[2]
-            if r["context"] != context or r["load"].partition("=")[0] != kind or not r.get("candidates"):
+            load_kind, _, value = r["load"].partition("=")
+            if r["context"] != context or load_kind != kind or not r.get("candidates"):
                 continue
             best = next(c for c in r["candidates"] if c["candidate"] == r["best"])
             axes = best.get("axes") or {}
