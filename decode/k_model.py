@@ -7,6 +7,11 @@ A chain round of K drafts over the rows in flight, at the batch's longest contex
     seconds  S(K) = the draft's first forward (`fed` tokens a row: its catch-up and the last token) + K - 1 draft steps
                     + the target's verification, K + 1 tokens wide;   S(0) = one target step, 1 token wide
 
+Served (requests arriving): each request pays the draft's prefill of its prompt, P, once, at its admission where the
+schedule drafts, and lives about new_tokens / E(K) rounds; with `rows` in flight (Little's law: that many join over a
+lifetime), a round of K > 0 carries rows x P x E(K) / new_tokens seconds of them (`admissions`). A static batch's
+prefill is paid before its first round: none.
+
 K = argmax over the candidates, 0 (off) among them, of E(K) / S(K). The tie rule: every K whose value is within a
 relative TIE of the best ties with it, and the smallest of them wins (off before any K), as do the candidates
 eval.recommend ranks (`pick`'s order).
@@ -57,6 +62,14 @@ def feed_seconds(draft: Callable[[int], float | None], fed: int) -> float | None
     prefill) beyond the one token a caught-up round feeds: round_parts' draft seconds at `fed` less at 1."""
     wide, narrow = round_parts(lambda w: 0.0, draft, 1, fed), round_parts(lambda w: 0.0, draft, 1)
     return None if wide is None or narrow is None else wide[0] - narrow[0]
+
+
+def admissions(rates: list[float], rows: int, prefill: float | None, new_tokens: int) -> Callable[[int], float]:
+    """Served: the seconds a round of K carries of the draft prefills of the requests joining (module doc), `prefill`
+    one request's; none where it is not priced."""
+    if prefill is None:
+        return lambda k: 0.0
+    return lambda k: rows * prefill * expected_tokens(rates, k) / max(new_tokens, 1)
 
 
 def pick(values: dict, order: Callable | None = None):
@@ -165,8 +178,15 @@ class KModel:
         return accepted["by_category"].get(category, accepted["rates"]) if category else accepted["rates"]
 
     def choose(self, draft: str, rows: int, context: float, gamma: int, category: str | None = None,
-               scale: Callable[[int], float] | None = None, extra: Callable[[int], float] | None = None) -> int:
-        """The K (0..gamma, at most as many as the acceptance has rates) of `best_k` at these rows and context."""
-        return best_k(self.rates(draft, category), lambda w: self.seconds(TARGET, rows, w, context),
-                      lambda w: self.draft_forward(draft, rows, w, context),
-                      range(min(gamma, len(self.rates(draft))) + 1), scale, extra)
+               scale: Callable[[int], float] | None = None, extra: Callable[[int], float] | None = None,
+               served: tuple[float, int] | None = None) -> int:
+        """The K (0..gamma, at most as many as the acceptance has rates) of `best_k` at these rows and context;
+        served: (a joining request's prompt tokens, its new tokens), where requests arrive (`admissions`: its prefill
+        on the draft's prefill line, as the replay prices one at admission)."""
+        rates = self.rates(draft, category)
+        line = self.prefill.get(draft_model(draft))
+        prefill = None if line is None or not served else max(line[0] + line[1] * served[0], 0.0)
+        joining = admissions(rates, rows, prefill, served[1]) if served else (lambda k: 0.0)
+        return best_k(rates, lambda w: self.seconds(TARGET, rows, w, context),
+                      lambda w: self.draft_forward(draft, rows, w, context), range(min(gamma, len(rates)) + 1), scale,
+                      lambda k: (extra(k) if extra else 0.0) + joining(k))

@@ -888,19 +888,21 @@ def k_model_of(samples: list[dict], profile: Profile) -> dict:
     return {"steps": steps, "draft_prefill": draft_prefill_lines(profile), "acceptance": acceptance, "tie": TIE}
 
 
-def model_choices(results: list[dict], model: dict, profile: Profile) -> None:
+def model_choices(results: list[dict], model: dict, profile: Profile, new_tokens: int) -> None:
     """Each batch or concurrency load's K by the one model (decode/k_model.py, as the recommended schedule decides a
     round), per draft with acceptance: at the load's rows and its context (as measured: the median of the draft's
-    rounds'), each K's round priced as the replay prices it; None where the profile prices no K there."""
+    rounds'), each K's round priced as the replay prices it, a concurrency's with its requests' draft prefills (each
+    a prompt of that context, new_tokens long: k_model.admissions); None where the profile prices no K there."""
     for result in results:
         kind, _, value = result["load"].partition("=")
         if kind not in ("batch", "conc"):
             continue
         result["model_k"] = {}
         for draft, accepted in model["acceptance"].items():
+            context = result["context"] or accepted["context"]
             try:
-                k = priced_k(Pricer(profile, draft), accepted["rates"], int(value),
-                             result["context"] or accepted["context"], range(len(accepted["rates"]) + 1))
+                k = priced_k(Pricer(profile, draft), accepted["rates"], int(value), context,
+                             range(len(accepted["rates"]) + 1), (context, new_tokens) if kind == "conc" else None)
             except ValueError:
                 k = None
             result["model_k"][draft] = k
@@ -970,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{folder / 'config.yaml' if folder is not None else 'CONFIG.yaml'})")
         results, notes = recommend(samples, profile, loads, args.context)
         k_model = k_model_of(samples, profile)
-        model_choices(results, k_model, profile)
+        model_choices(results, k_model, profile, max((int(s.get("new_tokens") or 0) for s in samples), default=1))
         categories = by_category(samples, profile, loads, args.context)
         notes = said_first + context_notes(profile, args.context) + notes + off_everywhere(results)
     except UserError as error:  # ProfileError and AcceptanceError too

@@ -21,7 +21,7 @@ import math
 import random
 from collections import defaultdict
 
-from decode.k_model import best_k, round_parts
+from decode.k_model import admissions, best_k, round_parts
 from decode.arrivals import Load, Queue
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
 from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
@@ -281,9 +281,12 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
     return out
 
 
-def priced_k(pricer: Pricer, rates: list[float], rows: int, kv: float, candidates) -> int:
+def priced_k(pricer: Pricer, rates: list[float], rows: int, kv: float, candidates,
+             served: tuple[float, int] | None = None) -> int:
     """The K the one model picks (decode/k_model.py best_k) at `rows` in flight and a cache of `kv` tokens, each
-    candidate's round priced as the replay prices a chain round; a K the profile cannot price is no candidate."""
+    candidate's round priced as the replay prices a chain round; a K the profile cannot price is no candidate.
+    served: (a joining request's prompt tokens, its new tokens), where requests arrive: each round carries its share
+    of their draft prefills, each priced as the replay prices one at admission (k_model.admissions)."""
     def priced(cost):
         def at(width: int) -> float | None:
             try:
@@ -291,8 +294,10 @@ def priced_k(pricer: Pricer, rates: list[float], rows: int, kv: float, candidate
             except MissingCost:
                 return None
         return at
+    joining = admissions(rates, rows, priced(lambda w: pricer.prefill(1, w, draft=True))(served[0]),
+                         served[1]) if served else None
     return best_k(rates, priced(lambda w: pricer.step(rows, w, kv)), priced(lambda w: pricer.draft_first(rows, kv, w)),
-                  candidates)
+                  candidates, extra=joining)
 
 
 # ---- a point's schedule as requests ---------------------------------------------------------------------------

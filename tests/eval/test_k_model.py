@@ -63,7 +63,7 @@ def test_the_three_callers_give_the_same_k():
     data = k_model_of([], costs)  # the step table and prefill lines; no run, so the acceptance is given
     data["acceptance"] = {"d": {"rates": ALPHA, "context": 10}}
     results = [{"load": "batch=2", "context": None}, {"load": "conc=2", "context": 10}, {"load": "rate=1.0/s"}]
-    model_choices(results, data, costs)
+    model_choices(results, data, costs, 8)
     assert [r.get("model_k") for r in results] == [{"d": 2}, {"d": 2}, None]
     assert priced_k(Pricer(costs, "d"), ALPHA, 2, 10, range(5)) == 2
     schedule = RecommendedSchedule(4, KModel(data), "d")
@@ -71,6 +71,27 @@ def test_the_three_callers_give_the_same_k():
     schedule.add_rows(2, prompt_tokens=[9, 9])  # contexts 10
     assert schedule.lengths() == [2, 2]
     assert RecommendedSchedule(1, KModel(data), "d").ks == range(2)  # gamma caps the candidates
+
+
+def test_served_rounds_carry_the_draft_prefills_of_the_requests_joining():
+    """Requests arriving, each with a 100-token prompt: its draft prefill is 0.01 s (the profile's line, 1e-4 s a
+    token), and a round of K at 2 rows carries 2 x 0.01 x E(K) / new_tokens of them. 8 new tokens: K 1 1.8 / (13 +
+    4.5 ms) = 103, K 2 2.44 / (16 + 6.1) = 110, off 100: K 2. 4 new tokens: K 1 1.8 / (13 + 9) = 82, K 2 2.44 / (16 +
+    12.2) = 87, off 100: off. A static batch of 4 new tokens (its prefills paid before its rounds): K 2. The three
+    callers agree."""
+    costs = profile()
+    data = k_model_of([], costs)
+    data["acceptance"] = {"d": {"rates": ALPHA, "context": 100}}
+    for new_tokens, served_k in ((8, 2), (4, 0)):
+        results = [{"load": "batch=2", "context": 100}, {"load": "conc=2", "context": 100}]
+        model_choices(results, data, costs, new_tokens)
+        assert [r["model_k"] for r in results] == [{"d": 2}, {"d": served_k}]
+        assert priced_k(Pricer(costs, "d"), ALPHA, 2, 100, range(5), (100, new_tokens)) == served_k
+        for served, k in ((True, served_k), (False, 2)):
+            schedule = RecommendedSchedule(4, KModel(data), "d", budget=new_tokens, served=served)
+            schedule.start(0)
+            schedule.add_rows(2, prompt_tokens=[100, 100])
+            assert schedule.lengths() == [k, k]
 
 
 def test_a_k_model_that_is_not_one_is_refused_in_one_line():
