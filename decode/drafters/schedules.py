@@ -464,7 +464,8 @@ class RecommendedSchedule(Schedule):
     per (rows, K), the first round of each left out (its one-time costs); a K is priced times its own ratio, one not
     yet timed at those rows times the mean of those that are (the machine's pace). Exploration: every EXPLORE_EVERY
     rounds a round runs the neighbour of the chosen K (one below or above) least timed at its rows, so a K priced
-    out by the profile or by a slow sitting can come back.
+    out by the profile or by a slow sitting can come back; not a drafting neighbour whose catch-up (rows that ran off:
+    their prompts, their tokens since) would cost more than its round, which would be a prefill, not a probe.
 
     Lossless: a round's K is decided before it, from the rows, their contexts and backlogs, never from the target's
     verdict."""
@@ -531,7 +532,9 @@ class RecommendedSchedule(Schedule):
                               extra=lambda k: catch_up * min(1.0, expected_tokens(rates, k) / max(left, 1)),
                               served=joining)
         if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
-            near = [j for j in (k - 1, k + 1) if j in self.ks and round_seconds(target, draft, j) is not None]
+            # a drafting neighbour whose catch-up costs more than its round is no probe but a prefill: not explored
+            near = [j for j in (k - 1, k + 1) if j in self.ks and round_seconds(target, draft, j) is not None
+                    and (j == 0 or catch_up <= round_seconds(target, draft, j))]
             k = min(near, key=lambda j: (self.ratios.get((rows, j), (0, None))[0], j), default=k)
         self.proposed = rows, k, round_seconds(target, draft, k, fed)
         return [k] * rows

@@ -107,6 +107,20 @@ def test_a_k_priced_out_comes_back_by_exploration():
     assert seen[EXPLORE_EVERY - 1] == 1 and seen[2 * EXPLORE_EVERY - 1] == 1
 
 
+def test_exploration_runs_no_catch_up_that_costs_more_than_its_round():
+    """Off chosen, each row with tokens its draft was not fed. K 1's round at 2 rows: 2 + 11 ms. A catch-up of 50
+    tokens a row (51 fed, 2 x 51 x 0.2 ms = 20.4 ms less the 2 ms step: 18.4 ms) costs more: no round explores it; of
+    16 (6.8 - 2 = 4.8 ms), the 16th round explores K 1."""
+    for backlog, explored in ((50, 0), (16, 1)):
+        schedule = recommended(ratios={(2, 0): (3, 1.0), (2, 2): (3, 2.0)})
+        rows(schedule, [9, 9])
+        seen = []
+        for _ in range(EXPLORE_EVERY):
+            seen.append(schedule.plan([backlog, backlog])[0])
+            schedule.update([seen[-1]] * 2, [0, 0])
+        assert seen == [0] * (EXPLORE_EVERY - 1) + [explored]
+
+
 def test_the_schedule_needs_its_model():
     with pytest.raises(ValueError, match="speculative.recommendation"):
         make_schedule("recommended", 4)
@@ -118,7 +132,8 @@ def test_the_schedule_needs_its_model():
 
 @pytest.mark.parametrize("served", [False, True], ids=["static", "served"])
 def test_greedy_output_equals_the_baseline(served):
-    """Five rows, three at a time where served: off at three rows, K 2 at fewer (the batch shrinking)."""
+    """Five rows, three at a time where served: off at three rows, K 2 at fewer (the batch shrinking); static, the
+    rounds exploring K 1 (a prefill of 0.02 ms a row-token: their catch-ups cost less than their rounds)."""
     target = tiny_model("llama", seed=1, layers=3)
     draft = noisy_copy(target, 0.05, seed=5)
     ids, mask = ragged_batch([6, 13, 2, 9, 4])
@@ -126,7 +141,8 @@ def test_greedy_output_equals_the_baseline(served):
     load = Load([0.0, 0.0, 0.0, 0.0, 0.0], 3) if served else None
     with torch.inference_mode():
         base = generate_baseline(target, ids, mask, generation)
-        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=recommended(4, budget=24, off_at=3))
+        schedule = recommended(4, budget=24, off_at=3, slope=0.00002)
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=schedule)
         spec = generate_speculative(target, drafter, ids, mask, generation, 4, load=load)
     for row, (b, s) in enumerate(zip(base, spec)):
         assert s.output_ids == b.output_ids, f"row {row} diverged"
