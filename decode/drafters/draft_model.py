@@ -153,7 +153,9 @@ class DraftModelDrafter(Drafter):
         joining = prompt_mask.shape[0]
         if self.state is None and (self.defer or (self._idles and len(self.pending) > joining)):  # earlier rows wait
             return True
-        return self._idles and not any(self.schedule.lengths()[-joining:])
+        # the coming round's K as that round will plan it, told the rows' backlogs (the joining ones' none): a K the
+        # rows' catch-ups price out is no reason to prefill
+        return self._idles and not any(self.schedule.plan([len(p) for p in self.pending])[-joining:])
 
     @property
     def _idles(self) -> bool:

@@ -250,6 +250,22 @@ def test_a_row_the_schedule_idles_is_not_prefilled_until_it_drafts():
     assert idle.pending == [[], ids[1, -6:].tolist()]
 
 
+def test_a_row_joins_idle_where_the_coming_round_with_its_catch_ups_is_off():
+    """The first row, alone, drafts (K 2: prefilled), then runs off 50 tokens its draft is not fed. A second row
+    joins: at 2 rows K 2 reads 2.44 / 16 ms without that catch-up, but the coming round feeds it (2 x 51 x 0.2 ms =
+    20.4 ms less the 2 ms step: 18.4 ms), K 2 then 2.44 / 34.4 ms and K 1 1.8 / 31.4 ms under off's 1 / 10 ms: the
+    round is off, and the joining row waits unprefilled."""
+    draft = tiny_model("llama", seed=2)
+    ids, mask = ragged_batch([4, 6])
+    with torch.inference_mode():
+        drafter = DraftModelDrafter(draft, VOCAB, Sampling(), schedule=recommended(4, off_at=3))
+        drafter.reset()
+        drafter.add_rows(ids[:1], mask[:1])
+        drafter.pending[0] = [7] * 50
+        drafter.add_rows(ids[1:], mask[1:])
+    assert drafter.forwards == 1 and drafter.pending[1] == ids[1, -6:].tolist()
+
+
 def test_idled_rows_cost_no_draft_forward_and_stay_exact(monkeypatch):
     """Five requests at concurrency 2, the greedy output the target's whatever the table. Drafting only when alone:
     rows that only ever ran with company never cost the draft a forward (not even a prefill)."""
