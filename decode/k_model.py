@@ -170,8 +170,13 @@ class KModel:
             return step
         two = self.seconds(model, rows, 2, context)
         first = step if two is None else two
-        line = self.prefill.get(model)
-        return first if width == 2 or line is None else max(first, line[0] + line[1] * rows * width, 0.0)
+        prefill = self.prefill_seconds(model, rows, width)
+        return first if width == 2 or prefill is None else max(first, prefill)
+
+    def prefill_seconds(self, model: str, rows: int, tokens: float) -> float | None:
+        """A prefill of `rows` prompts `tokens` long on the model's prefill line (as eval/costs.py prefill_s)."""
+        fit = self.prefill.get(model)
+        return None if fit is None else max(fit[0] + fit[1] * rows * tokens, 0.0)
 
     def rates(self, draft: str, category: str | None = None) -> list[float]:
         accepted = self.acceptance[draft]
@@ -184,9 +189,8 @@ class KModel:
         served: (a joining request's prompt tokens, its new tokens), where requests arrive (`admissions`: its prefill
         on the draft's prefill line, as the replay prices one at admission)."""
         rates = self.rates(draft, category)
-        line = self.prefill.get(draft_model(draft))
-        prefill = None if line is None or not served else max(line[0] + line[1] * served[0], 0.0)
-        joining = admissions(rates, rows, prefill, served[1]) if served else (lambda k: 0.0)
+        joining = admissions(rates, rows, self.prefill_seconds(draft_model(draft), 1, served[0]), served[1]) \
+            if served else (lambda k: 0.0)
         return best_k(rates, lambda w: self.seconds(TARGET, rows, w, context),
                       lambda w: self.draft_forward(draft, rows, w, context), range(min(gamma, len(rates)) + 1), scale,
                       lambda k: (extra(k) if extra else 0.0) + joining(k))

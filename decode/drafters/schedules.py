@@ -533,8 +533,8 @@ class RecommendedSchedule(Schedule):
                               served=joining)
         if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             # a drafting neighbour whose catch-up costs more than its round is no probe but a prefill: not explored
-            near = [j for j in (k - 1, k + 1) if j in self.ks and round_seconds(target, draft, j) is not None
-                    and (j == 0 or catch_up <= round_seconds(target, draft, j))]
+            priced = {j: round_seconds(target, draft, j) for j in (k - 1, k + 1) if j in self.ks}
+            near = [j for j, s in priced.items() if s is not None and (j == 0 or catch_up <= s)]
             k = min(near, key=lambda j: (self.ratios.get((rows, j), (0, None))[0], j), default=k)
         self.proposed = rows, k, round_seconds(target, draft, k, fed)
         return [k] * rows
