@@ -457,8 +457,9 @@ class RecommendedSchedule(Schedule):
     budget less those it has, over E(K)).
 
     Served (requests arriving), a round of K > 0 also carries its share of the draft prefills of the requests that
-    will join, each as long as the mean prompt in flight (decode/k_model.py admissions): a request admitted while the
-    schedule drafts pays its prefill then, and none is paid while it is off.
+    will join, each as long as the mean prompt in flight within the draft's window (`window`: speculative.draft_context;
+    decode/k_model.py admissions): a request admitted while the schedule drafts pays its prefill then, and none is paid
+    while it is off.
 
     Online correction: each round the drafter times (`timed`) is kept as measured over priced seconds, a running mean
     per (rows, K), the first round of each left out (its one-time costs); a K is priced times its own ratio, one not
@@ -475,9 +476,9 @@ class RecommendedSchedule(Schedule):
     idles_rows = True  # at K 0 a joining row's prefill waits in its pending tokens: the catch-up, priced, pays it
 
     def __init__(self, gamma: int, model, draft: str, budget: int | None = None, ratios: dict | None = None,
-                 served: bool = False):
+                 served: bool = False, window: int | None = None):
         super().__init__(gamma)
-        self.served = served
+        self.served, self.window = served, window
         if draft not in model.acceptance:
             raise ValueError(f"speculative.recommendation has no acceptance of the draft {draft}; give a "
                              "recommendation of a run that measured its chain")
@@ -527,7 +528,8 @@ class RecommendedSchedule(Schedule):
         left = max(self.budget - (c - p) for c, p in zip(self.contexts, self.prompts)) if self.budget else 1
         first, step = draft(fed), draft(1)
         catch_up = max(0.0, first - step) if fed > 1 and None not in (first, step) else 0.0
-        joining = (sum(self.prompts) / rows, self.budget) if self.served and self.budget else None
+        fed_prompts = [p if self.window is None else min(p, self.window) for p in self.prompts]
+        joining = (sum(fed_prompts) / rows, self.budget) if self.served and self.budget else None
         k = self.model.choose(self.draft, rows, context, self.gamma, scale=lambda k: self._scale(rows, k),
                               extra=lambda k: catch_up * min(1.0, expected_tokens(rates, k) / max(left, 1)),
                               served=joining)
@@ -566,13 +568,15 @@ PRICED = tuple(name for name, schedule in SCHEDULES.items() if schedule.priced)
 def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | None = None,
                   v: dict[int, float] | None = None, evidence: PointEvidence | None = None,
                   prefill_cost: dict | None = None, budget: int | None = None, model=None,
-                  draft: str | None = None, ratios: dict | None = None, served: bool = False) -> Schedule:
+                  draft: str | None = None, ratios: dict | None = None, served: bool = False,
+                  window: int | None = None) -> Schedule:
     """A schedule by name (SCHEDULES). confidence: the threshold; c, v: cost_model's measured cost ratios
     (v keyed by draft length k, as runner/probes.py measures it); evidence: what cost_model learnt on the
     point's earlier batches (PointEvidence); prefill_cost, budget: cost_model's draft prefill in target steps
     and max_new_tokens (whether a batch runs the draft at all; recommended's tokens left); model, draft: recommended's
     recommendation (decode/k_model.py KModel) and the draft's label, ratios: what its rounds measured against their
-    prices (kept by the caller across batches), served: requests arrive (each round carries their draft prefills)."""
+    prices (kept by the caller across batches), served: requests arrive (each round carries their draft prefills),
+    window: the draft's window over a prompt (speculative.draft_context; None: the whole prompt)."""
     if name == "confidence":
         return ConfidenceSchedule(gamma, confidence)
     if name == "cost_model":
@@ -582,7 +586,7 @@ def make_schedule(name: str, gamma: int, *, confidence: float = 0.4, c: float | 
     if name == "recommended":
         if model is None or draft is None:
             raise ValueError("the recommended schedule needs its model (speculative.recommendation) and its draft")
-        return RecommendedSchedule(gamma, model, draft, budget, ratios, served)
+        return RecommendedSchedule(gamma, model, draft, budget, ratios, served, window)
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
     return SCHEDULES[name](gamma)

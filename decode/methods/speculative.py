@@ -165,7 +165,7 @@ def schedule_for(ctx, point, draft_label: str | None, max_new_tokens: int | None
         # what its rounds measured against their prices holds for the point's every batch (the machine is the same)
         ratios = ctx.memory.setdefault(("recommended timed", point.key), {})
         return make_schedule(name, point.gamma, budget=max_new_tokens, model=model, draft=draft_label, ratios=ratios,
-                             served=ctx.load is not None)
+                             served=ctx.load is not None, window=point.draft_context)
     if name not in MEASURED:
         return make_schedule(name, point.gamma, confidence=ctx.options[point.method].confidence)
     costs = ctx.costs  # a CostProbe (eval/records.py), or None where the probes did not run

@@ -2,7 +2,7 @@
 model choice, the replay's pricing, the runtime recommended schedule) giving the same K on the same inputs."""
 import pytest
 
-from decode.drafters.schedules import RecommendedSchedule
+from decode.drafters.schedules import RecommendedSchedule, make_schedule
 from decode.k_model import KModel, best_k, conditional, expected_tokens, pick
 from eval.costs import Profile
 from eval.recommend import choose, k_model_of, model_choices
@@ -92,6 +92,19 @@ def test_served_rounds_carry_the_draft_prefills_of_the_requests_joining():
             schedule.start(0)
             schedule.add_rows(2, prompt_tokens=[100, 100])
             assert schedule.lengths() == [k, k]
+
+
+def test_a_served_round_carries_the_draft_prefills_of_its_window_only():
+    """The same 100-token prompts, the draft reading their last 50 (speculative.draft_context): a joining request's
+    draft prefill is 0.005 s. At 4 new tokens a round at 2 rows then carries 2 x 0.005 x E(K) / 4: K 1 1.8 / (13 +
+    4.5 ms) = 103, K 2 2.44 / (16 + 6.1) = 110, off 100: K 2, where the whole prompt's prefill made it off."""
+    data = k_model_of([], profile())
+    data["acceptance"] = {"d": {"rates": ALPHA, "context": 100}}
+    for window, k in ((None, 0), (50, 2), (500, 0)):
+        schedule = make_schedule("recommended", 4, budget=4, model=KModel(data), draft="d", served=True, window=window)
+        schedule.start(0)
+        schedule.add_rows(2, prompt_tokens=[100, 100])
+        assert schedule.lengths() == [k, k], window
 
 
 def test_a_k_model_that_is_not_one_is_refused_in_one_line():
