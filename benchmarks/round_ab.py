@@ -6,7 +6,8 @@
 Each alternation runs every case once per side, in a fresh process that imports decode/ from that side's checkout
 (the order of the sides flips each alternation). A case is greedy speculative decoding on tiny random llama models
 (tests/tiny_models.py: a target and a noisy copy of it as the draft), a chain of gamma 4 or the static tree
-3-2-1-1, batch 1 and 4, 48 new tokens. Per side and case it prints tok/s (new tokens over generate_speculative's
+3-2-1-1, batch 1 and 4, 48 new tokens; and at batch 4 the target alone and "off", a draft model whose schedule drafts
+nothing (a round that runs as the target's own step: it should read as the target alone). Per side and case it prints tok/s (new tokens over generate_speculative's
 wall time: the median, and the range, over the alternations of each process's median over --repeats runs after a
 warm-up), host syncs per round (reads and pageable copies, counted as tests/decode/test_host_syncs.py counts them,
 and clock reads), and whether the tokens are identical between the sides and to the target's own
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-CASES = [(layout, batch) for layout in ("chain", "tree") for batch in (1, 4)]
+CASES = [(layout, batch) for layout in ("chain", "tree") for batch in (1, 4)] + [("target", 4), ("off", 4)]
 GAMMA, TREE, NEW_TOKENS = 4, [3, 2, 1, 1], 48
 
 
@@ -35,6 +36,7 @@ def worker(root: Path, repeats: int) -> dict:
 
     from decode import DraftModelDrafter, Generation, Sampling, generate_baseline, generate_speculative
     from decode.drafters.draft_tree import StaticTree
+    from decode.drafters.schedules import Schedule
     from decode.tree_layout import static_parents
     from test_host_syncs import CountingClock, _Copies, _Reads
     from tiny_models import VOCAB, noisy_copy, ragged_batch, tiny_model
@@ -44,13 +46,21 @@ def worker(root: Path, repeats: int) -> dict:
     generation = Generation(NEW_TOKENS, sampling)
     target = tiny_model("llama", seed=1, layers=4, hidden=128)
     draft = noisy_copy(target, 0.1)
+    class Off(Schedule):  # no row ever drafts
+        idles_rows = True
+
+        def lengths(self):
+            return [0] * self.rows
+
     results = {}
     for layout, batch in CASES:
         ids, mask = ragged_batch([9, 14, 6, 11][:batch], seed=3)
 
         def run(clock=None):
+            if layout == "target":
+                return generate_baseline(target, ids, mask, generation, clock=clock)
             tree = StaticTree(static_parents(TREE), sampling) if layout == "tree" else None
-            drafter = DraftModelDrafter(draft, VOCAB, sampling, tree=tree)
+            drafter = DraftModelDrafter(draft, VOCAB, sampling, tree=tree, schedule=Off(GAMMA) if layout == "off" else None)
             return generate_speculative(target, drafter, ids, mask, generation, GAMMA, clock=clock)
 
         with torch.inference_mode():
@@ -65,14 +75,17 @@ def worker(root: Path, repeats: int) -> dict:
             clock = CountingClock(log)
             with _Copies(log), _Reads(log):
                 counted = run(clock)
-        rounds = max(len(r.rounds) for r in counted)
-        in_rounds = log[clock.marks[3]:]  # after the start, the prefill and the draft's prefill
+        rounds = max(r.target_forwards - 1 for r in counted)
+        # after the start, the prefill and the draft's prefill (the target alone marks neither: its one read at the
+        # prefill, its first token, is left out by count)
+        alone = layout == "target"
+        in_rounds = log[clock.marks[0 if alone else 3]:]
         tokens = [r.output_ids for r in records]
         results[f"{layout} batch {batch}"] = {
             "tok_s": statistics.median(speeds), "rounds": rounds,
-            "reads": sum(e[0] == "read" for e in in_rounds) / rounds,
+            "reads": (sum(e[0] == "read" for e in in_rounds) - alone) / rounds,
             "copies": sum(e[0] == "pageable copy" for e in in_rounds) / rounds,
-            "clock": (len(clock.marks) - 3) / rounds, "tokens": tokens,
+            "clock": (len(clock.marks) - (1 if alone else 3)) / rounds, "tokens": tokens,
             "equals_target": tokens == own and [r.output_ids for r in counted] == own}
     return results
 
@@ -118,6 +131,10 @@ def main() -> None:
         own = all(run[case]["equals_target"] for name in sides for run in runs[name])
         print(f"{case:<14} {shown['before']:>20} {shown['after']:>20} {ratio:>12.2f}  "
               f"{syncs['before'] + '  ->  ' + syncs['after']:<66} {same}, {own}")
+    for name in sides:
+        ratios = [run["off batch 4"]["tok_s"] / run["target batch 4"]["tok_s"] for run in runs[name]]
+        print(f"off / the target alone, {name}: {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}), "
+              "each alternation's ratio in one process")
 
 if __name__ == "__main__":
     main()

@@ -213,8 +213,8 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
 
     gamma caps a round's drafts; each row's draft_limit is the least of gamma, its budget before
     max_new_tokens and its proposal length (its schedule, or no n-gram match). A row with draft_limit 0
-    takes a plain target step inside the batch's forward; a round in which no row drafts (G = 0) is one
-    target forward of the last tokens alone. Each row's draft_limit is recorded as the round's "drafted".
+    takes a plain target step inside the batch's forward; a round in which no row drafts (G = 0) is the
+    baseline's step (`baseline_step`: one forward of the last tokens, the next token chosen, one read). Each row's draft_limit is recorded as the round's "drafted".
 
     Host syncs per round: one read of the verification result (with sdpa or eager attention on a model without
     sliding windows; more with a schedule that stops rows mid-round), plus the three clock reads, which
@@ -262,10 +262,21 @@ def _speculative_round(target, drafter: Drafter, state, token: torch.Tensor, act
     else:  # every row has one token left: a plain target step
         proposal = Proposal(token.new_zeros(len(active), 0), None)
     layout = round_layout(proposal, synthetic_acceptance)
+    recorder.drafted()
+    if proposal.tokens.shape[1] == 0 and proposal.layout is None and synthetic_acceptance is None and tap is None:
+        # no row drafts (every K 0, or no budget left to draft): the round is the baseline's step, which is what a
+        # schedule prices K 0 at; nothing to accept or roll back
+        token, _ = baseline_step(state, target, token, generation.sampling, generator, greedy=False)
+        host = [RoundRow(0, t, 0, [], []) for t in token.tolist()]  # the round's one host read
+        spans.settle()
+        drafter.observe([row.token for row in host], [[] for _ in host])
+        if drafts:
+            drafter.commit(torch.zeros_like(token), [0] * len(host), [0] * len(host))
+        return _recorded(records, active, host, layout, generation, start, recorder, drafter if drafts else None,
+                         token)
     draft_limit = host_to_device(budget_host, token.device).clamp(max=proposal.tokens.shape[1])  # [B]
     if proposal.lengths is not None:
         draft_limit = torch.minimum(draft_limit, proposal.lengths)
-    recorder.drafted()
 
     # 2. verify: one target forward over [last token, d_1 .. d_G] (a tree: over its root and nodes)
     target_logits = layout.verify(state, target, token)
