@@ -214,7 +214,8 @@ def generate_speculative(target, drafter: Drafter, prompt_ids: torch.Tensor, pro
     gamma caps a round's drafts; each row's draft_limit is the least of gamma, its budget before
     max_new_tokens and its proposal length (its schedule, or no n-gram match). A row with draft_limit 0
     takes a plain target step inside the batch's forward; a round in which no row drafts (G = 0) is the
-    baseline's step (`baseline_step`: one forward of the last tokens, the next token chosen, one read). Each row's draft_limit is recorded as the round's "drafted".
+    baseline's step (`baseline_step`: one forward of the last tokens, the next token chosen, one read). Each
+    row's draft_limit is recorded as the round's "drafted".
 
     Host syncs per round: one read of the verification result (with sdpa or eager attention on a model without
     sliding windows; more with a schedule that stops rows mid-round), plus the three clock reads, which
