@@ -5,13 +5,13 @@
 
 Each alternation runs every case once per side, in a fresh process that imports decode/ from that side's checkout
 (the order of the sides flips each alternation). A case is greedy speculative decoding on tiny random llama models
-(tests/tiny_models.py: a target and a noisy copy of it as the draft), a chain of gamma 4 or the static tree
-3-2-1-1, batch 1 and 4, 48 new tokens; and at batch 4 the target alone and "off", a draft model whose schedule drafts
-nothing (a round that runs as the target's own step: it should read as the target alone). Per side and case it prints tok/s (new tokens over generate_speculative's
-wall time: the median, and the range, over the alternations of each process's median over --repeats runs after a
-warm-up), host syncs per round (reads and pageable copies, counted as tests/decode/test_host_syncs.py counts them,
-and clock reads), and whether the tokens are identical between the sides and to the target's own
-(generate_baseline).
+(tests/tiny_models.py: a target and a noisy copy of it as the draft), a chain of gamma 4 or the static tree 3-2-1-1,
+batch 1 and 4, 48 new tokens; and at batch 4 the target alone and "off", a draft model whose schedule drafts nothing
+(a round that runs as the target's own step: it should read as the target alone). Per side and case it prints tok/s
+(new tokens over generate_speculative's wall time: the median, and the range, over the alternations of each process's
+median over --repeats runs after a warm-up), host syncs per round (reads and pageable copies, counted as
+tests/decode/test_host_syncs.py counts them, and clock reads), and whether the tokens are identical between the sides
+and to the target's own (generate_baseline).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def worker(root: Path, repeats: int) -> dict:
     generation = Generation(NEW_TOKENS, sampling)
     target = tiny_model("llama", seed=1, layers=4, hidden=128)
     draft = noisy_copy(target, 0.1)
+
     class Off(Schedule):  # no row ever drafts
         idles_rows = True
 
@@ -60,7 +61,8 @@ def worker(root: Path, repeats: int) -> dict:
             if layout == "target":
                 return generate_baseline(target, ids, mask, generation, clock=clock)
             tree = StaticTree(static_parents(TREE), sampling) if layout == "tree" else None
-            drafter = DraftModelDrafter(draft, VOCAB, sampling, tree=tree, schedule=Off(GAMMA) if layout == "off" else None)
+            schedule = Off(GAMMA) if layout == "off" else None
+            drafter = DraftModelDrafter(draft, VOCAB, sampling, tree=tree, schedule=schedule)
             return generate_speculative(target, drafter, ids, mask, generation, GAMMA, clock=clock)
 
         with torch.inference_mode():
