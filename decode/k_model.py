@@ -64,6 +64,11 @@ def feed_seconds(draft: Callable[[int], float | None], fed: int) -> float | None
     return None if wide is None or narrow is None else wide[0] - narrow[0]
 
 
+def window_tokens(prompt: int, window: int | None) -> int:
+    """The tokens the draft prefills of a prompt: its window's (speculative.draft_context), at most; all without one."""
+    return prompt if window is None else min(prompt, int(window))
+
+
 def admissions(rates: list[float], rows: int, prefill: float | None, new_tokens: int) -> Callable[[int], float]:
     """Served: the seconds a round of K carries of the draft prefills of the requests joining (module doc), `prefill`
     one request's; none where it is not priced."""

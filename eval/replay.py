@@ -21,7 +21,7 @@ import math
 import random
 from collections import defaultdict
 
-from decode.k_model import admissions, best_k, round_parts
+from decode.k_model import admissions, best_k, round_parts, window_tokens
 from decode.arrivals import Load, Queue
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
 from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
@@ -317,10 +317,9 @@ def as_request(s: dict, arrival: float = 0.0, speculative: bool = True) -> dict:
     rounds = (_rounds(s) or []) if speculative else None
     if rounds is not None and sum(r["emitted"] for r in rounds) < int(s["new_tokens"]) - 1:
         raise MissingRecord("the records lack rounds: a row's rounds emit fewer tokens than it has")
-    window = s.get("draft_context")  # the draft's prefill: the prompt's last draft_context tokens
     prompt = int(s["prompt_tokens"])
     return {"arrival_s": arrival, "prompt_tokens": prompt, "new_tokens": int(s["new_tokens"]),
-            "draft_tokens": prompt if window is None else min(prompt, int(window)),
+            "draft_tokens": window_tokens(prompt, s.get("draft_context")),
             "rounds": rounds, "draft_forwards": int(s.get("draft_forwards") or 0)}
 
 

@@ -6,6 +6,7 @@ import torch
 
 from decode.drafters.base import Drafter, Proposal, pad_to_vocab, right_aligned, unpadded
 from decode.drafters.schedules import Schedule
+from decode.k_model import window_tokens
 from decode.kv import KVState, host_to_device, joined
 from decode.static_kv import new_state
 from decode.sampling import logits_to_probs, sample
@@ -112,7 +113,7 @@ class DraftModelDrafter(Drafter):
 
     def prefill_width(self, prompt_width: int) -> int:
         """The tokens the draft prefills of a prompt this wide: its window's, at most."""
-        return prompt_width if self.context is None else min(prompt_width, self.context)
+        return window_tokens(prompt_width, self.context)
 
     def add_rows(self, prompt_ids, prompt_mask, host=None):
         """The joining rows' prompts prefilled into a cache of their own, joined to the running one (decode/kv.py

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: the method registry reads SCHEDULES without torch
     import torch
 
-from decode.k_model import expected_tokens, round_seconds
+from decode.k_model import expected_tokens, round_seconds, window_tokens
 from decode.names import TARGET
 
 
@@ -528,7 +528,7 @@ class RecommendedSchedule(Schedule):
         left = max(self.budget - (c - p) for c, p in zip(self.contexts, self.prompts)) if self.budget else 1
         first, step = draft(fed), draft(1)
         catch_up = max(0.0, first - step) if fed > 1 and None not in (first, step) else 0.0
-        fed_prompts = [p if self.window is None else min(p, self.window) for p in self.prompts]
+        fed_prompts = [window_tokens(p, self.window) for p in self.prompts]
         joining = (sum(fed_prompts) / rows, self.budget) if self.served and self.budget else None
         k = self.model.choose(self.draft, rows, context, self.gamma, scale=lambda k: self._scale(rows, k),
                               extra=lambda k: catch_up * min(1.0, expected_tokens(rates, k) / max(left, 1)),
