@@ -7,7 +7,9 @@ the recommended candidate's measured throughput over the best measured candidate
                                          [--within 0.03] [--json OUT.json]
 
 A sweep's context length is its prompts' mean length (the baseline's rows); each recommended context is checked on
-the sweep nearest it in ratio (eval/recommend.py nearest). A static batch size is checked on a sweep's static points
+the sweep nearest it in ratio (eval/recommend.py nearest); where several sweeps read a load at that context (a load
+read again), their readings pool: each candidate's tok/s their geometric mean, each sweep's repeats readings of their
+own. A static batch size is checked on a sweep's static points
 (throughput_tok_s, speedup and its interval), a concurrency on its load points by the system's throughput
 (output_tok_s, and output_tok_s_ratio as the speedup, without interval: speedup_tput is a per-request rate, which
 is the system's ratio only while every slot stays full, not in a short closed loop's tail). A candidate the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -163,8 +166,9 @@ def within_verdict(ratio: float, mine: dict[int, float], best: dict[int, float],
 
 def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: float = WITHIN) -> list[dict]:
     """Every load and context of the recommendations on the sweep nearest its context among those its context's bin
-    holds (the recommendation's contexts bin a length to the nearest in ratio, eval/recommend.py nearest); where no
-    sweep is in its bin, or that sweep did not measure the load, said so (never judged on another context's)."""
+    holds (the recommendation's contexts bin a length to the nearest in ratio, eval/recommend.py nearest), every sweep
+    at that context that measured the load pooled (`pooled`); where no sweep is in its bin, or none there measured
+    the load, said so (never judged on another context's)."""
     out = []
     contexts = sorted({round(c) for c, _ in sweeps})
     for data in recommends:
@@ -180,8 +184,29 @@ def checks(recommends: list[dict], sweeps: list[tuple[float, dict]], within: flo
                 why = "no sweep measured it" if mine else f"no sweep near context {result['context']}"
                 out.append({"load": result["load"], "context": result["context"], "why": why})
                 continue
-            measured = have[0]
-            out.append({**check(result, measured, within), "sweep_context": at})
+            out.append({**check(result, pooled(have), within), "sweep_context": at, "readings": len(have)})
+    return out
+
+
+def pooled(readings: list[dict]) -> dict:
+    """One load's points as several sweeps read them: a candidate's tok/s and speedup the geometric mean of its readings
+    (two candidates read in the same sweeps then compare as the mean of their ratios in each, whatever each sweep's
+    machine speed), each sweep's repeats its own (keyed (sweep, repeat), so two points pair on the passes both ran; a
+    sweep without them one reading); an interval only where one sweep read it (none pools the readings' spread); drift
+    where any was flagged. One sweep: as it read."""
+    if len(readings) == 1:
+        return readings[0]
+    out: dict = {}
+    for key in {k for points in readings for k in points}:
+        read = [(i, points[key]) for i, points in enumerate(readings) if key in points]
+        tok_s = [m["tok_s"] for _, m in read if m["tok_s"]]
+        speedups = [m["speedup"] for _, m in read if m["speedup"] is not None]
+        out[key] = {"tok_s": statistics.geometric_mean(tok_s) if tok_s else None,
+                    "tok_s_repeats": {(i, r): x for i, m in read for r, x in
+                                      (m["tok_s_repeats"] or ({-1: m["tok_s"]} if m["tok_s"] else {})).items()},
+                    "speedup": statistics.geometric_mean(speedups) if speedups else None,
+                    "speedup_ci95": read[0][1]["speedup_ci95"] if len(read) == 1 or key == OFF else None,
+                    "label": read[0][1]["label"], "drift": any(m["drift"] for _, m in read)}
     return out
 
 
@@ -204,7 +229,8 @@ def table(rows: list[dict], within: float = WITHIN) -> str:
             lines.append(f"| {r['load']} | {r['context']} | - | - | - | - | - | {r['why']} |")
             continue
         tie = f" (tie with {', '.join(short(t) for t in r['tied_with'])})" if r.get("tie") else ""
-        lines.append(f"| {r['load']} | {r['context']} ({r['sweep_context']}) | {short(r['recommended'])}: "
+        sweeps = f", {r['readings']} sweeps" if r.get("readings", 1) > 1 else ""
+        lines.append(f"| {r['load']} | {r['context']} ({r['sweep_context']}{sweeps}) | {short(r['recommended'])}: "
                      f"{_ci(r['predicted_speedup'], r['predicted_speedup_ci95'])}{tie} | "
                      f"{_ci(r.get('measured_speedup'), r.get('measured_speedup_ci95'))} | "
                      f"{short(r['best_measured'])}: {_f(r['best_speedup'])} | {_f(r['ratio'], '{:.3f}')} | "

@@ -151,19 +151,18 @@ class KModel:
             raise ValueError(f"{where}'s k_model has no target steps; write it again with a profile of the target")
 
     def seconds(self, model: str, rows: int, width: int, context: float) -> float | None:
-        """A step of `model`: at the largest tabulated rows at or below `rows` (the smallest where none is), linear
-        between tabulated widths (None outside them), along the cache as eval/costs.py prices it."""
-        table = self.steps.get(model)
-        if not table:
-            return None
-        below = [r for r in sorted(table) if r <= rows]
-        by_width = table[below[-1] if below else min(table)]
-        widths = sorted(by_width)
-        if not widths[0] <= width <= widths[-1]:
-            return None
-        lo, hi = max(w for w in widths if w <= width), min(w for w in widths if w >= width)
-        at_lo, at_hi = line(by_width[lo], context), line(by_width[hi], context)
-        return at_lo if lo == hi else at_lo + (at_hi - at_lo) * (width - lo) / (hi - lo)
+        """A step of `model`: linear between tabulated widths (None outside them), along the cache and between tabulated
+        rows as eval/costs.py prices it; at rows beyond the table's (the runtime decides at any rows in flight, where
+        the replay leaves them unpriced) along the line through the nearest two (`line`)."""
+        table = self.steps.get(model) or {}
+        known = {}
+        for r, by_width in table.items():
+            widths = sorted(by_width)
+            if widths[0] <= width <= widths[-1]:
+                lo, hi = max(w for w in widths if w <= width), min(w for w in widths if w >= width)
+                at_lo, at_hi = line(by_width[lo], context), line(by_width[hi], context)
+                known[r] = at_lo if lo == hi else at_lo + (at_hi - at_lo) * (width - lo) / (hi - lo)
+        return line(known, rows) if known else None
 
     def draft_forward(self, draft: str, rows: int, width: int, context: float) -> float | None:
         """The draft's forward feeding `width` tokens a row, as the replay prices it (eval/replay.py draft_first): 1, a

@@ -60,7 +60,7 @@ def test_each_recommendation_is_checked_on_its_nearest_sweep(tmp_path):
     long = _sweep(tmp_path / "long", [300], [
         drifted, _run("speculative", 2, 1, 8.4, 1.05, [0.98, 1.12]),
         _run("speculative", 4, 1, 7.6, 0.95, [0.9, 1.0])])
-    k2, k4, off = (f"speculative draft={DRAFT} gamma=2", f"speculative draft={DRAFT} gamma=4", "off")
+    k2, off = f"speculative draft={DRAFT} gamma=2", "off"
     recommend = {"loads": [
         _load("batch=1", 75, k2, [_candidate(2, 1.31, [1.2, 1.4]), _candidate(4, 1.28, [1.2, 1.36]),
                                   _candidate(None, 1, None)]),
@@ -154,6 +154,35 @@ def test_repeats_tell_a_miss_from_the_sweeps_own_noise(tmp_path):
     assert [round(x, 6) for x in third["ratio_repeats"]] == [0.8, 1.125]
     assert "within 3%: 0 of 3 (2 of the rest unresolved by the repeats)" in result.stdout
     assert "**unresolved** (repeats: 0.857, 1.077)" in result.stdout
+
+
+def test_a_load_read_in_two_sweeps_pools_their_readings(tmp_path):
+    """Concurrency 4 read twice at the same context, off recommended: the first sweep K=2 10.8 tok/s against the target
+    alone's 10.0, the second 12.24 against 12.0. Pooled, each the geometric mean of its readings: off over K=2 is
+    sqrt(10 x 12) / sqrt(10.8 x 12.24) = 1 / sqrt(1.08 x 1.02) = 0.953, a miss, but the readings disagree (0.926 and
+    0.980): unresolved. K=2's speedup sqrt(1.08 x 1.02) = 1.050, no interval. Concurrency 2, read in the first
+    only, as it read."""
+    first = _sweep(tmp_path / "first", [80], [], [
+        _served("baseline", None, 4, 10.0, 1.0, 1.0), _served("speculative", 2, 4, 10.8, 1.08, 1.0),
+        _served("baseline", None, 2, 6.0, 1.0, 1.0), _served("speculative", 2, 2, 6.6, 1.1, 1.0)])
+    second = _sweep(tmp_path / "second", [70, 90], [], [
+        _served("baseline", None, 4, 12.0, 1.0, 1.0), _served("speculative", 2, 4, 12.24, 1.02, 1.0)])
+    k2, off = f"speculative draft={DRAFT} gamma=2", "off"
+    path = tmp_path / "recommend.json"
+    path.write_text(json.dumps({"loads": [
+        _load("conc=4", 75, off, [_candidate(2, 0.97, None), _candidate(None, 1, None)]),
+        _load("conc=2", 75, k2, [_candidate(2, 1.1, None), _candidate(None, 1, None)])]}))
+    out = tmp_path / "check.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recommend_check.py"), "--recommend", path,
+                             "--sweeps", first, second, "--json", out], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    four, two = json.loads(out.read_text())["rows"]
+    assert four["readings"] == 2 and abs(four["ratio"] - (1.08 * 1.02) ** -0.5) < 1e-12
+    assert four["verdict"] == "unresolved" and not four["within"]
+    assert [round(x, 6) for x in four["ratio_repeats"]] == [round(1 / 1.08, 6), round(1 / 1.02, 6)]
+    assert abs(four["best_speedup"] - (1.08 * 1.02) ** 0.5) < 1e-12 and four["speculation_pays"] == "yes"
+    assert two["readings"] == 1 and abs(two["ratio"] - 1.0) < 1e-12 and two["best_speedup"] == 1.1
+    assert "| conc=4 | 75 (80, 2 sweeps) |" in result.stdout and "| conc=2 | 75 (80) |" in result.stdout
 
 
 def test_a_missing_folder_is_one_line(tmp_path):

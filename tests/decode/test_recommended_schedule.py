@@ -19,14 +19,17 @@ from utils.config import ConfigError, validate
 ALPHA = [0.8] * 4
 # the target's seconds by width at 1 row and a short context (10 tokens): K 2 is best there (E/S: off 1/10 ms, K 1
 # 1.8/13, K 2 2.44/16 = 0.1525, K 3 2.952/26, K 4 3.3616/30); at a long context (1000) and at `off_at` rows and
-# more, each width costs 10 ms a token: off (K 1: 1.8/22 = 0.082 < 0.1). A draft step 2 ms.
+# more, each width costs 10 ms a token: off (K 1: 1.8/22 = 0.082 < 0.1); the short context's at each rows below it.
+# A draft step 2 ms.
 FAST = {1: 0.010, 2: 0.011, 3: 0.012, 4: 0.020, 5: 0.022}
 
 
 def k_model(off_at: int = 3, draft: str = "d", slope: float = 0.0002) -> dict:
-    steps = [[1, w, 10, s] for w, s in FAST.items()] + [[1, w, 1000, 0.010 * w] for w in FAST]
+    steps = [[r, w, 10, s] for r in range(1, off_at) for w, s in FAST.items()]
+    steps += [[r, w, 1000, 0.010 * w] for r in range(1, off_at) for w in FAST]
     steps += [[off_at, w, c, 0.010 * w] for w in FAST for c in (10, 1000)]
-    return {"steps": {"target": steps, f"draft:{draft}": [[r, 1, c, 0.002] for r in (1, off_at) for c in (10, 1000)]},
+    return {"steps": {"target": steps, f"draft:{draft}": [[r, 1, c, 0.002] for r in range(1, off_at + 1)
+                                                          for c in (10, 1000)]},
             "draft_prefill": {f"draft:{draft}": {"intercept_s": 0.0, "s_per_row_token": slope}},
             "acceptance": {draft: {"rates": ALPHA, "by_category": {}}}}
 

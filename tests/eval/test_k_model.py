@@ -113,3 +113,20 @@ def test_a_k_model_that_is_not_one_is_refused_in_one_line():
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match="no target steps"):
         KModel({"steps": {}, "acceptance": {}})
+
+
+def test_a_step_between_and_beyond_the_profiled_rows():
+    """The target's 1-token step 10 ms at 1 row, 14 at 2, 20 at 4 (a cache of 10): at 3 rows 17 ms, linear between 2
+    and 4 as the replay's profile prices it (before, the 2 rows' 14); at 6 rows 26 ms, along the line through 2 and 4
+    (the profile leaves it unpriced; before, the 4 rows' 20)."""
+    steps = [{"model": "target", "rows": r, "width": 1, "kv": 10, "s": s, "reps_s": [s]}
+             for r, s in ((1, 0.010), (2, 0.014), (4, 0.020))]
+    costs = Profile(meta={}, steps=steps, prefills=[])
+    data = k_model_of([], costs)
+    data["acceptance"] = {}
+    model = KModel(data)
+    assert [model.seconds("target", r, 1, 10) for r in (1, 2, 3, 4, 6)] == \
+        pytest.approx([0.010, 0.014, 0.017, 0.020, 0.026])
+    assert costs.step_s("target", 3, 1, 10) == pytest.approx(0.017)
+    assert costs.step_s("target", 6, 1, 10) is None
+    assert model.seconds("target", 3, 2, 10) is None  # a width outside the table's
