@@ -154,14 +154,18 @@ class KModel:
         """A step of `model`: linear between tabulated widths (None outside them), along the cache and between tabulated
         rows as eval/costs.py prices it; at rows beyond the table's (the runtime decides at any rows in flight, where
         the replay leaves them unpriced) along the line through the nearest two (`line`)."""
-        table = self.steps.get(model) or {}
-        known = {}
-        for r, by_width in table.items():
+        def at(by_width: dict) -> float | None:
             widths = sorted(by_width)
-            if widths[0] <= width <= widths[-1]:
-                lo, hi = max(w for w in widths if w <= width), min(w for w in widths if w >= width)
-                at_lo, at_hi = line(by_width[lo], context), line(by_width[hi], context)
-                known[r] = at_lo if lo == hi else at_lo + (at_hi - at_lo) * (width - lo) / (hi - lo)
+            if not widths[0] <= width <= widths[-1]:
+                return None
+            lo, hi = max(w for w in widths if w <= width), min(w for w in widths if w >= width)
+            at_lo, at_hi = line(by_width[lo], context), line(by_width[hi], context)
+            return at_lo if lo == hi else at_lo + (at_hi - at_lo) * (width - lo) / (hi - lo)
+
+        table = self.steps.get(model) or {}
+        if rows in table and (exact := at(table[rows])) is not None:
+            return exact  # what the line through every tabulated rows gives there, without pricing the others
+        known = {r: s for r, s in ((r, at(by_width)) for r, by_width in table.items()) if s is not None}
         return line(known, rows) if known else None
 
     def draft_forward(self, draft: str, rows: int, width: int, context: float) -> float | None:
