@@ -107,3 +107,25 @@ class Queue:
             group.append(heapq.heappop(self.heap)[1])
         self.left -= len(group)
         return group
+
+
+PREFILL_PADDING = 0.25  # the share of a prefill forward's tokens that may be padding (`prefill_batches`)
+
+
+def prefill_batches(group: list[int], tokens: list[int]) -> list[list[int]]:
+    """The requests admitted at one moment (`group`, with their prompts' lengths `tokens`) as the prefill forwards
+    that run them, shortest prompts first: a forward pads every row to its longest, so a row joins the forward before
+    it only while that forward's padding stays within PREFILL_PADDING of its rows x width; else it starts the next.
+    Prompts of like length share a forward (one pass over the weights for all), and a short prompt is not padded to a
+    long one's width: a padded short-with-long pair cost 1.35x the two forwards apart on the CPU (7.5 s against
+    4.4 + 1.2 s, the offline pair's target), and whether a moment's arrivals happened to share it moved a load's
+    throughput by 8%. The engine's loop and the schedule's replay (eval/replay.py) both split by it."""
+    batches = []
+    for i, n in sorted(zip(group, tokens), key=lambda pair: pair[1]):
+        batch = batches[-1] if batches else None
+        if batch is None or (len(batch[0]) + 1) * n - (batch[1] + n) > PREFILL_PADDING * (len(batch[0]) + 1) * n:
+            batches.append([[i], n])
+        else:
+            batch[0].append(i)
+            batch[1] += n
+    return [members for members, _ in batches]

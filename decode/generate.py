@@ -18,7 +18,7 @@ from decode.drafters.base import Drafter, Proposal
 from decode.hidden import CompiledTap, HiddenTap
 from decode.kv import KVState, host_to_device, joined
 from decode.round_graph import fused_round, fusable
-from decode.arrivals import Load, Queue, RequestTimes
+from decode.arrivals import Load, Queue, RequestTimes, prefill_batches
 from decode.static_kv import compiled_of, new_state
 from decode.sampling import (accept_greedy, accept_sampled, accept_synthetic, accept_tree_greedy, accept_tree_sampled,
                              logits_to_probs, sample)
@@ -552,11 +552,11 @@ class _Loop:
 
     - admit: the requests that have arrived join, in arrival order (decode/arrivals.py Queue: a conversation's next turn
       arrives load.think_s after its previous turn's last token), while fewer than load.concurrency rows are in flight.
-      Those admitted at one moment are prefilled together in one target forward (over their own width under a load:
-      the leading columns that are padding for all of them dropped) and take their first token; their cache joins the
-      running batch's (decode/kv.py KVState.join) and the drafter gets their rows (a static batch: Drafter.start,
-      which may ask a schedule whether drafting pays at all; under a load Drafter.add_rows, reset first when no row
-      was in flight). That prefill and the draft's run between rounds: they count in the joining requests' TTFT and
+      Those admitted at one moment are prefilled together in one target forward (under a load: those of like length,
+      shortest first, decode/arrivals.py prefill_batches, each forward over its own width) and take their first
+      token; their cache joins the running batch's (decode/kv.py KVState.join) and the drafter gets their rows (a
+      static batch: Drafter.start, which may ask a schedule whether drafting pays at all; under a load
+      Drafter.add_rows, reset first when no row was in flight). That prefill and the draft's run between rounds: they count in the joining requests' TTFT and
       target_s / draft_s (draft_prefill_s: the draft's), and delay the running rows' next tokens, as in a server.
       With no row in flight and nobody waiting, the loop sleeps until the next arrival.
     - round: the baseline's one target step (`baseline_step`) or a speculative round (`_speculative_round`) over the
@@ -656,17 +656,29 @@ class _Loop:
                     self.records[follower].arrival_s = self.queue.arrival[follower]
 
     def _admit(self, group: list[int], now: float) -> None:
-        """The group's prefill and first token (a host read: it may already be EOS), the drafter's rows, and its cache
-        joined to the running batch's."""
-        records, device, sampling = self.records, self.prompt_ids.device, self.generation.sampling
+        """The group admitted at `now`: its prefill forwards (served: prompts of unlike length apart, shortest first,
+        decode/arrivals.py prefill_batches), one after another, each with its first tokens (a host read: one may
+        already be EOS); then the rows that go on join the running batch together (`_join`)."""
+        batches = [group]
         if self.served:
-            lead = int(min(self.first_real[i] for i in group))
-            index = host_to_device(group, device)
-            ids, mask = self.prompt_ids[index, lead:], self.prompt_mask[index, lead:]
-            host = (self.ids_host[group, lead:], self.mask_host[group, lead:])
-        else:
-            ids, mask, host = self.prompt_ids, self.prompt_mask, (self.ids_host, self.mask_host)
-        group_state, logits = prefill(self.target, ids, host[1])
+            batches = prefill_batches(group, (self.mask_host.shape[1] - self.first_real[group]).tolist())
+        parts, began = [], now
+        for batch in batches:
+            part = self._prefill(batch, now, began)
+            began = self.last_read  # the next forward starts where this one's read ended
+            if part is not None:
+                parts.append(part)
+        if parts:
+            self._join(parts)
+
+    def _prefill(self, group: list[int], now: float, began: float):
+        """One prefill forward over `group` (admitted at `now`, its forward begun at `began`): the records' first
+        token; None if every row ended there, else (the rows that go on, their cache, first tokens [G] and host
+        copy, the target's features [G, P', F] from prompt column `lead` or None, lead)."""
+        records, device, sampling = self.records, self.prompt_ids.device, self.generation.sampling
+        lead = int(min(self.first_real[i] for i in group)) if self.served else 0
+        ids = self.prompt_ids[host_to_device(group, device), lead:] if self.served else self.prompt_ids
+        group_state, logits = prefill(self.target, ids, self.mask_host[group, lead:] if self.served else self.mask_host)
         features = self.tap.pop() if self.tap is not None else None  # [G, P', F]
         first = choose_next(logits, sampling, self.generator)  # [G]
         if self.greedy_gaps:
@@ -676,29 +688,40 @@ class _Loop:
         self.last_read = prefilled
         for row in group:
             record = records[row]
-            record.target_forwards, record.target_s = 1, prefilled - now
+            record.target_forwards, record.target_s = 1, prefilled - began
             record.prefill_s = prefilled - (record.arrival_s or 0.0)
             if self.served:
                 record.admitted_s, record.first_token_s = now, prefilled
         running, _ = _append(records, group, [[t] for t in first_host], self.generation, prefilled)
         self._finished([row for i, row in enumerate(group) if i not in running])
         if not running:
-            return
+            return None
         if len(running) < len(group):  # rows done at their first token never join
             group_state.select_rows(running)
             keep = host_to_device(running, device)
-            first, ids, mask = first[keep], ids[keep], mask[keep]
-            host = (host[0][running], host[1][running])
+            first = first[keep]
             features = features[keep] if features is not None else None
-            if self.served:
-                lead = int(min(self.first_real[group[i]] for i in running)) - int(min(self.first_real[i] for i in group))
-                ids, mask, host = ids[:, lead:], mask[:, lead:], (host[0][:, lead:], host[1][:, lead:])
-                features = features[:, lead:] if features is not None else None
-        joining = [group[i] for i in running]
-        drafter = self.drafter
+        return [group[i] for i in running], group_state, first, [first_host[i] for i in running], features, lead
+
+    def _join(self, parts: list) -> None:
+        """The rows of one admission's prefill forwards (`_prefill`'s parts) join the running batch: their caches, last
+        tokens and records, and the drafter's rows, all of them at once (its model's prefill of them: a static batch
+        Drafter.start, under a load Drafter.add_rows, each prompt cut to the rows' own width)."""
+        records, drafter, device = self.records, self.drafter, self.prompt_ids.device
+        joining = [row for part in parts for row in part[0]]
         if drafter is not None:  # the drafter's rows (its model's prefill of them)
-            if features is not None:
-                drafter.take_features(features)
+            if self.served:
+                lead = int(min(self.first_real[i] for i in joining))
+                ids, mask = self.prompt_ids[host_to_device(joining, device), lead:], self.prompt_mask[
+                    host_to_device(joining, device), lead:]
+                host = (self.ids_host[joining, lead:], self.mask_host[joining, lead:])
+            else:
+                lead, keep = 0, host_to_device(joining, device)
+                ids, mask, host = self.prompt_ids[keep], self.prompt_mask[keep], (self.ids_host[joining],
+                                                                                  self.mask_host[joining])
+            if self.tap is not None:  # each forward's features from its own lead, left padded to the rows' width
+                drafter.take_features(torch.cat([torch.nn.functional.pad(f, (0, 0, at - lead, 0))
+                                                 for *_, f, at in parts]))
             if self.served and not self.active:  # before its count is read: a reset drafter counts from 0
                 drafter.reset()
             forwards, before = drafter.forwards, self.clock.mark()
@@ -710,10 +733,11 @@ class _Loop:
             self.spans.add([records[row] for row in joining], ("draft_s", "draft_prefill_s"), before, self.clock.mark())
             for row in joining:
                 records[row].draft_forwards = drafter.forwards - forwards
-        self.state = joined(self.state, group_state)
-        self.token = first if self.token is None else torch.cat([self.token, first])
+        for _, group_state, first, first_host, *_ in parts:
+            self.state = joined(self.state, group_state)
+            self.token = first if self.token is None else torch.cat([self.token, first])
+            self.last_host = self.last_host + first_host
         self.active = self.active + joining
-        self.last_host = self.last_host + [first_host[i] for i in running]
         if drafter is not None:
             drafter.observe(self.last_host)
 

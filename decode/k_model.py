@@ -111,6 +111,19 @@ def conditional(unconditional: list[float]) -> list[float]:
     return out
 
 
+def between(known: dict, x, value: Callable | None = None) -> float | None:
+    """known[x] where measured, else linear between the nearest measured keys below and above x (value(key): the
+    value at a key, known[key] where none); None outside them."""
+    value = value or known.__getitem__
+    if x in known:
+        return value(x)
+    below = max((k for k in known if k < x), default=None)
+    above = min((k for k in known if k > x), default=None)
+    if below is None or above is None:
+        return None
+    return value(below) + (value(above) - value(below)) * (x - below) / (above - below)
+
+
 def line(points: dict[float, float], x: float) -> float:
     """Linear between the nearest two points; beyond them, the line through the last two with its slope at least 0,
     never below the cheapest (a step's seconds along its cache, a prefill's along its length); one point: its value."""
@@ -155,12 +168,7 @@ class KModel:
         rows as eval/costs.py prices it; at rows beyond the table's (the runtime decides at any rows in flight, where
         the replay leaves them unpriced) along the line through the nearest two (`line`)."""
         def at(by_width: dict) -> float | None:
-            widths = sorted(by_width)
-            if not widths[0] <= width <= widths[-1]:
-                return None
-            lo, hi = max(w for w in widths if w <= width), min(w for w in widths if w >= width)
-            at_lo, at_hi = line(by_width[lo], context), line(by_width[hi], context)
-            return at_lo if lo == hi else at_lo + (at_hi - at_lo) * (width - lo) / (hi - lo)
+            return between(by_width, width, lambda w: line(by_width[w], context))
 
         table = self.steps.get(model) or {}
         if rows in table and (exact := at(table[rows])) is not None:

@@ -27,10 +27,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decode.k_model import line
+from decode.k_model import between, line
 from decode.methods import HOME_ENGINE
 from decode.names import TARGET, draft_model, label_of
-from eval.stats import between
 from utils import UserError
 
 FORMAT = "speculate-cost-profile"

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 from decode.arrivals import RequestTimes
+from decode.k_model import between
 from eval.axes import AXES, Axis, comparison_axes, label_of
-from eval.stats import between
 
 # The process of records, costs and drift readings written before processes were recorded (a resumed older folder)
 EARLIER_PROCESS = "earlier"

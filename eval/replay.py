@@ -22,7 +22,7 @@ import random
 from collections import defaultdict
 
 from decode.k_model import admissions, best_k, round_parts, window_tokens
-from decode.arrivals import Load, Queue
+from decode.arrivals import Load, Queue, prefill_batches
 from eval.stats import BOOTSTRAP_SEED, MIN_PROMPTS, expanded_interval, ratio, ratio_of_totals
 from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
 
@@ -168,14 +168,17 @@ def prefill_deferred(record: dict) -> bool:
     return any("catch_up" in r and not r.get("lagging") for r in record.get("rounds") or ())
 
 
-def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0) -> list[dict]:
+def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0, served: bool = True) -> list[dict]:
     """The loop over requests (each: arrival_s, prompt_tokens, new_tokens, and rounds for a speculative point, None
     for the baseline; "follows": the index of the request whose next turn it is, if any) at most `concurrency` in
     flight, admitted in the engine's order (decode/arrivals.py Queue; a follower arrives think_s after the request it
     follows finished): each request's admitted_s, first_token_s, finish_s (seconds from the start), a follower's
     arrival_s, and target_s, draft_s and draft_prefill_s as the engine's records time them (decode/generate.py
     RowRecord: the target's prefill and the rounds' verifications or steps it was in; the draft's prefill and the
-    rounds' drafting it was in). Raises MissingCost where the profile lacks a cost the schedule needs."""
+    rounds' drafting it was in). Those admitted together are prefilled as the engine does: served, prompts of like
+    length in one forward (decode/arrivals.py prefill_batches), a static batch (served False) all in one; then the
+    draft's one prefill of them all. Raises
+    MissingCost where the profile lacks a cost the schedule needs."""
     n = len(requests)
     if pricer.draft is None and any(r.get("draft_forwards") for r in requests if r.get("rounds") is not None):
         raise MissingCost("the drafter's forwards: it runs a model the profile has no steps for (early exit's first "
@@ -217,18 +220,21 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
             if not group and not active:
                 now = max(now, queue.next_arrival())
                 continue
-            if group:
-                width = max(requests[i]["prompt_tokens"] for i in group)
+            if group:  # the target's prefill forwards (served: prompts of like length together), then the draft's
                 admitted = now
                 peak = max(peak, len(active) + len(group))
-                now += pricer.prefill(pricer.rows(len(group), peak), width)
-                for i in group:
-                    out[i]["admitted_s"], out[i]["first_token_s"] = admitted, now
-                    out[i]["target_s"], out[i]["draft_s"] = now - admitted, 0.0
-                    done[i] = min(1, requests[i]["new_tokens"])
-                going = [i for i in group if requests[i]["new_tokens"] > 1 and not finished(i)]
-                end([i for i in group if i not in going])
-                # a deferred prefill is a round's catch-up (below)
+                going = []
+                for batch in prefill_batches(group, [requests[i]["prompt_tokens"] for i in group]) if served else [group]:
+                    width = max(requests[i]["prompt_tokens"] for i in batch)
+                    prefilled = pricer.prefill(pricer.rows(len(batch), peak), width)
+                    now += prefilled
+                    for i in batch:
+                        out[i]["admitted_s"], out[i]["first_token_s"] = admitted, now
+                        out[i]["target_s"], out[i]["draft_s"] = prefilled, 0.0
+                        done[i] = min(1, requests[i]["new_tokens"])
+                    going += [i for i in batch if requests[i]["new_tokens"] > 1 and not finished(i)]
+                    end([i for i in batch if i not in going])
+                # the draft's one prefill of the rows that go on; a deferred prefill is a round's catch-up (below)
                 eager = [i for i in going if not prefill_deferred(requests[i])]
                 if eager and drafts:  # over the draft's window of each prompt where it has one
                     draft_width = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) for i in group)
@@ -336,7 +342,7 @@ def replay_static(samples: list[dict], pricer: Pricer, speculative: bool, batch_
             groups += [((repeat, k), rows[i:i + batch_size]) for k, i in enumerate(range(0, len(rows), batch_size))]
     out = []
     for (_, index), group in groups:
-        timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer)
+        timed = simulate([as_request(s, 0.0, speculative) for s in group], len(group), pricer, served=False)
         for s, t in zip(group, timed):
             out.append(dict(s, batch_index=index, latency_s=t["finish_s"], prefill_s=t["first_token_s"],
                             draft_prefill_s=t.get("draft_prefill_s", 0.0), target_s=t["target_s"],

@@ -123,13 +123,3 @@ def bootstrap_ci(clusters: list[tuple], resamples: int = BOOTSTRAP_RESAMPLES, se
     return expanded_interval(values, n)
 
 
-def between(known: dict, x) -> float | None:
-    """known[x] where measured, else linear between the nearest measured keys below and above x; None outside
-    them."""
-    if x in known:
-        return known[x]
-    below = max((k for k in known if k < x), default=None)
-    above = min((k for k in known if k > x), default=None)
-    if below is None or above is None:
-        return None
-    return known[below] + (known[above] - known[below]) * (x - below) / (above - below)

@@ -137,7 +137,7 @@ def drafter_of(kind: str, target, sampling, generator):
 def count_syncs(monkeypatch, drafter_kind, lengths, sampling, gamma=3, max_new_tokens=12, synthetic_acceptance=None,
                 load=None, target=None, repeat=False):
     """Runs the engine with every sync logged; returns (records, the log before the first round, each round's log,
-    each admission's log, each round's wall by the host's clock)."""
+    each admission's log: a prefill forward's or a join's, each round's wall by the host's clock)."""
     import decode.generate as engine
 
     target = target if target is not None else tiny_model("llama", seed=1, layers=3)
@@ -149,7 +149,8 @@ def count_syncs(monkeypatch, drafter_kind, lengths, sampling, gamma=3, max_new_t
     drafter = drafter_of(drafter_kind, target, sampling, generator)
     generation = Generation(max_new_tokens=max_new_tokens, sampling=sampling)
     log, walls = [], []
-    spans = {"round": engine._speculative_round, "admit": engine._Loop._admit}
+    # an admission's spans: each prefill forward (with its read of the first tokens), then each join of its rows
+    spans = {"round": engine._speculative_round, "admit": engine._Loop._prefill, "join": engine._Loop._join}
 
     def marked(kind, function):
         def run(*args, **kwargs):
@@ -160,7 +161,8 @@ def count_syncs(monkeypatch, drafter_kind, lengths, sampling, gamma=3, max_new_t
                 log.append(("end", kind))
         return run
     monkeypatch.setattr(engine, "_speculative_round", marked("round", spans["round"]))
-    monkeypatch.setattr(engine._Loop, "_admit", marked("admit", spans["admit"]))
+    monkeypatch.setattr(engine._Loop, "_prefill", marked("admit", spans["admit"]))
+    monkeypatch.setattr(engine._Loop, "_join", marked("join", spans["join"]))
     verified = engine._RoundRecorder.verified
     monkeypatch.setattr(engine._RoundRecorder, "verified",
                         lambda self: walls.append(verified(self) - self.started) or self.verified_at)
@@ -208,7 +210,9 @@ def test_one_read_and_no_synchronize_a_round_for_every_drafter(monkeypatch, draf
     records, _, rounds, admissions, _ = count_syncs(monkeypatch, drafter_kind, [6, 13, 4], Sampling(), load=load,
                                                     max_new_tokens=16, repeat=True)
     _assert_budget(records, rounds, admissions)
-    assert len(admissions) == (2 if served else 1)
+    # served: prompts 6 and 13 at 0 (26 wide for 19 tokens: 27% padding) in two forwards and one join, 4 at 0.01 in
+    # a third and its join
+    assert len(admissions) == (5 if served else 2)
     if drafter_kind in ("dynamic_tree", "hybrid_confidence"):  # the test bites: trees were verified
         assert any("parents" in r for record in records for r in record.rounds)
 

@@ -12,7 +12,7 @@ from decode.drafters.schedules import ConstantSchedule, make_schedule
 from decode.drafters.suffix import SuffixCache, SuffixDrafter
 from decode.drafters.draft_tree import DynamicTree, StaticTree
 from decode.kv import KVState
-from decode.arrivals import Load, Queue
+from decode.arrivals import Load, Queue, prefill_batches
 from decode.tree_layout import static_parents
 from stats import PROMPT, V, chi_square, exact_joint_of_tokens_2_and_3, joint_counts, sampling_pair
 from test_compiled_engine import compiled_copy
@@ -149,6 +149,43 @@ def check_times(records, generation):
         times = [t for t, _ in r.emits]
         assert times == sorted(times) and times[0] == r.first_token_s and times[-1] == r.finish_s
         assert sum(n for _, n in r.emits) == r.new_tokens and all(n >= 1 for _, n in r.emits)
+
+
+def test_arrivals_of_unlike_length_are_prefilled_apart_shortest_first():
+    # sorted 74, 82, 283, 292: 82 joins 74 (2 x 82 = 164 wide for 156 tokens: 5% padding); 283 would make it 3 x 283
+    # = 849 wide for 439 tokens (48%), so it starts the next, and 292 joins it (584 for 575: 2%)
+    assert prefill_batches([0, 1, 2, 3], [74, 283, 82, 292]) == [[0, 2], [1, 3]]
+    # 74 with 128: 256 wide for 202 tokens, 21% padding (within a quarter): one forward; 74 with 283: 37%, two
+    assert prefill_batches([5, 6], [74, 128]) == [[5, 6]]
+    assert prefill_batches([6, 5], [283, 74]) == [[5], [6]]
+    assert prefill_batches([4, 2], [9, 9]) == [[4, 2]]  # like lengths keep their admission order
+    assert prefill_batches([], []) == []
+
+
+def test_a_moments_arrivals_are_prefilled_in_forwards_of_like_length(monkeypatch):
+    """Three requests at once (prompts 5, 9, 3 tokens): 3 and 5 share a forward 5 wide (20% padding), 9 has its own,
+    after it; each request's TTFT is its own forward's end, its target_s its forward's seconds alone."""
+    import decode.generate as engine
+
+    target = tiny_model("llama", seed=1, layers=2)
+    ids, mask = _repetitive([5, 9, 3], seed=0)
+    shapes, real = [], engine.prefill
+
+    def prefill(model, prompt_ids, prompt_mask):
+        shapes.append(tuple(prompt_ids.shape))
+        return real(model, prompt_ids, prompt_mask)
+    monkeypatch.setattr(engine, "prefill", prefill)
+    with torch.inference_mode():
+        served = generate_baseline(target, ids, mask, Generation(max_new_tokens=4), load=Load([0.0] * 3, 3))
+        shapes_served, shapes[:] = list(shapes), []
+        static = generate_baseline(target, ids, mask, Generation(max_new_tokens=4))
+    assert shapes_served == [(2, 5), (1, 9)]
+    assert shapes == [(3, 9)]  # a static batch: one forward over every row
+    assert [r.output_ids for r in served] == [r.output_ids for r in static]
+    assert served[0].admitted_s == served[1].admitted_s == served[2].admitted_s
+    assert served[0].first_token_s == served[2].first_token_s < served[1].first_token_s
+    assert served[1].target_s >= served[1].first_token_s - served[0].first_token_s  # its forward, then its steps
+    assert served[1].prefill_s == pytest.approx(served[1].first_token_s)  # arrived at 0
 
 
 @pytest.mark.parametrize("method", ["baseline", "speculative"])

@@ -103,6 +103,27 @@ def test_a_request_joining_mid_round_waits_for_the_round():
     assert one[1]["admitted_s"] == pytest.approx(3.55)
 
 
+def test_arrivals_of_unlike_length_are_replayed_as_the_engines_separate_prefills():
+    # A (10 tokens) and B (40) arrive together: 40 x 2 = 80 wide for 50 tokens is 38% padding, so the engine
+    # prefills them apart, the shorter first (decode/arrivals.py prefill_batches), then the draft both at once
+    p = profile(prefills=[(TARGET, 1, 10, 0.1), (TARGET, 1, 40, 0.4), (TARGET, 2, 10, 0.2), (TARGET, 2, 40, 0.8),
+                          (draft_model("d"), 1, 10, 0.05), (draft_model("d"), 1, 40, 0.2),
+                          (draft_model("d"), 2, 10, 0.1), (draft_model("d"), 2, 40, 0.4)])
+    a, b = request([(2, 1)], prompt=10), request([(2, 1)], prompt=40)
+    served = simulate([a, b], 2, Pricer(p, "d"))
+    # A's forward 0.1, B's 0.4 -> 0.5; the draft's, 2 rows 40 wide, 0.4 -> 0.9; one round over both 2 x 0.3 + 1.5
+    # -> 3.0
+    assert [t["admitted_s"] for t in served] == pytest.approx([0.0, 0.0])
+    assert [t["first_token_s"] for t in served] == pytest.approx([0.1, 0.5])
+    assert [t["draft_prefill_s"] for t in served] == pytest.approx([0.4, 0.4])
+    assert [t["target_s"] for t in served] == pytest.approx([0.1 + 1.5, 0.4 + 1.5])
+    assert [t["finish_s"] for t in served] == pytest.approx([3.0, 3.0])
+    # a static batch is one forward over both, 40 wide: 0.8, the draft's 0.4 -> 1.2, the round -> 3.3
+    static = simulate([a, b], 2, Pricer(p, "d"), served=False)
+    assert [t["first_token_s"] for t in static] == pytest.approx([0.8, 0.8])
+    assert [t["finish_s"] for t in static] == pytest.approx([3.3, 3.3])
+
+
 def test_a_conversations_next_turn_is_replayed_after_its_previous_answer():
     # A (arrives 0) and C (arrives 0.2) on the schedule; B follows A, 0.5 s after A's last token; one slot
     a, b, c = request([(2, 2)]), dict(request([(2, 1)]), follows=0), request([(2, 0)], arrival=0.2)
