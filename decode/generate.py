@@ -121,7 +121,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | np.ndar
 
 
 def first_tokens(first: torch.Tensor, logits: torch.Tensor) -> list[int]:
-    """The admission's one host read: the first tokens [G] and whether the prefill's logits [G, V] are all finite
+    """A prefill forward's one host read: the first tokens [G] and whether the prefill's logits [G, V] are all finite
     (broken weights or an fp16 overflow show up here). FloatingPointError where they are not."""
     *tokens, finite = torch.cat([first, torch.isfinite(logits).all().reshape(1).to(first.dtype)]).tolist()
     if not finite:
@@ -552,8 +552,8 @@ class _Loop:
 
     - admit: the requests that have arrived join, in arrival order (decode/arrivals.py Queue: a conversation's next turn
       arrives load.think_s after its previous turn's last token), while fewer than load.concurrency rows are in flight.
-      Those admitted at one moment are prefilled together in one target forward (under a load: those of like length,
-      shortest first, decode/arrivals.py prefill_batches, each forward over its own width) and take their first
+      Those admitted at one moment are prefilled (a static batch in one target forward; under a load in forwards of
+      like length, shortest first, decode/arrivals.py prefill_batches, each over its own width) and take their first
       token; their cache joins the running batch's (decode/kv.py KVState.join) and the drafter gets their rows (a
       static batch: Drafter.start, which may ask a schedule whether drafting pays at all; under a load
       Drafter.add_rows, reset first when no row was in flight). That prefill and the draft's run between rounds: they count in the joining requests' TTFT and
@@ -672,8 +672,8 @@ class _Loop:
             self._join(parts)
 
     def _prefill(self, group: list[int], now: float, began: float):
-        """One prefill forward over `group` (admitted at `now`, its forward begun at `began`): the records' first
-        token; None if every row ended there, else (the rows that go on, their cache, first tokens [G] and host
+        """One prefill forward over `group` (admitted at `now`, its forward begun at `began`, the records'
+        admitted_s: a row of a later forward waits for the ones before); the records' first token; None if every row ended there, else (the rows that go on, their cache, first tokens [G] and host
         copy, the target's features [G, P', F] from prompt column `lead` or None, lead)."""
         records, device, sampling = self.records, self.prompt_ids.device, self.generation.sampling
         lead = int(min(self.first_real[i] for i in group)) if self.served else 0
@@ -691,7 +691,7 @@ class _Loop:
             record.target_forwards, record.target_s = 1, prefilled - began
             record.prefill_s = prefilled - (record.arrival_s or 0.0)
             if self.served:
-                record.admitted_s, record.first_token_s = now, prefilled
+                record.admitted_s, record.first_token_s = began, prefilled  # its prefill began: after those before
         running, _ = _append(records, group, [[t] for t in first_host], self.generation, prefilled)
         self._finished([row for i, row in enumerate(group) if i not in running])
         if not running:

@@ -31,8 +31,9 @@ from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
 #
 # The engine's one loop (decode/generate.py _Loop) replayed: admit / round / evict with simulated time instead of the
 # clock. Each pass admits the requests that have arrived, in arrival order (decode/arrivals.py Queue), while fewer than C rows are in flight (a static
-# batch: all at 0, C = its rows), prefilling those admitted together in one target forward over their widest prompt
-# (then the draft model's prefill of those that go on, over its window where speculative.draft_context sets one); with nobody in flight and nobody arrived, time jumps to the
+# batch: all at 0, C = its rows), prefilling those admitted together as the engine does (a static batch in one target
+# forward over its widest prompt, a load's in forwards of like length: decode/arrivals.py prefill_batches; then the
+# draft model's one prefill of those that go on, over its window where speculative.draft_context sets one); with nobody in flight and nobody arrived, time jumps to the
 # next arrival. Then one round over the rows in flight: the baseline's 1-token step, or a speculative round priced
 # at its widest draft (the draft model's forwards, then one verification of the widest chain + 1 or tree + 1 tokens);
 # the rows' caches as long as the longest row's prompt and tokens so far. Then the rows whose recorded rounds are
@@ -221,13 +222,12 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                 now = max(now, queue.next_arrival())
                 continue
             if group:  # the target's prefill forwards (served: prompts of like length together), then the draft's
-                admitted = now
                 peak = max(peak, len(active) + len(group))
                 going = []
                 for batch in prefill_batches(group, [requests[i]["prompt_tokens"] for i in group]) if served else [group]:
                     width = max(requests[i]["prompt_tokens"] for i in batch)
                     prefilled = pricer.prefill(pricer.rows(len(batch), peak), width)
-                    now += prefilled
+                    admitted, now = now, now + prefilled  # a later forward's rows wait for those before (the engine's)
                     for i in batch:
                         out[i]["admitted_s"], out[i]["first_token_s"] = admitted, now
                         out[i]["target_s"], out[i]["draft_s"] = prefilled, 0.0
@@ -237,7 +237,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                 # the draft's one prefill of the rows that go on; a deferred prefill is a round's catch-up (below)
                 eager = [i for i in going if not prefill_deferred(requests[i])]
                 if eager and drafts:  # over the draft's window of each prompt where it has one
-                    draft_width = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) for i in group)
+                    draft_width = max(requests[i].get("draft_tokens", requests[i]["prompt_tokens"]) for i in going)
                     draft_prefill = pricer.prefill(pricer.rows(len(going), peak), draft_width, draft=True)
                     now += draft_prefill
                     for i in eager:

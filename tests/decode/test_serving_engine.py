@@ -182,9 +182,9 @@ def test_a_moments_arrivals_are_prefilled_in_forwards_of_like_length(monkeypatch
     assert shapes_served == [(2, 5), (1, 9)]
     assert shapes == [(3, 9)]  # a static batch: one forward over every row
     assert [r.output_ids for r in served] == [r.output_ids for r in static]
-    assert served[0].admitted_s == served[1].admitted_s == served[2].admitted_s
-    assert served[0].first_token_s == served[2].first_token_s < served[1].first_token_s
-    assert served[1].target_s >= served[1].first_token_s - served[0].first_token_s  # its forward, then its steps
+    assert served[0].admitted_s == served[2].admitted_s < served[0].first_token_s == served[2].first_token_s
+    assert served[1].admitted_s == served[0].first_token_s < served[1].first_token_s  # its forward began after
+    assert served[1].target_s >= served[1].first_token_s - served[1].admitted_s  # its forward, then its steps
     assert served[1].prefill_s == pytest.approx(served[1].first_token_s)  # arrived at 0
 
 

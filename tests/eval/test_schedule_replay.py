@@ -113,7 +113,7 @@ def test_arrivals_of_unlike_length_are_replayed_as_the_engines_separate_prefills
     served = simulate([a, b], 2, Pricer(p, "d"))
     # A's forward 0.1, B's 0.4 -> 0.5; the draft's, 2 rows 40 wide, 0.4 -> 0.9; one round over both 2 x 0.3 + 1.5
     # -> 3.0
-    assert [t["admitted_s"] for t in served] == pytest.approx([0.0, 0.0])
+    assert [t["admitted_s"] for t in served] == pytest.approx([0.0, 0.1])  # B's prefill began after A's
     assert [t["first_token_s"] for t in served] == pytest.approx([0.1, 0.5])
     assert [t["draft_prefill_s"] for t in served] == pytest.approx([0.4, 0.4])
     assert [t["target_s"] for t in served] == pytest.approx([0.1 + 1.5, 0.4 + 1.5])
