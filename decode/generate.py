@@ -327,6 +327,18 @@ def _recorded(records: list[RowRecord], active: list[int], host: list[RoundRow],
 
 
 @dataclass
+class _Prefilled:
+    """One prefill forward's rows that go on (record indices), their cache, first tokens [G] (device) and host copy,
+    and the target's features [G, P', F] from prompt column `lead` (None without a tap)."""
+    rows: list[int]
+    state: object  # decode/kv.py KVState or decode/static_kv.py StaticKVState
+    first: torch.Tensor
+    first_host: list[int]
+    features: torch.Tensor | None
+    lead: int
+
+
+@dataclass
 class _Flight:
     """An overlapped round launched and not yet read: its device results, the rows it ran (record indices, in the
     state's order at its launch), its recorder, and its readout on the way to the host (event: a CUDA copy's)."""
@@ -556,8 +568,9 @@ class _Loop:
       like length, shortest first, decode/arrivals.py prefill_batches, each over its own width) and take their first
       token; their cache joins the running batch's (decode/kv.py KVState.join) and the drafter gets their rows (a
       static batch: Drafter.start, which may ask a schedule whether drafting pays at all; under a load
-      Drafter.add_rows, reset first when no row was in flight). That prefill and the draft's run between rounds: they count in the joining requests' TTFT and
-      target_s / draft_s (draft_prefill_s: the draft's), and delay the running rows' next tokens, as in a server.
+      Drafter.add_rows, reset first when no row was in flight). That prefill and the draft's run between rounds: they
+      count in the joining requests' TTFT and target_s / draft_s (draft_prefill_s: the draft's), and delay the running
+      rows' next tokens, as in a server.
       With no row in flight and nobody waiting, the loop sleeps until the next arrival.
     - round: the baseline's one target step (`baseline_step`) or a speculative round (`_speculative_round`) over the
       running rows.
@@ -671,10 +684,10 @@ class _Loop:
         if parts:
             self._join(parts)
 
-    def _prefill(self, group: list[int], now: float, began: float):
+    def _prefill(self, group: list[int], now: float, began: float) -> "_Prefilled | None":
         """One prefill forward over `group` (admitted at `now`, its forward begun at `began`, the records'
-        admitted_s: a row of a later forward waits for the ones before); the records' first token; None if every row ended there, else (the rows that go on, their cache, first tokens [G] and host
-        copy, the target's features [G, P', F] from prompt column `lead` or None, lead)."""
+        admitted_s: a row of a later forward waits for the ones before); the records' first token; None if every row
+        ended there, else the rows that go on."""
         records, device, sampling = self.records, self.prompt_ids.device, self.generation.sampling
         lead = int(min(self.first_real[i] for i in group)) if self.served else 0
         ids = self.prompt_ids[host_to_device(group, device), lead:] if self.served else self.prompt_ids
@@ -701,27 +714,23 @@ class _Loop:
             keep = host_to_device(running, device)
             first = first[keep]
             features = features[keep] if features is not None else None
-        return [group[i] for i in running], group_state, first, [first_host[i] for i in running], features, lead
+        return _Prefilled([group[i] for i in running], group_state, first, [first_host[i] for i in running], features,
+                          lead)
 
-    def _join(self, parts: list) -> None:
+    def _join(self, parts: list[_Prefilled]) -> None:
         """The rows of one admission's prefill forwards (`_prefill`'s parts) join the running batch: their caches, last
         tokens and records, and the drafter's rows, all of them at once (its model's prefill of them: a static batch
         Drafter.start, under a load Drafter.add_rows, each prompt cut to the rows' own width)."""
-        records, drafter, device = self.records, self.drafter, self.prompt_ids.device
-        joining = [row for part in parts for row in part[0]]
+        records, drafter = self.records, self.drafter
+        joining = [row for part in parts for row in part.rows]
         if drafter is not None:  # the drafter's rows (its model's prefill of them)
-            if self.served:
-                lead = int(min(self.first_real[i] for i in joining))
-                ids, mask = self.prompt_ids[host_to_device(joining, device), lead:], self.prompt_mask[
-                    host_to_device(joining, device), lead:]
-                host = (self.ids_host[joining, lead:], self.mask_host[joining, lead:])
-            else:
-                lead, keep = 0, host_to_device(joining, device)
-                ids, mask, host = self.prompt_ids[keep], self.prompt_mask[keep], (self.ids_host[joining],
-                                                                                  self.mask_host[joining])
+            lead = int(min(self.first_real[i] for i in joining)) if self.served else 0
+            index = host_to_device(joining, self.prompt_ids.device)
+            ids, mask = self.prompt_ids[index, lead:], self.prompt_mask[index, lead:]
+            host = (self.ids_host[joining, lead:], self.mask_host[joining, lead:])
             if self.tap is not None:  # each forward's features from its own lead, left padded to the rows' width
-                drafter.take_features(torch.cat([torch.nn.functional.pad(f, (0, 0, at - lead, 0))
-                                                 for *_, f, at in parts]))
+                drafter.take_features(torch.cat([torch.nn.functional.pad(part.features, (0, 0, part.lead - lead, 0))
+                                                 for part in parts]))
             if self.served and not self.active:  # before its count is read: a reset drafter counts from 0
                 drafter.reset()
             forwards, before = drafter.forwards, self.clock.mark()
@@ -733,10 +742,10 @@ class _Loop:
             self.spans.add([records[row] for row in joining], ("draft_s", "draft_prefill_s"), before, self.clock.mark())
             for row in joining:
                 records[row].draft_forwards = drafter.forwards - forwards
-        for _, group_state, first, first_host, *_ in parts:
-            self.state = joined(self.state, group_state)
-            self.token = first if self.token is None else torch.cat([self.token, first])
-            self.last_host = self.last_host + first_host
+        for part in parts:
+            self.state = joined(self.state, part.state)
+            self.token = part.first if self.token is None else torch.cat([self.token, part.first])
+            self.last_host = self.last_host + part.first_host
         self.active = self.active + joining
         if drafter is not None:
             drafter.observe(self.last_host)

@@ -33,8 +33,8 @@ from eval.totals import BATCHES, DECODE_SPEEDUP, SPEEDUP, paired_clusters, units
 # clock. Each pass admits the requests that have arrived, in arrival order (decode/arrivals.py Queue), while fewer than C rows are in flight (a static
 # batch: all at 0, C = its rows), prefilling those admitted together as the engine does (a static batch in one target
 # forward over its widest prompt, a load's in forwards of like length: decode/arrivals.py prefill_batches; then the
-# draft model's one prefill of those that go on, over its window where speculative.draft_context sets one); with nobody in flight and nobody arrived, time jumps to the
-# next arrival. Then one round over the rows in flight: the baseline's 1-token step, or a speculative round priced
+# draft model's one prefill of those that go on, over its window where speculative.draft_context sets one); with
+# nobody in flight and nobody arrived, time jumps to the next arrival. Then one round over the rows in flight: the baseline's 1-token step, or a speculative round priced
 # at its widest draft (the draft model's forwards, then one verification of the widest chain + 1 or tree + 1 tokens);
 # the rows' caches as long as the longest row's prompt and tokens so far. Then the rows whose recorded rounds are
 # done leave. Each request's rounds (drafted, accepted, emitted) and lengths are the point's own, as measured; the
@@ -169,7 +169,8 @@ def prefill_deferred(record: dict) -> bool:
     return any("catch_up" in r and not r.get("lagging") for r in record.get("rounds") or ())
 
 
-def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0, served: bool = True) -> list[dict]:
+def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: float = 0.0,
+             served: bool = True) -> list[dict]:
     """The loop over requests (each: arrival_s, prompt_tokens, new_tokens, and rounds for a speculative point, None
     for the baseline; "follows": the index of the request whose next turn it is, if any) at most `concurrency` in
     flight, admitted in the engine's order (decode/arrivals.py Queue; a follower arrives think_s after the request it
@@ -178,8 +179,7 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
     RowRecord: the target's prefill and the rounds' verifications or steps it was in; the draft's prefill and the
     rounds' drafting it was in). Those admitted together are prefilled as the engine does: served, prompts of like
     length in one forward (decode/arrivals.py prefill_batches), a static batch (served False) all in one; then the
-    draft's one prefill of them all. Raises
-    MissingCost where the profile lacks a cost the schedule needs."""
+    draft's one prefill of them all. Raises MissingCost where the profile lacks a cost the schedule needs."""
     n = len(requests)
     if pricer.draft is None and any(r.get("draft_forwards") for r in requests if r.get("rounds") is not None):
         raise MissingCost("the drafter's forwards: it runs a model the profile has no steps for (early exit's first "
@@ -223,8 +223,10 @@ def simulate(requests: list[dict], concurrency: int, pricer: Pricer, think_s: fl
                 continue
             if group:  # the target's prefill forwards (served: prompts of like length together), then the draft's
                 peak = max(peak, len(active) + len(group))
-                going = []
-                for batch in prefill_batches(group, [requests[i]["prompt_tokens"] for i in group]) if served else [group]:
+                going, batches = [], [group]
+                if served:
+                    batches = prefill_batches(group, [requests[i]["prompt_tokens"] for i in group])
+                for batch in batches:
                     width = max(requests[i]["prompt_tokens"] for i in batch)
                     prefilled = pricer.prefill(pricer.rows(len(batch), peak), width)
                     admitted, now = now, now + prefilled  # a later forward's rows wait for those before (the engine's)

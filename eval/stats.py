@@ -121,5 +121,3 @@ def bootstrap_ci(clusters: list[tuple], resamples: int = BOOTSTRAP_RESAMPLES, se
     rng = random.Random(seed)
     values = [v for v in (ratio_of_totals(rng.choices(clusters, k=n)) for _ in range(resamples)) if v is not None]
     return expanded_interval(values, n)
-
-
